@@ -1,0 +1,107 @@
+"""Paged KV-cache kernels (§4.1, §5.1 of Kwon et al., SOSP 2023): attention over a block table, the KV-cache write,
+block copies for copy-on-write (§4.4) and block swaps (§4.5).
+
+Two backends with identical signatures:
+
+- ``"torch"`` (:mod:`pagedattn.kernels.reference`): vectorised torch; the CPU engine's path and the tests' oracle.
+- ``"triton"`` (:mod:`pagedattn.kernels.paged_attention`): the Triton kernels; the default on CUDA.
+
+Usage (what the engine calls)::
+
+    from pagedattn import kernels
+    ops = kernels.get_backend()            # "auto": triton on CUDA, torch otherwise
+    out = ops.paged_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
+    ops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    ops.copy_blocks(key_caches, value_caches, block_mapping)
+    ops.swap_blocks(src_cache, dst_cache, block_mapping)
+
+Triton on a CPU needs its interpreter, and ``triton.jit`` decides interpreted vs compiled *when a kernel is defined*,
+i.e. when :mod:`pagedattn.kernels.paged_attention` is first imported. So ``get_backend("triton")`` on a machine
+without CUDA sets ``TRITON_INTERPRET=1`` before that import, and raises if the module was already imported in
+compiled mode. (Setting ``TRITON_INTERPRET=1`` in the environment before starting Python always works.) The
+interpreter is slow (~0.2 ms per Triton op): use it for tests on small shapes, not for serving.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from pagedattn.kernels.reference import (copy_blocks_ref, paged_attention_ref, reshape_and_cache_ref,
+                                         swap_blocks_ref)
+
+__all__ = ["KernelBackend", "get_backend", "available_backends", "enable_triton_interpreter",
+           "paged_attention_ref", "reshape_and_cache_ref", "copy_blocks_ref", "swap_blocks_ref"]
+
+_TRITON_MODULE = "pagedattn.kernels.paged_attention"
+
+
+@dataclass(frozen=True)
+class KernelBackend:
+    """The four cache operations of one backend (same signatures as the ``*_ref`` functions)."""
+
+    name: str
+    paged_attention: Callable
+    reshape_and_cache: Callable
+    copy_blocks: Callable
+    swap_blocks: Callable
+    interpreted: bool = False
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def enable_triton_interpreter() -> None:
+    """Make Triton kernels defined from now on run in the CPU interpreter (sets ``TRITON_INTERPRET=1``).
+
+    Raises ``RuntimeError`` if the kernel module was already imported in compiled mode: the choice is made at
+    definition time and cannot be undone in this process.
+    """
+    mod = sys.modules.get(_TRITON_MODULE)
+    if mod is not None and not getattr(mod, "INTERPRET", False):
+        raise RuntimeError("pagedattn.kernels.paged_attention was imported without TRITON_INTERPRET=1; set "
+                           "TRITON_INTERPRET=1 in the environment before starting Python to run Triton on a CPU")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:  # triton >= 3.4 reads its knobs lazily from the environment; older versions need nothing more
+        from triton import knobs
+
+        knobs.runtime.interpret = True
+    except Exception:  # pragma: no cover - depends on the triton version
+        pass
+
+
+def available_backends() -> list[str]:
+    names = ["torch"]
+    try:
+        import triton  # noqa: F401
+
+        names.append("triton")
+    except ImportError:  # pragma: no cover
+        pass
+    return names
+
+
+def get_backend(name: str | None = "auto") -> KernelBackend:
+    """Return the kernel backend ``"torch"``, ``"triton"``, or ``"auto"``/None (triton on CUDA, else torch).
+
+    ``"triton"`` without CUDA switches on the interpreter (see the module docstring); its kernels then expect CPU
+    tensors.
+    """
+    name = (name or "auto").lower()
+    if name == "auto":
+        name = "triton" if _cuda_available() and "triton" in available_backends() else "torch"
+    if name == "torch":
+        return KernelBackend("torch", paged_attention_ref, reshape_and_cache_ref, copy_blocks_ref, swap_blocks_ref)
+    if name == "triton":
+        if not _cuda_available():
+            enable_triton_interpreter()
+        import importlib
+
+        mod = importlib.import_module(_TRITON_MODULE)
+        return KernelBackend("triton", mod.paged_attention, mod.reshape_and_cache, mod.copy_blocks, mod.swap_blocks,
+                             interpreted=mod.INTERPRET)
+    raise ValueError(f"unknown kernel backend {name!r}; choose 'torch', 'triton' or 'auto'")

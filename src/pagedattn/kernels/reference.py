@@ -1,0 +1,138 @@
+"""Torch reference implementations of the paged KV-cache kernels (§4.1, §5.1 of Kwon et al., SOSP 2023).
+
+These are the CPU engine's decode path and the oracle the Triton kernels are tested against, so they are written
+to be both exact and reasonably fast: no Python loop over tokens or blocks, only gathers by block table.
+
+Cache layout (the same for every backend): ``key_cache`` / ``value_cache`` are
+``[num_blocks, block_size, num_kv_heads, head_dim]``. A sequence's logical block ``i`` lives in physical block
+``block_tables[seq, i]``; its token ``t`` sits at ``(block_tables[seq, t // block_size], t % block_size)``
+(§4.2, the block table). A *slot* is the flat index ``block_id * block_size + offset``.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["paged_attention_ref", "reshape_and_cache_ref", "copy_blocks_ref", "swap_blocks_ref",
+           "as_block_mapping"]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp16/bf16/fp32 inputs are computed in fp32; fp64 inputs (the test oracle) stay in fp64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def paged_attention_ref(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+                        context_lens: Tensor, scale: float) -> Tensor:
+    """Single-token (decode) attention of each sequence's query over its paged K/V cache (§4.1, Fig. 5).
+
+    Args:
+        query: ``[num_seqs, num_heads, head_dim]``, the new token of every sequence.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_tables: int ``[num_seqs, max_blocks]``; entries past a sequence's last block are ignored (may be any
+            value, e.g. -1 or 0).
+        context_lens: int ``[num_seqs]``, tokens already in the cache for each sequence (including the new one).
+        scale: softmax scale, usually ``head_dim ** -0.5``.
+
+    Returns ``[num_seqs, num_heads, head_dim]`` in ``query.dtype``. GQA/MQA: ``num_heads`` must be a multiple of
+    ``num_kv_heads``; query head ``h`` attends with kv head ``h // (num_heads // num_kv_heads)``. A sequence with
+    ``context_len == 0`` gets zeros.
+
+    The gather ``key_cache[block_tables]`` materialises each sequence's blocks in logical order (only up to the
+    longest context), then a masked softmax runs over all of them at once, in fp32 (fp64 for fp64 inputs).
+    """
+    num_seqs, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    group = num_heads // num_kv_heads
+    cdt = _compute_dtype(query.dtype)
+    out = torch.zeros_like(query)
+    if num_seqs == 0:
+        return out
+    lens = context_lens.to(device=query.device, dtype=torch.long)
+    max_len = int(lens.max().item())
+    if max_len == 0:
+        return out
+    n_blocks = -(-max_len // block_size)
+    table = block_tables[:, :n_blocks].to(device=key_cache.device, dtype=torch.long).clamp(min=0)
+    # [num_seqs, n_blocks, block_size, kvh, d] -> [num_seqs, kvh, n_blocks * block_size, d]
+    k = key_cache[table].flatten(1, 2)[:, :max_len].to(cdt).permute(0, 2, 1, 3)
+    v = value_cache[table].flatten(1, 2)[:, :max_len].to(cdt).permute(0, 2, 1, 3)
+    q = query.to(cdt).view(num_seqs, num_kv_heads, group, head_dim)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale            # [S, kvh, group, max_len]
+    pad = torch.arange(max_len, device=query.device)[None, :] >= lens[:, None]   # [S, max_len]
+    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    empty = lens == 0
+    if bool(empty.any()):
+        scores[empty] = 0.0                                          # avoid NaN; zeroed below
+    probs = torch.softmax(scores, dim=-1)
+    o = torch.matmul(probs, v).reshape(num_seqs, num_heads, head_dim)
+    if bool(empty.any()):
+        o[empty] = 0.0
+    out.copy_(o)
+    return out
+
+
+def reshape_and_cache_ref(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                          slot_mapping: Tensor) -> None:
+    """Write the new tokens' K/V into their cache slots, in place (§4.1: the KV-cache write of Fig. 6).
+
+    ``key``/``value``: ``[num_tokens, num_kv_heads, head_dim]``; ``slot_mapping``: int ``[num_tokens]`` with
+    ``slot = block_id * block_size + offset``; a negative slot marks a padding token and is skipped.
+    """
+    block_size = key_cache.shape[1]
+    slots = slot_mapping.to(device=key_cache.device, dtype=torch.long)
+    keep = slots >= 0
+    if not bool(keep.all()):
+        slots, key, value = slots[keep], key[keep.to(key.device)], value[keep.to(value.device)]
+    blocks, offsets = slots // block_size, slots % block_size
+    key_cache[blocks, offsets] = key.to(device=key_cache.device, dtype=key_cache.dtype)
+    value_cache[blocks, offsets] = value.to(device=value_cache.device, dtype=value_cache.dtype)
+
+
+def as_block_mapping(block_mapping, device: torch.device | str | None = None) -> Tensor:
+    """Normalise a block mapping (``[n, 2]`` tensor, list of ``(src, dst)`` pairs, or ``{src: dst}`` /
+    ``{src: [dst, ...]}`` dict) to an int64 ``[n, 2]`` tensor."""
+    if isinstance(block_mapping, Tensor):
+        return block_mapping.to(device=device, dtype=torch.long).reshape(-1, 2)
+    if isinstance(block_mapping, dict):
+        pairs = []
+        for src, dst in block_mapping.items():
+            for d in (dst if isinstance(dst, (list, tuple)) else [dst]):
+                pairs.append((src, d))
+        block_mapping = pairs
+    return torch.tensor(list(block_mapping), dtype=torch.long, device=device).reshape(-1, 2)
+
+
+def copy_blocks_ref(key_caches: Sequence[Tensor], value_caches: Sequence[Tensor], block_mapping) -> None:
+    """Copy whole blocks ``src -> dst`` in every layer's K and V cache, in place (§4.4, copy-on-write).
+
+    ``block_mapping``: int64 ``[n, 2]`` of ``(src, dst)`` physical block ids (or see :func:`as_block_mapping`).
+    Destinations must be distinct and must not also be sources in the same call.
+    """
+    if not key_caches:
+        return
+    mapping = as_block_mapping(block_mapping, key_caches[0].device)
+    if mapping.numel() == 0:
+        return
+    src, dst = mapping[:, 0], mapping[:, 1]
+    for cache in list(key_caches) + list(value_caches):
+        cache[dst] = cache[src]
+
+
+def swap_blocks_ref(src_cache: Tensor, dst_cache: Tensor, block_mapping) -> None:
+    """Copy blocks ``src -> dst`` between two caches of the same layout, e.g. GPU <-> CPU (§4.5, swapping).
+
+    One call moves one cache tensor (call it for each layer's K and V). The gather happens on the source's device,
+    then a single transfer, then a scatter on the destination's device.
+    """
+    mapping = as_block_mapping(block_mapping)
+    if mapping.numel() == 0:
+        return
+    src = mapping[:, 0].to(src_cache.device)
+    dst = mapping[:, 1].to(dst_cache.device)
+    moved = src_cache[src].to(device=dst_cache.device, dtype=dst_cache.dtype, non_blocking=True)
+    dst_cache[dst] = moved
