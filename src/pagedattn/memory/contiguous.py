@@ -1,0 +1,250 @@
+"""Orca-style contiguous KV reservation over a real buddy allocator (the paper's baselines, §2.3 and §6.1).
+
+Each request reserves one contiguous chunk of token slots when it is admitted. As the paper defines them (§6.1):
+- Orca (Max) reserves the model's maximum sequence length (2048);
+- Orca (Pow2) reserves the prompt plus the output length rounded up to a power of two ("over-reserves the space
+  for outputs by at most 2x": a 25-token output reserves 32 positions);
+- Orca (Oracle) reserves exactly the true length (prompt + output).
+
+All three are carved out of one fixed KV arena by a binary buddy allocator (the paper's Orca uses buddy
+allocation), so external fragmentation comes from the allocator, not from a formula. A strict buddy allocator
+places a reservation in the smallest power-of-two block that holds it; the unused end of that block belongs to no
+request and counts as external fragmentation ("external fragmentation and other" in Fig. 2). Oracle and Pow2 still
+place differently because Pow2 rounds the *output*, so its reservation, and often its block, is larger.
+
+``placement="exact"`` is a variant for comparison: it trims the block like Linux's ``alloc_pages_exact`` (keep the
+pieces that cover the reservation, give the tail back), so the slack can serve other requests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pagedattn.memory.block_manager import AllocStatus
+
+Policy = Literal["max", "pow2", "oracle"]
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class BuddyAllocator:
+    """A binary buddy allocator over ``total`` slots (any size: the arena is split into power-of-two chunks).
+
+    Blocks are ``(offset, order)`` with ``size = 2**order``; a block's buddy is ``offset ^ size``. Chunks are laid
+    largest first, so every chunk starts at a multiple of its own size and buddies never cross a chunk."""
+
+    def __init__(self, total: int) -> None:
+        if total <= 0:
+            raise ValueError(f"arena size must be > 0, got {total}")
+        self.total = total
+        self.free_lists: dict[int, set[int]] = {}
+        self.allocated: dict[int, int] = {}  # offset -> order
+        self._chunk_order: dict[int, int] = {}  # chunk start -> its order (the largest a block there may grow)
+        off, rest = 0, total
+        while rest:
+            order = rest.bit_length() - 1
+            self._chunk_order[off] = order
+            self.free_lists.setdefault(order, set()).add(off)
+            off, rest = off + (1 << order), rest - (1 << order)
+
+    @property
+    def max_block(self) -> int:
+        """The largest block this arena can ever hand out (its first chunk)."""
+        return 1 << self._chunk_order[0]
+
+    @property
+    def num_free(self) -> int:
+        return sum(len(s) << o for o, s in self.free_lists.items())
+
+    def largest_free(self) -> int:
+        return max((1 << o for o, s in self.free_lists.items() if s), default=0)
+
+    def _max_order_at(self, offset: int) -> int:
+        start = max(c for c in self._chunk_order if c <= offset)
+        return self._chunk_order[start]
+
+    def can_alloc(self, size: int) -> bool:
+        order = (next_pow2(size)).bit_length() - 1
+        return any(s for o, s in self.free_lists.items() if o >= order)
+
+    def alloc(self, size: int) -> int:
+        """Allocate a block of ``next_pow2(size)`` slots (lowest address first); return its offset."""
+        order = next_pow2(size).bit_length() - 1
+        candidates = [o for o, s in self.free_lists.items() if o >= order and s]
+        if not candidates:
+            raise MemoryError(f"no free buddy block of {1 << order} slots (free {self.num_free} of {self.total})")
+        o = min(candidates)
+        off = min(self.free_lists[o])
+        self.free_lists[o].remove(off)
+        while o > order:  # split, keeping the lower half and freeing the upper buddy
+            o -= 1
+            self.free_lists.setdefault(o, set()).add(off + (1 << o))
+        self.allocated[off] = order
+        return off
+
+    def free(self, offset: int) -> None:
+        """Free a block and coalesce it with its free buddy, repeatedly."""
+        if offset not in self.allocated:
+            raise RuntimeError(f"double free (or unknown block) at offset {offset}")
+        o = self.allocated.pop(offset)
+        limit = self._max_order_at(offset)
+        while o < limit:
+            buddy = offset ^ (1 << o)
+            if buddy not in self.free_lists.get(o, ()):
+                break
+            self.free_lists[o].remove(buddy)
+            offset, o = min(offset, buddy), o + 1
+        self.free_lists.setdefault(o, set()).add(offset)
+
+    def alloc_exact(self, size: int) -> list[int]:
+        """Allocate exactly ``size`` contiguous slots (``alloc_pages_exact``): the enclosing power-of-two block
+        is split and its unused tail freed. Returns the offsets of the kept pieces, in address order."""
+        off = self.alloc(size)
+        order = self.allocated.pop(off)
+        pieces: list[int] = []
+        need = size
+        while need:
+            half = 1 << (order - 1) if order else 0
+            if need == 1 << order:
+                self.allocated[off] = order
+                pieces.append(off)
+                break
+            if need <= half:  # keep the lower half, recurse; the upper half goes back to the allocator
+                self.allocated[off + half] = order - 1
+                self.free(off + half)
+            else:  # keep the whole lower half, continue in the upper half
+                self.allocated[off] = order - 1
+                pieces.append(off)
+                off, need = off + half, need - half
+            order -= 1
+        return pieces
+
+
+@dataclass
+class Reservation:
+    pieces: list[int]
+    reserved: int  # slots reserved (contiguous, starting at pieces[0])
+    num_tokens: int = 0
+    slots: list[int] = field(default_factory=list)
+
+
+class ContiguousKVManager:
+    """Orca's memory manager: a contiguous reservation per sequence, decided at admission (§2.3).
+
+    It offers the scheduler the same group-level API as ``BlockManager``; its "block table" is the list of the
+    reservation's slots (block size 1). Reservations never grow, so Orca never preempts."""
+
+    block_size = 1
+
+    def __init__(self, arena_slots: int, policy: Policy, max_model_len: int = 2048,
+                 placement: Literal["buddy", "exact"] = "buddy") -> None:
+        if policy not in ("max", "pow2", "oracle"):
+            raise ValueError(f"policy must be 'max', 'pow2' or 'oracle', got {policy!r}")
+        if placement not in ("buddy", "exact"):
+            raise ValueError(f"placement must be 'buddy' or 'exact', got {placement!r}")
+        self.policy = policy
+        self.placement = placement
+        self.max_model_len = max_model_len
+        self.arena = BuddyAllocator(arena_slots)
+        self.tables: dict[int, Reservation] = {}
+
+    @property
+    def total_slots(self) -> int:
+        return self.arena.total
+
+    def reservation_size(self, prompt_len: int, output_len: int) -> int:
+        """Slots Orca reserves for a request (§6.1): the maximum length (Max), the prompt plus the output rounded up
+        to a power of two (Pow2: "over-reserves the space for outputs by at most 2x"), or the true length (Oracle).
+        """
+        if self.policy == "max":
+            return self.max_model_len
+        return prompt_len + (next_pow2(output_len) if self.policy == "pow2" else output_len)
+
+    def _size_of(self, group) -> int:
+        return self.reservation_size(group.seqs[0].get_prompt_len(), group.sampling_params.max_tokens)
+
+    def check_request(self, final_len: int, size: int, n: int = 1) -> None:
+        """Raise ValueError, naming the limit, for a request that could never be reserved."""
+        if final_len < 1:
+            raise ValueError(f"a request needs at least 1 token, got {final_len}")
+        if final_len > self.max_model_len:
+            raise ValueError(f"request of {final_len} tokens exceeds the model maximum max_model_len="
+                             f"{self.max_model_len}")
+        if next_pow2(size) > self.arena.max_block or n * next_pow2(size) > self.arena.total:
+            raise ValueError(f"request reserves {n} x {size} slots but the arena of {self.arena.total} slots "
+                             "has no such free space even when empty")
+
+    # ------------------------------------------------------------------------------------------ group API
+    def can_allocate(self, group) -> AllocStatus:
+        seqs = group.get_seqs(status="waiting")
+        size = self._size_of(group)
+        try:
+            self.check_request(group.max_total_len, size, len(seqs))
+        except ValueError:
+            return AllocStatus.NEVER
+        return AllocStatus.OK if self._can_reserve(size, len(seqs)) else AllocStatus.LATER
+
+    def _can_reserve(self, size: int, n: int) -> bool:
+        if n == 1:
+            return self.arena.can_alloc(size)
+        taken = []  # try for real, then roll back
+        try:
+            for _ in range(n):
+                taken.append(self._reserve(size))
+            return True
+        except MemoryError:
+            return False
+        finally:
+            for r in taken:
+                self._release(r)
+
+    def _reserve(self, size: int) -> Reservation:
+        pieces = self.arena.alloc_exact(size) if self.placement == "exact" else [self.arena.alloc(size)]
+        return Reservation(pieces, size)
+
+    def _release(self, r: Reservation) -> None:
+        for p in r.pieces:
+            self.arena.free(p)
+
+    def allocate_group(self, group) -> None:
+        size = self._size_of(group)
+        for s in group.get_seqs(status="waiting"):
+            r = self._reserve(size)
+            r.num_tokens = s.get_len()
+            self.tables[s.seq_id] = r
+
+    def block_table(self, seq_id: int) -> list[int]:
+        r = self.tables[seq_id]
+        return list(range(r.pieces[0], r.pieces[0] + r.reserved))
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self.tables[seq_id].num_tokens
+
+    def can_append_slots(self, group) -> bool:
+        return all(self.tables[s.seq_id].num_tokens < self.tables[s.seq_id].reserved
+                   for s in group.get_seqs(status="running"))
+
+    def append_slots(self, group) -> list[tuple[int, int]]:
+        for s in group.get_seqs(status="running"):
+            r = self.tables[s.seq_id]
+            if r.num_tokens >= r.reserved:
+                raise ValueError(f"sequence {s.seq_id} outgrew its reservation of {r.reserved} slots")
+            r.num_tokens += 1
+        return []
+
+    def free_seq(self, seq) -> None:
+        r = self.tables.pop(seq.seq_id, None)
+        if r is not None:
+            self._release(r)
+
+    def can_swap_out(self, group) -> bool:
+        return False  # Orca reserves up front and never preempts
+
+    def check_invariants(self) -> None:
+        a = self.arena
+        used = sum(1 << o for o in a.allocated.values())
+        assert used + a.num_free == a.total, "arena slots lost or double counted"
+        held = sum(r.reserved if self.placement == "exact" else next_pow2(r.reserved) for r in self.tables.values())
+        assert used == held, "allocated slots differ from reservations"

@@ -1,0 +1,208 @@
+"""Iteration-level (continuous) batching with FCFS admission and preemption (paper §4.5).
+
+Every step the scheduler decides which sequence groups run next:
+1. while no group is swapped out, admit waiting groups first-come-first-served as long as their prompt blocks fit
+   (a *prefill* step: the prompt, or the whole sequence when recomputing a preempted group);
+2. otherwise run one *decode* step for every running group; when a group cannot get a slot for its next token,
+   the group that arrived last is preempted, all or nothing: its blocks are freed to recompute it later
+   ("recompute") or moved to the CPU pool ("swap");
+3. swapped groups come back (before any new admission) as soon as their blocks fit again.
+
+The scheduler talks to its KV manager only through the group-level API shared by ``memory.BlockManager`` (paged)
+and ``memory.contiguous.ContiguousKVManager`` (Orca), so the same loop serves the real engine and the simulation.
+It never touches tensors.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pagedattn.config import SchedulerConfig
+from pagedattn.memory.block_manager import AllocStatus
+from pagedattn.sequence import SequenceGroup
+
+
+@dataclass
+class SchedulerOutputs:
+    """One step's plan: which groups run, and the block copies the executor performs before the forward pass."""
+
+    prefill_groups: list[SequenceGroup] = field(default_factory=list)
+    decode_groups: list[SequenceGroup] = field(default_factory=list)
+    blocks_to_swap_in: dict[int, int] = field(default_factory=dict)
+    blocks_to_swap_out: dict[int, int] = field(default_factory=dict)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[SequenceGroup] = field(default_factory=list)
+    ignored: list[SequenceGroup] = field(default_factory=list)
+
+    @property
+    def is_prefill(self) -> bool:
+        return bool(self.prefill_groups)
+
+    @property
+    def scheduled_groups(self) -> list[SequenceGroup]:
+        return self.prefill_groups or self.decode_groups
+
+    @property
+    def num_batched_tokens(self) -> int:
+        if self.prefill_groups:
+            return sum(g.get_seqs("running")[0].get_len() for g in self.prefill_groups)
+        return sum(len(g.get_seqs("running")) for g in self.decode_groups)
+
+    def is_empty(self) -> bool:
+        return not (self.prefill_groups or self.decode_groups or self.blocks_to_swap_out)
+
+
+class Scheduler:
+    """FCFS iteration-level scheduler over a KV manager (paged or contiguous)."""
+
+    def __init__(self, config: SchedulerConfig, kv_manager, static_batching: bool = False) -> None:
+        self.config = config
+        self.kv = kv_manager
+        # FasterTransformer-style static batching: a new batch starts only when the previous one has finished.
+        self.static_batching = static_batching
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []
+        self.swapped: deque[SequenceGroup] = deque()
+        self.num_preemptions = {"recompute": 0, "swap": 0}
+
+    # ----------------------------------------------------------------------------------------------- queues
+    def add(self, group: SequenceGroup) -> None:
+        self.waiting.append(group)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def num_running_seqs(self) -> int:
+        return sum(len(g.get_seqs("running")) for g in self.running)
+
+    def abort(self, request_id: str) -> SequenceGroup | None:
+        """Remove a request wherever it is and free its blocks."""
+        for queue in (self.waiting, self.running, self.swapped):
+            for g in list(queue):
+                if g.request_id == request_id:
+                    queue.remove(g)
+                    for s in g.seqs:
+                        self.kv.free_seq(s)
+                        if not s.is_finished():
+                            s.finish("abort")
+                    return g
+        return None
+
+    def free_finished(self) -> list[SequenceGroup]:
+        """Free the blocks of finished sequences; drop and return the groups that are done."""
+        done = []
+        for g in self.running:
+            for s in g.seqs:
+                if s.is_finished():
+                    self.kv.free_seq(s)
+            if g.is_finished():
+                done.append(g)
+        if done:
+            self.running = [g for g in self.running if not g.is_finished()]
+        return done
+
+    # ------------------------------------------------------------------------------------------- scheduling
+    def schedule(self) -> SchedulerOutputs:
+        out = SchedulerOutputs()
+        if not self.swapped and not (self.static_batching and self.running):
+            self._schedule_prefills(out)
+            if out.prefill_groups:
+                return out
+        self._schedule_decodes(out)
+        return out
+
+    def _schedule_prefills(self, out: SchedulerOutputs) -> None:
+        num_tokens = 0
+        num_seqs = self.num_running_seqs()
+        while self.waiting:
+            g = self.waiting[0]
+            status = self.kv.can_allocate(g)
+            if status is AllocStatus.NEVER:
+                self.waiting.popleft()
+                g.error = self._never_message(g)
+                for s in g.seqs:
+                    s.finish("error")
+                out.ignored.append(g)
+                continue
+            if status is AllocStatus.LATER:
+                break
+            seqs = g.get_seqs("waiting")
+            tokens = seqs[0].get_len()
+            if out.prefill_groups and num_tokens + tokens > self.config.max_num_batched_tokens:
+                break
+            if num_seqs + len(seqs) > self.config.max_num_seqs:
+                break
+            self.waiting.popleft()
+            self.kv.allocate_group(g)
+            g.set_status("waiting", "running")
+            self.running.append(g)
+            out.prefill_groups.append(g)
+            num_tokens += tokens
+            num_seqs += len(seqs)
+
+    def _never_message(self, g: SequenceGroup) -> str:
+        try:
+            if hasattr(self.kv, "check_request"):
+                if hasattr(self.kv, "reservation_size"):
+                    self.kv.check_request(g.max_total_len, self.kv._size_of(g), len(g.get_seqs("waiting")))
+                else:
+                    self.kv.check_request(g.get_seqs("waiting")[0].get_len())
+        except ValueError as e:
+            return str(e)
+        return "request can never fit in the KV cache (watermark)"
+
+    def _schedule_decodes(self, out: SchedulerOutputs) -> None:
+        queue = deque(self.running)  # FCFS priority: earliest arrival first
+        running: list[SequenceGroup] = []
+        while queue:
+            g = queue.popleft()
+            while not self.kv.can_append_slots(g):
+                if queue:  # preempt the lowest-priority group (the latest arrival) ...
+                    self._preempt(queue.pop(), out)
+                else:  # ... or this one, when it is the last
+                    self._preempt(g, out)
+                    break
+            else:
+                out.blocks_to_copy += self.kv.append_slots(g)
+                running.append(g)
+        self.running = running
+        if not out.preempted:
+            self._schedule_swap_ins(out)
+        out.decode_groups = list(self.running)
+
+    def _schedule_swap_ins(self, out: SchedulerOutputs) -> None:
+        num_seqs = self.num_running_seqs()
+        while self.swapped:
+            g = self.swapped[0]
+            n = len(g.get_seqs("swapped"))
+            if num_seqs + n > self.config.max_num_seqs or not self.kv.can_swap_in_group(g):
+                break
+            self.swapped.popleft()
+            out.blocks_to_swap_in.update(self.kv.swap_in_group(g))
+            g.set_status("swapped", "running")
+            out.blocks_to_copy += self.kv.append_slots(g)
+            self.running.append(g)
+            num_seqs += n
+
+    def _preempt(self, g: SequenceGroup, out: SchedulerOutputs) -> None:
+        """All-or-nothing preemption of a group (§4.5)."""
+        mode = self.config.preemption_mode
+        if mode == "recompute" and len(g.get_seqs("running")) > 1:
+            mode = "swap"  # forked sequences would lose their sharing if recomputed separately
+        if mode == "swap" and not self.kv.can_swap_out(g):
+            if len(g.get_seqs("running")) > 1:
+                raise RuntimeError(f"cannot preempt {g.request_id}: its {len(g.get_seqs('running'))} sequences "
+                                   "share blocks and the CPU swap space is full (raise num_cpu_blocks)")
+            mode = "recompute"
+        self.num_preemptions[mode] += 1
+        if mode == "swap":
+            out.blocks_to_swap_out.update(self.kv.swap_out_group(g))
+            g.set_status("running", "swapped")
+            self.swapped.append(g)
+        else:
+            for s in g.get_seqs("running"):
+                self.kv.free_seq(s)
+                s.num_computed_tokens = 0
+            g.set_status("running", "waiting")
+            self.waiting.appendleft(g)
+        out.preempted.append(g)

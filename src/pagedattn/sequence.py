@@ -1,0 +1,191 @@
+"""Requests as the scheduler sees them: ``Sequence``, ``SequenceGroup`` (the n samples or beams of one request,
+paper §4.4), ``SamplingParams`` and the ``RequestOutput`` returned to users. Names follow vLLM's API.
+
+No torch here: the simulated executor (``sim.py``) uses the same classes as the real engine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Status = Literal["waiting", "running", "swapped", "finished"]
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass
+class SamplingParams:
+    """How to decode one request (vLLM's names). ``temperature=0`` is greedy; ``top_k=-1`` and ``top_p=1`` disable
+    those filters; ``seed`` makes sampling reproducible per request. ``n`` samples share the prompt's blocks (§4.4).
+    """
+
+    n: int = 1
+    best_of: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    max_tokens: int = 16
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    use_beam_search: bool = False
+    beam_width: int | None = None
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of must be >= n={self.n}, got {self.best_of}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        if self.use_beam_search:
+            width = self.beam_width if self.beam_width is not None else self.best_of or self.n
+            if width < 2:
+                raise ValueError(f"beam search needs beam_width >= 2, got {width}")
+            if self.temperature > 0:
+                raise ValueError(f"beam search is deterministic: temperature must be 0, got {self.temperature}")
+            if self.top_p < 1 or self.top_k != -1:
+                raise ValueError("beam search does not take top_p < 1 or top_k filters")
+            self.beam_width = width
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences the group starts with (samples, or beams)."""
+        if self.use_beam_search:
+            return self.beam_width
+        return self.best_of or self.n
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class Sequence:
+    """One token sequence (prompt + generated tokens) and where it is in its life."""
+
+    def __init__(self, seq_id: int, prompt_token_ids: list[int]) -> None:
+        self.seq_id = seq_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.status: Status = "waiting"
+        self.finish_reason: FinishReason | None = None
+        self.cumulative_logprob = 0.0
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache (the executor advances it)
+
+    def get_len(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def get_prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def get_output_len(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def append_token(self, token_id: int, logprob: float = 0.0) -> None:
+        self.output_token_ids.append(token_id)
+        self.cumulative_logprob += logprob
+
+    def is_finished(self) -> bool:
+        return self.status == "finished"
+
+    def finish(self, reason: FinishReason) -> None:
+        self.status = "finished"
+        self.finish_reason = reason
+
+    def __repr__(self) -> str:
+        return f"Sequence(id={self.seq_id}, len={self.get_len()}, status={self.status})"
+
+
+@dataclass
+class RequestMetrics:
+    """Per-request timing (seconds on the engine's clock)."""
+
+    arrival_time: float
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def latency(self) -> float | None:
+        return None if self.finish_time is None else self.finish_time - self.arrival_time
+
+
+class SequenceGroup:
+    """The sequences of one request: one, or n samples / beams sharing the prompt (§4.4)."""
+
+    def __init__(self, request_id: str, seqs: list[Sequence], sampling_params: SamplingParams,
+                 arrival_time: float = 0.0, prompt: str | None = None) -> None:
+        self.request_id = request_id
+        self.seqs = seqs
+        self.sampling_params = sampling_params
+        self.metrics = RequestMetrics(arrival_time)
+        self.prompt = prompt
+        self.error: str | None = None
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.seqs[0].prompt_token_ids
+
+    @property
+    def max_total_len(self) -> int:
+        """Prompt + the most tokens the request may generate (what a contiguous reservation must cover)."""
+        return self.seqs[0].get_prompt_len() + self.sampling_params.max_tokens
+
+    def get_seqs(self, status: Status | None = None) -> list[Sequence]:
+        return self.seqs if status is None else [s for s in self.seqs if s.status == status]
+
+    def num_unfinished_seqs(self) -> int:
+        return sum(not s.is_finished() for s in self.seqs)
+
+    def is_finished(self) -> bool:
+        return all(s.is_finished() for s in self.seqs)
+
+    def set_status(self, old: Status, new: Status) -> None:
+        for s in self.get_seqs(old):
+            s.status = new
+
+    def __repr__(self) -> str:
+        return f"SequenceGroup({self.request_id!r}, n={len(self.seqs)})"
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence of a request."""
+
+    index: int
+    text: str | None
+    token_ids: list[int]
+    cumulative_logprob: float
+    finish_reason: FinishReason | None
+
+
+@dataclass
+class RequestOutput:
+    """What ``LLM.generate`` / ``LLMEngine.step`` return for a request (vLLM's name)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+    error: str | None = None
+
+    @property
+    def normalized_latency(self) -> float | None:
+        """End-to-end latency / output length (s/token), the paper's metric (§6.1)."""
+        n = max((len(o.token_ids) for o in self.outputs), default=0)
+        lat = self.metrics.latency
+        return None if lat is None or n == 0 else lat / n

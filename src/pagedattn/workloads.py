@@ -1,0 +1,170 @@
+"""Request traces: ShareGPT-like and Alpaca-like lengths with Poisson arrivals (paper §6.1, Fig. 11).
+
+No data set can be downloaded here, so the traces are synthetic: prompt and output lengths are drawn from
+log-normal distributions whose location is solved so that, *after* vLLM's benchmark filters (prompt <= 1024,
+prompt + output <= 2048, both >= 4 tokens), the means are the paper's (ShareGPT 161.31 / 337.99, Alpaca
+19.31 / 58.45 tokens). The spreads (``sigma``) are our choice: ShareGPT's lengths are long-tailed, Alpaca's short
+and narrow. ``load_sharegpt`` reads a real ShareGPT JSON file in the format vLLM's benchmarks read, when one is at hand.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from pagedattn.paper import MAX_SEQ_LEN, TRACE_MEANS
+
+MAX_PROMPT_LEN = 1024
+MIN_LEN = 4
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    request_id: str
+    arrival_time: float
+    prompt_len: int
+    output_len: int
+
+    @property
+    def total_len(self) -> int:
+        return self.prompt_len + self.output_len
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """Log-normal prompt and output lengths with target means after the benchmark filters."""
+
+    name: str
+    input_mean: float
+    output_mean: float
+    input_sigma: float
+    output_sigma: float
+
+
+DISTS = {
+    "sharegpt": LengthDist("sharegpt", TRACE_MEANS["sharegpt"]["input"], TRACE_MEANS["sharegpt"]["output"], 1.0, 0.9),
+    "alpaca": LengthDist("alpaca", TRACE_MEANS["alpaca"]["input"], TRACE_MEANS["alpaca"]["output"], 0.55, 0.75),
+}
+
+
+def keep_mask(prompt: np.ndarray, output: np.ndarray, max_len: int = MAX_SEQ_LEN,
+              max_prompt: int = MAX_PROMPT_LEN) -> np.ndarray:
+    """vLLM's benchmark filters: prompt and output >= 4 tokens, prompt <= 1024, prompt + output <= 2048."""
+    return (prompt >= MIN_LEN) & (output >= MIN_LEN) & (prompt <= max_prompt) & (prompt + output <= max_len)
+
+
+def _draw(mu_in: float, mu_out: float, d: LengthDist, n: int, rng: np.random.Generator):
+    p = np.maximum(1, np.round(np.exp(mu_in + d.input_sigma * rng.standard_normal(n)))).astype(np.int64)
+    o = np.maximum(1, np.round(np.exp(mu_out + d.output_sigma * rng.standard_normal(n)))).astype(np.int64)
+    return p, o
+
+
+@lru_cache(maxsize=None)
+def _calibrate(name: str) -> tuple[float, float]:
+    """Solve the log-normal locations so that the filtered means hit the paper's (fixed-point iteration)."""
+    d = DISTS[name]
+    rng = np.random.default_rng(12345)
+    z_in, z_out = rng.standard_normal(400_000), rng.standard_normal(400_000)
+    mu_in = math.log(d.input_mean) - d.input_sigma**2 / 2
+    mu_out = math.log(d.output_mean) - d.output_sigma**2 / 2
+    for _ in range(60):
+        p = np.maximum(1, np.round(np.exp(mu_in + d.input_sigma * z_in)))
+        o = np.maximum(1, np.round(np.exp(mu_out + d.output_sigma * z_out)))
+        k = keep_mask(p, o)
+        mu_in += math.log(d.input_mean / p[k].mean())
+        mu_out += math.log(d.output_mean / o[k].mean())
+    return mu_in, mu_out
+
+
+def sample_lengths(name: str, num_requests: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``num_requests`` filtered (prompt_len, output_len) pairs from the named distribution."""
+    if name not in DISTS:
+        raise ValueError(f"unknown trace {name!r}; known: {sorted(DISTS)}")
+    d = DISTS[name]
+    mu_in, mu_out = _calibrate(name)
+    rng = np.random.default_rng(seed)
+    ps, os_ = [], []
+    have = 0
+    while have < num_requests:
+        p, o = _draw(mu_in, mu_out, d, 2 * (num_requests - have) + 16, rng)
+        k = keep_mask(p, o)
+        ps.append(p[k])
+        os_.append(o[k])
+        have += int(k.sum())
+    return np.concatenate(ps)[:num_requests], np.concatenate(os_)[:num_requests]
+
+
+def poisson_arrivals(num_requests: int, rate: float, seed: int = 0) -> np.ndarray:
+    """Arrival times of a Poisson process of ``rate`` requests/s (``rate=inf``: everything at t=0, offline)."""
+    if rate <= 0:
+        raise ValueError(f"request rate must be > 0, got {rate}")
+    if math.isinf(rate):
+        return np.zeros(num_requests)
+    rng = np.random.default_rng(seed + 1_000_003)
+    return np.cumsum(rng.exponential(1.0 / rate, num_requests))
+
+
+def make_trace(name: str, num_requests: int, rate: float = math.inf, seed: int = 0) -> list[TraceRequest]:
+    """A seeded trace: lengths from ``name`` ("sharegpt" or "alpaca"), Poisson arrivals at ``rate`` req/s."""
+    p, o = sample_lengths(name, num_requests, seed)
+    t = poisson_arrivals(num_requests, rate, seed)
+    return [TraceRequest(f"{name}-{i}", float(t[i]), int(p[i]), int(o[i])) for i in range(num_requests)]
+
+
+def with_rate(trace: list[TraceRequest], rate: float, seed: int = 0) -> list[TraceRequest]:
+    """The same requests (same lengths, same order) arriving at another rate."""
+    t = poisson_arrivals(len(trace), rate, seed)
+    return [TraceRequest(r.request_id, float(t[i]), r.prompt_len, r.output_len) for i, r in enumerate(trace)]
+
+
+def trace_stats(trace: list[TraceRequest]) -> dict[str, float]:
+    p = np.array([r.prompt_len for r in trace])
+    o = np.array([r.output_len for r in trace])
+    return {"num_requests": len(trace), "input_mean": float(p.mean()), "output_mean": float(o.mean()),
+            "input_p50": float(np.median(p)), "output_p50": float(np.median(o)),
+            "input_max": int(p.max()), "output_max": int(o.max()), "total_max": int((p + o).max())}
+
+
+def synthetic_prompt(prompt_len: int, vocab_size: int, seed: int) -> list[int]:
+    """Random token ids for a prompt of the given length (the model only has to see *some* tokens)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(3, vocab_size, size=prompt_len).tolist()
+
+
+_WORD = re.compile(r"\w+|[^\w\s]")
+
+
+def approx_tokenize(text: str) -> list[str]:
+    """A tokenizer-free stand-in (words and punctuation) for when no model tokenizer is at hand."""
+    return _WORD.findall(text)
+
+
+def load_sharegpt(path: str | Path, tokenize: Callable[[str], list] | None = None, num_requests: int | None = None,
+                  rate: float = math.inf, seed: int = 0) -> list[TraceRequest]:
+    """Read a ShareGPT JSON file as vLLM's ``benchmark_serving`` does: the first human turn is the prompt, the
+    reply the output; tokenize both; keep pairs passing the filters; sample ``num_requests`` (seeded)."""
+    tokenize = tokenize or approx_tokenize
+    data = json.loads(Path(path).read_text())
+    pairs = []
+    for conv in data:
+        turns = conv.get("conversations") or conv.get("conversation") or []
+        if len(turns) < 2:
+            continue
+        p, o = len(tokenize(turns[0]["value"])), len(tokenize(turns[1]["value"]))
+        if keep_mask(np.array([p]), np.array([o]))[0]:
+            pairs.append((p, o))
+    if not pairs:
+        raise ValueError(f"{path}: no conversation passed the filters (prompt <= {MAX_PROMPT_LEN}, "
+                         f"prompt + output <= {MAX_SEQ_LEN}, both >= {MIN_LEN})")
+    rng = np.random.default_rng(seed)
+    if num_requests is not None:
+        idx = rng.choice(len(pairs), size=num_requests, replace=num_requests > len(pairs))
+        pairs = [pairs[i] for i in idx]
+    t = poisson_arrivals(len(pairs), rate, seed)
+    return [TraceRequest(f"sharegpt-{i}", float(t[i]), p, o) for i, (p, o) in enumerate(pairs)]
