@@ -1,0 +1,220 @@
+"""Block manager: unit tests of the paper's mechanisms and a stateful property test of its invariants."""
+import copy
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from pagedattn.memory import AllocStatus, BlockManager, NoFreeBlocksError
+
+
+def snapshot(m: BlockManager):
+    return (copy.deepcopy(m.tables), list(m.gpu.ref_counts), list(m.gpu._free), list(m.cpu.ref_counts),
+            list(m.cpu._free))
+
+
+def test_on_demand_allocation_40_tokens_three_blocks():
+    m = BlockManager(block_size=16, num_gpu_blocks=10)
+    m.allocate(0, 40)
+    assert len(m.block_table(0)) == 3 and m.num_filled_slots() == 40
+    for _ in range(8):  # fills the third block: no new block
+        assert m.append_slot(0) is None
+    assert len(m.block_table(0)) == 3
+    m.append_slot(0)  # 49th token: a new block only now
+    assert len(m.block_table(0)) == 4
+    m.free(0)
+    assert m.num_free_gpu_blocks == 10
+    m.check_invariants()
+
+
+def test_fork_shares_and_copy_on_write_four_samples():
+    """Study note exercise 4: four samples share a block; the writer gets a copy, the count goes 4 -> 3."""
+    m = BlockManager(block_size=16, num_gpu_blocks=10)
+    m.allocate(0, 20)  # two blocks, the last one partly filled
+    for child in (1, 2, 3):
+        m.fork(0, child)
+    last = m.block_table(0)[-1]
+    assert m.gpu.ref_counts[last] == 4 and m.num_used_gpu_blocks == 2
+    copy_ = m.append_slot(2)
+    assert copy_ is not None and copy_[0] == last
+    assert m.gpu.ref_counts[last] == 3 and m.gpu.ref_counts[copy_[1]] == 1
+    assert m.block_table(2)[-1] == copy_[1] and m.block_table(0)[-1] == last
+    assert m.block_table(2)[0] == m.block_table(0)[0]  # the full first block stays shared
+    m.check_invariants()
+    for s in range(4):
+        m.free(s)
+    assert m.num_free_gpu_blocks == 10
+
+
+def test_append_to_full_shared_block_allocates_without_copy():
+    m = BlockManager(block_size=4, num_gpu_blocks=10)
+    m.allocate(0, 8)
+    m.fork(0, 1)
+    assert m.append_slot(1) is None  # last block full: a fresh block, nothing to copy
+    assert m.block_table(1)[:2] == m.block_table(0)
+    m.check_invariants()
+
+
+def test_swap_out_and_in_preserves_sharing():
+    m = BlockManager(block_size=4, num_gpu_blocks=8, num_cpu_blocks=8)
+    m.allocate(0, 6)
+    m.fork(0, 1)
+    m.append_slot(1)
+    out = m.swap_out([0, 1])
+    assert len(out) == 3 and m.num_free_gpu_blocks == 8
+    shared = m.block_table(0)[0]
+    assert m.cpu.ref_counts[shared] == 2  # the shared first block moved once, still shared
+    m.check_invariants()
+    back = m.swap_in([0, 1])
+    assert len(back) == 3 and m.cpu.num_free == 8
+    assert m.block_table(0)[0] == m.block_table(1)[0]
+    m.check_invariants()
+
+
+def test_watermark_and_alloc_status():
+    m = BlockManager(block_size=16, num_gpu_blocks=100, watermark=0.05)
+    assert m.can_allocate_tokens(16 * 95) is AllocStatus.OK
+    assert m.can_allocate_tokens(16 * 96) is AllocStatus.NEVER
+    m.allocate(0, 16 * 50)
+    assert m.can_allocate_tokens(16 * 46) is AllocStatus.LATER
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda m: m.allocate(9, 3000), "max_model_len=2048"),
+    (lambda m: m.allocate(9, 16 * 11), "num_gpu_blocks=10"),
+    (lambda m: m.allocate(9, 0), "at least 1 token"),
+    (lambda m: m.swap_in([1]), "num_gpu_blocks=10"),
+    (lambda m: m.swap_out([0]), "num_cpu_blocks=2"),
+])
+def test_bad_input_raises_value_error_and_changes_nothing(call, match):
+    m = BlockManager(block_size=16, num_gpu_blocks=10, num_cpu_blocks=2, max_model_len=2048)
+    m.allocate(0, 16 * 3)  # 3 blocks: more than the CPU pool holds
+    m.allocate(1, 16 * 2)
+    m.swap_out([1])  # seq 1 now on the CPU
+    m.allocate(2, 16 * 7)  # the device pool is full: seq 1 cannot come back
+    before = snapshot(m)
+    with pytest.raises(ValueError, match=match):
+        call(m)
+    assert snapshot(m) == before
+    m.check_invariants()
+
+
+def test_block_size_must_be_positive():
+    for bad in (0, -16):
+        with pytest.raises(ValueError, match="block_size"):
+            BlockManager(block_size=bad, num_gpu_blocks=4)
+
+
+def test_pool_exhaustion_is_not_a_value_error_and_changes_nothing():
+    m = BlockManager(block_size=16, num_gpu_blocks=4)
+    m.allocate(0, 60)
+    before = snapshot(m)
+    with pytest.raises(NoFreeBlocksError):
+        m.allocate(1, 10)
+    assert snapshot(m) == before
+    m.append_slot(0)
+    m.append_slot(0)
+    m.append_slot(0)
+    m.append_slot(0)
+    with pytest.raises(NoFreeBlocksError):
+        m.append_slot(0)
+
+
+def test_double_free_is_caught():
+    m = BlockManager(block_size=16, num_gpu_blocks=4)
+    m.allocate(0, 10)
+    m.free(0)
+    with pytest.raises(KeyError):
+        m.free(0)
+    with pytest.raises(RuntimeError, match="double free"):
+        m.gpu.decref(0)
+
+
+class BlockManagerMachine(RuleBasedStateMachine):
+    """Random sequences of allocate / append / fork / free / swap keep every invariant."""
+
+    def __init__(self):
+        super().__init__()
+        self.m = BlockManager(block_size=4, num_gpu_blocks=24, num_cpu_blocks=16, watermark=0.0, max_model_len=64)
+        self.next_id = 0
+        self.lengths: dict[int, int] = {}
+
+    def _seqs(self, device):
+        return [s for s, t in self.m.tables.items() if t.device == device]
+
+    @rule(n=st.integers(1, 40))
+    def allocate(self, n):
+        if self.m.can_allocate_tokens(n) is AllocStatus.OK:
+            self.m.allocate(self.next_id, n)
+            self.lengths[self.next_id] = n
+            self.next_id += 1
+
+    @precondition(lambda self: self._seqs("gpu"))
+    @rule(data=st.data())
+    def append(self, data):
+        s = data.draw(st.sampled_from(self._seqs("gpu")))
+        if self.lengths[s] >= 64:
+            return
+        if self.m.needs_new_block(s) and self.m.num_free_gpu_blocks == 0:
+            with pytest.raises(NoFreeBlocksError):
+                self.m.append_slot(s)
+            return
+        shared_before = self.m.gpu.ref_counts[self.m.block_table(s)[-1]] > 1 and self.lengths[s] % 4
+        c = self.m.append_slot(s)
+        assert (c is not None) == bool(shared_before)
+        self.lengths[s] += 1
+
+    @precondition(lambda self: self._seqs("gpu"))
+    @rule(data=st.data())
+    def fork(self, data):
+        s = data.draw(st.sampled_from(self._seqs("gpu")))
+        self.m.fork(s, self.next_id)
+        self.lengths[self.next_id] = self.lengths[s]
+        self.next_id += 1
+
+    @precondition(lambda self: self.m.tables)
+    @rule(data=st.data())
+    def free(self, data):
+        s = data.draw(st.sampled_from(sorted(self.m.tables)))
+        self.m.free(s)
+        del self.lengths[s]
+
+    @precondition(lambda self: self._seqs("gpu"))
+    @rule(data=st.data())
+    def swap_out(self, data):
+        seqs = data.draw(st.lists(st.sampled_from(self._seqs("gpu")), min_size=1, max_size=3, unique=True))
+        before = snapshot(self.m)
+        try:
+            mapping = self.m.swap_out(seqs)
+        except ValueError:
+            assert snapshot(self.m) == before
+            return
+        assert len(mapping) == len({b for s in before[0] if s in seqs for b in before[0][s].blocks})
+
+    @precondition(lambda self: self._seqs("cpu"))
+    @rule(data=st.data())
+    def swap_in(self, data):
+        seqs = data.draw(st.lists(st.sampled_from(self._seqs("cpu")), min_size=1, max_size=3, unique=True))
+        before = snapshot(self.m)
+        try:
+            self.m.swap_in(seqs)
+        except ValueError:
+            assert snapshot(self.m) == before
+
+    @invariant()
+    def invariants(self):
+        self.m.check_invariants()  # refcount == table references, free + used == total, no double entries
+        for s, n in self.lengths.items():
+            assert self.m.num_tokens(s) == n
+
+    def teardown(self):
+        for s in list(self.m.tables):
+            self.m.free(s)
+        assert self.m.gpu.num_free == self.m.gpu.num_blocks and self.m.cpu.num_free == self.m.cpu.num_blocks
+        assert all(c == 0 for c in self.m.gpu.ref_counts + self.m.cpu.ref_counts)
+
+
+TestBlockManagerMachine = BlockManagerMachine.TestCase
+TestBlockManagerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
+                                            suppress_health_check=[HealthCheck.too_slow])
