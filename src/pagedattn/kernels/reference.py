@@ -10,18 +10,51 @@ Cache layout (the same for every backend): ``key_cache`` / ``value_cache`` are
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import math
+import threading
+from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["paged_attention_ref", "reshape_and_cache_ref", "copy_blocks_ref", "swap_blocks_ref",
-           "as_block_mapping"]
+           "as_block_mapping", "release_workspace"]
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """fp16/bf16/fp32 inputs are computed in fp32; fp64 inputs (the test oracle) stay in fp64."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+_WORKSPACE = threading.local()
+
+
+def _gather_blocks(cache: Tensor, ids: Tensor, slot: int) -> Tensor:
+    """``cache.index_select(0, ids)``; on the CPU into a reused, grow-only buffer (one per ``slot`` and thread).
+
+    A fresh multi-megabyte tensor on every decode step costs page faults on each first touch (measured: a 64 MB
+    gather takes 69 ms fresh vs 21 ms into a reused buffer on a 2-core VM). The returned view is only valid until
+    the next call with the same ``slot`` on the same thread; :func:`paged_attention_ref` never lets it escape.
+    """
+    if cache.device.type != "cpu":
+        return cache.index_select(0, ids)
+    shape = (ids.numel(), *cache.shape[1:])
+    numel = math.prod(shape)
+    bufs = getattr(_WORKSPACE, "bufs", None)
+    if bufs is None:
+        bufs = _WORKSPACE.bufs = {}
+    buf = bufs.get((slot, cache.dtype))
+    if buf is None or buf.numel() < numel:
+        buf = bufs[(slot, cache.dtype)] = torch.empty(numel, dtype=cache.dtype)
+    out = buf[:numel].view(shape)
+    torch.index_select(cache, 0, ids, out=out)
+    return out
+
+
+def release_workspace() -> None:
+    """Free the CPU gather buffers of :func:`paged_attention_ref` (this thread's)."""
+    _WORKSPACE.bufs = {}
 
 
 def paged_attention_ref(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
@@ -40,40 +73,32 @@ def paged_attention_ref(query: Tensor, key_cache: Tensor, value_cache: Tensor, b
     ``num_kv_heads``; query head ``h`` attends with kv head ``h // (num_heads // num_kv_heads)``. A sequence with
     ``context_len == 0`` gets zeros.
 
-    The gather ``key_cache[block_tables]`` materialises each sequence's blocks in logical order (only up to the
-    longest context), then a masked softmax runs over all of them at once, in fp32 (fp64 for fp64 inputs).
+    The gather ``key_cache.index_select(0, block_tables)`` materialises each sequence's blocks in logical order (only
+    up to the longest context), then one masked ``scaled_dot_product_attention`` (GQA through ``enable_gqa``) runs
+    over all sequences at once, in fp32 (fp64 for fp64 inputs).
     """
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-    group = num_heads // num_kv_heads
     cdt = _compute_dtype(query.dtype)
-    out = torch.zeros_like(query)
     if num_seqs == 0:
-        return out
+        return torch.zeros_like(query)
     lens = context_lens.to(device=query.device, dtype=torch.long)
     max_len = int(lens.max().item())
     if max_len == 0:
-        return out
+        return torch.zeros_like(query)
     n_blocks = -(-max_len // block_size)
-    table = block_tables[:, :n_blocks].to(device=key_cache.device, dtype=torch.long).clamp(min=0)
-    # [num_seqs, n_blocks, block_size, kvh, d] -> [num_seqs, kvh, n_blocks * block_size, d]
-    k = key_cache[table].flatten(1, 2)[:, :max_len].to(cdt).permute(0, 2, 1, 3)
-    v = value_cache[table].flatten(1, 2)[:, :max_len].to(cdt).permute(0, 2, 1, 3)
-    q = query.to(cdt).view(num_seqs, num_kv_heads, group, head_dim)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale            # [S, kvh, group, max_len]
-    pad = torch.arange(max_len, device=query.device)[None, :] >= lens[:, None]   # [S, max_len]
-    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
-    empty = lens == 0
-    if bool(empty.any()):
-        scores[empty] = 0.0                                          # avoid NaN; zeroed below
-    probs = torch.softmax(scores, dim=-1)
-    o = torch.matmul(probs, v).reshape(num_seqs, num_heads, head_dim)
-    if bool(empty.any()):
-        o[empty] = 0.0
-    out.copy_(o)
-    return out
+    ids = block_tables[:, :n_blocks].to(device=key_cache.device, dtype=torch.long).clamp(min=0).flatten()
+    # gather each sequence's blocks in logical order: [num_seqs, n_blocks * block_size, kvh, d] -> [S, kvh, L, d]
+    k = _gather_blocks(key_cache, ids, 0).view(num_seqs, n_blocks * block_size, num_kv_heads, head_dim)
+    v = _gather_blocks(value_cache, ids, 1).view(num_seqs, n_blocks * block_size, num_kv_heads, head_dim)
+    k, v = k.to(cdt).transpose(1, 2), v.to(cdt).transpose(1, 2)
+    valid = torch.arange(n_blocks * block_size, device=query.device)[None, :] < lens.clamp(min=1)[:, None]
+    o = F.scaled_dot_product_attention(query.to(cdt)[:, :, None, :], k, v, attn_mask=valid[:, None, None, :],
+                                       scale=scale, enable_gqa=num_heads != num_kv_heads)[:, :, 0]
+    o = o.masked_fill((lens == 0)[:, None, None], 0.0)  # an empty context attends to nothing
+    return o.to(query.dtype)
 
 
 def reshape_and_cache_ref(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
