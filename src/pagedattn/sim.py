@@ -19,7 +19,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from pagedattn.config import OPT_13B, ModelSpec, SchedulerConfig, blocks_needed, paper_slots
-from pagedattn.memory.accounting import breakdown
+from pagedattn.memory.accounting import breakdown, max_request_waste
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.scheduler import Scheduler, SchedulerOutputs
@@ -164,7 +164,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                          # memory-bound: a request waits although the scheduler would admit it but for memory
                          "memory_bound": head is not None and head.metrics.arrival_time <= now
                          and len(sched.running) < max_num_seqs,
-                         **{k: v for k, v in asdict(b).items()}})
+                         "max_request_waste": max_request_waste(kv), **asdict(b)})
         now += dt
         step += 1
         for g in running:

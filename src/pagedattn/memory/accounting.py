@@ -45,11 +45,15 @@ def breakdown(manager: BlockManager | ContiguousKVManager, final_len: dict[int, 
 
 def _paged(m: BlockManager, final_len: dict[int, int]) -> SlotBreakdown:
     bs = m.block_size
+    device = [(s, t) for s, t in m.tables.items() if t.device == "gpu"]
+    allocated = m.gpu.num_used * bs
+    if sum(len(t.blocks) for _, t in device) == m.gpu.num_used:  # nothing shared: O(sequences) fast path
+        states = sum(t.num_tokens for _, t in device)
+        ends = sum(min(len(t.blocks) * bs, max(final_len.get(s, t.num_tokens), t.num_tokens)) for s, t in device)
+        return SlotBreakdown(states, ends - states, allocated - ends, m.gpu.num_blocks * bs - allocated)
     filled: dict[int, int] = {}  # physical block -> slots holding tokens
     future: dict[int, int] = {}  # physical block -> slots that some sharer will still fill
-    for seq_id, t in m.tables.items():
-        if t.device != "gpu":
-            continue
+    for seq_id, t in device:
         end = max(final_len.get(seq_id, t.num_tokens), t.num_tokens)
         for i, b in enumerate(t.blocks):
             lo = i * bs
@@ -57,7 +61,6 @@ def _paged(m: BlockManager, final_len: dict[int, int]) -> SlotBreakdown:
             future[b] = max(future.get(b, 0), min(bs, max(0, end - lo)))
     states = sum(filled.values())
     reserved = sum(future[b] - filled[b] for b in filled)
-    allocated = m.gpu.num_used * bs
     return SlotBreakdown(states, reserved, allocated - states - reserved, m.gpu.num_blocks * bs - allocated)
 
 
@@ -69,3 +72,16 @@ def _contiguous(m: ContiguousKVManager, final_len: dict[int, int]) -> SlotBreakd
         reserved += end - r.num_tokens
         internal += r.reserved - end
     return SlotBreakdown(states, reserved, internal, m.total_slots - states - reserved - internal)
+
+
+def max_request_waste(manager: BlockManager | ContiguousKVManager) -> int:
+    """The most slots any one request holds beyond its tokens (paged: < one block, §4.2; Orca: its reservation's
+    unfilled part, including the buddy block's slack)."""
+    if isinstance(manager, ContiguousKVManager):
+        from pagedattn.memory.contiguous import next_pow2
+
+        exact = manager.placement == "exact"
+        return max(((r.reserved if exact else next_pow2(r.reserved)) - r.num_tokens
+                    for r in manager.tables.values()), default=0)
+    bs = manager.block_size
+    return max((len(t.blocks) * bs - t.num_tokens for t in manager.tables.values() if t.device == "gpu"), default=0)

@@ -160,7 +160,9 @@ class ContiguousKVManager:
         """
         if self.policy == "max":
             return self.max_model_len
-        return prompt_len + (next_pow2(output_len) if self.policy == "pow2" else output_len)
+        if self.policy == "pow2":  # never beyond the model's maximum: no request can use more
+            return min(prompt_len + next_pow2(output_len), max(self.max_model_len, prompt_len + output_len))
+        return prompt_len + output_len
 
     def _size_of(self, group) -> int:
         return self.reservation_size(group.seqs[0].get_prompt_len(), group.sampling_params.max_tokens)
