@@ -1,0 +1,350 @@
+"""The serving engine (paper §4, Fig. 4): ``LLMEngine`` (add_request / step / abort) and the ``LLM`` facade.
+
+One ``step()`` is one iteration of iteration-level batching (§4.5): the scheduler picks the groups to run and the
+block moves (swap, copy-on-write); the ``ModelRunner`` performs the moves and one forward pass through the paged KV
+cache (§4.1); the sampler picks one token per sequence (§4.4 for n > 1); finished sequences free their blocks.
+Prefill and decode steps never mix (vLLM v0). Names and behaviour follow vLLM.
+
+Bad input is isolated per request: ``add_request`` raises ``ValueError`` naming the limit (empty prompt, prompt over
+``max_model_len``, more blocks than the whole pool, unknown token or stop id, ...); ``LLM.generate`` turns that
+into a ``RequestOutput`` with ``error`` and finish reason ``"error"`` while the other requests run normally.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from pagedattn import kernels
+from pagedattn.config import SchedulerConfig
+from pagedattn.executor import ModelRunner, cache_layout
+from pagedattn.memory.block_manager import AllocStatus, BlockManager
+from pagedattn.model.attention import PagedAttention
+from pagedattn.model.loader import load_model
+from pagedattn.sampling import SamplingRow, check_stop, make_generator, sample
+from pagedattn.scheduler import Scheduler
+from pagedattn.sequence import CompletionOutput, RequestOutput, SamplingParams, Sequence, SequenceGroup
+
+
+@dataclass
+class EngineArgs:
+    """Engine configuration (vLLM's names). ``num_gpu_blocks=None`` sizes the device pool from ``kv_cache_memory``
+    bytes (default: 90 % of free GPU memory on CUDA, 256 MiB on the CPU), capped at ``max_num_seqs`` full-length
+    sequences. ``num_cpu_blocks=None`` gives swap mode as many CPU blocks as device blocks (recompute: none)."""
+
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    kv_cache_memory: int | None = None
+    num_cpu_blocks: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    preemption_mode: str = "recompute"
+    watermark: float = 0.01
+    attention_backend: str = "auto"
+    device: str | None = None
+    dtype: Any = None
+
+
+@dataclass
+class StepMetrics:
+    """One engine step. ``slots_filled`` counts the batch's context tokens (K/V held in the cache); ``blocks_used``
+    is the device pool's used blocks (slots / block size for a contiguous manager)."""
+
+    step: int
+    kind: str  # "prefill" | "decode"
+    batch_size: int  # sequences computed
+    num_prefill_tokens: int
+    num_batched_tokens: int
+    blocks_used: int
+    slots_filled: int
+    num_preempted: int
+    num_blocks_swapped: int
+    num_blocks_copied: int
+    step_time: float
+    forward_time: float
+
+    @property
+    def overhead_time(self) -> float:
+        """Time outside the model forward: scheduling, block tables, block moves, sampling, outputs."""
+        return self.step_time - self.forward_time
+
+
+def _eos_ids(model: nn.Module, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    for src in (getattr(model.config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(src, int):
+            ids.add(src)
+        elif src:
+            ids.update(src)
+    return frozenset(ids)
+
+
+class LLMEngine:
+    """Continuous batching over a paged KV cache (or any KV manager with the scheduler's group API)."""
+
+    def __init__(self, model, tokenizer=None, kv_manager=None, **kwargs) -> None:
+        args = EngineArgs(**kwargs)
+        self.args = args
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if isinstance(model, nn.Module) and any(isinstance(m, PagedAttention) for m in model.modules()):
+            p = next(model.parameters())
+            self.model = model if args.dtype is None and args.device is None else model.to(device, args.dtype or p.dtype)
+            device = next(self.model.parameters()).device
+        else:
+            if isinstance(model, str) and tokenizer is None:
+                tokenizer = _try_tokenizer(model)
+            dtype = args.dtype
+            if dtype is None and not isinstance(model, str):
+                dtype = next(model.parameters()).dtype
+            self.model = load_model(model, dtype, device)
+        self.tokenizer = tokenizer
+        self.device = device
+        self.dtype = next(self.model.parameters()).dtype
+        config = self.model.config
+        self.vocab_size = config.vocab_size
+        self.max_model_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+        self.eos_token_ids = _eos_ids(self.model, tokenizer)
+        if kv_manager is None:
+            kv_manager = self._make_block_manager(args)
+        self.kv = kv_manager
+        max_tokens = args.max_num_batched_tokens or max(self.max_model_len, 2048)
+        self.scheduler = Scheduler(SchedulerConfig(args.max_num_seqs, max_tokens, self.max_model_len,
+                                                   args.preemption_mode), self.kv)
+        self.backend = kernels.get_backend(args.attention_backend)
+        self.runner = ModelRunner(self.model, self.kv, self.backend, device, self.dtype)
+        self.requests: dict[str, SequenceGroup] = {}  # unfinished requests
+        self.generators: dict[str, torch.Generator | None] = {}
+        self.step_metrics: list[StepMetrics] = []
+        self._seq_ids = itertools.count()
+        self._step = 0
+
+    # ----------------------------------------------------------------------------------------- setup
+    def _make_block_manager(self, args: EngineArgs) -> BlockManager:
+        a = self.model.config
+        num_kv = getattr(a, "num_key_value_heads", None) or a.num_attention_heads
+        head_dim = getattr(a, "head_dim", None) or a.hidden_size // a.num_attention_heads
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        block_bytes = 2 * a.num_hidden_layers * num_kv * head_dim * args.block_size * elem
+        blocks = args.num_gpu_blocks
+        if blocks is None:
+            budget = args.kv_cache_memory
+            if budget is None:
+                budget = int(0.9 * torch.cuda.mem_get_info(self.device)[0]) if self.device.type == "cuda" else 256 << 20
+            cap = args.max_num_seqs * -(-self.max_model_len // args.block_size)
+            blocks = max(1, min(budget // block_bytes, cap))
+        cpu = args.num_cpu_blocks
+        if cpu is None:
+            cpu = blocks if args.preemption_mode == "swap" else 0
+        return BlockManager(args.block_size, blocks, cpu, args.watermark, self.max_model_len)
+
+    @staticmethod
+    def now() -> float:
+        """The engine's clock (``time.perf_counter``); pass arrival times on it."""
+        return time.perf_counter()
+
+    # -------------------------------------------------------------------------------------- requests
+    def add_request(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams | None = None,
+                    arrival_time: float | None = None) -> None:
+        """Queue a request; raises ``ValueError`` (naming the limit) for a request that can never be served."""
+        params = sampling_params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, token_ids = self._tokenize(prompt)
+        self._validate(token_ids, params)
+        seqs = [Sequence(next(self._seq_ids), token_ids) for _ in range(params.num_seqs)]
+        group = SequenceGroup(request_id, seqs, params, self.now() if arrival_time is None else arrival_time, text)
+        if self.kv.can_allocate(group) is AllocStatus.NEVER:
+            raise ValueError(self.scheduler._never_message(group))
+        self.requests[request_id] = group
+        self.generators[request_id] = make_generator(params.seed, self.device)
+        self.scheduler.add(group)
+
+    def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer; pass token ids or LLMEngine(tokenizer=...)")
+            return prompt, list(self.tokenizer(prompt)["input_ids"])
+        return None, [int(t) for t in prompt]
+
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if not token_ids:
+            raise ValueError("empty prompt: a request needs at least 1 prompt token")
+        if params.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
+        if params.use_beam_search:
+            raise ValueError("beam search is not supported by this engine yet (use n/best_of parallel sampling)")
+        if len(token_ids) > self.max_model_len:
+            raise ValueError(f"prompt of {len(token_ids)} tokens exceeds the model maximum "
+                             f"max_model_len={self.max_model_len}")
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (vocab_size={self.vocab_size})")
+        bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"stop token id {bad[0]} is outside the vocabulary (vocab_size={self.vocab_size})")
+
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        """Stop requests wherever they are (waiting, running or swapped) and free their blocks."""
+        for rid in [request_id] if isinstance(request_id, str) else list(request_id):
+            if self.scheduler.abort(rid) is not None:
+                self.requests.pop(rid, None)
+                self.generators.pop(rid, None)
+
+    abort = abort_request
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ------------------------------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule, move blocks, forward, sample, free. Returns the scheduled requests' outputs."""
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        outputs = [self._finish_with_error(g, g.error) for g in out.ignored]
+        if out.is_empty():  # nothing to run: a lone group preempted itself, or nothing fits any more
+            return outputs if out.preempted else outputs + self._unstick()
+        self.runner.move_blocks(out)
+        inp = self.runner.prepare_input(out)
+        logits, forward_time = self.runner.forward(inp)
+        if len(inp.logits_rows) != logits.shape[0]:  # forks sample from their shared prompt's row
+            logits = logits[torch.tensor(inp.logits_rows, device=logits.device)]
+        tokens, logprobs = sample(logits, [SamplingRow(g.sampling_params, self.generators[g.request_id])
+                                           for _, g in inp.rows])
+        now = self.now()
+        for (s, g), tok, lp in zip(inp.rows, tokens, logprobs):
+            s.num_computed_tokens = s.get_len()
+            s.append_token(tok, lp)
+            reason = check_stop(s, g.sampling_params, self.eos_token_ids, self.max_model_len)
+            if reason is not None:
+                s.finish(reason)
+        groups = out.scheduled_groups
+        for g in groups:
+            if g.metrics.first_token_time is None:
+                g.metrics.first_token_time = now
+            if g.is_finished():
+                g.metrics.finish_time = now
+                self.requests.pop(g.request_id, None)
+                self.generators.pop(g.request_id, None)
+        self.scheduler.free_finished()
+        outputs += [self._output(g) for g in groups]
+        self._record(out, inp, t0, forward_time)
+        return outputs
+
+    def _record(self, out, inp, t0: float, forward_time: float) -> None:
+        kv = self.kv
+        used = kv.num_used_gpu_blocks if hasattr(kv, "num_used_gpu_blocks") else kv.arena.total - kv.arena.num_free
+        n_tokens = int(inp.input_ids.shape[0])
+        self.step_metrics.append(StepMetrics(
+            self._step, "prefill" if out.is_prefill else "decode", len(inp.meta.context_lens_list),
+            n_tokens if out.is_prefill else 0, n_tokens, used, sum(inp.meta.context_lens_list), len(out.preempted),
+            len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out), len(out.blocks_to_copy),
+            time.perf_counter() - t0, forward_time))
+        self._step += 1
+
+    def _unstick(self) -> list[RequestOutput]:
+        """Nothing could be scheduled: with the pool empty, a swapped-out group that cannot come back never will."""
+        s = self.scheduler
+        if s.swapped and not s.running:
+            g = s.swapped[0]
+            n = sum(len(self.kv.block_table(x.seq_id)) for x in g.get_seqs("swapped"))
+            return [self._fail(g, f"request {g.request_id!r} grew to {n} blocks and cannot be swapped back into "
+                                  f"the pool of num_gpu_blocks={cache_layout(self.kv)[0]} blocks")]
+        if s.has_unfinished():
+            raise RuntimeError("the scheduler made no progress with requests left")
+        return []
+
+    def _fail(self, g: SequenceGroup, message: str) -> RequestOutput:
+        self.scheduler.abort(g.request_id)
+        return self._finish_with_error(g, message)
+
+    def _finish_with_error(self, g: SequenceGroup, message: str | None) -> RequestOutput:
+        g.error = message
+        for s in g.seqs:
+            s.status, s.finish_reason = "finished", "error"
+        g.metrics.finish_time = self.now()
+        self.requests.pop(g.request_id, None)
+        self.generators.pop(g.request_id, None)
+        return self._output(g)
+
+    def _output(self, g: SequenceGroup) -> RequestOutput:
+        seqs = g.seqs
+        if g.is_finished() and len(seqs) > g.sampling_params.n:  # best_of: keep the n most likely
+            seqs = sorted(seqs, key=lambda s: s.cumulative_logprob, reverse=True)[: g.sampling_params.n]
+        tok = self.tokenizer
+        outs = [CompletionOutput(i, tok.decode(s.output_token_ids, skip_special_tokens=True) if tok else None,
+                                 list(s.output_token_ids), s.cumulative_logprob, s.finish_reason)
+                for i, s in enumerate(seqs)]
+        return RequestOutput(g.request_id, g.prompt, g.prompt_token_ids, outs, g.is_finished(), g.metrics, g.error)
+
+    # --------------------------------------------------------------------------------------- metrics
+    def step_metrics_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame([{**asdict(m), "overhead_time": m.overhead_time} for m in self.step_metrics])
+
+
+def _try_tokenizer(path: str):
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    except Exception:  # no tokenizer files next to the weights: token-id prompts only
+        return None
+
+
+def error_output(request_id: str, prompt, message: str) -> RequestOutput:
+    """The output of a request rejected before it reached the scheduler."""
+    from pagedattn.sequence import RequestMetrics
+
+    now = LLMEngine.now()
+    ids = list(prompt) if isinstance(prompt, (list, tuple)) else []
+    return RequestOutput(request_id, prompt if isinstance(prompt, str) else None, ids,
+                         [CompletionOutput(0, None, [], 0.0, "error")], True, RequestMetrics(now, None, now), message)
+
+
+class LLM:
+    """Offline batched generation (vLLM's ``LLM``): ``LLM(model).generate(prompts, sampling_params)``."""
+
+    def __init__(self, model, tokenizer=None, **engine_kwargs) -> None:
+        self.engine = LLMEngine(model, tokenizer, **engine_kwargs)
+        self._counter = itertools.count()
+
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for every prompt (text, or token ids); outputs come back in input order. A prompt that can
+        never be served gets an output with ``error`` set and finish reason ``"error"``; the others still run."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if sampling_params is None or isinstance(sampling_params, (SamplingParams, dict)):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
+        results: list[RequestOutput | None] = [None] * len(prompts)
+        index: dict[str, int] = {}
+        for i, (prompt, sp) in enumerate(zip(prompts, sampling_params)):
+            rid = str(next(self._counter))
+            try:
+                if isinstance(sp, dict):
+                    sp = SamplingParams(**sp)
+                self.engine.add_request(rid, prompt, sp)
+                index[rid] = i
+            except ValueError as e:
+                results[i] = error_output(rid, prompt, str(e))
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(prompts), desc="generate", disable=not use_tqdm, initial=len(prompts) - len(index)) as bar:
+            while self.engine.has_unfinished_requests():
+                for o in self.engine.step():
+                    if o.finished and o.request_id in index:
+                        results[index.pop(o.request_id)] = o
+                        bar.update(1)
+        return results

@@ -1,0 +1,151 @@
+"""The model runner: owns the KV cache tensors, performs the scheduler's block moves, runs the forward pass.
+
+Per step (paper §4.5 and §5): first the block swaps (``swap_out`` device -> CPU, ``swap_in`` CPU -> device) and the
+copy-on-write copies (§4.4) that the scheduler decided, each as one batched tensor op with the mapping as a tensor;
+then one forward pass over the flat batch of the step's new tokens; then the LM head on each sequence's last token.
+
+The caches are built from the KV manager's layout, so the same runner serves the paged ``BlockManager`` (block size
+16) and Orca's ``ContiguousKVManager`` (block size 1, one slot per "block"). Per layer: a K and a V tensor of
+``[num_blocks, block_size, num_kv_heads, head_dim]`` on the device and, for swapping, the same on the CPU.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from pagedattn.kernels import KernelBackend
+from pagedattn.model.attention import AttentionMetadata, PagedAttention
+from pagedattn.scheduler import SchedulerOutputs
+from pagedattn.sequence import Sequence, SequenceGroup
+
+
+def cache_layout(kv) -> tuple[int, int, int]:
+    """``(num_device_blocks, block_size, num_cpu_blocks)`` of a KV manager (paged or contiguous)."""
+    if hasattr(kv, "gpu"):
+        return kv.gpu.num_blocks, kv.block_size, kv.cpu.num_blocks
+    return kv.total_slots // kv.block_size, kv.block_size, 0
+
+
+@dataclass
+class ModelInput:
+    """A step's flat batch; ``rows`` lists, for each logits row to sample, its sequence and group."""
+
+    input_ids: Tensor
+    positions: Tensor
+    meta: AttentionMetadata
+    logits_indices: Tensor | None  # rows of the hidden states that feed the LM head (None: all of them)
+    rows: list[tuple[Sequence, SequenceGroup]]
+    logits_rows: list[int]  # for each entry of ``rows``, its row in the logits (forks share their prompt's row)
+
+
+class ModelRunner:
+    """Executes ``SchedulerOutputs`` on a model with a paged KV cache."""
+
+    def __init__(self, model: nn.Module, kv, backend: KernelBackend, device: torch.device, dtype: torch.dtype) -> None:
+        self.model, self.kv, self.backend, self.device, self.dtype = model, kv, backend, device, dtype
+        self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
+        if not self.attn_layers:
+            raise ValueError("the model has no PagedAttention layers")
+        a = self.attn_layers[0]
+        self.num_blocks, self.block_size, num_cpu_blocks = cache_layout(kv)
+        shape = (self.num_blocks, self.block_size, a.num_kv_heads, a.head_dim)
+        cpu_shape = (num_cpu_blocks, self.block_size, a.num_kv_heads, a.head_dim)
+        pin = device.type == "cuda"
+        # Zero-filled: masked-out slots must hold finite values (0 * NaN would poison the attention sum).
+        self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.attn_layers]
+        self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.attn_layers]
+        self.k_cpu = [torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) for _ in self.attn_layers]
+        self.v_cpu = [torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) for _ in self.attn_layers]
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(c.numel() * c.element_size() for c in self.k_caches + self.v_caches)
+
+    # --------------------------------------------------------------------------------------- block moves
+    def move_blocks(self, out: SchedulerOutputs) -> None:
+        """Swap-outs, swap-ins, then copy-on-write copies, each batched over blocks (§4.4, §4.5)."""
+        ops = self.backend
+        if out.blocks_to_swap_out:
+            m = torch.tensor(list(out.blocks_to_swap_out.items()), dtype=torch.long)
+            for src, dst in zip(self.k_caches + self.v_caches, self.k_cpu + self.v_cpu):
+                ops.swap_blocks(src, dst, m)
+        if out.blocks_to_swap_in:
+            m = torch.tensor(list(out.blocks_to_swap_in.items()), dtype=torch.long)
+            for src, dst in zip(self.k_cpu + self.v_cpu, self.k_caches + self.v_caches):
+                ops.swap_blocks(src, dst, m)
+        if out.blocks_to_copy:
+            m = torch.tensor(out.blocks_to_copy, dtype=torch.long, device=self.device)
+            ops.copy_blocks(self.k_caches, self.v_caches, m)
+
+    # ------------------------------------------------------------------------------------------- inputs
+    def prepare_input(self, out: SchedulerOutputs) -> ModelInput:
+        """Flatten the step's new tokens. A prefill computes every uncached token of a group's sequence (forks
+        share it, so one sequence per group is computed); a decode computes each running sequence's last token."""
+        kv, bs = self.kv, self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        tables: list[list[int]] = []
+        ctx_lens: list[int] = []
+        rows: list[tuple[Sequence, SequenceGroup]] = []
+        logits_rows: list[int] = []
+        if out.prefill_groups:
+            loc = [0]
+            for g in out.prefill_groups:
+                seqs = g.get_seqs("running")
+                s = seqs[0]
+                start, n = s.num_computed_tokens, s.get_len()
+                table = kv.block_table(s.seq_id)
+                ids += s.token_ids[start:]
+                positions += range(start, n)
+                slots += [table[p // bs] * bs + p % bs for p in range(start, n)]
+                tables.append(table[: -(-n // bs)])
+                ctx_lens.append(n)
+                loc.append(loc[-1] + n - start)
+                logits_rows += [len(ctx_lens) - 1] * len(seqs)
+                rows += [(x, g) for x in seqs]
+            logits_indices = torch.tensor([i - 1 for i in loc[1:]], device=self.device)
+        else:
+            loc = []
+            for g in out.decode_groups:
+                for s in g.get_seqs("running"):
+                    n = s.get_len()
+                    table = kv.block_table(s.seq_id)
+                    ids.append(s.output_token_ids[-1] if s.output_token_ids else s.prompt_token_ids[-1])
+                    positions.append(n - 1)
+                    slots.append(table[(n - 1) // bs] * bs + (n - 1) % bs)
+                    tables.append(table if len(table) * bs < n + bs else table[: -(-n // bs)])
+                    ctx_lens.append(n)
+                    rows.append((s, g))
+            logits_indices = None
+            logits_rows = list(range(len(rows)))
+        width = max(len(t) for t in tables)
+        block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32,
+                                    device=self.device)
+        dev = self.device
+        meta = AttentionMetadata(is_prefill=out.is_prefill,
+                                 slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+                                 block_tables=block_tables,
+                                 context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=dev),
+                                 query_start_loc=loc, context_lens_list=ctx_lens)
+        return ModelInput(torch.tensor(ids, dtype=torch.long, device=dev),
+                          torch.tensor(positions, dtype=torch.long, device=dev), meta, logits_indices, rows,
+                          logits_rows)
+
+    # ------------------------------------------------------------------------------------------ forward
+    @torch.inference_mode()
+    def forward(self, inp: ModelInput) -> tuple[Tensor, float]:
+        """Run the model; returns the logits (one row per computed sequence) and the forward time in seconds."""
+        for layer, k, v in zip(self.attn_layers, self.k_caches, self.v_caches):
+            layer.k_cache, layer.v_cache, layer.backend = k, v, self.backend
+        t0 = time.perf_counter()
+        hidden = self.model(inp.input_ids, inp.positions, inp.meta)
+        if inp.logits_indices is not None:
+            hidden = hidden[inp.logits_indices]
+        logits = self.model.compute_logits(hidden)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return logits, time.perf_counter() - t0

@@ -1,0 +1,146 @@
+"""The Llama family (Llama 1/2/3, incl. GQA) as a paged-attention decoder, nanoGPT style.
+
+Pre-norm decoder layers: RMSNorm -> attention with rotary position embeddings (RoPE) on q and k -> residual;
+RMSNorm -> SwiGLU MLP (``down(silu(gate(x)) * up(x))``) -> residual. Grouped-query attention stores only
+``num_key_value_heads`` K/V heads in the paged cache, which shrinks the per-token KV bytes (§3; LLaMA-2-70B with
+GQA-8: 320 KB per token). Parameter names mirror transformers' ``LlamaForCausalLM`` so its state dict loads as is.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from pagedattn.model.attention import AttentionMetadata, PagedAttention
+
+
+def rope_parameters(config) -> tuple[str, float]:
+    """``(rope_type, rope_theta)`` from a transformers 4.x (``rope_theta``/``rope_scaling``) or 5.x
+    (``rope_parameters``) config."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if "rope_theta" in params and not isinstance(params.get("rope_theta"), dict):
+        return params.get("rope_type", "default"), float(params["rope_theta"])
+    scaling = getattr(config, "rope_scaling", None) or {}
+    return scaling.get("rope_type", scaling.get("type", "default")), float(getattr(config, "rope_theta", 10000.0))
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE as transformers computes it (rotate-half layout; inverse frequencies in fp32)."""
+
+    def __init__(self, config, head_dim: int) -> None:
+        super().__init__()
+        rope_type, theta = rope_parameters(config)
+        if rope_type == "default":
+            inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim)
+            self.attention_scaling = 1.0
+        else:  # llama3, linear, dynamic, yarn ...: the formula lives in transformers
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+        self.inv_freq = inv_freq.float()  # a plain attribute, not a buffer: it must stay fp32 under .to(dtype)
+
+    def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``x``: ``[T, heads, head_dim]``; ``cos``/``sin``: ``[T, head_dim]``."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos[:, None] + torch.cat((-x2, x1), dim=-1) * sin[:, None]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, head_dim: int) -> None:
+        super().__init__()
+        h, kvh, bias = config.num_attention_heads, config.num_key_value_heads, getattr(config, "attention_bias", False)
+        self.q_proj = nn.Linear(config.hidden_size, h * head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, kvh * head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, kvh * head_dim, bias=bias)
+        self.o_proj = nn.Linear(h * head_dim, config.hidden_size, bias=bias)
+        self.attn = PagedAttention(h, kvh, head_dim, head_dim ** -0.5)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata) -> Tensor:
+        T, a = x.shape[0], self.attn
+        q = apply_rope(self.q_proj(x).view(T, a.num_heads, a.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).view(T, a.num_kv_heads, a.head_dim), cos, sin)
+        return self.o_proj(a(q, k, self.v_proj(x), meta))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        from transformers.activations import ACT2FN
+
+        bias = getattr(config, "mlp_bias", False)
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.act = ACT2FN[config.hidden_act]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, head_dim: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, head_dim)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, head_dim) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config, head_dim)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata) -> Tensor:
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, meta)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nn.Module):
+    """``forward(input_ids [T], positions [T], meta) -> hidden [T, hidden]``; ``compute_logits`` applies the head."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata) -> Tensor:
+        return self.model(input_ids, positions, meta)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(hidden)
+
+    def tie_weights(self) -> None:
+        self.lm_head.weight = self.model.embed_tokens.weight

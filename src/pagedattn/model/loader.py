@@ -1,0 +1,79 @@
+"""Load a paged-attention decoder from a transformers model object or a local checkpoint folder.
+
+``load_model(path_or_hf_model, dtype, device)`` reads ``config.json`` through ``AutoConfig`` and the weights from
+``model.safetensors`` / ``pytorch_model.bin`` (sharded or not). Our modules mirror transformers' parameter names,
+so loading is a ``load_state_dict`` after the model is built on the meta device (no random initialisation).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pagedattn.model.llama import LlamaForCausalLM
+from pagedattn.model.opt import OPTForCausalLM
+
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {"llama": LlamaForCausalLM, "opt": OPTForCausalLM}
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "masked_bias", ".attn.bias")
+
+
+def _resolve_dtype(dtype, config) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        d = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+        return d if isinstance(d, torch.dtype) else getattr(torch, str(d).replace("torch.", ""))
+    return getattr(torch, str(dtype).replace("torch.", ""))
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint folder: safetensors first, then PyTorch ``.bin``; index files for shards."""
+    path = Path(path)
+    for index, single, safe in (("model.safetensors.index.json", "model.safetensors", True),
+                                ("pytorch_model.bin.index.json", "pytorch_model.bin", False)):
+        if (path / index).exists():
+            files = sorted(set(json.loads((path / index).read_text())["weight_map"].values()))
+        elif (path / single).exists():
+            files = [single]
+        else:
+            continue
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            if safe:
+                from safetensors.torch import load_file
+
+                state.update(load_file(str(path / f)))
+            else:
+                state.update(torch.load(path / f, map_location="cpu", weights_only=True))
+        return state
+    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin (or their index) in {path}")
+
+
+def load_model(path_or_hf_model, dtype=None, device: str | torch.device = "cpu") -> nn.Module:
+    """Our decoder for a transformers ``PreTrainedModel`` or a checkpoint folder, in ``dtype`` on ``device``."""
+    from transformers import AutoConfig
+
+    if isinstance(path_or_hf_model, (str, Path)):
+        config = AutoConfig.from_pretrained(str(path_or_hf_model))
+        state = read_state_dict(path_or_hf_model)
+    else:
+        config, state = path_or_hf_model.config, path_or_hf_model.state_dict()
+    cls = MODEL_REGISTRY.get(config.model_type)
+    if cls is None:
+        raise ValueError(f"model type {config.model_type!r} is not supported; known: {sorted(MODEL_REGISTRY)}")
+    dtype = _resolve_dtype(dtype, config)
+    if not any(k.startswith("model.") for k in state):  # a bare base model (OPTModel / LlamaModel) checkpoint
+        state = {f"model.{k}": v for k, v in state.items()}
+    state = {k: v for k, v in state.items() if not k.endswith(_IGNORED_SUFFIXES)}
+    with torch.device("meta"):
+        model = cls(config)
+    tied = getattr(config, "tie_word_embeddings", True) or "lm_head.weight" not in state
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = [k for k in missing if not (tied and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match {cls.__name__}: missing {missing[:8]}, unexpected {unexpected[:8]}")
+    if tied:
+        model.tie_weights()
+    return model.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,89 @@
+"""Next-token sampling for a whole step, batched: greedy, temperature, top-k, top-p (nucleus), per-request seeds.
+
+One row of logits per sequence. Greedy rows (``temperature == 0``) take the argmax. The other rows are divided by
+their temperature, filtered by top-k and top-p in one sort, and sampled with the exponential-race trick
+(``argmax(p / q)``, ``q ~ Exp(1)``), which equals multinomial sampling but lets each seeded request draw its noise
+from its own ``torch.Generator``, so a seeded request gives the same tokens whatever else shares its batch.
+Stop conditions (EOS, stop ids, ``max_tokens``, ``max_model_len``) are checked by ``check_stop``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from pagedattn.sequence import FinishReason, SamplingParams, Sequence
+
+
+@dataclass
+class SamplingRow:
+    """One sequence's sampling settings for this step."""
+
+    params: SamplingParams
+    generator: torch.Generator | None = None
+
+
+def _filter_top_k_top_p(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """Mask (to -inf) tokens outside each row's top-k and top-p; ``top_k <= 0`` / ``top_p >= 1`` disable a filter."""
+    sorted_logits, idx = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    ranks = torch.arange(vocab, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+    drop = ranks >= k[:, None]
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    cum = probs.cumsum(dim=-1) - probs  # mass strictly before each token: keep the token that crosses top_p
+    drop |= cum > top_p[:, None]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, idx, sorted_logits)
+
+
+def sample(logits: Tensor, rows: list[SamplingRow]) -> tuple[list[int], list[float]]:
+    """Pick one token per row; returns the token ids and their log-probabilities under the raw logits."""
+    logits = logits.float()
+    logprobs = logits.log_softmax(dim=-1)
+    greedy = [r.params.temperature == 0 for r in rows]
+    if all(greedy):
+        tokens = logits.argmax(dim=-1)
+    else:
+        tokens = _sample_rows(logits, rows, greedy)
+    chosen = logprobs.gather(-1, tokens[:, None])[:, 0]
+    return tokens.tolist(), chosen.tolist()
+
+
+def _sample_rows(logits: Tensor, rows: list[SamplingRow], greedy: list[bool]) -> Tensor:
+    dev = logits.device
+    temp = torch.tensor([r.params.temperature or 1.0 for r in rows], device=dev)
+    top_k = torch.tensor([r.params.top_k for r in rows], device=dev)
+    top_p = torch.tensor([r.params.top_p for r in rows], device=dev)
+    scaled = logits / temp[:, None]
+    if bool((top_k > 0).any()) or bool((top_p < 1).any()):
+        scaled = _filter_top_k_top_p(scaled, top_k, top_p)
+    probs = scaled.softmax(dim=-1)
+    noise = torch.empty_like(probs)
+    for i, r in enumerate(rows):
+        noise[i].exponential_(generator=r.generator)
+    sampled = (probs / noise).argmax(dim=-1)
+    return torch.where(torch.tensor(greedy, device=dev), logits.argmax(dim=-1), sampled)
+
+
+def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torch.Generator | None:
+    """A per-request generator when the request has a seed (reproducible), else None (the global RNG)."""
+    if seed is None:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+def check_stop(seq: Sequence, params: SamplingParams, eos_token_ids: frozenset[int], max_model_len: int
+               ) -> FinishReason | None:
+    """Why ``seq`` stops after its last token, or None (vLLM's order: stop tokens, then length limits)."""
+    last = seq.output_token_ids[-1]
+    if not params.ignore_eos and last in eos_token_ids:
+        return "stop"
+    if last in params.stop_token_ids:
+        return "stop"
+    if seq.get_output_len() >= params.max_tokens or seq.get_len() >= max_model_len:
+        return "length"
+    return None
