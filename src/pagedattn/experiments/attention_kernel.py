@@ -284,10 +284,14 @@ def benchmark(quick: bool = False, device: Optional[str] = None, cfg: Optional[B
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__, "threads": (cfg.threads or prev_threads) if not on_gpu else None, "config": asdict(cfg),
         "copy_bandwidth_gbps": copy_bw,
+        "labels": ({"paged": "Triton paged (shuffled table)", "contig_layout": "Triton, contiguous layout",
+                    "sdpa": "torch SDPA, contiguous"} if on_gpu else
+                   {"paged": "torch ref paged (shuffled table)", "contig_layout": "torch ref, contiguous layout",
+                    "sdpa": "torch SDPA, contiguous"}),
         "paths": ({"paged": "Triton paged kernel, shuffled block table",
                    "contig_layout": "same Triton kernel, identity block table (contiguous layout)",
                    "sdpa": "torch SDPA on contiguous K/V", "ratio": "paged / contig_layout"} if on_gpu else
-                  {"paged": "torch reference paged attention (gather by block table + masked softmax), "
+                  {"paged": "torch reference paged attention (gather by block table + masked SDPA), "
                             "shuffled block table",
                    "contig_layout": "same torch reference, identity block table",
                    "sdpa": "torch SDPA on contiguous K/V", "ratio": "paged / sdpa"}),
@@ -447,31 +451,38 @@ def claims(df: pd.DataFrame, meta: dict) -> list[Claim]:
 
 
 def plot_ratios(benchmarks: dict[str, dict], path=None):
-    """Fig. 18a-style plot: paged/contiguous latency ratio vs context, one panel per hardware, lines per block
-    size, solid batch 8 / dashed batch 32, with the paper's 1.20-1.26 band."""
-    import matplotlib
-
-    if path is not None:
-        matplotlib.use("Agg", force=False)
+    """Fig. 18a-style plot, one row per hardware: left, the headline ratio (GPU: Triton paged / same kernel on a
+    contiguous layout; CPU: torch reference paged / SDPA) with the paper's 1.20-1.26 band; right, the other ratio
+    (GPU: paged / SDPA; CPU: same code on shuffled vs identity table). Lines per block size, solid batch 8, dashed
+    batch 32."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
     n = max(len(benchmarks), 1)
-    fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 4.2), squeeze=False)
-    for ax, (slug, b) in zip(axes[0], sorted(benchmarks.items())):
-        df, meta = b["df"], b["meta"]
-        sns.lineplot(data=df, x="context", y="ratio", hue="block_size", style="batch", markers=True, ax=ax,
-                     palette="viridis")
-        lo, hi = FIG18A_PAGED_OVER_CONTIGUOUS
-        ax.axhspan(lo, hi, color="tab:red", alpha=0.15, label=f"paper Fig. 18a ({lo:.2f}-{hi:.2f})")
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel(f"latency ratio: {meta['paths']['ratio']}")
-        ax.set_title(f"{meta['hardware']}{' (quick)' if meta['quick'] else ''}\nbackend: {meta['backend']}",
-                     fontsize=9)
-        ax.legend(fontsize=7)
-    fig.suptitle("Paged vs contiguous decode attention (Fig. 18a)")
+    fig, axes = plt.subplots(n, 2, figsize=(13, 4.4 * n), squeeze=False)
+    lo, hi = FIG18A_PAGED_OVER_CONTIGUOUS
+    for row, (slug, b) in zip(axes, sorted(benchmarks.items())):
+        df, meta = b["df"].copy(), b["meta"]
+        on_gpu = meta["device"].startswith("cuda")
+        df["block size"] = df.block_size.astype(str)
+        order = [str(x) for x in sorted(df.block_size.unique())]
+        other = "ratio_vs_sdpa" if on_gpu else "ratio_same_code"
+        other_label = "paged / SDPA" if on_gpu else "same code: shuffled / identity block table"
+        for ax, col, label in [(row[0], "ratio", meta["paths"]["ratio"]), (row[1], other, other_label)]:
+            sns.lineplot(data=df, x="context", y=col, hue="block size", hue_order=order, style="batch", markers=True,
+                         ax=ax, palette="viridis")
+            if col == "ratio":
+                ax.axhspan(lo, hi, color="tab:red", alpha=0.2, label=f"paper Fig. 18a ({lo:.2f}-{hi:.2f}, A100)")
+            ax.axhline(1.0, color="grey", lw=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("context length (tokens)")
+            ax.set_ylabel("latency ratio")
+            ax.legend(fontsize=7, ncol=2)
+        hw = f"{meta['hardware']}{' (quick)' if meta['quick'] else ''}"
+        row[0].set_title(f"{hw}\n{meta['labels']['paged']} / {meta['labels']['sdpa' if not on_gpu else 'contig_layout']}",
+                         fontsize=9)
+        row[1].set_title(f"{hw}\n{other_label}", fontsize=9)
+    fig.suptitle("Paged vs contiguous decode attention (cf. Fig. 18a)")
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=120)
@@ -487,9 +498,8 @@ def plot_latency(df: pd.DataFrame, meta: dict, path=None, block_size: int = DEFA
     fig, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 3.8), squeeze=False)
     for ax, batch in zip(axes[0], batches):
         d = sel[sel.batch == batch].sort_values("context")
-        for col, label in [("paged_ms", meta["paths"]["paged"]), ("contig_layout_ms", meta["paths"]["contig_layout"]),
-                           ("sdpa_ms", meta["paths"]["sdpa"])]:
-            ax.plot(d.context, d[col], marker="o", label=label[:60])
+        for col, key in [("paged_ms", "paged"), ("contig_layout_ms", "contig_layout"), ("sdpa_ms", "sdpa")]:
+            ax.plot(d.context, d[col], marker="o", label=meta.get("labels", meta["paths"])[key])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("context length (tokens)")
