@@ -13,6 +13,17 @@ Invariants (checked by ``check_invariants`` and the property tests):
 - ``len(table) == ceil(num_tokens / block_size)`` for every sequence (on-demand allocation);
 - a method that raises leaves the manager unchanged.
 
+Prefix caching (beyond the paper, as in vLLM's automatic prefix caching; the paper's §4.4 shares a prefix only when
+the user marks it): every *full* block is identified by a hash of its tokens chained with the hash of everything
+before it, so equal prefixes give equal hashes. A new request reuses the cached blocks of its longest cached prefix
+(reference counts go up) and computes only the rest. Freed cached blocks keep their K/V on the pool's evictable list
+until a new block is needed (least recently used first; never one that is referenced). Only full blocks are ever
+cached, and a full block is never written again, so a shared block is never written without copy-on-write; the last
+prompt token is always computed, in a block of its own, so a fully cached prompt still yields its logits.
+With ``enable_prefix_caching=False`` a request may still mark its first ``prefix_len`` tokens as a shared prefix
+(the paper's mode, Fig. 16): those full blocks are cached and pinned (the manager holds one reference) so that every
+request with the same marked prefix maps to them.
+
 This module is pure Python. The scheduler talks to it through the group-level methods at the bottom, which take
 duck-typed sequence groups (``group.get_seqs(status)``, ``seq.seq_id``, ``seq.get_len()``).
 """
@@ -42,13 +53,23 @@ class BlockTable:
     blocks: list[int] = field(default_factory=list)
     num_tokens: int = 0
     device: str = "gpu"
+    hashes: list[int] = field(default_factory=list)  # prefix hashes of the full blocks (prefix caching only)
+
+
+def block_hashes(token_ids, block_size: int, num_blocks: int, parent: int | None = None) -> list[int]:
+    """Chained hashes of the first ``num_blocks`` full blocks: ``h_i = hash((h_{i-1}, tokens of block i))``."""
+    out = []
+    for i in range(num_blocks):
+        parent = hash((parent, tuple(token_ids[i * block_size:(i + 1) * block_size])))
+        out.append(parent)
+    return out
 
 
 class BlockManager:
     """The paged KV manager: one device pool, one CPU pool for swapping, a block table per sequence."""
 
     def __init__(self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int = 0, watermark: float = 0.01,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, enable_prefix_caching: bool = False) -> None:
         check_block_size(block_size)
         if num_gpu_blocks <= 0:
             raise ValueError(f"num_gpu_blocks must be > 0, got {num_gpu_blocks}")
@@ -59,6 +80,10 @@ class BlockManager:
         # Keep a few blocks free at admission so running sequences can grow without immediate preemption.
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.tables: dict[int, BlockTable] = {}
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pinned: list[int] = []  # blocks of user-marked shared prefixes, held by the manager
+        self.prefix_queries = 0  # full prompt blocks looked up in the prefix cache
+        self.prefix_hits = 0  # ... and found there
 
     # ----------------------------------------------------------------------------------------------- queries
     @property
@@ -98,6 +123,11 @@ class BlockManager:
                 fill[b] = max(fill.get(b, 0), min(bs, t.num_tokens - i * bs))
         return sum(fill.values())
 
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Share of looked-up full prompt blocks that were found in the prefix cache."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
     def num_logical_blocks(self) -> int:
         """Blocks the device-resident sequences would hold without sharing (paper Fig. 15's denominator)."""
         return sum(len(t.blocks) for t in self.tables.values() if t.device == "gpu")
@@ -115,7 +145,21 @@ class BlockManager:
             raise ValueError(f"request of {num_tokens} tokens needs {need} blocks of {self.block_size} but the whole "
                              f"pool has only num_gpu_blocks={self.gpu.num_blocks}")
 
-    def can_allocate_tokens(self, num_tokens: int) -> AllocStatus:
+    def _cacheable(self, num_tokens: int, prefix_len: int) -> int:
+        """Tokens whose full blocks may be cached: all (automatic caching) or the user-marked prefix."""
+        return num_tokens if self.enable_prefix_caching else min(prefix_len, num_tokens)
+
+    def _match(self, hashes: list[int], num_tokens: int) -> list[int]:
+        """Cached blocks of the longest cached prefix, leaving at least the last token to compute."""
+        hits = []
+        for h in hashes[: (num_tokens - 1) // self.block_size]:
+            b = self.gpu.lookup(h)
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    def can_allocate_tokens(self, num_tokens: int, token_ids=None, prefix_len: int = 0) -> AllocStatus:
         try:
             self.check_request(num_tokens)
         except ValueError:
@@ -123,17 +167,39 @@ class BlockManager:
         need = blocks_needed(num_tokens, self.block_size)
         if self.gpu.num_blocks - need < self.watermark_blocks:
             return AllocStatus.NEVER
+        cacheable = self._cacheable(num_tokens, prefix_len) if token_ids is not None else 0
+        if cacheable >= self.block_size:  # blocks already held by others cost nothing new
+            hashes = block_hashes(token_ids, self.block_size, cacheable // self.block_size)
+            need -= sum(self.gpu.ref_counts[b] > 0 for b in self._match(hashes, num_tokens))
         return AllocStatus.OK if self.gpu.num_free - need >= self.watermark_blocks else AllocStatus.LATER
 
-    def allocate(self, seq_id: int, num_tokens: int) -> None:
-        """Give a new sequence the blocks for its first ``num_tokens`` tokens (the prompt, §4.3)."""
+    def allocate(self, seq_id: int, num_tokens: int, token_ids=None, prefix_len: int = 0) -> int:
+        """Give a new sequence the blocks for its first ``num_tokens`` tokens (the prompt, §4.3).
+
+        With ``token_ids`` and prefix caching (automatic, or a user-marked ``prefix_len``), cached blocks of the
+        prompt's prefix are reused. Returns the number of tokens whose K/V are already cached."""
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id} already has a block table")
         self.check_request(num_tokens)
-        need = blocks_needed(num_tokens, self.block_size)
+        bs = self.block_size
+        cacheable = self._cacheable(num_tokens, prefix_len) if token_ids is not None else 0
+        hashes = block_hashes(token_ids, bs, cacheable // bs) if cacheable >= bs else []
+        hits = self._match(hashes, num_tokens)
+        need = blocks_needed(num_tokens, bs) - sum(self.gpu.ref_counts[b] > 0 for b in hits)
         if need > self.gpu.num_free:
             raise NoFreeBlocksError(f"need {need} blocks, {self.gpu.num_free} free")
-        self.tables[seq_id] = BlockTable([self.gpu.allocate() for _ in range(need)], num_tokens)
+        for b in hits:
+            self.gpu.touch(b)
+        blocks = hits + [self.gpu.allocate() for _ in range(blocks_needed(num_tokens, bs) - len(hits))]
+        for i in range(len(hits), len(hashes)):  # the new full blocks this prefill computes become cached
+            self.gpu.register(blocks[i], hashes[i])
+            if not self.enable_prefix_caching and self.gpu.block_hash.get(blocks[i]) == hashes[i]:
+                self.gpu.incref(blocks[i])  # pin a user-marked prefix block
+                self.pinned.append(blocks[i])
+        self.prefix_queries += len(hashes)
+        self.prefix_hits += len(hits)
+        self.tables[seq_id] = BlockTable(blocks, num_tokens, hashes=hashes if self.enable_prefix_caching else [])
+        return len(hits) * bs
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent; reference counts go up, nothing is copied (§4.4)."""
@@ -143,32 +209,40 @@ class BlockManager:
         pool = self._pool(parent.device)
         for b in parent.blocks:
             pool.incref(b)
-        self.tables[child_id] = BlockTable(list(parent.blocks), parent.num_tokens, parent.device)
+        self.tables[child_id] = BlockTable(list(parent.blocks), parent.num_tokens, parent.device,
+                                           list(parent.hashes))
 
     def needs_new_block(self, seq_id: int) -> bool:
         """Whether appending one token to the sequence takes a block (its last is full, or shared: copy-on-write)."""
         t = self.tables[seq_id]
         return t.num_tokens % self.block_size == 0 or self.gpu.ref_counts[t.blocks[-1]] > 1
 
-    def append_slot(self, seq_id: int) -> tuple[int, int] | None:
-        """Make room for one more token. Returns the ``(src, dst)`` block copy when copy-on-write happened."""
+    def append_slot(self, seq_id: int, token_ids=None) -> tuple[int, int] | None:
+        """Make room for one more token. Returns the ``(src, dst)`` block copy when copy-on-write happened.
+
+        With automatic prefix caching, pass the sequence's ``token_ids`` (including the token being appended):
+        a block that this token fills becomes cached."""
         t = self.tables[seq_id]
         if t.device != "gpu":
             raise ValueError(f"sequence {seq_id} is swapped out; swap it in before appending")
         if self.max_model_len is not None and t.num_tokens + 1 > self.max_model_len:
             raise ValueError(f"sequence {seq_id} would exceed max_model_len={self.max_model_len}")
+        copy = None
         if t.num_tokens % self.block_size == 0:  # last block full (or no block yet): a new block, on demand
             t.blocks.append(self.gpu.allocate())
-            t.num_tokens += 1
-            return None
-        last = t.blocks[-1]
-        copy = None
-        if self.gpu.ref_counts[last] > 1:  # shared partially filled block: copy-on-write
+        elif self.gpu.ref_counts[t.blocks[-1]] > 1:  # shared partially filled block: copy-on-write
+            last = t.blocks[-1]
             new = self.gpu.allocate()
             self.gpu.decref(last)
             t.blocks[-1] = new
             copy = (last, new)
         t.num_tokens += 1
+        if self.enable_prefix_caching and token_ids is not None and t.num_tokens % self.block_size == 0 \
+                and len(t.hashes) == t.num_tokens // self.block_size - 1:
+            i = len(t.hashes)
+            t.hashes += block_hashes(token_ids[i * self.block_size:], self.block_size, 1,
+                                     t.hashes[-1] if t.hashes else None)
+            self.gpu.register(t.blocks[i], t.hashes[i])
         return copy
 
     def free(self, seq_id: int) -> None:
@@ -238,24 +312,27 @@ class BlockManager:
                 if t.device == pool.device:
                     for b in t.blocks:
                         counts[b] += 1
+            if pool is self.gpu:
+                for b in self.pinned:
+                    counts[b] += 1
             assert counts == pool.ref_counts, f"{pool.device} reference counts disagree with block tables"
-            free = list(pool._free)
-            assert len(free) == len(set(free)), f"{pool.device} free list holds a block twice"
-            assert all(pool.ref_counts[b] == 0 for b in free), f"{pool.device} free list holds a used block"
-            assert pool.num_free + sum(1 for c in pool.ref_counts if c > 0) == pool.num_blocks
+            pool.check()
         for s, t in self.tables.items():
             assert len(t.blocks) == blocks_needed(t.num_tokens, self.block_size), f"seq {s}: table size"
 
     # ------------------------------------------------------------------- group-level API (the scheduler's)
     def can_allocate(self, group) -> AllocStatus:
         """Whether a waiting group's prompt (all its tokens, when recomputing) fits now (§4.3, §4.5)."""
-        seqs = group.get_seqs(status="waiting")
-        return self.can_allocate_tokens(seqs[0].get_len())
+        s = group.get_seqs(status="waiting")[0]
+        return self.can_allocate_tokens(s.get_len(), s.token_ids, getattr(group, "prefix_len", 0))
 
     def allocate_group(self, group) -> None:
-        """Allocate the prompt once and share it across the group's sequences (parallel sampling, §4.4)."""
+        """Allocate the prompt once and share it across the group's sequences (parallel sampling, §4.4); cached
+        prefix tokens are marked computed."""
         seqs = group.get_seqs(status="waiting")
-        self.allocate(seqs[0].seq_id, seqs[0].get_len())
+        cached = self.allocate(seqs[0].seq_id, seqs[0].get_len(), seqs[0].token_ids, getattr(group, "prefix_len", 0))
+        for s in seqs:
+            s.num_computed_tokens = cached
         for s in seqs[1:]:
             self.fork(seqs[0].seq_id, s.seq_id)
 
@@ -265,8 +342,9 @@ class BlockManager:
 
     def append_slots(self, group) -> list[tuple[int, int]]:
         copies = []
+        caching = self.enable_prefix_caching
         for s in group.get_seqs(status="running"):
-            c = self.append_slot(s.seq_id)
+            c = self.append_slot(s.seq_id, s.token_ids if caching else None)
             if c is not None:
                 copies.append(c)
         return copies

@@ -1,0 +1,132 @@
+"""Prefix caching in the block manager: hits on shared prefixes, LRU eviction of unreferenced blocks only, and a
+shadow-memory property test that no sequence ever reads another prefix's K/V."""
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from pagedattn.memory import AllocStatus, BlockManager
+
+
+def test_shared_prefix_hits_and_keeps_the_last_token_to_compute():
+    m = BlockManager(block_size=4, num_gpu_blocks=16, watermark=0.0, enable_prefix_caching=True)
+    prefix = [7, 7, 8, 8, 9, 9, 1, 2]  # two full blocks
+    assert m.allocate(0, 11, prefix + [3, 4, 5]) == 0  # cold: computes everything
+    assert m.allocate(1, 10, prefix + [6, 6]) == 8  # both prefix blocks hit
+    assert m.block_table(1)[:2] == m.block_table(0)[:2] and m.gpu.ref_counts[m.block_table(0)[0]] == 2
+    assert m.allocate(2, 8, prefix) == 4  # identical prompt: the last block is recomputed, not shared
+    assert m.block_table(2)[1] != m.block_table(0)[1]
+    assert (m.prefix_hits, m.prefix_queries) == (3, 6)
+    m.check_invariants()
+
+
+def test_freed_blocks_stay_cached_until_evicted_lru():
+    m = BlockManager(block_size=2, num_gpu_blocks=4, watermark=0.0, enable_prefix_caching=True)
+    m.allocate(0, 5, [1, 1, 2, 2, 3])
+    m.free(0)
+    assert m.num_free_gpu_blocks == 4 and len(m.gpu.cached) == 2  # two full blocks kept, free but cached
+    assert m.allocate(1, 5, [1, 1, 2, 2, 9]) == 4  # revived from the evictable list
+    m.free(1)
+    m.allocate(2, 8, [5] * 8)  # needs all four blocks: evicts the cached ones, least recent first
+    assert m.gpu.num_evictions == 2 and len(m.gpu.cached) == 4  # its own four full blocks
+    m.check_invariants()
+
+
+def test_appended_full_blocks_become_cached():
+    m = BlockManager(block_size=2, num_gpu_blocks=8, watermark=0.0, enable_prefix_caching=True)
+    tokens = [1, 2, 3]
+    m.allocate(0, 3, tokens)
+    tokens.append(4)
+    m.append_slot(0, tokens)
+    assert len(m.tables[0].hashes) == 2 and m.tables[0].blocks[1] in m.gpu.block_hash
+    assert m.allocate(1, 5, [1, 2, 3, 4, 0]) == 4
+
+
+def test_user_marked_prefix_is_pinned_without_automatic_caching():
+    m = BlockManager(block_size=4, num_gpu_blocks=16, watermark=0.0)
+    prefix = list(range(10, 18))
+    assert m.allocate(0, 10, prefix + [1, 2], prefix_len=8) == 0
+    m.free(0)
+    assert m.num_used_gpu_blocks == 2  # the marked prefix stays, pinned
+    assert m.allocate(1, 9, prefix + [5], prefix_len=8) == 8
+    assert m.allocate(2, 12, [1] * 12) == 0 and len(m.gpu.cached) == 2  # nothing else is cached
+    assert m.can_allocate_tokens(9, prefix + [6], prefix_len=8) is AllocStatus.OK
+    m.check_invariants()
+
+
+class CachingMachine(RuleBasedStateMachine):
+    """Random allocate / append / fork / free with automatic prefix caching over a tiny alphabet (so prefixes
+    collide). A shadow memory records which token each physical slot holds; every table must read its own tokens."""
+
+    BS = 2
+
+    def __init__(self):
+        super().__init__()
+        self.m = BlockManager(block_size=self.BS, num_gpu_blocks=14, watermark=0.0, enable_prefix_caching=True)
+        self.tokens: dict[int, list[int]] = {}
+        self.content: dict[int, dict[int, int]] = {}
+        self.next_id = 0
+
+    def _write(self, seq, lo, hi):
+        t = self.m.tables[seq]
+        for p in range(lo, hi):
+            self.content.setdefault(t.blocks[p // self.BS], {})[p % self.BS] = self.tokens[seq][p]
+
+    @rule(prompt=st.lists(st.integers(1, 2), min_size=1, max_size=9))
+    def allocate(self, prompt):
+        if self.m.can_allocate_tokens(len(prompt), prompt) is not AllocStatus.OK:
+            return
+        referenced = {b for b, c in enumerate(self.m.gpu.ref_counts) if c > 0}
+        cached = self.m.allocate(self.next_id, len(prompt), prompt)
+        for b in self.m.block_table(self.next_id)[cached // self.BS:]:
+            assert b not in referenced, "a referenced block was handed out (evicted?)"
+        self.tokens[self.next_id] = list(prompt)
+        self._write(self.next_id, cached, len(prompt))  # only the uncached part is computed
+        self.next_id += 1
+
+    @precondition(lambda self: self.m.tables)
+    @rule(data=st.data(), tok=st.integers(1, 2))
+    def append(self, data, tok):
+        s = data.draw(st.sampled_from(sorted(self.m.tables)))
+        if self.m.needs_new_block(s) and self.m.num_free_gpu_blocks == 0:
+            return
+        self.tokens[s].append(tok)
+        copy = self.m.append_slot(s, self.tokens[s])
+        if copy:
+            self.content[copy[1]] = dict(self.content.get(copy[0], {}))
+        n = len(self.tokens[s])
+        self._write(s, n - 1, n)
+
+    @precondition(lambda self: self.m.tables)
+    @rule(data=st.data())
+    def fork(self, data):
+        s = data.draw(st.sampled_from(sorted(self.m.tables)))
+        self.m.fork(s, self.next_id)
+        self.tokens[self.next_id] = list(self.tokens[s])
+        self.next_id += 1
+
+    @precondition(lambda self: self.m.tables)
+    @rule(data=st.data())
+    def free(self, data):
+        s = data.draw(st.sampled_from(sorted(self.m.tables)))
+        self.m.free(s)
+        del self.tokens[s]
+
+    @invariant()
+    def every_sequence_reads_its_own_tokens(self):
+        self.m.check_invariants()
+        for s, toks in self.tokens.items():
+            t = self.m.tables[s]
+            got = [self.content.get(t.blocks[p // self.BS], {}).get(p % self.BS) for p in range(len(toks))]
+            assert got == toks, f"sequence {s} would read {got}, wrote {toks}"
+
+    def teardown(self):
+        for s in list(self.m.tables):
+            self.m.free(s)
+        assert self.m.num_free_gpu_blocks == self.m.num_gpu_blocks
+        assert all(c == 0 for c in self.m.gpu.ref_counts)
+
+
+TestCachingMachine = CachingMachine.TestCase
+TestCachingMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
+                                       suppress_health_check=[HealthCheck.too_slow])
