@@ -214,7 +214,10 @@ class LLMEngine:
         if out.is_empty():  # nothing to run: a lone group preempted itself, or nothing fits any more
             return outputs if out.preempted else outputs + self._unstick()
         self.runner.move_blocks(out)
+        if not out.scheduled_groups:  # only swap-outs this step (the last running group preempted itself)
+            return outputs
         inp = self.runner.prepare_input(out)
+        blocks_used = self._blocks_used()
         logits, forward_time = self.runner.forward(inp)
         if len(inp.logits_rows) != logits.shape[0]:  # forks sample from their shared prompt's row
             logits = logits[torch.tensor(inp.logits_rows, device=logits.device)]
@@ -237,12 +240,14 @@ class LLMEngine:
                 self.generators.pop(g.request_id, None)
         self.scheduler.free_finished()
         outputs += [self._output(g) for g in groups]
-        self._record(out, inp, t0, forward_time)
+        self._record(out, inp, t0, forward_time, blocks_used)
         return outputs
 
-    def _record(self, out, inp, t0: float, forward_time: float) -> None:
+    def _blocks_used(self) -> int:
         kv = self.kv
-        used = kv.num_used_gpu_blocks if hasattr(kv, "num_used_gpu_blocks") else kv.arena.total - kv.arena.num_free
+        return kv.num_used_gpu_blocks if hasattr(kv, "num_used_gpu_blocks") else kv.arena.total - kv.arena.num_free
+
+    def _record(self, out, inp, t0: float, forward_time: float, used: int) -> None:
         n_tokens = int(inp.input_ids.shape[0])
         self.step_metrics.append(StepMetrics(
             self._step, "prefill" if out.is_prefill else "decode", len(inp.meta.context_lens_list),

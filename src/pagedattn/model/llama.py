@@ -35,7 +35,8 @@ class RotaryEmbedding(nn.Module):
         else:  # llama3, linear, dynamic, yarn ...: the formula lives in transformers
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+            with torch.device("cpu"):  # also when the model is being built on the meta device
+                inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
         self.inv_freq = inv_freq.float()  # a plain attribute, not a buffer: it must stay fp32 under .to(dtype)
 
     def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

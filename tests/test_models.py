@@ -1,0 +1,126 @@
+"""Our paged Llama / OPT decoders against transformers on random-weight models (float32, CPU): the same logits from
+a transformers object and from a saved checkpoint (safetensors and .bin), for each architecture variant; a prefill
+over cached context (a block-table gather with a causal offset) equals the full prefill.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
+
+from pagedattn import kernels
+from pagedattn.executor import ModelRunner
+from pagedattn.memory import BlockManager
+from pagedattn.model import load_model
+from pagedattn.scheduler import SchedulerOutputs
+from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+
+
+def tiny_llama(**kw):
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2)
+    return LlamaForCausalLM(LlamaConfig(**{**cfg, **kw})).eval()
+
+
+def tiny_opt(**kw):
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=256, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+               max_position_embeddings=256, init_std=0.2, word_embed_proj_dim=64)
+    return OPTForCausalLM(OPTConfig(**{**cfg, **kw})).eval()
+
+
+PROMPTS = [[5, 17, 99, 3, 250, 7, 7, 1, 42], [11], list(range(40, 77)), [200, 100, 50, 25, 12, 6]]
+
+
+def hf_last_logits(hf, prompt: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([prompt])).logits[0, -1]
+
+
+def paged_last_logits(model, prompts: list[list[int]], block_size: int = 4, split: int | None = None):
+    """Prefill all prompts in one flat batch through a ModelRunner; with ``split``, each prompt's first ``split``
+    tokens are computed first and the rest in a second prefill over the cached context."""
+    bm = BlockManager(block_size, 64)
+    runner = ModelRunner(model, bm, kernels.get_backend("torch"), torch.device("cpu"), torch.float32)
+    groups = []
+    for i, p in enumerate(prompts):
+        first = p[:split] if split else p
+        s = Sequence(i, first)
+        bm.allocate(i, len(first))
+        s.status = "running"
+        groups.append(SequenceGroup(str(i), [s], SamplingParams()))
+    if split:
+        logits, _ = runner.forward(runner.prepare_input(SchedulerOutputs(prefill_groups=groups)))
+        for g, p in zip(groups, prompts):
+            s = g.seqs[0]
+            s.num_computed_tokens = s.get_len()
+            for t in p[split:]:
+                s.prompt_token_ids.append(t)
+                bm.append_slot(s.seq_id)
+    logits, _ = runner.forward(runner.prepare_input(SchedulerOutputs(prefill_groups=groups)))
+    return logits
+
+
+VARIANTS = {
+    "llama_gqa": lambda: tiny_llama(),
+    "llama_mha_tied": lambda: tiny_llama(num_key_value_heads=4, tie_word_embeddings=True),
+    "opt": lambda: tiny_opt(),
+    "opt_post_ln": lambda: tiny_opt(do_layer_norm_before=False),
+    "opt_project_in_out": lambda: tiny_opt(word_embed_proj_dim=32),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_prefill_logits_match_hf(name):
+    hf = VARIANTS[name]()
+    model = load_model(hf)
+    got = paged_last_logits(model, PROMPTS)
+    for row, p in zip(got, PROMPTS):
+        torch.testing.assert_close(row, hf_last_logits(hf, p), rtol=1e-4, atol=1e-4)
+
+
+def test_llama3_rope_scaling_matches_hf():
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    try:
+        hf = tiny_llama(rope_parameters=rope)
+    except TypeError:  # transformers 4.x names it rope_scaling
+        hf = tiny_llama(rope_scaling=rope)
+    got = paged_last_logits(load_model(hf), PROMPTS[2:3])
+    torch.testing.assert_close(got[0], hf_last_logits(hf, PROMPTS[2]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_opt])
+def test_prefill_over_cached_context(make):
+    """Prefill the tail of each prompt over its cached head (the path prefix caching and chunked prefill use)."""
+    hf = make()
+    model = load_model(hf)
+    prompts = [p for p in PROMPTS if len(p) > 5]
+    got = paged_last_logits(model, prompts, split=5)
+    for row, p in zip(got, prompts):
+        torch.testing.assert_close(row, hf_last_logits(hf, p), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "bin"])
+@pytest.mark.parametrize("make", [tiny_llama, tiny_opt])
+def test_load_from_checkpoint_folder(tmp_path, make, safe):
+    hf = make()
+    if safe:
+        hf.save_pretrained(tmp_path)
+    else:  # transformers 5 always writes safetensors: write the legacy PyTorch file by hand
+        hf.config.save_pretrained(tmp_path)
+        torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    assert any(tmp_path.glob("*.safetensors" if safe else "*.bin"))
+    model = load_model(tmp_path, dtype=torch.float32)
+    got = paged_last_logits(model, PROMPTS)
+    for row, p in zip(got, PROMPTS):
+        torch.testing.assert_close(row, hf_last_logits(hf, p), rtol=1e-4, atol=1e-4)
+
+
+def test_dtype_and_unknown_model_type():
+    hf = tiny_opt()
+    assert next(load_model(hf, dtype="bfloat16").parameters()).dtype == torch.bfloat16
+    hf.config.model_type = "gpt_bigcode"
+    with pytest.raises(ValueError, match="not supported"):
+        load_model(hf)
