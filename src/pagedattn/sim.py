@@ -15,6 +15,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
@@ -108,6 +109,11 @@ class SimResult:
         r = self.requests
         return float(((r["finish_time"] - r["arrival_time"]) / r["output_len"]).mean())
 
+    def sharing_saving(self) -> float:
+        """Memory saved by sharing, ``1 - physical / logical`` blocks, time-weighted over the run (Fig. 15)."""
+        d = self.steps
+        return float(1 - (d["physical_blocks"] * d["dt"]).sum() / (d["logical_blocks"] * d["dt"]).sum())
+
     def throughput(self) -> float:
         return len(self.requests) / self.duration
 
@@ -116,8 +122,11 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
              cost: CostModel | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096,
              max_model_len: int = 2048, preemption_mode: str = "recompute", num_cpu_blocks: int = 0,
              progress: bool = False, record_steps: bool = True, max_steps: int | None = None,
-             placement: str = "buddy") -> SimResult:
-    """Replay a trace through the scheduler and a KV manager, with a step-time model (no tensors)."""
+             placement: str = "buddy", n: int = 1, seed: int = 0) -> SimResult:
+    """Replay a trace through the scheduler and a KV manager, with a step-time model (no tensors).
+
+    With ``n > 1`` every request is a parallel-sampling group (§4.4): its ``n`` samples share the prompt's blocks,
+    the first generates the trace's output length and the others lengths drawn (seeded) from the trace's outputs."""
     num_slots = num_slots or paper_slots()
     cost = cost or CostModel()
     kv = make_kv_manager(system, num_slots, block_size, max_model_len, num_cpu_blocks, placement=placement)
@@ -128,17 +137,23 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     final_len: dict[int, int] = {}  # seq_id -> prompt + output (its final KV length)
     groups: list[SequenceGroup] = []
     rows: list[dict] = []
-    now, i, step = 0.0, 0, 0
+    rng = np.random.default_rng(seed)
+    trace_outputs = np.array([r.output_len for r in trace])
+    now, i, step, next_seq = 0.0, 0, 0, 0
     bar = tqdm(total=len(pending), desc=f"sim {system}", disable=not progress, leave=False)
     while i < len(pending) or sched.has_unfinished():
         if not sched.has_unfinished() and pending[i].arrival_time > now:
             now = pending[i].arrival_time  # idle until the next arrival
         while i < len(pending) and pending[i].arrival_time <= now:
             r = pending[i]
-            seq = Sequence(i, [0] * r.prompt_len)
-            g = SequenceGroup(r.request_id, [seq], SamplingParams(max_tokens=r.output_len, ignore_eos=True),
+            room = max_model_len - r.prompt_len
+            lens = [r.output_len] + [min(int(x), room) for x in rng.choice(trace_outputs, n - 1)]
+            seqs = [Sequence(next_seq + k, [0] * r.prompt_len) for k in range(n)]
+            g = SequenceGroup(r.request_id, seqs, SamplingParams(n=n, max_tokens=max(lens), ignore_eos=True),
                               arrival_time=r.arrival_time)
-            target[i], final_len[i] = r.output_len, r.total_len
+            for s, out_len in zip(seqs, lens):
+                target[s.seq_id], final_len[s.seq_id] = out_len, r.prompt_len + out_len
+            next_seq += n
             groups.append(g)
             sched.add(g)
             i += 1
@@ -164,7 +179,9 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                          # memory-bound: a request waits although the scheduler would admit it but for memory
                          "memory_bound": head is not None and head.metrics.arrival_time <= now
                          and len(sched.running) < max_num_seqs,
-                         "max_request_waste": max_request_waste(kv), **asdict(b)})
+                         "max_request_waste": max_request_waste(kv), **asdict(b),
+                         **({"physical_blocks": kv.num_used_gpu_blocks - len(kv.pinned),
+                             "logical_blocks": kv.num_logical_blocks()} if isinstance(kv, BlockManager) else {})})
         now += dt
         step += 1
         for g in running:
@@ -184,5 +201,6 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     reqs = pd.DataFrame([{"request_id": g.request_id, "arrival_time": g.metrics.arrival_time,
                           "first_token_time": g.metrics.first_token_time, "finish_time": g.metrics.finish_time,
                           "prompt_len": g.seqs[0].get_prompt_len(), "output_len": target[g.seqs[0].seq_id],
+                          "total_output_len": sum(target[s.seq_id] for s in g.seqs),
                           "error": g.error} for g in groups])
     return SimResult(system, pd.DataFrame(rows), reqs, dict(sched.num_preemptions))
