@@ -146,6 +146,24 @@ def test_triton_split_kv(triton_ops, dtype, num_kv_heads, block_size):
     assert rel_err(out, naive_attention_f64(q, kc, vc, table, ctx, 0.2)) < TOL[dtype]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the compiled configuration is tested directly")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_gpu_configuration_in_interpreter(triton_ops, dtype, monkeypatch):
+    """The settings a GPU uses (64-token tiles, 512-token partitions, tl.dot on fp16 operands, IEEE fp32 dot),
+    run in the interpreter: long enough contexts for two partitions, GQA 4 (dot path) and 1 (vector path)."""
+    import pagedattn.kernels.paged_attention as mod
+
+    monkeypatch.setattr(mod, "INTERPRET", False)
+    for num_kv_heads in (1, 4):
+        gen = _gen("gpu-config", dtype, num_kv_heads)
+        q, kc, vc, table, ctx = make_paged([600, 70], 4, num_kv_heads, 32, 16, dtype, gen)
+        oracle = naive_attention_f64(q, kc, vc, table, ctx, 0.2)
+        for split in (False, True):
+            out = torch.full_like(q, float("nan"))
+            mod.paged_attention(q, kc, vc, table, ctx, 0.2, split_kv=split, out=out)
+            assert rel_err(out, oracle) < TOL[dtype], (num_kv_heads, split)
+
+
 def test_split_kv_heuristic():
     from pagedattn.kernels.paged_attention import use_split_kv
 

@@ -16,10 +16,11 @@ Usage (what the engine calls)::
     ops.swap_blocks(src_cache, dst_cache, block_mapping)
 
 Triton on a CPU needs its interpreter, and ``triton.jit`` decides interpreted vs compiled *when a kernel is defined*,
-i.e. when :mod:`pagedattn.kernels.paged_attention` is first imported. So ``get_backend("triton")`` on a machine
-without CUDA sets ``TRITON_INTERPRET=1`` before that import, and raises if the module was already imported in
-compiled mode. (Setting ``TRITON_INTERPRET=1`` in the environment before starting Python always works.) The
-interpreter is slow (~0.2 ms per Triton op): use it for tests on small shapes, not for serving.
+i.e. when :mod:`pagedattn.kernels.paged_attention` is first imported (importing ``triton`` itself earlier is fine:
+it reads ``TRITON_INTERPRET`` lazily). So that module sets ``TRITON_INTERPRET=1`` itself when CUDA is unavailable
+and the variable is unset, and ``get_backend("triton")`` does the same before importing it; it raises only if the
+module was already imported in compiled mode (``TRITON_INTERPRET=0`` forced on a CPU). The interpreter is slow
+(~0.2 ms per Triton op): use it for tests on small shapes, not for serving.
 """
 from __future__ import annotations
 

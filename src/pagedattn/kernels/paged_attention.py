@@ -26,11 +26,17 @@ import os
 from typing import Optional
 
 import torch
-import triton
-import triton.language as tl
-from torch import Tensor
 
-from pagedattn.kernels.reference import as_block_mapping, swap_blocks_ref
+if not torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET"):
+    # compiled Triton needs a GPU; on a CPU only the interpreter can run these kernels, and triton.jit decides
+    # which one when the kernels below are defined, so decide before that
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+from pagedattn.kernels.reference import as_block_mapping, swap_blocks_ref  # noqa: E402
 
 __all__ = ["paged_attention", "reshape_and_cache", "copy_blocks", "swap_blocks", "use_split_kv", "INTERPRET"]
 
