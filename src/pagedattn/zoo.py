@@ -198,7 +198,7 @@ def train(name: str = "opt-stdlib", quick: bool = False, root: str | Path | None
 
     cfg = get_config(name, quick)
     out = model_path(name, quick, root)
-    t0 = time.time()
+    t0, cpu0 = time.time(), time.process_time()
     torch.manual_seed(cfg.seed)
 
     src, rels = corpus_files(stdlib)
@@ -240,6 +240,7 @@ def train(name: str = "opt-stdlib", quick: bool = False, root: str | Path | None
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    tmp.chmod(0o755)
     model.half().save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     tok_cfg = json.loads((tmp / "tokenizer_config.json").read_text())  # the class name every v4/v5 release knows
@@ -261,6 +262,7 @@ def train(name: str = "opt-stdlib", quick: bool = False, root: str | Path | None
                      "tokens_seen": cfg.steps * cfg.batch * cfg.seq_len, "threads": torch.get_num_threads(),
                      "wall_s": {"data_and_tokenizer": round(t_data, 1), "train": round(t_train, 1),
                                 "total": round(time.time() - t0, 1)},
+                     "cpu_s": round(time.process_time() - cpu0, 1),  # all threads; ~threads x wall when unshared
                      "train_loss_first": round(losses[0], 4), "train_loss_final": round(sum(tail) / len(tail), 4)},
         "eval": {"val_ppl": round(val_ppl, 3), "unigram_val_ppl": round(uni_ppl, 3),
                  "unigram_over_model": round(uni_ppl / val_ppl, 2),
