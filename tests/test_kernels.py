@@ -40,8 +40,9 @@ def _gen(*key) -> torch.Generator:
 def make_paged(lens, num_heads, num_kv_heads, head_dim, block_size, dtype, gen, share=True, spare_blocks=3):
     """Random paged inputs. Returns (query, key_cache, value_cache, block_tables, context_lens) in ``dtype``.
 
-    Physical blocks are a random permutation of the pool; when ``share``, sequence 1 reuses sequence 0's first
-    full block (a shared prompt block), so block ids repeat across rows of the table. Unused table entries are -1.
+    Physical blocks are a random permutation of the pool; when ``share``, every odd sequence also reads sequence 0's
+    first physical block (as forked sequences share their prompt's blocks, §4.4), so block ids repeat across rows of
+    the table. Unused table entries are -1.
     """
     n_blocks = [-(-n // block_size) for n in lens]
     pool = torch.randperm(sum(n_blocks) + spare_blocks, generator=gen)
@@ -51,13 +52,23 @@ def make_paged(lens, num_heads, num_kv_heads, head_dim, block_size, dtype, gen, 
     for s, n in enumerate(n_blocks):
         table[s, :n] = pool[i:i + n]
         i += n
-    if share and len(lens) > 1 and lens[0] >= block_size and lens[1] > block_size:
-        table[1, 0] = table[0, 0]
+    if share and lens[0] > 0:  # every odd sequence reads sequence 0's first physical block too
+        for s in range(1, len(lens), 2):
+            if lens[s] > 0:
+                table[s, 0] = table[0, 0]
     kc = torch.randn(num_phys, block_size, num_kv_heads, head_dim, generator=gen, dtype=torch.float64)
     vc = torch.randn(num_phys, block_size, num_kv_heads, head_dim, generator=gen, dtype=torch.float64)
     q = torch.randn(len(lens), num_heads, head_dim, generator=gen, dtype=torch.float64)
     ctx = torch.tensor(lens, dtype=torch.int32)
     return (q.to(DEVICE, dtype), kc.to(DEVICE, dtype), vc.to(DEVICE, dtype), table.to(DEVICE), ctx.to(DEVICE))
+
+
+def test_inputs_are_shuffled_and_shared():
+    for block_size, lens in SHAPES:
+        *_, table, _ = make_paged(lens, 4, 2, 8, block_size, torch.float32, _gen("shape", block_size))
+        used = table[table >= 0].cpu()
+        assert used.numel() > used.unique().numel()  # a physical block appears in two sequences
+        assert not torch.equal(used.unique(), used[: used.unique().numel()])  # ids not in allocation order
 
 
 def naive_attention_f64(q, kc, vc, table, ctx, scale):
@@ -272,8 +283,9 @@ def test_reference_write_then_attend_matches_contiguous_sdpa():
     q = torch.randn(1, heads, d, generator=gen)
     out = paged_attention_ref(q, kc, vc, torch.tensor([blocks], dtype=torch.int32), torch.tensor([n]), d ** -0.5)
     rep = heads // kvh
-    sdpa = torch.nn.functional.scaled_dot_product_attention(
-        q[:, :, None], k.repeat_interleave(rep, 1).transpose(0, 1)[None], v.repeat_interleave(rep, 1).transpose(0, 1)[None])
+    k_full = k.repeat_interleave(rep, 1).transpose(0, 1)[None]  # [1, heads, n, d]
+    v_full = v.repeat_interleave(rep, 1).transpose(0, 1)[None]
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k_full, v_full)
     assert torch.allclose(out, sdpa[:, :, 0], atol=1e-5)
 
 

@@ -17,12 +17,11 @@ The paper measures its PagedAttention kernel 20-26 % slower than FasterTransform
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
-import math
-import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -70,8 +69,8 @@ def _dtype_name(d: torch.dtype) -> str:
 
 def make_paged_inputs(lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
                       dtype=torch.float32, device="cpu", seed: int = 0, share: bool = True, spare_blocks: int = 2):
-    """Random decode inputs on a *shuffled* block table (physical ids out of order; with ``share``, sequence 1
-    reuses sequence 0's first full block, as after a fork, §4.4). Returns
+    """Random decode inputs on a *shuffled* block table (physical ids out of order; with ``share``, every odd
+    sequence also reads sequence 0's first physical block, as forked sequences share blocks, §4.4). Returns
     ``(query, key_cache, value_cache, block_tables, context_lens)``."""
     g = torch.Generator().manual_seed(seed)
     n_blocks = [-(-n // block_size) for n in lens]
@@ -81,8 +80,10 @@ def make_paged_inputs(lens: list[int], num_heads: int, num_kv_heads: int, head_d
     for s, n in enumerate(n_blocks):
         table[s, :n] = pool[i:i + n]
         i += n
-    if share and len(lens) > 1 and lens[0] >= block_size and lens[1] > block_size:
-        table[1, 0] = table[0, 0]
+    if share and lens[0] > 0:  # every odd sequence reads sequence 0's first physical block too
+        for s in range(1, len(lens), 2):
+            if lens[s] > 0:
+                table[s, 0] = table[0, 0]
     shape = (pool.numel(), block_size, num_kv_heads, head_dim)
     kc = torch.randn(shape, generator=g, dtype=torch.float64)
     vc = torch.randn(shape, generator=g, dtype=torch.float64)
@@ -284,7 +285,8 @@ def benchmark(quick: bool = False, device: Optional[str] = None, cfg: Optional[B
         "experiment": EXPERIMENT, "hardware": label, "hardware_slug": hardware_slug(label), "device": str(device),
         "backend": backend.name, "quick": bool(quick),
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__, "threads": (cfg.threads or prev_threads) if not on_gpu else None, "config": asdict(cfg),
+        "torch": torch.__version__, "threads": (cfg.threads or prev_threads) if not on_gpu else None,
+        "config": asdict(cfg),
         "copy_bandwidth_gbps": copy_bw,
         "labels": ({"paged": "Triton paged (shuffled table)", "contig_layout": "Triton, contiguous layout",
                     "sdpa": "torch SDPA, contiguous"} if on_gpu else
@@ -324,22 +326,16 @@ def _sweep(cfg: BenchConfig, device: str, on_gpu: bool, backend, copy_bw, gen, q
                 out_p = torch.empty_like(x["q"])
                 out_c = torch.empty_like(x["q"])
                 q4 = x["q"][:, :, None, :]
-                if on_gpu:
-                    paged = lambda: backend.paged_attention(x["q"], x["k_paged"], x["v_paged"], x["paged_table"],  # noqa: E731
-                                                            x["ctx"], scale, out=out_p, max_context_len=ctx)
-                    contig = lambda: backend.paged_attention(x["q"], x["k_ident"], x["v_ident"], x["ident_table"],  # noqa: E731
-                                                             x["ctx"], scale, out=out_c, max_context_len=ctx)
-                else:
-                    paged = lambda: backend.paged_attention(x["q"], x["k_paged"], x["v_paged"], x["paged_table"],  # noqa: E731
-                                                            x["ctx"], scale)
-                    contig = lambda: backend.paged_attention(x["q"], x["k_ident"], x["v_ident"], x["ident_table"],  # noqa: E731
-                                                             x["ctx"], scale)
+                gpu_kw = lambda out: {"out": out, "max_context_len": ctx} if on_gpu else {}  # noqa: E731
+                paged = functools.partial(backend.paged_attention, x["q"], x["k_paged"], x["v_paged"],
+                                          x["paged_table"], x["ctx"], scale, **gpu_kw(out_p))
+                contig = functools.partial(backend.paged_attention, x["q"], x["k_ident"], x["v_ident"],
+                                           x["ident_table"], x["ctx"], scale, **gpu_kw(out_c))
                 fns = {"paged": paged, "contig_layout": contig}
                 if sdpa_ms is None:  # SDPA does not depend on the block size: time it once per (batch, context)
                     fns["sdpa"] = lambda: sdpa(q4, x["k_sdpa"], x["v_sdpa"], scale=scale, enable_gqa=group > 1)
                 # sanity: the three paths compute the same attention
-                o_p = paged() if not on_gpu else (paged(), out_p)[1]
-                o_c = contig() if not on_gpu else (contig(), out_c)[1]
+                o_p, o_c = paged(), contig()
                 o_s = sdpa(q4, x["k_sdpa"], x["v_sdpa"], scale=scale, enable_gqa=group > 1)[:, :, 0]
                 tol = 1e-4 if cfg.dtype == "float32" else 2e-2
                 assert rel_err(o_p, o_s.double()) < tol and rel_err(o_c, o_s.double()) < tol, "paths disagree"
@@ -440,8 +436,8 @@ def claims(df: pd.DataFrame, meta: dict) -> list[Claim]:
                   "the paper's 1.20-1.26 is against FasterTransformer's kernel"),
             Claim(f"bandwidth_fraction.{slug}", None, bw, "of copy bandwidth", f"ours >= {GPU_TARGET_BW_FRACTION}",
                   None if bw is None else bw >= GPU_TARGET_BW_FRACTION,
-                  f"K/V bytes / paged latency at batch 32, context 4096, block 16, vs a {meta.get('copy_bandwidth_gbps') or 0:.0f} "
-                  "GB/s device copy"),
+                  "K/V bytes / paged latency at batch 32, context 4096, block 16, vs a "
+                  f"{meta.get('copy_bandwidth_gbps') or 0:.0f} GB/s device copy"),
         ]
     return [
         Claim(f"paged_over_contiguous_latency.{slug}", paper, ratio, "x", "not judged on CPU", None,
@@ -483,8 +479,8 @@ def plot_ratios(benchmarks: dict[str, dict], path=None):
             ax.set_ylabel("latency ratio")
             ax.legend(fontsize=7, ncol=2)
         hw = f"{meta['hardware']}{' (quick)' if meta['quick'] else ''}"
-        row[0].set_title(f"{hw}\n{meta['labels']['paged']} / {meta['labels']['sdpa' if not on_gpu else 'contig_layout']}",
-                         fontsize=9)
+        base = meta["labels"]["contig_layout" if on_gpu else "sdpa"]
+        row[0].set_title(f"{hw}\n{meta['labels']['paged']} / {base}", fontsize=9)
         row[1].set_title(f"{hw}\n{other_label}", fontsize=9)
     fig.suptitle("Paged vs contiguous decode attention (cf. Fig. 18a)")
     fig.tight_layout()
