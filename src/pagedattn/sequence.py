@@ -133,6 +133,7 @@ class SequenceGroup:
         self.metrics = RequestMetrics(arrival_time)
         self.prompt = prompt
         self.error: str | None = None
+        self.prefix_len = 0  # tokens of the prompt marked as a shared prefix (paper §4.4, Fig. 16)
 
     @property
     def prompt_token_ids(self) -> list[int]:
