@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
-from pagedattn.engine import LLM, LLMEngine
+from pagedattn.engine import LLM, EngineArgs, LLMEngine
 from pagedattn.memory import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.sequence import SamplingParams
@@ -148,8 +148,15 @@ def test_step_by_step_engine_and_metrics(llama_and_ref):
 def test_load_by_path_gives_same_tokens(tmp_path, llama_and_ref):
     hf, ref = llama_and_ref
     hf.save_pretrained(tmp_path)
-    llm = LLM(str(tmp_path), dtype=torch.float32)
+    llm = LLM(str(tmp_path), dtype="float32")
     assert tokens(llm.generate(PROMPTS[:4], GREEDY, use_tqdm=False)) == ref[:4]
+    # our loaded model object, through EngineArgs
+    engine = LLMEngine.from_engine_args(llm.engine.model, EngineArgs(block_size=8, num_gpu_blocks=64))
+    assert engine.model is llm.engine.model and engine.kv.num_gpu_blocks == 64
+    engine.add_request("a", PROMPTS[5], GREEDY)
+    while engine.has_unfinished_requests():
+        out = engine.step()
+    assert out[0].outputs[0].token_ids == ref[5]
 
 
 # --------------------------------------------------------------------------------------- stop conditions

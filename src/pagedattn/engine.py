@@ -24,7 +24,7 @@ from pagedattn.config import SchedulerConfig
 from pagedattn.executor import ModelRunner, cache_layout
 from pagedattn.memory.block_manager import AllocStatus, BlockManager
 from pagedattn.model.attention import PagedAttention
-from pagedattn.model.loader import load_model
+from pagedattn.model.loader import _resolve_dtype, load_model
 from pagedattn.sampling import SamplingRow, check_stop, make_generator, sample
 from pagedattn.scheduler import Scheduler
 from pagedattn.sequence import CompletionOutput, RequestOutput, SamplingParams, Sequence, SequenceGroup
@@ -48,6 +48,7 @@ class EngineArgs:
     attention_backend: str = "auto"
     device: str | None = None
     dtype: Any = None
+    enable_prefix_caching: bool = False
 
 
 @dataclass
@@ -92,8 +93,10 @@ class LLMEngine:
         self.args = args
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if isinstance(model, nn.Module) and any(isinstance(m, PagedAttention) for m in model.modules()):
-            p = next(model.parameters())
-            self.model = model if args.dtype is None and args.device is None else model.to(device, args.dtype or p.dtype)
+            if args.dtype is not None or args.device is not None:  # one of ours: move it only when asked
+                model = model.to(device, _resolve_dtype(args.dtype, model.config) if args.dtype is not None
+                                 else next(model.parameters()).dtype)
+            self.model = model
             device = next(self.model.parameters()).device
         else:
             if isinstance(model, str) and tokenizer is None:
@@ -123,6 +126,10 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._step = 0
 
+    @classmethod
+    def from_engine_args(cls, model, engine_args: EngineArgs, tokenizer=None, kv_manager=None) -> "LLMEngine":
+        return cls(model, tokenizer, kv_manager, **asdict(engine_args))
+
     # ----------------------------------------------------------------------------------------- setup
     def _make_block_manager(self, args: EngineArgs) -> BlockManager:
         a = self.model.config
@@ -140,7 +147,8 @@ class LLMEngine:
         cpu = args.num_cpu_blocks
         if cpu is None:
             cpu = blocks if args.preemption_mode == "swap" else 0
-        return BlockManager(args.block_size, blocks, cpu, args.watermark, self.max_model_len)
+        return BlockManager(args.block_size, blocks, cpu, args.watermark, self.max_model_len,
+                            args.enable_prefix_caching)
 
     @staticmethod
     def now() -> float:
@@ -149,8 +157,12 @@ class LLMEngine:
 
     # -------------------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams | None = None,
-                    arrival_time: float | None = None) -> None:
-        """Queue a request; raises ``ValueError`` (naming the limit) for a request that can never be served."""
+                    arrival_time: float | None = None, prefix_len: int = 0) -> None:
+        """Queue a request; raises ``ValueError`` (naming the limit) for a request that can never be served.
+
+        ``prefix_len`` marks the prompt's first tokens as a prefix shared with other requests (the paper's §4.4
+        shared prefix, Fig. 16): its full blocks are computed once and kept. With ``enable_prefix_caching`` every
+        prompt's cached prefix is found automatically."""
         params = sampling_params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -158,6 +170,7 @@ class LLMEngine:
         self._validate(token_ids, params)
         seqs = [Sequence(next(self._seq_ids), token_ids) for _ in range(params.num_seqs)]
         group = SequenceGroup(request_id, seqs, params, self.now() if arrival_time is None else arrival_time, text)
+        group.prefix_len = max(0, min(int(prefix_len), len(token_ids)))
         if self.kv.can_allocate(group) is AllocStatus.NEVER:
             raise ValueError(self.scheduler._never_message(group))
         self.requests[request_id] = group
@@ -221,10 +234,12 @@ class LLMEngine:
         logits, forward_time = self.runner.forward(inp)
         if len(inp.logits_rows) != logits.shape[0]:  # forks sample from their shared prompt's row
             logits = logits[torch.tensor(inp.logits_rows, device=logits.device)]
+        # log-probabilities only rank the samples of n > 1 / best_of requests; greedy n = 1 skips them
+        want_logprobs = any(len(g.seqs) > 1 for g in out.scheduled_groups)
         tokens, logprobs = sample(logits, [SamplingRow(g.sampling_params, self.generators[g.request_id])
-                                           for _, g in inp.rows])
+                                           for _, g in inp.rows], want_logprobs)
         now = self.now()
-        for (s, g), tok, lp in zip(inp.rows, tokens, logprobs):
+        for (s, g), tok, lp in zip(inp.rows, tokens, logprobs or [0.0] * len(tokens)):
             s.num_computed_tokens = s.get_len()
             s.append_token(tok, lp)
             reason = check_stop(s, g.sampling_params, self.eos_token_ids, self.max_model_len)

@@ -38,16 +38,19 @@ def _filter_top_k_top_p(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     return torch.empty_like(logits).scatter_(-1, idx, sorted_logits)
 
 
-def sample(logits: Tensor, rows: list[SamplingRow]) -> tuple[list[int], list[float]]:
-    """Pick one token per row; returns the token ids and their log-probabilities under the raw logits."""
+def sample(logits: Tensor, rows: list[SamplingRow], want_logprobs: bool = True
+           ) -> tuple[list[int], list[float] | None]:
+    """Pick one token per row; returns the token ids and (when ``want_logprobs``) their log-probabilities under
+    the raw logits. Skipping the log-probabilities saves a pass over the vocabulary on the hot path."""
     logits = logits.float()
-    logprobs = logits.log_softmax(dim=-1)
     greedy = [r.params.temperature == 0 for r in rows]
     if all(greedy):
         tokens = logits.argmax(dim=-1)
     else:
         tokens = _sample_rows(logits, rows, greedy)
-    chosen = logprobs.gather(-1, tokens[:, None])[:, 0]
+    if not want_logprobs:
+        return tokens.tolist(), None
+    chosen = logits.log_softmax(dim=-1).gather(-1, tokens[:, None])[:, 0]
     return tokens.tolist(), chosen.tolist()
 
 

@@ -89,7 +89,8 @@ class PagedAttention(torch.nn.Module):
             ks, vs = ks.transpose(0, 1), vs.transpose(0, 1)  # [KVH, C, D]
             if gqa > 1:
                 ks, vs = ks.repeat_interleave(gqa, dim=0), vs.repeat_interleave(gqa, dim=0)
-            o = F.scaled_dot_product_attention(qs, ks.to(qs.dtype), vs.to(qs.dtype), attn_mask=mask,
-                                               is_causal=causal, scale=self.scale)
-            out[start:end] = o.transpose(0, 1)
+            # 4-D inputs: on the CPU, 3-D SDPA falls back to a much slower path
+            o = F.scaled_dot_product_attention(qs[None], ks.to(qs.dtype)[None], vs.to(qs.dtype)[None],
+                                               attn_mask=mask, is_causal=causal, scale=self.scale)
+            out[start:end] = o[0].transpose(0, 1)
         return out

@@ -1,0 +1,185 @@
+"""Generated tokens/s of our engine vs Hugging Face ``generate()`` and HF continuous batching, side by side.
+
+All three run the same random-weight tiny Llama (GQA) on the same prompts with greedy decoding of exactly
+``--output-len`` tokens per prompt (EOS ignored), at each batch size: our ``LLM`` with ``max_num_seqs = batch``;
+HF ``generate()`` on one left-padded static batch (its contiguous KV cache); HF's own continuous batching
+(``model.generate_batch`` with a ``ContinuousBatchingConfig`` sized like our KV pool). Every system is timed
+``--repeats`` times, interleaved, after a warm-up run; the best run counts (the CPU is shared, so the minimum is
+the least noisy estimate). Also reported: the share of our engine's step time spent outside the model forward
+(scheduling, block tables, sampling, outputs), and whether our tokens equal HF ``generate()``'s.
+
+    .venv/bin/python benchmarks/engine_vs_hf.py            # writes results/benchmarks/engine_vs_hf.json
+    .venv/bin/python benchmarks/engine_vs_hf.py --quick    # a smoke run (not written unless --out is given)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from pagedattn.engine import LLM
+from pagedattn.results import REPO_ROOT, hardware_label, today
+from pagedattn.sequence import SamplingParams
+
+MODEL = dict(vocab_size=8192, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
+             num_key_value_heads=4, max_position_embeddings=1024, initializer_range=0.2)
+
+
+def make_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**MODEL)).eval()
+
+
+def make_prompts(n: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(min_len, max_len + 1, (n,), generator=g).tolist()
+    return [torch.randint(3, MODEL["vocab_size"], (k,), generator=g).tolist() for k in lens]
+
+
+def run_ours(llm: LLM, prompts, out_len: int) -> tuple[float, list[list[int]], dict]:
+    engine = llm.engine
+    engine.step_metrics.clear()
+    sp = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    m = engine.step_metrics
+    step = sum(x.step_time for x in m)
+    fwd = sum(x.forward_time for x in m)
+    dec = [x for x in m if x.kind == "decode"]
+    full = [x for x in dec if x.batch_size == len(prompts)]  # decode steps at the full batch
+    stats = {"overhead_share": 1 - fwd / step,
+             "overhead_share_decode": 1 - sum(x.forward_time for x in dec) / sum(x.step_time for x in dec),
+             "overhead_share_full_batch_decode":
+                 (1 - sum(x.forward_time for x in full) / sum(x.step_time for x in full)) if full else None,
+             "mean_decode_step_ms": 1e3 * sum(x.step_time for x in dec) / len(dec),
+             "mean_decode_forward_ms": 1e3 * sum(x.forward_time for x in dec) / len(dec),
+             "num_steps": len(m), "wall_outside_steps_share": 1 - step / dt}
+    return dt, [o.outputs[0].token_ids for o in outs], stats
+
+
+@torch.inference_mode()
+def run_hf_generate(hf, prompts, out_len: int) -> tuple[float, list[list[int]]]:
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    t0 = time.perf_counter()
+    out = hf.generate(ids, attention_mask=mask, max_new_tokens=out_len, min_new_tokens=out_len, do_sample=False,
+                      eos_token_id=None, pad_token_id=0)
+    dt = time.perf_counter() - t0
+    return dt, out[:, width:].tolist()
+
+
+def cb_config(batch: int, max_total_len: int, page_size: int = 64):
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    pages = batch * -(-max_total_len // page_size) + 4
+    return ContinuousBatchingConfig(page_size=page_size, num_blocks=pages, max_batch_tokens=2048,
+                                    max_requests_per_batch=batch)
+
+
+@torch.inference_mode()
+def run_hf_cb(hf, prompts, out_len: int) -> tuple[float, int]:
+    from transformers import GenerationConfig
+
+    gc = GenerationConfig(max_new_tokens=out_len, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cfg = cb_config(len(prompts), max(map(len, prompts)) + out_len)
+    t0 = time.perf_counter()
+    res = hf.generate_batch(prompts, generation_config=gc, continuous_batching_config=cfg, progress_bar=False,
+                            warmup=False)
+    dt = time.perf_counter() - t0
+    return dt, sum(len(r.generated_tokens) for r in res.values())
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 64])
+    ap.add_argument("--prompt-len", type=int, nargs=2, default=[16, 128], metavar=("MIN", "MAX"))
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads for every system (default 1: on a shared 2-core VM, 2 threads "
+                         "stall on each other's barriers whenever another process holds a core)")
+    ap.add_argument("--no-cb", action="store_true", help="skip HF continuous batching")
+    ap.add_argument("--quick", action="store_true", help="batch 8 and 16, 16 new tokens, 1 repeat")
+    ap.add_argument("--out", default=None, help="JSON path (default: results/benchmarks/engine_vs_hf.json; "
+                                                "--quick writes nothing unless given)")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.batch_sizes, a.output_len, a.repeats = [8, 16], 16, 1
+    torch.set_num_threads(a.threads)
+    hf = make_model()
+    rows = []
+    for batch in a.batch_sizes:
+        prompts = make_prompts(batch, *a.prompt_len, seed=batch)
+        llm = LLM(hf, max_num_seqs=batch)
+        warm = prompts[: min(4, batch)]
+        run_ours(llm, warm, 4)
+        run_hf_generate(hf, warm, 4)
+        cb_error = None
+        if not a.no_cb:
+            try:
+                run_hf_cb(hf, warm, 4)
+            except Exception as e:  # record why HF continuous batching could not run here
+                cb_error = f"{type(e).__name__}: {e}"
+        best = {"ours": float("inf"), "hf_generate": float("inf"), "hf_cb": float("inf")}
+        stats, ours_tokens, hf_tokens, cb_tokens = None, None, None, batch * a.output_len
+        for _ in range(a.repeats):
+            dt, ours_tokens, s = run_ours(llm, prompts, a.output_len)
+            if dt < best["ours"]:
+                best["ours"], stats = dt, s
+            dt, hf_tokens = run_hf_generate(hf, prompts, a.output_len)
+            best["hf_generate"] = min(best["hf_generate"], dt)
+            if not a.no_cb and cb_error is None:
+                dt, cb_tokens = run_hf_cb(hf, prompts, a.output_len)
+                best["hf_cb"] = min(best["hf_cb"], dt)
+        n_tokens = batch * a.output_len
+        row = {"batch_size": batch, "num_prompts": batch, "generated_tokens": n_tokens,
+               "tokens_per_s": {"ours": n_tokens / best["ours"], "hf_generate": n_tokens / best["hf_generate"],
+                                "hf_continuous_batching": (cb_tokens / best["hf_cb"]) if best["hf_cb"] < float("inf")
+                                else None},
+               "seconds": {k: (v if v < float("inf") else None) for k, v in best.items()},
+               "hf_continuous_batching_error": cb_error,
+               "tokens_equal_hf_generate": sum(x == y for x, y in zip(ours_tokens, hf_tokens)) / batch,
+               "ours": stats}
+        tps = row["tokens_per_s"]
+        row["speedup"] = {"vs_hf_generate": tps["ours"] / tps["hf_generate"],
+                          "vs_hf_continuous_batching": (tps["ours"] / tps["hf_continuous_batching"])
+                          if tps["hf_continuous_batching"] else None}
+        rows.append(row)
+        cb = tps["hf_continuous_batching"]
+        print(f"batch {batch:3d}: ours {tps['ours']:8.1f} tok/s | HF generate {tps['hf_generate']:8.1f} tok/s | "
+              f"HF continuous batching {cb if cb is None else round(cb, 1)} tok/s | "
+              f"speedup {row['speedup']['vs_hf_generate']:.2f}x / "
+              f"{row['speedup']['vs_hf_continuous_batching'] and round(row['speedup']['vs_hf_continuous_batching'], 2)}x"
+              f" | overhead outside forward {100 * stats['overhead_share']:.1f}% "
+              f"(decode {100 * stats['overhead_share_decode']:.1f}%) | tokens equal HF: "
+              f"{100 * row['tokens_equal_hf_generate']:.0f}%", flush=True)
+    import transformers
+
+    summary = {"benchmark": "engine_vs_hf", "date": today(), "hardware": hardware_label("cpu"),
+               "torch": torch.__version__, "transformers": transformers.__version__,
+               "torch_threads": torch.get_num_threads(),
+               "model": {"arch": "LlamaForCausalLM (random weights)", "dtype": "float32", **MODEL},
+               "workload": {"prompt_len": a.prompt_len, "output_len": a.output_len, "decoding": "greedy, ignore_eos",
+                            "repeats": a.repeats, "timing": "best of repeats, systems interleaved"},
+               "engine": {"block_size": 16, "attention_backend": "torch", "max_num_seqs": "= batch size"},
+               "hf_continuous_batching_config": {"page_size": 64, "max_batch_tokens": 2048,
+                                                 "num_blocks": "batch * ceil(max_total_len / 64) + 4",
+                                                 "max_requests_per_batch": "= batch size"},
+               "batch_sizes": a.batch_sizes, "rows": rows}
+    out = a.out or (None if a.quick else REPO_ROOT / "results" / "benchmarks" / "engine_vs_hf.json")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"wrote {out}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
