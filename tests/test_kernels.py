@@ -175,6 +175,26 @@ def test_gpu_configuration_in_interpreter(triton_ops, dtype, monkeypatch):
             assert rel_err(out, oracle) < TOL[dtype], (num_kv_heads, split)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_unused_cache_slots_may_hold_nan(backend):
+    """Slots past each context (tail of the last block, unreferenced blocks) are poisoned with NaN: never used."""
+    ops = kernels.get_backend(backend)
+    gen = _gen("nan-slots", backend)
+    lens, bs = [13, 30, 5], 8
+    q, kc, vc, table, ctx = make_paged(lens, 4, 2, 16, bs, torch.float32, gen, share=False)
+    oracle = naive_attention_f64(q, kc, vc, table, ctx, 0.25)
+    used = torch.zeros(kc.shape[:2], dtype=torch.bool)
+    for s, n in enumerate(lens):
+        for t in range(n):
+            used[int(table[s, t // bs]), t % bs] = True
+    kc[~used.to(DEVICE)] = float("nan")
+    vc[~used.to(DEVICE)] = float("nan")
+    kw = {"split_kv": True, "partition_size": 16} if backend == "triton" else {}
+    out = ops.paged_attention(q, kc, vc, table, ctx, 0.25, **kw)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, oracle) < 1e-5
+
+
 def test_split_kv_heuristic():
     from pagedattn.kernels.paged_attention import use_split_kv
 

@@ -65,7 +65,7 @@ def paged_attention_ref(query: Tensor, key_cache: Tensor, value_cache: Tensor, b
         query: ``[num_seqs, num_heads, head_dim]``, the new token of every sequence.
         key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
         block_tables: int ``[num_seqs, max_blocks]``; entries past a sequence's last block are ignored (may be any
-            value, e.g. -1 or 0).
+            value, e.g. -1 or 0). Cache slots past a sequence's context are never used, whatever they hold.
         context_lens: int ``[num_seqs]``, tokens already in the cache for each sequence (including the new one).
         scale: softmax scale, usually ``head_dim ** -0.5``.
 
@@ -93,8 +93,16 @@ def paged_attention_ref(query: Tensor, key_cache: Tensor, value_cache: Tensor, b
     # gather each sequence's blocks in logical order: [num_seqs, n_blocks * block_size, kvh, d] -> [S, kvh, L, d]
     k = _gather_blocks(key_cache, ids, 0).view(num_seqs, n_blocks * block_size, num_kv_heads, head_dim)
     v = _gather_blocks(value_cache, ids, 1).view(num_seqs, n_blocks * block_size, num_kv_heads, head_dim)
-    k, v = k.to(cdt).transpose(1, 2), v.to(cdt).transpose(1, 2)
     valid = torch.arange(n_blocks * block_size, device=query.device)[None, :] < lens.clamp(min=1)[:, None]
+    # Slots past a sequence's context (the tail of its last block, or other sequences' longer tables) may hold
+    # anything, even NaN from an uninitialised cache, and 0 * NaN would poison the sum: zero them in the gathered
+    # copy. Positions below the shortest context are valid for every sequence, so only the tail is touched.
+    lo = int(lens.min().item())
+    if lo < n_blocks * block_size:
+        tail = ~valid[:, lo:, None, None]
+        k[:, lo:].masked_fill_(tail, 0.0)
+        v[:, lo:].masked_fill_(tail, 0.0)
+    k, v = k.to(cdt).transpose(1, 2), v.to(cdt).transpose(1, 2)
     o = F.scaled_dot_product_attention(query.to(cdt)[:, :, None, :], k, v, attn_mask=valid[:, None, None, :],
                                        scale=scale, enable_gqa=num_heads != num_kv_heads)[:, :, 0]
     o = o.masked_fill((lens == 0)[:, None, None], 0.0)  # an empty context attends to nothing
