@@ -17,6 +17,8 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from pagedattn import kernels  # noqa: E402
 from pagedattn.kernels import (copy_blocks_ref, paged_attention_ref, reshape_and_cache_ref,  # noqa: E402
@@ -193,6 +195,37 @@ def test_unused_cache_slots_may_hold_nan(backend):
     out = ops.paged_attention(q, kc, vc, table, ctx, 0.25, **kw)
     assert torch.isfinite(out).all()
     assert rel_err(out, oracle) < 1e-5
+
+
+paged_case = st.fixed_dictionaries({
+    "lens": st.lists(st.integers(0, 70), min_size=1, max_size=4).filter(lambda xs: max(xs) > 0),
+    "block_size": st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128, 256]),
+    "num_kv_heads": st.sampled_from([1, 2, 4]),
+    "head_dim": st.sampled_from([8, 16, 24]),
+    "seed": st.integers(0, 2**16),
+})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=paged_case)
+def test_reference_property(case):
+    """Any ragged batch (empty contexts included), block size and GQA ratio: the reference equals the oracle."""
+    gen = torch.Generator().manual_seed(case["seed"])
+    q, kc, vc, table, ctx = make_paged(case["lens"], 4, case["num_kv_heads"], case["head_dim"], case["block_size"],
+                                       torch.float64, gen)
+    out = paged_attention_ref(q, kc, vc, table, ctx, 0.3)
+    assert rel_err(out, naive_attention_f64(q, kc, vc, table, ctx, 0.3)) < 1e-12
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=paged_case, split=st.booleans())
+def test_triton_property(triton_ops, case, split):
+    gen = torch.Generator().manual_seed(case["seed"])
+    q, kc, vc, table, ctx = make_paged(case["lens"], 4, case["num_kv_heads"], case["head_dim"], case["block_size"],
+                                       torch.float32, gen)
+    out = torch.full_like(q, float("nan"))
+    triton_ops.paged_attention(q, kc, vc, table, ctx, 0.3, split_kv=split, partition_size=32, out=out)
+    assert rel_err(out, naive_attention_f64(q, kc, vc, table, ctx, 0.3)) < 1e-5
 
 
 def test_split_kv_heuristic():
