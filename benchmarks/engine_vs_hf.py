@@ -41,13 +41,25 @@ def make_prompts(n: int, min_len: int, max_len: int, seed: int = 0) -> list[list
     return [torch.randint(3, MODEL["vocab_size"], (k,), generator=g).tolist() for k in lens]
 
 
-def run_ours(llm: LLM, prompts, out_len: int) -> tuple[float, list[list[int]], dict]:
+class Timer:
+    """Wall-clock and process CPU seconds (all threads) of a block; CPU time is less sensitive to other processes
+    on a shared machine."""
+
+    def __enter__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def run_ours(llm: LLM, prompts, out_len: int) -> tuple[Timer, list[list[int]], dict]:
     engine = llm.engine
     engine.step_metrics.clear()
     sp = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, sp, use_tqdm=False)
-    dt = time.perf_counter() - t0
+    with Timer() as t:
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+    dt = t.wall
     m = engine.step_metrics
     step = sum(x.step_time for x in m)
     fwd = sum(x.forward_time for x in m)
@@ -60,19 +72,18 @@ def run_ours(llm: LLM, prompts, out_len: int) -> tuple[float, list[list[int]], d
              "mean_decode_step_ms": 1e3 * sum(x.step_time for x in dec) / len(dec),
              "mean_decode_forward_ms": 1e3 * sum(x.forward_time for x in dec) / len(dec),
              "num_steps": len(m), "wall_outside_steps_share": 1 - step / dt}
-    return dt, [o.outputs[0].token_ids for o in outs], stats
+    return t, [o.outputs[0].token_ids for o in outs], stats
 
 
 @torch.inference_mode()
-def run_hf_generate(hf, prompts, out_len: int) -> tuple[float, list[list[int]]]:
+def run_hf_generate(hf, prompts, out_len: int) -> tuple[Timer, list[list[int]]]:
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    t0 = time.perf_counter()
-    out = hf.generate(ids, attention_mask=mask, max_new_tokens=out_len, min_new_tokens=out_len, do_sample=False,
-                      eos_token_id=None, pad_token_id=0)
-    dt = time.perf_counter() - t0
-    return dt, out[:, width:].tolist()
+    with Timer() as t:
+        out = hf.generate(ids, attention_mask=mask, max_new_tokens=out_len, min_new_tokens=out_len,
+                          do_sample=False, eos_token_id=None, pad_token_id=0)
+    return t, out[:, width:].tolist()
 
 
 def cb_config(batch: int, max_total_len: int, page_size: int = 64):
@@ -84,16 +95,15 @@ def cb_config(batch: int, max_total_len: int, page_size: int = 64):
 
 
 @torch.inference_mode()
-def run_hf_cb(hf, prompts, out_len: int) -> tuple[float, int]:
+def run_hf_cb(hf, prompts, out_len: int) -> tuple[Timer, int]:
     from transformers import GenerationConfig
 
     gc = GenerationConfig(max_new_tokens=out_len, do_sample=False, eos_token_id=-1, pad_token_id=0)
     cfg = cb_config(len(prompts), max(map(len, prompts)) + out_len)
-    t0 = time.perf_counter()
-    res = hf.generate_batch(prompts, generation_config=gc, continuous_batching_config=cfg, progress_bar=False,
-                            warmup=False)
-    dt = time.perf_counter() - t0
-    return dt, sum(len(r.generated_tokens) for r in res.values())
+    with Timer() as t:
+        res = hf.generate_batch(prompts, generation_config=gc, continuous_batching_config=cfg, progress_bar=False,
+                                warmup=False)
+    return t, sum(len(r.generated_tokens) for r in res.values())
 
 
 def main(argv=None) -> dict:
@@ -127,39 +137,55 @@ def main(argv=None) -> dict:
                 run_hf_cb(hf, warm, 4)
             except Exception as e:  # record why HF continuous batching could not run here
                 cb_error = f"{type(e).__name__}: {e}"
-        best = {"ours": float("inf"), "hf_generate": float("inf"), "hf_cb": float("inf")}
+        systems = ("ours", "hf_generate", "hf_continuous_batching")
+        wall = {k: float("inf") for k in systems}
+        cpu = {k: float("inf") for k in systems}
         stats, ours_tokens, hf_tokens, cb_tokens = None, None, None, batch * a.output_len
+
+        def keep(name: str, t: Timer) -> bool:
+            cpu[name] = min(cpu[name], t.cpu)
+            if t.wall < wall[name]:
+                wall[name] = t.wall
+                return True
+            return False
+
         for _ in range(a.repeats):
-            dt, ours_tokens, s = run_ours(llm, prompts, a.output_len)
-            if dt < best["ours"]:
-                best["ours"], stats = dt, s
-            dt, hf_tokens = run_hf_generate(hf, prompts, a.output_len)
-            best["hf_generate"] = min(best["hf_generate"], dt)
+            t, ours_tokens, s = run_ours(llm, prompts, a.output_len)
+            if keep("ours", t):
+                stats = s
+            t, hf_tokens = run_hf_generate(hf, prompts, a.output_len)
+            keep("hf_generate", t)
             if not a.no_cb and cb_error is None:
-                dt, cb_tokens = run_hf_cb(hf, prompts, a.output_len)
-                best["hf_cb"] = min(best["hf_cb"], dt)
+                t, cb_tokens = run_hf_cb(hf, prompts, a.output_len)
+                keep("hf_continuous_batching", t)
         n_tokens = batch * a.output_len
+        counts = {"ours": n_tokens, "hf_generate": n_tokens, "hf_continuous_batching": cb_tokens}
+        tps = {k: (counts[k] / wall[k] if wall[k] < float("inf") else None) for k in systems}
+        tpc = {k: (counts[k] / cpu[k] if cpu[k] < float("inf") else None) for k in systems}
         row = {"batch_size": batch, "num_prompts": batch, "generated_tokens": n_tokens,
-               "tokens_per_s": {"ours": n_tokens / best["ours"], "hf_generate": n_tokens / best["hf_generate"],
-                                "hf_continuous_batching": (cb_tokens / best["hf_cb"]) if best["hf_cb"] < float("inf")
-                                else None},
-               "seconds": {k: (v if v < float("inf") else None) for k, v in best.items()},
+               "tokens_per_s": tps, "tokens_per_cpu_s": tpc,
+               "seconds": {k: (v if v < float("inf") else None) for k, v in wall.items()},
                "hf_continuous_batching_error": cb_error,
                "tokens_equal_hf_generate": sum(x == y for x, y in zip(ours_tokens, hf_tokens)) / batch,
                "ours": stats}
-        tps = row["tokens_per_s"]
         row["speedup"] = {"vs_hf_generate": tps["ours"] / tps["hf_generate"],
                           "vs_hf_continuous_batching": (tps["ours"] / tps["hf_continuous_batching"])
-                          if tps["hf_continuous_batching"] else None}
+                          if tps["hf_continuous_batching"] else None,
+                          "cpu_time_vs_hf_generate": tpc["ours"] / tpc["hf_generate"],
+                          "cpu_time_vs_hf_continuous_batching": (tpc["ours"] / tpc["hf_continuous_batching"])
+                          if tpc["hf_continuous_batching"] else None}
         rows.append(row)
         cb = tps["hf_continuous_batching"]
+        sp_ = row["speedup"]
         print(f"batch {batch:3d}: ours {tps['ours']:8.1f} tok/s | HF generate {tps['hf_generate']:8.1f} tok/s | "
               f"HF continuous batching {cb if cb is None else round(cb, 1)} tok/s | "
               f"speedup {row['speedup']['vs_hf_generate']:.2f}x / "
               f"{row['speedup']['vs_hf_continuous_batching'] and round(row['speedup']['vs_hf_continuous_batching'], 2)}x"
               f" | overhead outside forward {100 * stats['overhead_share']:.1f}% "
               f"(decode {100 * stats['overhead_share_decode']:.1f}%) | tokens equal HF: "
-              f"{100 * row['tokens_equal_hf_generate']:.0f}%", flush=True)
+              f"{100 * row['tokens_equal_hf_generate']:.0f}% | per CPU-second: {sp_['cpu_time_vs_hf_generate']:.2f}x / "
+              f"{sp_['cpu_time_vs_hf_continuous_batching'] and round(sp_['cpu_time_vs_hf_continuous_batching'], 2)}x",
+              flush=True)
     import transformers
 
     summary = {"benchmark": "engine_vs_hf", "date": today(), "hardware": hardware_label("cpu"),
@@ -167,7 +193,9 @@ def main(argv=None) -> dict:
                "torch_threads": torch.get_num_threads(),
                "model": {"arch": "LlamaForCausalLM (random weights)", "dtype": "float32", **MODEL},
                "workload": {"prompt_len": a.prompt_len, "output_len": a.output_len, "decoding": "greedy, ignore_eos",
-                            "repeats": a.repeats, "timing": "best of repeats, systems interleaved"},
+                            "repeats": a.repeats,
+                            "timing": "best of repeats, systems interleaved; tokens_per_s is wall clock, "
+                                      "tokens_per_cpu_s divides by the process CPU time (all threads)"},
                "engine": {"block_size": 16, "attention_backend": "torch", "max_num_seqs": "= batch size"},
                "hf_continuous_batching_config": {"page_size": 64, "max_batch_tokens": 2048,
                                                  "num_blocks": "batch * ceil(max_total_len / 64) + 4",
