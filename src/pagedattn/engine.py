@@ -68,6 +68,9 @@ class StepMetrics:
     num_blocks_copied: int
     step_time: float
     forward_time: float
+    num_running: int = 0  # groups in the scheduler's queues at the end of the step
+    num_waiting: int = 0
+    num_swapped: int = 0
 
     @property
     def overhead_time(self) -> float:
@@ -268,7 +271,8 @@ class LLMEngine:
             self._step, "prefill" if out.is_prefill else "decode", len(inp.meta.context_lens_list),
             n_tokens if out.is_prefill else 0, n_tokens, used, sum(inp.meta.context_lens_list), len(out.preempted),
             len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out), len(out.blocks_to_copy),
-            time.perf_counter() - t0, forward_time))
+            time.perf_counter() - t0, forward_time, len(self.scheduler.running), len(self.scheduler.waiting),
+            len(self.scheduler.swapped)))
         self._step += 1
 
     def _unstick(self) -> list[RequestOutput]:
