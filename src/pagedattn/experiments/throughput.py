@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from pagedattn.config import paper_slots
 from pagedattn.paper import FIG12_RATE_RATIO, FIG13_MEAN_BATCH
-from pagedattn.results import Claim
+from pagedattn.results import RESULTS_DIR, Claim
 from pagedattn.sim import LABELS, CostModel, SimResult, simulate
 from pagedattn.workloads import make_trace, with_rate
 
@@ -38,7 +38,8 @@ NL_THRESHOLD_S = 0.2
 @dataclass
 class SimParams:
     quick: bool = False
-    num_requests: int = 1000
+    # requests per trace: enough that an overloaded system's queue, not the trace's end, sets its latency
+    num_requests: dict = field(default_factory=lambda: {"sharegpt": 1000, "alpaca": 3000})
     seed: int = 0
     block_size: int = 16
     rates: dict = field(default_factory=lambda: {"sharegpt": [0.5, 1, 1.5, 2, 2.5, 3, 4, 5],
@@ -48,7 +49,7 @@ class SimParams:
     @classmethod
     def make(cls, quick: bool = False, **kw) -> "SimParams":
         if quick:
-            kw.setdefault("num_requests", 200)
+            kw.setdefault("num_requests", {"sharegpt": 150, "alpaca": 300})
             kw.setdefault("rates", {"sharegpt": [1, 2, 4], "alpaca": [10, 30, 60]})
             kw.setdefault("bisection_steps", 4)
         return cls(quick=quick, **kw)
@@ -63,7 +64,7 @@ def sim_online(params: SimParams, progress: bool = True) -> pd.DataFrame:
     """Normalized latency and mean batch vs request rate, per workload and system (Figs. 12-13)."""
     rows = []
     jobs = [(w, r, s) for w, rates in params.rates.items() for r in rates for s in SIM_SYSTEMS]
-    base = {w: make_trace(w, params.num_requests, 1.0, params.seed) for w in params.rates}
+    base = {w: make_trace(w, params.num_requests[w], 1.0, params.seed) for w in params.rates}
     for w, rate, s in tqdm(jobs, desc="online (sim)", disable=not progress, leave=False):
         res = sim_run(with_rate(base[w], rate, params.seed), s, params)
         rows.append({"scale": "paper (sim)", "trace": w, "rate": rate, "system": s, "label": LABELS[s],
@@ -86,15 +87,15 @@ def sustainable_rate(latency_at, lo: float, hi: float, steps: int, threshold: fl
 
 def sim_sustainable(params: SimParams, progress: bool = True) -> pd.DataFrame:
     rows = []
-    base = {w: make_trace(w, params.num_requests, 1.0, params.seed) for w in params.rates}
+    base = {w: make_trace(w, params.num_requests[w], 1.0, params.seed) for w in params.rates}
     for w in params.rates:
-        lo, hi = min(params.rates[w]) / 4, max(params.rates[w]) * 4
+        lo, hi = min(params.rates[w]) / 4, max(params.rates[w]) * 16
         for s in tqdm(SIM_SYSTEMS, desc=f"sustainable rate {w}", disable=not progress, leave=False):
             rate = sustainable_rate(lambda r: sim_run(with_rate(base[w], r, params.seed), s, params,
                                                       record_steps=False).normalized_latency(),
                                     lo, hi, params.bisection_steps)
             rows.append({"scale": "paper (sim)", "trace": w, "system": s, "label": LABELS[s],
-                         "sustainable_rate": rate, "threshold_s": NL_THRESHOLD_S})
+                         "sustainable_rate": rate, "threshold_s": NL_THRESHOLD_S, "at_upper_bound": rate >= hi})
     return pd.DataFrame(rows)
 
 
@@ -102,7 +103,7 @@ def sim_offline(params: SimParams) -> pd.DataFrame:
     """All requests at t = 0: requests/s and generated tokens/s of each system."""
     rows = []
     for w in params.rates:
-        trace = make_trace(w, params.num_requests, math.inf, params.seed)
+        trace = make_trace(w, params.num_requests[w], math.inf, params.seed)
         for s in SIM_SYSTEMS:
             res = sim_run(trace, s, params)
             toks = res.requests["output_len"].sum()
@@ -137,3 +138,270 @@ def mean_batch_claims(online: pd.DataFrame) -> list[Claim]:
 
 def sim_params_dict(params: SimParams) -> dict:
     return {"params": asdict(params), "cost_model": asdict(CostModel()), "nl_threshold_s": NL_THRESHOLD_S}
+
+
+# ------------------------------------------------------------------------------------------ the real engine
+#: The CPU-scale model: a small random-weight OPT (the paper's family). Only lengths matter for throughput.
+TINY_OPT = dict(vocab_size=2000, hidden_size=64, num_hidden_layers=2, ffn_dim=256, num_attention_heads=4,
+                max_position_embeddings=2048, init_std=0.2)
+
+
+@dataclass
+class RealParams:
+    """The real engine on this machine. Lengths and the KV budget are both divided by ``scale`` so that the batching
+    arithmetic of the paper's setting (15.7K slots, max length 2048, ~30 ShareGPT requests batched) is kept while a
+    CPU can run the trace: ShareGPT-like lengths / 4 with 15.7K / 4 = 3.9K token slots and max length 512."""
+
+    quick: bool = False
+    scale: int = 4
+    num_requests: int = 150
+    seed: int = 0
+    block_size: int = 16
+    rates: dict = field(default_factory=lambda: {"sharegpt": [4, 8, 16, 24, 32, 48, 64]})
+    bisection_steps: int = 5
+    offline_requests: int = 150
+    systems: tuple = ("ft", "orca_max", "orca_pow2", "orca_oracle", "paged")
+    model: dict = field(default_factory=lambda: dict(TINY_OPT))
+    threads: int = 1
+
+    @classmethod
+    def make(cls, quick: bool = False, **kw) -> "RealParams":
+        if quick:
+            kw.setdefault("num_requests", 40)
+            kw.setdefault("offline_requests", 40)
+            kw.setdefault("rates", {"sharegpt": [4, 16]})
+            kw.setdefault("bisection_steps", 2)
+            kw.setdefault("systems", ("orca_max", "orca_oracle", "paged"))
+        return cls(quick=quick, **kw)
+
+    @property
+    def num_slots(self) -> int:
+        return paper_slots() // self.scale
+
+    @property
+    def max_model_len(self) -> int:
+        return 2048 // self.scale
+
+
+def tiny_opt(cfg: dict | None = None, seed: int = 0):
+    import torch
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(seed)
+    return OPTForCausalLM(OPTConfig(**(cfg or TINY_OPT))).eval()
+
+
+def scaled_trace(name: str, n: int, rate: float, params: RealParams):
+    """The paper-scale trace with every length divided by ``params.scale`` (rounded up, at least 1 token)."""
+    from pagedattn.workloads import TraceRequest
+
+    s = params.scale
+    return [TraceRequest(r.request_id, r.arrival_time, -(-r.prompt_len // s), -(-r.output_len // s))
+            for r in make_trace(name, n, rate, params.seed)]
+
+
+def make_engine(system: str, model, params: RealParams):
+    """Our engine with the system's KV manager, all on the same budget of ``params.num_slots`` token slots."""
+    from pagedattn.engine import LLMEngine
+    from pagedattn.memory.contiguous import ContiguousKVManager
+
+    common = dict(max_num_seqs=256, max_model_len=params.max_model_len, attention_backend="torch")
+    if system == "paged":
+        return LLMEngine(model, block_size=params.block_size, num_gpu_blocks=params.num_slots // params.block_size,
+                         **common)
+    policy = "max" if system in ("orca_max", "ft") else system.removeprefix("orca_")
+    engine = LLMEngine(model, kv_manager=ContiguousKVManager(params.num_slots, policy, params.max_model_len), **common)
+    engine.scheduler.static_batching = system == "ft"  # FasterTransformer: no request joins a running batch
+    return engine
+
+
+def serve(engine, trace, vocab_size: int) -> pd.DataFrame:
+    """Replay a trace through the real engine on a virtual clock: the clock advances by each step's measured wall
+    time and jumps over idle gaps, so the latencies are those of real-time serving without waiting for arrivals."""
+    import time
+
+    from pagedattn.sequence import SamplingParams
+    from pagedattn.workloads import synthetic_prompt
+
+    pending = sorted(trace, key=lambda r: r.arrival_time)
+    info = {r.request_id: {"request_id": r.request_id, "arrival_time": r.arrival_time, "prompt_len": r.prompt_len,
+                           "output_len": r.output_len, "first_token_time": None, "finish_time": None}
+            for r in pending}
+    clock, i = 0.0, 0
+    batch: list[int] = []
+    while i < len(pending) or engine.has_unfinished_requests():
+        if not engine.has_unfinished_requests() and pending[i].arrival_time > clock:
+            clock = pending[i].arrival_time
+        while i < len(pending) and pending[i].arrival_time <= clock:
+            r = pending[i]
+            engine.add_request(r.request_id, synthetic_prompt(r.prompt_len, vocab_size, seed=i),
+                               SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True),
+                               arrival_time=r.arrival_time)
+            i += 1
+        t0 = time.perf_counter()
+        outs = engine.step()
+        clock += time.perf_counter() - t0
+        batch.append(len(engine.scheduler.running))
+        for o in outs:
+            d = info[o.request_id]
+            if d["first_token_time"] is None and o.outputs[0].token_ids:
+                d["first_token_time"] = clock
+            if o.finished:
+                d["finish_time"] = clock
+                d["error"] = o.error
+    df = pd.DataFrame(list(info.values()))
+    df.attrs["mean_batch"] = float(pd.Series(batch).mean()) if batch else float("nan")
+    df.attrs["duration"] = clock
+    return df
+
+
+def normalized_latency(df: pd.DataFrame) -> float:
+    return float(((df["finish_time"] - df["arrival_time"]) / df["output_len"]).mean())
+
+
+def real_online(model, params: RealParams, progress: bool = True) -> pd.DataFrame:
+    rows = []
+    jobs = [(w, r, s) for w, rates in params.rates.items() for r in rates for s in params.systems]
+    for w, rate, s in tqdm(jobs, desc="online (real engine)", disable=not progress, leave=False):
+        df = serve(make_engine(s, model, params), scaled_trace(w, params.num_requests, rate, params),
+                   params.model["vocab_size"])
+        rows.append({"scale": "cpu (real engine)", "trace": w, "rate": rate, "system": s, "label": LABELS[s],
+                     "normalized_latency_s": normalized_latency(df), "mean_batch": df.attrs["mean_batch"],
+                     "throughput_req_s": len(df) / df.attrs["duration"]})
+    return pd.DataFrame(rows)
+
+
+def real_sustainable(model, params: RealParams, threshold_s: float, progress: bool = True) -> pd.DataFrame:
+    rows = []
+    for w, rates in params.rates.items():
+        for s in tqdm(params.systems, desc=f"sustainable rate (real) {w}", disable=not progress, leave=False):
+            def nl(rate, s=s, w=w):
+                return normalized_latency(serve(make_engine(s, model, params),
+                                                scaled_trace(w, params.num_requests, rate, params),
+                                                params.model["vocab_size"]))
+            hi = max(rates) * 16
+            rate = sustainable_rate(nl, min(rates) / 4, hi, params.bisection_steps, threshold_s)
+            rows.append({"scale": "cpu (real engine)", "trace": w, "system": s, "label": LABELS[s],
+                         "sustainable_rate": rate, "threshold_s": threshold_s, "at_upper_bound": rate >= hi})
+    return pd.DataFrame(rows)
+
+
+def real_offline(model, params: RealParams, progress: bool = True) -> pd.DataFrame:
+    """All requests at t = 0 through every system on this machine, plus HF ``generate()`` in static batches as
+    large as the budget allows at the maximum length, and HF's continuous batching on the same token slots."""
+    from pagedattn.baselines import hf
+    from pagedattn.workloads import synthetic_prompt
+
+    trace = scaled_trace("sharegpt", params.offline_requests, math.inf, params)
+    out_lens = [r.output_len for r in trace]
+    useful = sum(out_lens)
+    rows = []
+    for s in tqdm(params.systems, desc="offline (real engine)", disable=not progress, leave=False):
+        df = serve(make_engine(s, model, params), trace, params.model["vocab_size"])
+        rows.append({"system": s, "label": LABELS[s], "seconds": df.attrs["duration"],
+                     "mean_batch": df.attrs["mean_batch"], "note": ""})
+    prompts = [synthetic_prompt(r.prompt_len, params.model["vocab_size"], seed=i) for i, r in enumerate(trace)]
+    static_batch = params.num_slots // params.max_model_len
+    r = hf.generate_static(model, prompts, out_lens, static_batch)
+    rows.append({"system": "hf_generate", "label": "HF generate()", "seconds": r["seconds"],
+                 "mean_batch": float(static_batch), "note": f"static batches of {static_batch} (budget / max length)"})
+    try:
+        r = hf.continuous_batching(model, prompts, out_lens, params.num_slots, max_requests=256,
+                                   page_size=params.block_size)
+        rows.append({"system": "hf_continuous_batching", "label": "HF continuous batching", "seconds": r["seconds"],
+                     "mean_batch": float("nan"), "note": f"{params.num_slots} token slots, page {params.block_size}"})
+    except Exception as e:  # record why it could not run, never a placeholder number
+        rows.append({"system": "hf_continuous_batching", "label": "HF continuous batching", "seconds": float("nan"),
+                     "mean_batch": float("nan"), "note": f"failed: {type(e).__name__}: {e}"})
+    df = pd.DataFrame(rows)
+    df["requests_per_s"] = len(trace) / df["seconds"]
+    df["tokens_per_s"] = useful / df["seconds"]
+    return df
+
+
+def real_threshold(online: pd.DataFrame) -> float:
+    """The CPU scale's latency threshold: 5x the paged engine's normalized latency at the lowest swept rate (the
+    paper scale's 0.2 s/token is about 5x its unloaded latency, too)."""
+    d = online[online.system == "paged"].sort_values("rate")
+    return 5 * float(d["normalized_latency_s"].iloc[0])
+
+
+def system_configs(params: RealParams) -> pd.DataFrame:
+    """What every system gets: the same model, trace and token budget; only the KV manager and batching differ."""
+    rows = []
+    for s in params.systems:
+        mgr = {"paged": f"BlockManager(block_size={params.block_size}, {params.num_slots // params.block_size} blocks)",
+               "ft": f"ContiguousKVManager('max'), static batching"}.get(
+            s, f"ContiguousKVManager('{s.removeprefix('orca_')}', buddy)")
+        rows.append({"system": s, "label": LABELS[s], "kv_budget_slots": params.num_slots, "kv_manager": mgr,
+                     "max_model_len": params.max_model_len, "model": "OPT " + str(params.model)})
+    rows.append({"system": "hf_generate", "label": "HF generate()", "kv_budget_slots": params.num_slots,
+                 "kv_manager": f"contiguous cache, static batches of {params.num_slots // params.max_model_len}",
+                 "max_model_len": params.max_model_len, "model": "same weights"})
+    rows.append({"system": "hf_continuous_batching", "label": "HF continuous batching",
+                 "kv_budget_slots": params.num_slots, "kv_manager": f"HF paged cache, page {params.block_size}",
+                 "max_model_len": params.max_model_len, "model": "same weights"})
+    return pd.DataFrame(rows)
+
+
+def real_claims(offline: pd.DataFrame, sustainable: pd.DataFrame) -> list[Claim]:
+    o = offline.set_index("system")["tokens_per_s"]
+    out = []
+    for other, need in (("hf_generate", 3.0), ("hf_continuous_batching", None)):
+        ratio = float(o["paged"] / o[other]) if other in o and math.isfinite(o[other]) else None
+        note = "CPU, tiny random-weight OPT, offline, same KV budget"
+        if ratio is None:
+            note += "; " + str(offline.set_index("system").loc[other, "note"]) if other in o else "; not run"
+        out.append(Claim(f"throughput_ratio.paged_vs_{other}", "2-4x (vs FasterTransformer/Orca)",
+                         None if ratio is None else round(ratio, 2), "x",
+                         f">= {need}" if need else "", None if ratio is None or need is None else bool(ratio >= need),
+                         note))
+    s = sustainable[sustainable.trace == "sharegpt"].set_index("system")["sustainable_rate"]
+    for name, other, need in (("paged_vs_orca_oracle", "orca_oracle", 1.7), ("paged_vs_orca_max", "orca_max", 2.7)):
+        if other in s:
+            ratio = float(s["paged"] / s[other])
+            lo, hi = FIG12_RATE_RATIO[name]
+            out.append(Claim(f"rate_ratio_cpu.sharegpt.{name}", f"{lo}-{hi}", round(ratio, 2), "x", f">= {need}",
+                             bool(ratio >= need), note="real engine on the CPU, lengths and budget / 4"))
+    return out
+
+
+def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True, real: bool = True,
+        **kw) -> dict:
+    """Both scales; writes CSVs and ``summary.json`` to ``<results_dir>/03_throughput/``; returns the tables."""
+    import torch
+
+    from pagedattn.results import hardware_label, write_summary
+
+    sp = SimParams.make(quick)
+    rp = RealParams.make(quick, **kw)
+    out_dir = Path(results_dir) / EXPERIMENT
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables: dict = {"sim_online": sim_online(sp, progress), "sim_sustainable": sim_sustainable(sp, progress),
+                    "sim_offline": sim_offline(sp)}
+    claims = rate_ratio_claims(tables["sim_sustainable"]) + mean_batch_claims(tables["sim_online"])
+    if real:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(rp.threads)
+        try:
+            model = tiny_opt(rp.model, rp.seed)
+            tables["real_configs"] = system_configs(rp)
+            tables["real_offline"] = real_offline(model, rp, progress)
+            tables["real_online"] = real_online(model, rp, progress)
+            thr = real_threshold(tables["real_online"])
+            tables["real_sustainable"] = real_sustainable(model, rp, thr, progress)
+        finally:
+            torch.set_num_threads(threads)
+        claims += real_claims(tables["real_offline"], tables["real_sustainable"])
+    for name, df in tables.items():
+        df.to_csv(out_dir / f"{name}.csv", index=False)
+    hw = hardware_label("cpu")
+    m = rp.model
+    model_label = (f"{SIM_MODEL}; real engine: OPT (random weights, fp32; hidden {m['hidden_size']}, "
+                   f"{m['num_hidden_layers']} layers, vocab {m['vocab_size']}), lengths and budget / {rp.scale}")
+    write_summary(out_dir, EXPERIMENT, f"{hw} (real engine); sim for paper scale", model_label, quick, claims,
+                  extra={"sim": sim_params_dict(sp), "real": asdict(rp) | {"num_slots": rp.num_slots}})
+    tables["label"] = f"{hw} | {model_label} | quick={quick}"
+    tables["out_dir"] = out_dir
+    tables["claims"] = claims
+    return tables
