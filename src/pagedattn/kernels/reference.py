@@ -90,21 +90,22 @@ def paged_attention_ref(query: Tensor, key_cache: Tensor, value_cache: Tensor, b
         return torch.zeros_like(query)
     n_blocks = -(-max_len // block_size)
     ids = block_tables[:, :n_blocks].to(device=key_cache.device, dtype=torch.long).clamp(min=0).flatten()
-    # gather each sequence's blocks in logical order: [num_seqs, n_blocks * block_size, kvh, d] -> [S, kvh, L, d]
-    k = _gather_blocks(key_cache, ids, 0).view(num_seqs, n_blocks * block_size, num_kv_heads, head_dim)
-    v = _gather_blocks(value_cache, ids, 1).view(num_seqs, n_blocks * block_size, num_kv_heads, head_dim)
-    valid = torch.arange(n_blocks * block_size, device=query.device)[None, :] < lens.clamp(min=1)[:, None]
-    # Slots past a sequence's context (the tail of its last block, or other sequences' longer tables) may hold
-    # anything, even NaN from an uninitialised cache, and 0 * NaN would poison the sum: zero them in the gathered
-    # copy. Positions below the shortest context are valid for every sequence, so only the tail is touched.
+    # gather each sequence's blocks in logical order, keep the first max_len tokens: [S, max_len, kvh, d]
+    k = _gather_blocks(key_cache, ids, 0).view(num_seqs, n_blocks * block_size, num_kv_heads, head_dim)[:, :max_len]
+    v = _gather_blocks(value_cache, ids, 1).view(num_seqs, n_blocks * block_size, num_kv_heads, head_dim)[:, :max_len]
+    valid = torch.arange(max_len, device=query.device)[None, :] < lens.clamp(min=1)[:, None]
+    # Slots past a sequence's context (the tail of its last block, or the rest of a longer sequence's span) may
+    # hold anything, even NaN from an uninitialised cache, and 0 * NaN would poison the sum: zero them in the
+    # gathered copy. Positions below the shortest context are valid for every sequence, so only [min, max) is touched.
     lo = int(lens.min().item())
-    if lo < n_blocks * block_size:
+    if lo < max_len:
         tail = ~valid[:, lo:, None, None]
         k[:, lo:].masked_fill_(tail, 0.0)
         v[:, lo:].masked_fill_(tail, 0.0)
-    k, v = k.to(cdt).transpose(1, 2), v.to(cdt).transpose(1, 2)
-    o = F.scaled_dot_product_attention(query.to(cdt)[:, :, None, :], k, v, attn_mask=valid[:, None, None, :],
-                                       scale=scale, enable_gqa=num_heads != num_kv_heads)[:, :, 0]
+    k, v = k.to(cdt).transpose(1, 2), v.to(cdt).transpose(1, 2)                 # [S, kvh, max_len, d]
+    mask = valid[:, None, None, :] if lo < max_len else None  # equal lengths: no mask, SDPA's fastest path
+    o = F.scaled_dot_product_attention(query.to(cdt)[:, :, None, :], k, v, attn_mask=mask, scale=scale,
+                                       enable_gqa=num_heads != num_kv_heads)[:, :, 0]
     o = o.masked_fill((lens == 0)[:, None, None], 0.0)  # an empty context attends to nothing
     return o.to(query.dtype)
 
