@@ -1,0 +1,224 @@
+"""Preemption (paper §4.5; Fig. 19, §7.3): what tests/test_engine.py does not already cover.
+
+test_engine.py checks greedy outputs against Hugging Face under recompute and swap preemption at block size 4. Here:
+
+- the same requests with and without memory pressure give the same tokens, in both modes, at block sizes 1 and 16,
+  for greedy requests and for seeded parallel sampling (n = 2, forked sequences sharing blocks: always swapped);
+- every swap moves exactly the blocks of the preempted (or resumed) groups, as the block tables say, and the
+  executor's copies carry the K/V bytes with them;
+- 100 swap-out / swap-in cycles of groups lose no block and no byte: ``free + used == total`` in both pools,
+  ``check_invariants()``, the CPU pool full again, the device caches bit-identical at the sequences' slots.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import OPTConfig, OPTForCausalLM
+
+from pagedattn.engine import LLMEngine
+from pagedattn.memory import BlockManager
+from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+
+
+def tiny_opt():
+    torch.manual_seed(0)
+    return OPTForCausalLM(OPTConfig(vocab_size=256, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
+                                    num_attention_heads=4, max_position_embeddings=256, init_std=0.2,
+                                    word_embed_proj_dim=64)).eval()
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return tiny_opt()
+
+
+def prompts(n: int = 10, seed: int = 3) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 256, (int(k),), generator=g).tolist() for k in torch.randint(2, 30, (n,), generator=g)]
+
+
+PROMPTS = prompts(8)
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+SEEDED_N2 = [SamplingParams(n=2, temperature=1.0, seed=i, max_tokens=12, ignore_eos=True) for i in range(3)]
+REQUESTS = [(p, GREEDY) for p in PROMPTS] + [(p, sp) for p, sp in zip(PROMPTS[:3], SEEDED_N2)]
+
+
+def serve(engine: LLMEngine, requests) -> dict[str, list[list[int]]]:
+    for i, (p, sp) in enumerate(requests):
+        engine.add_request(str(i), p, sp)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: [c.token_ids for c in o.outputs] for o in engine.step() if o.finished})
+    return done
+
+
+def assert_pools_full(kv: BlockManager) -> None:
+    kv.check_invariants()
+    assert kv.gpu.num_free + kv.gpu.num_used == kv.gpu.num_blocks
+    assert kv.cpu.num_free + kv.cpu.num_used == kv.cpu.num_blocks
+    assert kv.num_free_gpu_blocks == kv.num_gpu_blocks and kv.cpu.num_free == kv.cpu.num_blocks and not kv.tables
+
+
+# --------------------------------------------------------------------------------- outputs under pressure
+@pytest.fixture(scope="module")
+def unpressured(hf):
+    """The outputs with a pool so large that nothing is preempted (block size 16)."""
+    roomy = LLMEngine(hf, block_size=16, num_gpu_blocks=256, preemption_mode="recompute")
+    want = serve(roomy, REQUESTS)
+    assert sum(roomy.scheduler.num_preemptions.values()) == 0
+    return want
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_preemption_never_changes_outputs(hf, unpressured, mode, block_size):
+    """Greedy requests and seeded n=2 groups: a pool of ~2-3 requests' worth of slots vs a roomy one."""
+    want = unpressured
+    slots = 96  # the largest request (29 + 16 tokens; or a 2-sample group) fits, the batch does not
+    tight = LLMEngine(hf, block_size=block_size, num_gpu_blocks=slots // block_size, preemption_mode=mode,
+                      num_cpu_blocks=4096 // block_size)
+    got = serve(tight, REQUESTS)
+    assert got == want
+    n = tight.scheduler.num_preemptions
+    assert n[mode] > 0, n
+    if mode == "recompute":
+        assert n["swap"] > 0  # n=2 groups share blocks: the scheduler swaps them instead of recomputing
+    assert max(m.batch_size for m in tight.step_metrics) > 1
+    assert_pools_full(tight.kv)
+
+
+# ----------------------------------------------------------------------- the swap moves the group's blocks
+class SwapSpy:
+    """Wraps an engine's scheduler and runner: before each schedule, snapshot every block table; at each block move,
+    check the mappings against the tables and the copied bytes against the source caches."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine, self.kv, self.runner = engine, engine.kv, engine.runner
+        self.swap_outs = self.swap_ins = 0
+        self._schedule, self._move = engine.scheduler.schedule, engine.runner.move_blocks
+        engine.scheduler.schedule = self.schedule
+        engine.runner.move_blocks = self.move_blocks
+
+    def schedule(self):
+        self.before = {s: (list(t.blocks), t.device) for s, t in self.kv.tables.items()}
+        self.out = self._schedule()
+        return self.out
+
+    def move_blocks(self, out):
+        kv, r = self.kv, self.runner
+        src_dev = [c.clone() for c in r.k_caches + r.v_caches]
+        src_cpu = [c.clone() for c in r.k_cpu + r.v_cpu]
+        if out.blocks_to_swap_out:
+            self.swap_outs += 1
+            seqs = [s for g in out.preempted if g.seqs[0].status == "swapped" for s in g.get_seqs("swapped")]
+            assert seqs, "blocks were swapped out but no preempted group is swapped"
+            m = out.blocks_to_swap_out
+            # exactly the preempted groups' device blocks, each once, to the blocks their tables now name
+            assert set(m) == {b for s in seqs for b in self.before[s.seq_id][0]}
+            assert set(m.values()) == {b for s in seqs for b in kv.block_table(s.seq_id)}
+            for s in seqs:
+                assert self.before[s.seq_id][1] == "gpu" and kv.tables[s.seq_id].device == "cpu"
+                assert [m[b] for b in self.before[s.seq_id][0]] == kv.block_table(s.seq_id)
+        if out.blocks_to_swap_in:
+            self.swap_ins += 1
+            m = out.blocks_to_swap_in
+            back = [s for s, (_, dev) in self.before.items() if dev == "cpu" and kv.tables[s].device == "gpu"]
+            assert back and set(m) == {b for s in back for b in self.before[s][0]}
+            cow = dict(out.blocks_to_copy)
+            for s in back:
+                old, new = self.before[s][0], kv.block_table(s)
+                assert [m[b] for b in old[:-1]] == new[: len(old) - 1]
+                # the last block comes back too, unless the next token's append copied it on write (forks)
+                assert m[old[-1]] == new[len(old) - 1] or cow.get(m[old[-1]]) == new[len(old) - 1]
+        self._move(out)
+        pairs = [(src_dev, r.k_cpu + r.v_cpu, out.blocks_to_swap_out), (src_cpu, r.k_caches + r.v_caches,
+                                                                         out.blocks_to_swap_in)]
+        for srcs, dsts, m in pairs:
+            for src, dst in zip(srcs, dsts):
+                for a, b in m.items():
+                    assert torch.equal(dst[b], src[a])
+
+
+@pytest.mark.parametrize("block_size", [2, 8])
+def test_swap_moves_exactly_the_preempted_groups_blocks(hf, block_size):
+    engine = LLMEngine(hf, block_size=block_size, num_gpu_blocks=96 // block_size, preemption_mode="swap",
+                       num_cpu_blocks=2048 // block_size)
+    spy = SwapSpy(engine)
+    serve(engine, REQUESTS)
+    assert spy.swap_outs > 0 and spy.swap_ins > 0
+    assert engine.scheduler.num_preemptions["swap"] > 0
+    assert_pools_full(engine.kv)
+
+
+# ------------------------------------------------------------------------------------- 100 swap cycles
+def make_group(rid: int, seq_ids: list[int], num_tokens: int) -> SequenceGroup:
+    seqs = [Sequence(i, list(range(3, 3 + num_tokens))) for i in seq_ids]
+    return SequenceGroup(f"r{rid}", seqs, SamplingParams(n=len(seqs), temperature=1.0, seed=0))
+
+
+def test_hundred_swap_cycles_lose_no_block_and_no_byte(hf):
+    """Groups (one with forked sequences sharing blocks) are swapped out and in 100 times through the block
+    manager's group API and the executor's swap op, growing between cycles: every mapping comes from the manager,
+    every byte comes back, and both pools are whole at the end."""
+    bs = 4
+    engine = LLMEngine(hf, block_size=bs, num_gpu_blocks=48, num_cpu_blocks=40, preemption_mode="swap",
+                       watermark=0.0)
+    kv, runner = engine.kv, engine.runner
+    from pagedattn.scheduler import SchedulerOutputs
+
+    groups = [make_group(0, [0], 9), make_group(1, [1, 2], 6), make_group(2, [3], 13)]
+    for g in groups:
+        kv.allocate_group(g)
+        g.set_status("waiting", "running")
+    gen = torch.Generator().manual_seed(0)
+
+    def fill_new_slots():  # random K/V at every slot the sequences hold, layer by layer (shared slots once)
+        for c in runner.k_caches + runner.v_caches:
+            c.copy_(torch.randn(c.shape, generator=gen))
+
+    def contents():
+        out = {}
+        for g in groups:
+            for s in g.get_seqs("running"):
+                slots = torch.tensor(kv.slot_mapping(s.seq_id, 0, kv.num_tokens(s.seq_id)))
+                out[s.seq_id] = [c.view(-1, *c.shape[2:])[slots].clone() for c in runner.k_caches + runner.v_caches]
+        return out
+
+    fill_new_slots()
+    for cycle in range(100):
+        want = contents()
+        victims = [groups[cycle % 3], groups[(cycle + 1) % 3]] if cycle % 2 else [groups[cycle % 3]]
+        out = SchedulerOutputs()
+        for g in victims:
+            out.blocks_to_swap_out.update(kv.swap_out_group(g))
+            g.set_status("running", "swapped")
+        runner.move_blocks(out)
+        kv.check_invariants()
+        assert kv.cpu.num_used == len({b for g in victims for s in g.seqs for b in kv.block_table(s.seq_id)})
+        for c in runner.k_caches + runner.v_caches:  # scribble over the freed device blocks
+            c.normal_(generator=gen)
+        out = SchedulerOutputs()
+        for g in victims:
+            assert kv.can_swap_in_group(g)
+            out.blocks_to_swap_in.update(kv.swap_in_group(g))
+            g.set_status("swapped", "running")
+        runner.move_blocks(out)
+        kv.check_invariants()
+        assert kv.cpu.num_free == kv.cpu.num_blocks  # the CPU pool is full again
+        assert kv.gpu.num_free + kv.gpu.num_used == kv.gpu.num_blocks
+        got = contents()
+        for g in victims:
+            for s in g.seqs:
+                assert all(torch.equal(a, b) for a, b in zip(got[s.seq_id], want[s.seq_id])), (cycle, s.seq_id)
+        if cycle % 10 == 9:  # grow: one token per sequence (copy-on-write of shared last blocks included)
+            for g in groups:
+                kv.append_slots(g)
+                for s in g.seqs:
+                    s.append_token(7)
+            fill_new_slots()
+    used = len({b for g in groups for s in g.seqs for b in kv.block_table(s.seq_id)})
+    assert kv.gpu.num_used == used
+    for g in groups:
+        for s in g.seqs:
+            kv.free_seq(s)
+    assert_pools_full(kv)
