@@ -1,0 +1,311 @@
+"""The guided tour's live view: a recorded trace of real engine steps, drawn as the physical block pool.
+
+Paper §4.2-§4.4 (Figs. 6-8): every sequence has a block table mapping its logical blocks to physical blocks of one
+pool; samples of one request share their prompt's blocks (reference counts) and copy a shared, partially filled block
+on write (copy-on-write); requests that start with a shared prefix map it to the same physical blocks (§4.4).
+
+``record_trace`` runs an ``LLMEngine`` step by step and, before the first step and after every ``engine.step()``,
+snapshots what the block manager holds: each live sequence's block table and token count, the pool's reference
+counts, pinned (user-marked prefix) and cached blocks, and the step's copy-on-write count. Nothing is recomputed or
+hard-coded: a ``Frame`` is a copy of ``engine.kv``'s state. ``draw_frame`` draws one frame (the pool as a grid,
+coloured by owning request, with reference counts; each sequence's block table beside it), ``BlockPoolView`` wraps
+the frames in an ipywidgets slider for JupyterLab, and ``save_gif`` writes the same frames for headless runs.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from pagedattn import plots  # noqa: F401  (selects a headless backend outside a kernel)
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+REQUEST_COLORS = ["#3b75af", "#e4572e", "#4c9a2a", "#9b59b6", "#f2b134", "#17becf", "#8c564b", "#e377c2"]
+SHARED_COLOR = "#c9a227"  # a block referenced by more than one request (a shared prefix)
+PINNED_COLOR = "#efe3b0"  # a user-marked prefix block held only by the manager
+CACHED_COLOR = "#dddddd"  # free, but still holding a cached prefix's K/V (evictable)
+
+
+@dataclass
+class SeqView:
+    """One live sequence at one moment: whose it is, its block table and how many tokens it holds."""
+
+    request_id: str
+    sample: int  # index of the sequence within its request (parallel sampling)
+    seq_id: int
+    blocks: list[int]
+    num_tokens: int
+
+
+@dataclass
+class Frame:
+    """The block manager's state after one engine step (step -1: after the requests were added, before any step)."""
+
+    step: int
+    kind: str  # "start" | "prefill" | "decode" | "idle"
+    seqs: list[SeqView]
+    ref_counts: list[int]
+    pinned: list[int]
+    cached: list[int]  # blocks holding a registered prefix hash (used or evictable)
+    block_size: int
+    num_copies: int = 0  # copy-on-write copies performed in this step
+    new_requests: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.ref_counts)
+
+    def owners(self) -> dict[int, set[str]]:
+        """Physical block -> the requests whose block tables point at it."""
+        out: dict[int, set[str]] = {}
+        for s in self.seqs:
+            for b in s.blocks:
+                out.setdefault(b, set()).add(s.request_id)
+        return out
+
+    def table_refs(self) -> list[int]:
+        """Reference counts implied by the block tables plus the pinned prefix (must equal ``ref_counts``)."""
+        counts = [0] * self.num_blocks
+        for s in self.seqs:
+            for b in s.blocks:
+                counts[b] += 1
+        for b in self.pinned:
+            counts[b] += 1
+        return counts
+
+
+def snapshot(engine, step: int, kind: str, num_copies: int = 0, new_requests=(), finished=()) -> Frame:
+    """Copy the engine's block-manager state into a ``Frame`` (paged ``BlockManager`` only)."""
+    kv = engine.kv
+    owner = {}
+    for g in engine.requests.values():
+        for i, s in enumerate(g.seqs):
+            owner[s.seq_id] = (g.request_id, i)
+    seqs = [SeqView(*owner[sid], sid, list(t.blocks), t.num_tokens) for sid, t in sorted(kv.tables.items())
+            if t.device == "gpu" and sid in owner]
+    return Frame(step, kind, seqs, list(kv.gpu.ref_counts), list(kv.pinned), sorted(kv.gpu.block_hash),
+                 kv.block_size, num_copies, list(new_requests), list(finished))
+
+
+def record_trace(engine, arrivals: dict[int, list[tuple]] | None = None, max_steps: int = 500) -> tuple[list[Frame], dict]:
+    """Run ``engine`` to completion, recording a ``Frame`` before the first step and after every ``engine.step()``.
+
+    ``arrivals`` maps a step number to the requests added just before that step, each an ``add_request`` argument
+    tuple ``(request_id, prompt, sampling_params[, arrival_time, prefix_len])``. Returns the frames and the finished
+    outputs by request id."""
+    arrivals = dict(arrivals or {})
+    outputs: dict = {}
+    frames: list[Frame] = []
+    step = 0
+    new = _add(engine, arrivals.pop(0, []))
+    frames.append(snapshot(engine, -1, "start", new_requests=new))
+    while (engine.has_unfinished_requests() or arrivals) and step < max_steps:
+        new = _add(engine, arrivals.pop(step, [])) if step else []
+        n_metrics = len(engine.step_metrics)
+        outs = engine.step() if engine.has_unfinished_requests() else []
+        done = [o.request_id for o in outs if o.finished]
+        outputs.update({o.request_id: o for o in outs if o.finished})
+        m = engine.step_metrics[n_metrics:] if len(engine.step_metrics) > n_metrics else []
+        kind = m[0].kind if m else "idle"
+        frames.append(snapshot(engine, step, kind, m[0].num_blocks_copied if m else 0, new, done))
+        step += 1
+    return frames, outputs
+
+
+def _add(engine, requests: list[tuple]) -> list[str]:
+    for args in requests:
+        engine.add_request(*args)
+    return [args[0] for args in requests]
+
+
+# ------------------------------------------------------------------------------------------------ drawing
+def request_colors(frames: list[Frame]) -> dict[str, str]:
+    """A stable colour per request id, in order of first appearance."""
+    ids: dict[str, None] = {}
+    for f in frames:
+        for r in f.new_requests:
+            ids.setdefault(r, None)
+        for s in f.seqs:
+            ids.setdefault(s.request_id, None)
+    return {r: REQUEST_COLORS[i % len(REQUEST_COLORS)] for i, r in enumerate(ids)}
+
+
+def draw_frame(frame: Frame, colors: dict[str, str] | None = None, cols: int = 8, title: str | None = None):
+    """Draw one frame: the physical block pool as a grid (colour = owning request; gold = shared by several requests;
+    pale gold = pinned prefix held only by the manager; grey = free but cached), reference counts in the cells, and
+    every live sequence's block table on the right. Returns the matplotlib figure."""
+    colors = colors or request_colors([frame])
+    owners = frame.owners()
+    pinned, cached = set(frame.pinned), set(frame.cached)
+    rows = -(-frame.num_blocks // cols)
+    n_lines = max(len(frame.seqs), 1) + 2
+    fig = plt.figure(figsize=(11.5, max(3.4, 0.62 * rows + 1.4, 0.28 * n_lines + 1.2)), dpi=90)
+    ax = fig.add_axes([0.01, 0.06, 0.44, 0.80])
+    for b in range(frame.num_blocks):
+        r, c = divmod(b, cols)
+        rc = frame.ref_counts[b]
+        who = owners.get(b, set())
+        hatch = None
+        if len(who) > 1:
+            face = SHARED_COLOR
+        elif who:
+            face = colors.get(next(iter(who)), "#777777")
+        elif b in pinned:
+            face = PINNED_COLOR
+        elif rc == 0 and b in cached:
+            face, hatch = CACHED_COLOR, ".."
+        else:
+            face = "white"
+        ax.add_patch(Rectangle((c, -r), 0.92, -0.88, facecolor=face, edgecolor="#444444", lw=0.8, hatch=hatch))
+        dark = face not in ("white", CACHED_COLOR, PINNED_COLOR)
+        ax.text(c + 0.06, -r - 0.08, str(b), fontsize=7, va="top", ha="left", color="white" if dark else "#555555")
+        if rc:
+            ax.text(c + 0.46, -r - 0.52, f"×{rc}", fontsize=10, va="center", ha="center", weight="bold",
+                    color="white" if dark else "#222222")
+    ax.set_xlim(-0.05, cols)
+    ax.set_ylim(-rows - 0.05, 0.05)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"physical block pool ({frame.num_blocks} blocks × {frame.block_size} tokens; ×n = reference count)",
+                 fontsize=9, loc="left")
+    tx = fig.add_axes([0.47, 0.06, 0.52, 0.80])
+    tx.axis("off")
+    tx.set_title("block tables (logical → physical)", fontsize=9, loc="left")
+    y, dy = 0.97, min(0.09, 0.9 / n_lines)
+    for s in frame.seqs:
+        fill = s.num_tokens - (len(s.blocks) - 1) * frame.block_size if s.blocks else 0
+        shared = [b for b in s.blocks if frame.ref_counts[b] > 1]
+        table = ", ".join(f"[{b}]" if b in shared else str(b) for b in s.blocks)
+        tx.text(0.0, y, f"{s.request_id}·s{s.sample}", color=colors.get(s.request_id, "#333333"), fontsize=9,
+                weight="bold", va="top", family="monospace")
+        tx.text(0.16, y, f"{table}   ({s.num_tokens} tok, last {fill}/{frame.block_size})", fontsize=8.5, va="top",
+                family="monospace")
+        y -= dy
+    if not frame.seqs:
+        tx.text(0.0, y, "(no live sequences)", fontsize=9, va="top", color="#777777")
+    tx.text(0.0, 0.0, "[b] = physical block shared with another block table", fontsize=7.5, color="#555555",
+            va="bottom")
+    used = sum(1 for c in frame.ref_counts if c)
+    head = title or (f"step {frame.step}: {frame.kind}" if frame.step >= 0 else "requests added, before step 0")
+    extra = []
+    if frame.num_copies:
+        extra.append(f"copy-on-write: {frame.num_copies} block(s) copied")
+    if frame.new_requests:
+        extra.append("added " + ", ".join(frame.new_requests))
+    if frame.finished:
+        extra.append("finished " + ", ".join(frame.finished))
+    fig.suptitle(f"{head}   |   {used}/{frame.num_blocks} blocks used" + ("   |   " + "; ".join(extra) if extra else ""),
+                 x=0.01, ha="left", fontsize=10.5, weight="bold")
+    return fig
+
+
+def frame_png(frame: Frame, colors: dict[str, str] | None = None, **kw) -> bytes:
+    """One frame as PNG bytes (the figure is closed afterwards)."""
+    fig = draw_frame(frame, colors, **kw)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def save_gif(frames: list[Frame], path, duration_ms: int = 800) -> str:
+    """All frames as an animated GIF (for headless runs and the results folder)."""
+    from PIL import Image
+
+    colors = request_colors(frames)
+    images = [Image.open(io.BytesIO(frame_png(f, colors))).convert("RGB") for f in frames]
+    size = (max(i.width for i in images), max(i.height for i in images))
+    images = [i if i.size == size else _pad(i, size) for i in images]
+    images[0].save(path, save_all=True, append_images=images[1:], duration=duration_ms, loop=0, optimize=True)
+    return str(path)
+
+
+def _pad(img, size):
+    from PIL import Image
+
+    out = Image.new("RGB", size, "white")
+    out.paste(img, (0, 0))
+    return out
+
+
+class BlockPoolView:
+    """An ipywidgets view of a trace: play button + step slider over the frames, the frame's image, and a caption.
+
+    ``view.widget`` is the ipywidgets box (display it in JupyterLab); ``view.show(i)`` moves to frame ``i``."""
+
+    def __init__(self, frames: list[Frame], interval_ms: int = 900) -> None:
+        import ipywidgets as w
+
+        if not frames:
+            raise ValueError("a trace needs at least one frame")
+        self.frames = frames
+        self.colors = request_colors(frames)
+        self._png = lru_cache(maxsize=None)(lambda i: frame_png(self.frames[i], self.colors))
+        n = len(frames) - 1
+        self.play = w.Play(value=0, min=0, max=n, step=1, interval=interval_ms, description="play")
+        self.slider = w.IntSlider(value=0, min=0, max=n, step=1, description="frame",
+                                  layout=w.Layout(width="520px"))
+        w.jslink((self.play, "value"), (self.slider, "value"))
+        self.image = w.Image(value=self._png(0), format="png", layout=w.Layout(max_width="100%"))
+        self.caption = w.HTML(value=self._caption(0))
+        self.slider.observe(lambda change: self.show(change["new"]), names="value")
+        legend = w.HTML(value=self._legend())
+        self.widget = w.VBox([w.HBox([self.play, self.slider]), self.caption, self.image, legend])
+
+    def show(self, i: int) -> None:
+        self.image.value = self._png(i)
+        self.caption.value = self._caption(i)
+        if self.slider.value != i:
+            self.slider.value = i
+
+    def _caption(self, i: int) -> str:
+        f = self.frames[i]
+        what = f"step {f.step} ({f.kind})" if f.step >= 0 else "before the first step"
+        return (f"<b>frame {i}/{len(self.frames) - 1}</b>: {what}; {len(f.seqs)} live sequences, "
+                f"{sum(1 for c in f.ref_counts if c)} of {f.num_blocks} blocks used"
+                + (f"; <b>copy-on-write</b> copied {f.num_copies} block(s)" if f.num_copies else ""))
+
+    def _legend(self) -> str:
+        items = [(c, r) for r, c in self.colors.items()] + [(SHARED_COLOR, "shared by several requests"),
+                                                            (PINNED_COLOR, "pinned prefix (manager only)"),
+                                                            (CACHED_COLOR, "free, cached K/V")]
+        return " ".join(f'<span style="background:{c};padding:1px 8px;margin-right:2px;border:1px solid #444">'
+                        f'</span>{r}&nbsp;&nbsp;' for c, r in items)
+
+    def _ipython_display_(self):  # noqa: D401 - IPython hook
+        from IPython.display import display
+
+        display(self.widget)
+
+
+# ---------------------------------------------------------------------------------------- the tour's run
+TOUR_PREFIX = 'import os\nimport sys\n\n\ndef read_config(path):\n    """Read a configuration file."""\n'
+TOUR_SUFFIXES = {"A": "    with open(path) as f:\n", "B": "    if not os.path.exists(path):\n",
+                 "C": "    result = {}\n"}
+
+
+def tour_requests(tokenizer, max_tokens: int = 14, seed: int = 0) -> tuple[dict[int, list[tuple]], int]:
+    """The tour's workload: three requests that share a marked prefix (the paper's §4.4 mode), A greedy (n=1),
+    B with n=2 samples and C with n=4 (§4.4 parallel sampling); C arrives three steps later, after the prefix is
+    cached. Returns ``arrivals`` for ``record_trace`` and the prefix length in tokens."""
+    from pagedattn.sequence import SamplingParams
+
+    prefix = list(tokenizer(TOUR_PREFIX)["input_ids"])
+    ids = {r: prefix + list(tokenizer(s, add_special_tokens=False)["input_ids"]) for r, s in TOUR_SUFFIXES.items()}
+    sp = {"A": SamplingParams(temperature=0, max_tokens=max_tokens),
+          "B": SamplingParams(n=2, temperature=0.8, top_k=20, seed=seed, max_tokens=max_tokens),
+          "C": SamplingParams(n=4, temperature=0.8, top_k=20, seed=seed + 1, max_tokens=max_tokens)}
+    p = len(prefix)
+    return {0: [("A", ids["A"], sp["A"], None, p), ("B", ids["B"], sp["B"], None, p)],
+            3: [("C", ids["C"], sp["C"], None, p)]}, p
+
+
+def tour_engine(model, tokenizer, block_size: int = 8, num_gpu_blocks: int = 40):
+    """A small engine for the live view: block size 8 (more, smaller blocks to look at than the default 16)."""
+    from pagedattn.engine import LLMEngine
+
+    return LLMEngine(model, tokenizer, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                     num_cpu_blocks=num_gpu_blocks, preemption_mode="swap", watermark=0.0)
