@@ -1,6 +1,7 @@
 """Generated tokens/s of our engine vs Hugging Face ``generate()`` and HF continuous batching, side by side.
 
-All three run the same random-weight tiny Llama (GQA) on the same prompts with greedy decoding of exactly
+All three run the same random-weight tiny Llama (GQA) on the same prompts (random tokens; lengths from the
+ShareGPT-like trace of pagedattn.workloads, 4-256 tokens, by default) with greedy decoding of exactly
 ``--output-len`` tokens per prompt (EOS ignored), at each batch size: our ``LLM`` with ``max_num_seqs = batch``;
 HF ``generate()`` on one left-padded static batch (its contiguous KV cache); HF's own continuous batching
 (``model.generate_batch`` with a ``ContinuousBatchingConfig`` sized like our KV pool). Every system is timed
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -35,9 +37,19 @@ def make_model():
     return LlamaForCausalLM(LlamaConfig(**MODEL)).eval()
 
 
-def make_prompts(n: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
+def make_prompts(n: int, min_len: int, max_len: int, seed: int = 0, dist: str = "sharegpt") -> list[list[int]]:
+    """``n`` random-token prompts whose lengths follow the ShareGPT-like trace (the paper's main workload, §6.1),
+    kept within ``[min_len, max_len]``, or are uniform in that range (``dist="uniform"``)."""
     g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(min_len, max_len + 1, (n,), generator=g).tolist()
+    if dist == "uniform":
+        lens = torch.randint(min_len, max_len + 1, (n,), generator=g).tolist()
+    else:
+        from pagedattn.workloads import sample_lengths
+
+        pool, _ = sample_lengths(dist, 20 * n + 100, seed=seed)
+        lens = [int(x) for x in pool if min_len <= x <= max_len][:n]
+        if len(lens) < n:
+            raise ValueError(f"too few {dist} prompt lengths in [{min_len}, {max_len}]")
     return [torch.randint(3, MODEL["vocab_size"], (k,), generator=g).tolist() for k in lens]
 
 
@@ -109,7 +121,9 @@ def run_hf_cb(hf, prompts, out_len: int) -> tuple[Timer, int]:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 64])
-    ap.add_argument("--prompt-len", type=int, nargs=2, default=[16, 128], metavar=("MIN", "MAX"))
+    ap.add_argument("--prompt-dist", default="sharegpt", choices=["sharegpt", "alpaca", "uniform"],
+                    help="prompt-length distribution (pagedattn.workloads), kept within --prompt-len")
+    ap.add_argument("--prompt-len", type=int, nargs=2, default=[4, 256], metavar=("MIN", "MAX"))
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1,
@@ -123,10 +137,11 @@ def main(argv=None) -> dict:
     if a.quick:
         a.batch_sizes, a.output_len, a.repeats = [8, 16], 16, 1
     torch.set_num_threads(a.threads)
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     hf = make_model()
     rows = []
     for batch in a.batch_sizes:
-        prompts = make_prompts(batch, *a.prompt_len, seed=batch)
+        prompts = make_prompts(batch, *a.prompt_len, seed=batch, dist=a.prompt_dist)
         llm = LLM(hf, max_num_seqs=batch)
         warm = prompts[: min(4, batch)]
         run_ours(llm, warm, 4)
@@ -162,7 +177,9 @@ def main(argv=None) -> dict:
         counts = {"ours": n_tokens, "hf_generate": n_tokens, "hf_continuous_batching": cb_tokens}
         tps = {k: (counts[k] / wall[k] if wall[k] < float("inf") else None) for k in systems}
         tpc = {k: (counts[k] / cpu[k] if cpu[k] < float("inf") else None) for k in systems}
+        plens = [len(p) for p in prompts]
         row = {"batch_size": batch, "num_prompts": batch, "generated_tokens": n_tokens,
+               "prompt_len": {"mean": sum(plens) / batch, "min": min(plens), "max": max(plens)},
                "tokens_per_s": tps, "tokens_per_cpu_s": tpc,
                "seconds": {k: (v if v < float("inf") else None) for k, v in wall.items()},
                "hf_continuous_batching_error": cb_error,
@@ -192,7 +209,8 @@ def main(argv=None) -> dict:
                "torch": torch.__version__, "transformers": transformers.__version__,
                "torch_threads": torch.get_num_threads(),
                "model": {"arch": "LlamaForCausalLM (random weights)", "dtype": "float32", **MODEL},
-               "workload": {"prompt_len": a.prompt_len, "output_len": a.output_len, "decoding": "greedy, ignore_eos",
+               "workload": {"prompt_dist": a.prompt_dist, "prompt_len_bounds": a.prompt_len,
+                            "output_len": a.output_len, "decoding": "greedy, ignore_eos",
                             "repeats": a.repeats,
                             "timing": "best of repeats, systems interleaved; tokens_per_s is wall clock, "
                                       "tokens_per_cpu_s divides by the process CPU time (all threads)"},
@@ -200,6 +218,10 @@ def main(argv=None) -> dict:
                "hf_continuous_batching_config": {"page_size": 64, "max_batch_tokens": 2048,
                                                  "num_blocks": "batch * ceil(max_total_len / 64) + 4",
                                                  "max_requests_per_batch": "= batch size"},
+               "load_average_1min": {"before": load_before,
+                                     "after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+                                     "note": "other processes share the CPU; ratios interleaved within a run are "
+                                             "comparable, absolute tokens/s across runs are not"},
                "batch_sizes": a.batch_sizes, "rows": rows}
     out = a.out or (None if a.quick else REPO_ROOT / "results" / "benchmarks" / "engine_vs_hf.json")
     if out:
