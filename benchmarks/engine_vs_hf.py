@@ -194,14 +194,13 @@ def main(argv=None) -> dict:
         rows.append(row)
         cb = tps["hf_continuous_batching"]
         sp_ = row["speedup"]
+        ratio = lambda x: "n/a" if x is None else f"{x:.2f}x"  # noqa: E731
         print(f"batch {batch:3d}: ours {tps['ours']:8.1f} tok/s | HF generate {tps['hf_generate']:8.1f} tok/s | "
-              f"HF continuous batching {cb if cb is None else round(cb, 1)} tok/s | "
-              f"speedup {row['speedup']['vs_hf_generate']:.2f}x / "
-              f"{row['speedup']['vs_hf_continuous_batching'] and round(row['speedup']['vs_hf_continuous_batching'], 2)}x"
-              f" | overhead outside forward {100 * stats['overhead_share']:.1f}% "
-              f"(decode {100 * stats['overhead_share_decode']:.1f}%) | tokens equal HF: "
-              f"{100 * row['tokens_equal_hf_generate']:.0f}% | per CPU-second: {sp_['cpu_time_vs_hf_generate']:.2f}x / "
-              f"{sp_['cpu_time_vs_hf_continuous_batching'] and round(sp_['cpu_time_vs_hf_continuous_batching'], 2)}x",
+              f"HF continuous batching {'n/a' if cb is None else f'{cb:.1f}'} tok/s | speedup "
+              f"{ratio(sp_['vs_hf_generate'])} / {ratio(sp_['vs_hf_continuous_batching'])} | overhead outside "
+              f"forward {100 * stats['overhead_share']:.1f}% (decode {100 * stats['overhead_share_decode']:.1f}%) | "
+              f"tokens equal HF: {100 * row['tokens_equal_hf_generate']:.0f}% | per CPU-second: "
+              f"{ratio(sp_['cpu_time_vs_hf_generate'])} / {ratio(sp_['cpu_time_vs_hf_continuous_batching'])}",
               flush=True)
     import transformers
 

@@ -73,7 +73,8 @@ def load_model(path_or_hf_model, dtype=None, device: str | torch.device = "cpu")
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = [k for k in missing if not (tied and k == "lm_head.weight")]
     if missing or unexpected:
-        raise ValueError(f"checkpoint does not match {cls.__name__}: missing {missing[:8]}, unexpected {unexpected[:8]}")
+        raise ValueError(f"checkpoint does not match {cls.__name__}: missing {missing[:8]}, "
+                         f"unexpected {unexpected[:8]}")
     if tied:
         model.tie_weights()
     return model.to(device=device, dtype=dtype).eval()
