@@ -312,3 +312,27 @@ def test_triton_backend_matches(llama_and_ref):
     sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     assert tokens(llm.generate(PROMPTS[:3], sp, use_tqdm=False)) == [r[:4] for r in ref[:3]]
     assert_all_blocks_free(llm.engine)
+
+
+def test_committed_opt_stdlib_checkpoint_with_its_tokenizer():
+    """The small OPT trained here (models/opt-stdlib, fp16 safetensors + tokenizer) loads by path, runs in fp32 on the
+    CPU, takes text prompts, and matches HF greedy decoding (EOS on)."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    path = Path(__file__).resolve().parents[1] / "models" / "opt-stdlib"
+    if not (path / "model.safetensors").exists():
+        pytest.skip("models/opt-stdlib is not present")
+    llm = LLM(str(path))
+    assert llm.engine.dtype == torch.float32 and llm.engine.tokenizer is not None
+    prompts = ["def __init__(self", "import os\n"]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    for o in outs:
+        ids = torch.tensor([o.prompt_token_ids])
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+                          pad_token_id=hf.config.pad_token_id)[0, ids.shape[1]:].tolist()
+        assert o.outputs[0].token_ids == ref
+        assert o.outputs[0].text == llm.engine.tokenizer.decode(ref, skip_special_tokens=True)
+    assert_all_blocks_free(llm.engine)

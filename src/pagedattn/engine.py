@@ -14,12 +14,13 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Iterable
 
 import torch
 from torch import nn
 
-from pagedattn import kernels
+from pagedattn import beam_search, kernels
 from pagedattn.config import SchedulerConfig
 from pagedattn.executor import ModelRunner, cache_layout
 from pagedattn.memory.block_manager import AllocStatus, BlockManager
@@ -33,7 +34,7 @@ from pagedattn.sequence import CompletionOutput, RequestOutput, SamplingParams, 
 @dataclass
 class EngineArgs:
     """Engine configuration (vLLM's names). ``num_gpu_blocks=None`` sizes the device pool from ``kv_cache_memory``
-    bytes (default: 90 % of free GPU memory on CUDA, 256 MiB on the CPU), capped at ``max_num_seqs`` full-length
+    bytes (default: 80 % of free GPU memory on CUDA, 256 MiB on the CPU), capped at ``max_num_seqs`` full-length
     sequences. ``num_cpu_blocks=None`` gives swap mode as many CPU blocks as device blocks (recompute: none)."""
 
     block_size: int = 16
@@ -102,11 +103,12 @@ class LLMEngine:
             self.model = model
             device = next(self.model.parameters()).device
         else:
-            if isinstance(model, str) and tokenizer is None:
-                tokenizer = _try_tokenizer(model)
+            is_path = isinstance(model, (str, Path))
+            if is_path and tokenizer is None:
+                tokenizer = _try_tokenizer(str(model))
             dtype = args.dtype
-            if dtype is None and not isinstance(model, str):
-                dtype = next(model.parameters()).dtype
+            if dtype is None:  # a model object keeps its dtype; a checkpoint runs in fp32 on the CPU
+                dtype = (torch.float32 if device.type == "cpu" else None) if is_path else next(model.parameters()).dtype
             self.model = load_model(model, dtype, device)
         self.tokenizer = tokenizer
         self.device = device
@@ -144,7 +146,7 @@ class LLMEngine:
         if blocks is None:
             budget = args.kv_cache_memory
             if budget is None:
-                budget = int(0.9 * torch.cuda.mem_get_info(self.device)[0]) if self.device.type == "cuda" else 256 << 20
+                budget = int(0.8 * torch.cuda.mem_get_info(self.device)[0]) if self.device.type == "cuda" else 256 << 20
             cap = args.max_num_seqs * -(-self.max_model_len // args.block_size)
             blocks = max(1, min(budget // block_bytes, cap))
         cpu = args.num_cpu_blocks
@@ -174,6 +176,8 @@ class LLMEngine:
         seqs = [Sequence(next(self._seq_ids), token_ids) for _ in range(params.num_seqs)]
         group = SequenceGroup(request_id, seqs, params, self.now() if arrival_time is None else arrival_time, text)
         group.prefix_len = max(0, min(int(prefix_len), len(token_ids)))
+        if params.use_beam_search:
+            beam_search.init_group(group, self.eos_token_ids, self.max_model_len)
         if self.kv.can_allocate(group) is AllocStatus.NEVER:
             raise ValueError(self.scheduler._never_message(group))
         self.requests[request_id] = group
@@ -194,8 +198,6 @@ class LLMEngine:
             raise ValueError("empty prompt: a request needs at least 1 prompt token")
         if params.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
-        if params.use_beam_search:
-            raise ValueError("beam search is not supported by this engine yet (use n/best_of parallel sampling)")
         if len(token_ids) > self.max_model_len:
             raise ValueError(f"prompt of {len(token_ids)} tokens exceeds the model maximum "
                              f"max_model_len={self.max_model_len}")
@@ -205,6 +207,8 @@ class LLMEngine:
         bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
         if bad:
             raise ValueError(f"stop token id {bad[0]} is outside the vocabulary (vocab_size={self.vocab_size})")
+        if params.use_beam_search:  # its k beams must fit in the pool together, even alone (§4.4)
+            beam_search.check_fits(self.kv, len(token_ids), params, self.max_model_len)
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Stop requests wherever they are (waiting, running or swapped) and free their blocks."""
@@ -239,10 +243,15 @@ class LLMEngine:
             logits = logits[torch.tensor(inp.logits_rows, device=logits.device)]
         # log-probabilities only rank the samples of n > 1 / best_of requests; greedy n = 1 skips them
         want_logprobs = any(len(g.seqs) > 1 for g in out.scheduled_groups)
+        rows = inp.rows
+        if any(beam_search.is_beam_group(g) for _, g in rows):  # beam groups pick their tokens together (§4.4)
+            beam_search.step_groups(self, logits, rows)
+            keep = [i for i, (_, g) in enumerate(rows) if not beam_search.is_beam_group(g)]
+            rows, logits = [rows[i] for i in keep], logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
         tokens, logprobs = sample(logits, [SamplingRow(g.sampling_params, self.generators[g.request_id])
-                                           for _, g in inp.rows], want_logprobs)
+                                           for _, g in rows], want_logprobs) if rows else ([], None)
         now = self.now()
-        for (s, g), tok, lp in zip(inp.rows, tokens, logprobs or [0.0] * len(tokens)):
+        for (s, g), tok, lp in zip(rows, tokens, logprobs or [0.0] * len(tokens)):
             s.num_computed_tokens = s.get_len()
             s.append_token(tok, lp)
             reason = check_stop(s, g.sampling_params, self.eos_token_ids, self.max_model_len)
@@ -301,6 +310,9 @@ class LLMEngine:
         return self._output(g)
 
     def _output(self, g: SequenceGroup) -> RequestOutput:
+        if beam_search.is_beam_group(g):  # the best beams, best first
+            return RequestOutput(g.request_id, g.prompt, g.prompt_token_ids, beam_search.outputs(g, self.tokenizer),
+                                 g.is_finished(), g.metrics, g.error)
         seqs = g.seqs
         if g.is_finished() and len(seqs) > g.sampling_params.n:  # best_of: keep the n most likely
             seqs = sorted(seqs, key=lambda s: s.cumulative_logprob, reverse=True)[: g.sampling_params.n]
