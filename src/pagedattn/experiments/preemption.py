@@ -12,7 +12,8 @@ What this module measures:
 - **microbenchmarks on the CPU**: the executor's swap op (``ModelRunner.move_blocks``, i.e.
   ``kernels.get_backend("torch").swap_blocks`` over every layer's K and V cache) moving the same ``micro_tokens``
   tokens out to the CPU pool and back, at block sizes 1-256 (the block mapping is shuffled, as a real pool is), and
-  the recompute path: the engine's prefill step of the same number of tokens through the same model. On a CPU the
+  the recompute path: the engine's prefill step of the same number of tokens through the same model. Both are timed
+  in CPU time (fastest of repeated runs), so other processes on the shared machine do not count. On a CPU the
   "device" pool and the CPU pool are both in DRAM: a swap is a memcpy at DRAM bandwidth, not a PCIe transfer, and
   the torch swap gathers all blocks in one batched op instead of one ``cudaMemcpyAsync`` per block (vLLM v0), so
   small blocks cost little. Recomputation, on the other hand, runs on CPU FLOPs. Expect the paper's ratio inverted.
@@ -37,7 +38,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pagedattn.config import paper_slots
-from pagedattn.experiments.block_size import BLOCK_SIZES, engine_run, model_label, small_trace, tiny_opt
+from pagedattn.experiments.block_size import BLOCK_SIZES, CpuClock, engine_run, model_label, small_trace, tiny_opt
 from pagedattn.paper import FIG18B_BEST_BLOCK_SIZES, FIG19_RECOMPUTE_OVER_SWAP_MAX
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.scheduler import SchedulerOutputs
@@ -109,12 +110,14 @@ class Params:
 
 # ----------------------------------------------------------------------------------------- microbenchmarks (CPU)
 def _min_time(fn, reps: int) -> float:
+    """Fastest of ``reps`` runs after a warm-up, in seconds of this thread's CPU time (other processes on a shared
+    machine do not count)."""
     fn()  # warm-up (first touch of the destination pages)
     best = float("inf")
     for _ in range(reps):
-        t = time.perf_counter()
+        t = time.thread_time()
         fn()
-        best = min(best, time.perf_counter() - t)
+        best = min(best, time.thread_time() - t)
     return best
 
 
@@ -146,7 +149,8 @@ def micro_swap(hf, block_size: int, num_tokens: int, reps: int, seed: int = 0) -
 
 
 def micro_recompute(hf, num_tokens: int, reps: int, seed: int = 0) -> float:
-    """Milliseconds of the engine's prefill step for a ``num_tokens``-token sequence (what recomputation costs)."""
+    """Milliseconds (CPU time) of the engine's prefill step for a ``num_tokens``-token sequence: what recomputing
+    a preempted sequence of that length costs."""
     from pagedattn.engine import LLMEngine
     from pagedattn.sequence import SamplingParams
 
@@ -154,13 +158,14 @@ def micro_recompute(hf, num_tokens: int, reps: int, seed: int = 0) -> float:
     engine = LLMEngine(hf, block_size=16, num_gpu_blocks=-(-num_tokens // 16) + 4, attention_backend="torch")
     prompt = rng.integers(3, engine.vocab_size, num_tokens).tolist()
     sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    times = []
-    for i in range(reps + 1):  # the first run warms up
-        engine.add_request(f"r{i}", prompt, sp)
-        while engine.has_unfinished_requests():
-            engine.step()
-        times.append(engine.step_metrics[-1].step_time)
-    return 1e3 * min(times[1:])
+    i = iter(range(10**9))
+
+    def prefill():
+        engine.add_request(f"r{next(i)}", prompt, sp)
+        engine.step()  # one prefill step; max_tokens=1 finishes the request
+        assert not engine.has_unfinished_requests()
+
+    return 1e3 * _min_time(prefill, reps)
 
 
 def microbenchmarks(params: Params, progress: bool = True) -> tuple[pd.DataFrame, str]:
@@ -216,8 +221,9 @@ def sim_end_to_end(params: Params, progress: bool = True) -> pd.DataFrame:
 
 
 def engine_end_to_end(params: Params, progress: bool = True) -> tuple[pd.DataFrame, str]:
-    """Fig. 19b on the CPU: the real engine with a small pool, all requests at t = 0, each mode and block size;
-    greedy outputs are compared with a run whose pool is large enough that nothing is preempted."""
+    """Fig. 19b on the CPU: the real engine with a small pool, all requests at t = 0, each mode and block size,
+    latency in the engine's CPU time; greedy outputs are compared with a run whose pool is large enough that nothing
+    is preempted."""
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -229,12 +235,12 @@ def engine_end_to_end(params: Params, progress: bool = True) -> tuple[pd.DataFra
         rows = []
         jobs = [(bs, m) for bs in params.engine_block_sizes for m in MODES]
         for bs, mode in tqdm(jobs, desc="preemption (CPU engine)", disable=not progress, leave=False):
-            t = time.perf_counter()
+            t, clock = time.perf_counter(), CpuClock()
             reqs, engine = engine_run(hf, trace, bs, params.engine_slots, params.seed, preemption_mode=mode)
             m = engine.step_metrics_frame()
             rows.append({"scale": "CPU engine", "block_size": bs, "mode": mode,
                          "normalized_latency_s": float(reqs.normalized_latency_s.mean()),
-                         "wall_s": time.perf_counter() - t,
+                         "cpu_s": clock(), "wall_s": time.perf_counter() - t,
                          "preempted_by_swap": engine.scheduler.num_preemptions["swap"],
                          "preempted_by_recompute": engine.scheduler.num_preemptions["recompute"],
                          "blocks_swapped": int(m.num_blocks_swapped.sum()),
