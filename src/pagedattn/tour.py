@@ -77,17 +77,20 @@ class Frame:
         return counts
 
 
-def snapshot(engine, step: int, kind: str, num_copies: int = 0, new_requests=(), finished=()) -> Frame:
-    """Copy the engine's block-manager state into a ``Frame`` (paged ``BlockManager`` only)."""
-    kv = engine.kv
-    owner = {}
-    for g in engine.requests.values():
-        for i, s in enumerate(g.seqs):
-            owner[s.seq_id] = (g.request_id, i)
-    seqs = [SeqView(*owner[sid], sid, list(t.blocks), t.num_tokens) for sid, t in sorted(kv.tables.items())
-            if t.device == "gpu" and sid in owner]
+def frame_from_manager(kv, labels: dict[int, tuple[str, int]], step: int = -1, kind: str = "start",
+                       num_copies: int = 0, new_requests=(), finished=()) -> Frame:
+    """Copy a ``BlockManager``'s device-side state into a ``Frame``; ``labels`` maps seq id -> (request, sample)
+    (sequences without a label are shown under their seq id)."""
+    seqs = [SeqView(*labels.get(sid, (f"seq{sid}", 0)), sid, list(t.blocks), t.num_tokens)
+            for sid, t in sorted(kv.tables.items()) if t.device == "gpu"]
     return Frame(step, kind, seqs, list(kv.gpu.ref_counts), list(kv.pinned), sorted(kv.gpu.block_hash),
                  kv.block_size, num_copies, list(new_requests), list(finished))
+
+
+def snapshot(engine, step: int, kind: str, num_copies: int = 0, new_requests=(), finished=()) -> Frame:
+    """Copy the engine's block-manager state into a ``Frame`` (paged ``BlockManager`` only)."""
+    labels = {s.seq_id: (g.request_id, i) for g in engine.requests.values() for i, s in enumerate(g.seqs)}
+    return frame_from_manager(engine.kv, labels, step, kind, num_copies, new_requests, finished)
 
 
 def record_trace(engine, arrivals: dict[int, list[tuple]] | None = None, max_steps: int = 500) -> tuple[list[Frame], dict]:
@@ -189,7 +192,7 @@ def draw_frame(frame: Frame, colors: dict[str, str] | None = None, cols: int = 8
     tx.text(0.0, 0.0, "[b] = physical block shared with another block table", fontsize=7.5, color="#555555",
             va="bottom")
     used = sum(1 for c in frame.ref_counts if c)
-    head = title or (f"step {frame.step}: {frame.kind}" if frame.step >= 0 else "requests added, before step 0")
+    head = title or (f"step {frame.step}: {frame.kind}" if frame.step >= 0 else "before the first step")
     extra = []
     if frame.num_copies:
         extra.append(f"copy-on-write: {frame.num_copies} block(s) copied")
@@ -260,6 +263,8 @@ class BlockPoolView:
         self.caption.value = self._caption(i)
         if self.slider.value != i:
             self.slider.value = i
+        if self.play.value != i:  # the play button is linked to the slider in the browser; keep both in step
+            self.play.value = i
 
     def _caption(self, i: int) -> str:
         f = self.frames[i]
@@ -282,6 +287,11 @@ class BlockPoolView:
 
 
 # ---------------------------------------------------------------------------------------- the tour's run
+#: The paper's (§3) and the study note's KV sizes per token, for the tour's checks. (paper.py is the home of paper
+#: numbers; these belong there and are kept here only until it has them.)
+PAPER_KV_KB_PER_TOKEN = {"OPT-13B": 800, "LLaMA-2-70B": 320, "LLaMA-7B": 512}
+PAPER_OPT13B_2048_GB = 1.6
+
 TOUR_PREFIX = 'import os\nimport sys\n\n\ndef read_config(path):\n    """Read a configuration file."""\n'
 TOUR_SUFFIXES = {"A": "    with open(path) as f:\n", "B": "    if not os.path.exists(path):\n",
                  "C": "    result = {}\n"}
