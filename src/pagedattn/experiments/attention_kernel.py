@@ -191,19 +191,27 @@ def default_config(device: str, quick: bool) -> BenchConfig:
     return cfg
 
 
+def _cpu_clock(cfg: BenchConfig) -> Callable[[], float]:
+    """With one torch thread every op runs on the calling thread, so that thread's CPU time is the latency the
+    computation would have on an idle core, and time spent descheduled by other processes on a shared machine is
+    left out; with more threads, wall time."""
+    return time.thread_time if cfg.threads == 1 else time.perf_counter
+
+
 def _time_interleaved(fns: dict[str, Callable[[], object]], cfg: BenchConfig) -> dict[str, float]:
     """CPU timing: run the paths round-robin (so load from other processes hits all of them alike) and keep each
     path's *fastest* run in ms: on a shared machine the minimum is the run least disturbed by other processes
     (medians moved by 2-4x between identical configurations in our first runs on 2 shared cores)."""
+    clock = _cpu_clock(cfg)
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
     t_start = time.perf_counter()
     while True:
         for k, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
-            times[k].append(time.perf_counter() - t0)
+            times[k].append(clock() - t0)
         n = len(next(iter(times.values())))
         spent = time.perf_counter() - t_start
         if n >= cfg.max_reps or (n >= cfg.min_reps and spent >= cfg.budget_s * len(fns)):
@@ -300,7 +308,8 @@ def benchmark(quick: bool = False, device: Optional[str] = None, cfg: Optional[B
                    "contig_layout": "same torch reference, identity block table",
                    "sdpa": "torch SDPA on contiguous K/V", "ratio": "paged / sdpa"}),
         "timing": ("triton.testing.do_bench, median ms, L2 flushed between reps" if on_gpu else
-                   "perf_counter, paths interleaved, minimum ms over reps (shared CPU)"),
+                   f"{'thread CPU time (1 torch thread)' if cfg.threads == 1 else 'wall time'}, paths interleaved, "
+                   "minimum ms over reps (shared CPU)"),
         "note": ("GPU: Triton kernels timed with triton.testing.do_bench (median, L2 flushed)." if on_gpu else
                  "No GPU: the torch paths were timed on the CPU (torch reference paged vs torch SDPA on contiguous "
                  "K/V), not the Triton kernel; this is not the paper's GPU kernel comparison, and the GPU targets "
