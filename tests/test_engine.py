@@ -213,8 +213,9 @@ def test_bad_requests_are_isolated(llama_and_ref):
     for name, (p, sp, words) in bad.items():
         with pytest.raises(ValueError, match=words):
             engine.add_request(name, p, sp if isinstance(sp, SamplingParams) else SamplingParams(**sp))
-    with pytest.raises(ValueError, match="beam search"):
-        engine.add_request("beam", [5], SamplingParams(use_beam_search=True, beam_width=2, temperature=0))
+    with pytest.raises(ValueError, match="beam search .* num_gpu_blocks=20"):  # 8 beams x 17 blocks never fit
+        engine.add_request("beam", [5], SamplingParams(use_beam_search=True, beam_width=8, temperature=0,
+                                                       max_tokens=64))
     with pytest.raises(ValueError, match="tokenizer"):
         engine.add_request("text", "hello", GREEDY)
     engine.add_request("dup", [5], GREEDY)

@@ -55,6 +55,8 @@ class SamplingParams:
                 raise ValueError(f"beam search is deterministic: temperature must be 0, got {self.temperature}")
             if self.top_p < 1 or self.top_k != -1:
                 raise ValueError("beam search does not take top_p < 1 or top_k filters")
+            if self.n > width:
+                raise ValueError(f"beam search returns at most beam_width={width} beams, got n={self.n}")
             self.beam_width = width
 
     @property
