@@ -1,0 +1,155 @@
+"""Copy-on-write sharing (paper §4.4): fork, the one block copy of a divergent append, attention over shared and
+copied blocks equal to a recomputation from scratch, all blocks back after runs with sharing, reproducible parallel
+sampling, and clear errors for bad sharing requests."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from pagedattn import kernels
+from pagedattn.engine import LLM
+from pagedattn.memory import BlockManager
+from pagedattn.sequence import SamplingParams
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def hf():
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                        initializer_range=0.2)).eval()
+
+
+def assert_pool_full(kv: BlockManager) -> None:
+    kv.check_invariants()
+    assert kv.num_free_gpu_blocks == kv.num_gpu_blocks and all(c == 0 for c in kv.gpu.ref_counts)
+    assert kv.cpu.num_free == kv.cpu.num_blocks and not kv.tables
+
+
+def attention_from_scratch(q, k, v, scale):
+    """Plain softmax attention of one query ``[heads, dim]`` over ``[ctx, kv_heads, dim]`` (GQA by repetition)."""
+    rep = q.shape[0] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    w = torch.softmax(torch.einsum("hd,thd->ht", q, k) * scale, dim=-1)
+    return torch.einsum("ht,thd->hd", w, v)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_fork_then_divergent_appends_copy_exactly_one_block(backend):
+    if backend == "triton":
+        pytest.importorskip("triton")
+    ops = kernels.get_backend(backend)
+    dtype = torch.float64 if backend == "torch" else torch.float32
+    bs, heads, kv_heads, dim, prompt = 4, 4, 2, 8, 7  # 7 tokens: one full block, one partly filled (3 of 4)
+    kv = BlockManager(bs, 12)
+    g = torch.Generator().manual_seed(0)
+    shape = (12, bs, kv_heads, dim)
+    kc, vc = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+    k0, v0 = (torch.randn(prompt, kv_heads, dim, generator=g, dtype=dtype) for _ in range(2))
+    kv.allocate(0, prompt)
+    ops.reshape_and_cache(k0, v0, kc, vc, torch.tensor(kv.slot_mapping(0, 0, prompt)))
+    kv.fork(0, 1)  # the child shares both blocks: reference counts 2, nothing copied
+    assert kv.block_table(1) == kv.block_table(0) and kv.num_used_gpu_blocks == 2
+    parent_k, parent_v = kc.clone(), vc.clone()
+    copies = [c for c in (kv.append_slot(0), kv.append_slot(1)) if c is not None]
+    assert len(copies) == 1  # exactly one copy-on-write: the first writer copies, the last writes in place
+    src, dst = copies[0]
+    assert src == kv.block_table(1)[-1] and dst == kv.block_table(0)[-1] and dst != src
+    assert kv.block_table(0)[0] == kv.block_table(1)[0] and kv.gpu.ref_counts[kv.block_table(0)[0]] == 2
+    ops.copy_blocks([kc], [vc], torch.tensor([[src, dst]]))  # the step's batched copy
+    assert torch.equal(kc[[src]], parent_k[[src]]) and torch.equal(vc[[src]], parent_v[[src]])
+    # each child writes its own token at position 7 and attends over 8 tokens
+    new = {s: [torch.randn(1, kv_heads, dim, generator=g, dtype=dtype) for _ in range(2)] for s in (0, 1)}
+    for s, (k, v) in new.items():
+        ops.reshape_and_cache(k, v, kc, vc, torch.tensor([kv.slot(s, prompt)]))
+    # the parent's K/V (the 7 prompt tokens) are unchanged in both children's views
+    for s in (0, 1):
+        slots = torch.tensor(kv.slot_mapping(s, 0, prompt))
+        assert torch.equal(kc.view(-1, kv_heads, dim)[slots], k0)
+        assert torch.equal(vc.view(-1, kv_heads, dim)[slots], v0)
+    q = torch.randn(2, heads, dim, generator=g, dtype=dtype)
+    tables = torch.tensor([kv.block_table(0), kv.block_table(1)], dtype=torch.int32)
+    out = ops.paged_attention(q, kc, vc, tables, torch.tensor([prompt + 1] * 2, dtype=torch.int32), dim ** -0.5)
+    for i, s in enumerate((0, 1)):
+        ref = attention_from_scratch(q[i], torch.cat([k0, new[s][0]]), torch.cat([v0, new[s][1]]), dim ** -0.5)
+        torch.testing.assert_close(out[i], ref, rtol=1e-5, atol=1e-5)
+    kv.check_invariants()
+    kv.free(0)
+    kv.free(1)
+    assert_pool_full(kv)
+
+
+def test_parallel_samples_have_correct_kv_after_copy_on_write(hf):
+    """End to end: every sample's log-probability (computed by the engine over shared + copied blocks) equals HF's
+    teacher-forced log-probability of the same tokens, recomputed from scratch."""
+    llm = LLM(hf, block_size=4)
+    prompt = list(range(10, 23))  # 13 tokens: the last prompt block is shared and partly filled
+    out = llm.generate([prompt], SamplingParams(n=4, temperature=1.0, seed=5, max_tokens=9, ignore_eos=True),
+                       use_tqdm=False)[0]
+    assert any(m.num_blocks_copied for m in llm.engine.step_metrics)
+    for o in out.outputs:
+        ids = torch.tensor([prompt + o.token_ids])
+        with torch.no_grad():
+            lp = torch.log_softmax(hf(ids).logits[0, len(prompt) - 1:-1].float(), dim=-1)
+        ref = lp.gather(-1, torch.tensor(o.token_ids)[:, None]).sum().item()
+        assert o.cumulative_logprob == pytest.approx(ref, abs=1e-3)
+    assert_pool_full(llm.engine.kv)
+
+
+def test_sharing_saves_blocks_and_returns_every_block(hf):
+    llm = LLM(hf, block_size=4)
+    e = llm.engine
+    prompts = [list(range(3, 3 + n)) for n in (5, 17, 30)]
+    for i, p in enumerate(prompts):
+        e.add_request(f"p{i}", p, SamplingParams(n=3, temperature=1.0, seed=i, max_tokens=8, ignore_eos=True))
+        e.add_request(f"b{i}", p, SamplingParams(use_beam_search=True, beam_width=3, temperature=0, max_tokens=8))
+    saving = []
+    while e.has_unfinished_requests():
+        e.step()
+        e.kv.check_invariants()
+        if e.kv.tables:
+            saving.append(1 - e.kv.num_used_gpu_blocks / e.kv.num_logical_blocks())
+    assert min(saving) > 0  # physical < logical at every step while groups run
+    assert_pool_full(e.kv)
+
+
+def test_parallel_sampling_is_reproducible_and_diverse(hf):
+    sp = SamplingParams(n=4, temperature=1.0, seed=11, max_tokens=10, ignore_eos=True)
+    prompt = list(range(30, 41))
+    a = LLM(hf, block_size=4).generate([prompt], sp, use_tqdm=False)[0]
+    other = LLM(hf, block_size=16)  # another engine, block size and batch: same samples
+    b = other.generate([list(range(50, 60)), prompt], [SamplingParams(n=2, temperature=1.0, max_tokens=5), sp],
+                       use_tqdm=False)[1]
+    assert [o.token_ids for o in a.outputs] == [o.token_ids for o in b.outputs]
+    assert len({tuple(o.token_ids) for o in a.outputs}) > 1  # temperature 1: not all the same
+    assert_pool_full(other.engine.kv)
+
+
+def test_bad_sharing_requests_raise_clear_errors(hf):
+    with pytest.raises(ValueError, match="n must be"):
+        SamplingParams(n=0)
+    with pytest.raises(ValueError, match="beam_width >= 2"):
+        SamplingParams(use_beam_search=True, beam_width=1, temperature=0)
+    with pytest.raises(ValueError, match="temperature must be 0"):
+        SamplingParams(use_beam_search=True, beam_width=2, temperature=0.7)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(use_beam_search=True, beam_width=2, temperature=0, top_p=0.9)
+    with pytest.raises(ValueError, match="at most beam_width"):
+        SamplingParams(use_beam_search=True, beam_width=2, n=3, temperature=0)
+    llm = LLM(hf, block_size=4, num_gpu_blocks=16)
+    with pytest.raises(ValueError, match="beam search .*num_gpu_blocks=16"):  # 6 beams x 5 blocks > 16
+        llm.engine.add_request("b", list(range(3, 10)), SamplingParams(use_beam_search=True, beam_width=6,
+                                                                       temperature=0, max_tokens=12))
+    outs = llm.generate([list(range(3, 10))], SamplingParams(use_beam_search=True, beam_width=6, temperature=0,
+                                                             max_tokens=12), use_tqdm=False)
+    assert outs[0].error and "beam search" in outs[0].error  # LLM.generate isolates it as an error output
+    assert_pool_full(llm.engine.kv)
