@@ -157,6 +157,8 @@ def test_load_by_path_gives_same_tokens(tmp_path, llama_and_ref):
     while engine.has_unfinished_requests():
         out = engine.step()
     assert out[0].outputs[0].token_ids == ref[5]
+    assert_all_blocks_free(engine)
+    assert_all_blocks_free(llm.engine)
 
 
 # --------------------------------------------------------------------------------------- stop conditions
@@ -297,10 +299,12 @@ def test_text_prompts_with_a_tokenizer(llama_and_ref):
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="?")
     hf, _ = llama_and_ref
-    out = LLM(hf, tokenizer=tokenizer).generate(["Hello, paged world"], GREEDY, use_tqdm=False)[0]
+    llm = LLM(hf, tokenizer=tokenizer)
+    out = llm.generate(["Hello, paged world"], GREEDY, use_tqdm=False)[0]
     assert out.prompt == "Hello, paged world" and out.prompt_token_ids == [ord(c) for c in out.prompt]
     assert out.outputs[0].token_ids == hf_greedy(hf, out.prompt_token_ids)
     assert isinstance(out.outputs[0].text, str)
+    assert_all_blocks_free(llm.engine)
 
 
 def test_triton_backend_matches(llama_and_ref):
