@@ -168,5 +168,6 @@ def swap_blocks_ref(src_cache: Tensor, dst_cache: Tensor, block_mapping) -> None
         return
     src = mapping[:, 0].to(src_cache.device)
     dst = mapping[:, 1].to(dst_cache.device)
-    moved = src_cache[src].to(device=dst_cache.device, dtype=dst_cache.dtype, non_blocking=True)
+    # non_blocking only host-to-device: a device-to-host copy must finish before the CPU scatter reads it
+    moved = src_cache[src].to(device=dst_cache.device, dtype=dst_cache.dtype, non_blocking=dst_cache.is_cuda)
     dst_cache[dst] = moved
