@@ -171,6 +171,7 @@ def draw_frame(frame: Frame, colors: dict[str, str] | None = None, cols: int = 8
     ax.set_xlim(-0.05, cols)
     ax.set_ylim(-rows - 0.05, 0.05)
     ax.set_aspect("equal")
+    ax.set_anchor("NW")
     ax.axis("off")
     ax.set_title(f"physical block pool ({frame.num_blocks} blocks × {frame.block_size} tokens; ×n = reference count)",
                  fontsize=9, loc="left")
