@@ -11,8 +11,9 @@ Two scales, both sweeping block sizes 1-256 at a fixed Poisson request rate per 
 - **paper scale, simulated** (``sim.py``: the real scheduler and block manager, OPT-13B / A100-40GB, 15.7K token
   slots) at ShareGPT 1.8 req/s and Alpaca 50 req/s, near the knee where memory holds the batch back (``RATES``).
   The roofline's KV-read term gets a per-block-size multiplier ``kernel_overhead(bs) = g(bs) x p(bs) / p(16)``:
-  ``g`` is *measured*: the torch reference paged attention's time per context token at block size ``bs`` over its
-  time at block 16 (decode batches whose contexts are multiples of 256, so no block is partly filled); ``p`` is
+  ``g`` is *measured*: the torch reference paged attention is timed at every block size (decode batches whose
+  contexts are multiples of 256, so no block is partly filled), its time fitted as ``a x (1 + beta / bs)`` (a fixed
+  cost of ``beta`` token-equivalents per block), and ``g(bs) = (1 + beta / bs) / (1 + beta / 16)``; ``p`` is
   *computed from the trace*: tokens the kernel reads (whole blocks, including the last block's empty tail) over
   context tokens, over every decode step of every request. Block 16 keeps multiplier 1, the cost model's default.
 - **CPU, real engine**: a tiny random-weight OPT (``transformers.OPTConfig``, ``init_std=0.2``) served by our
@@ -87,14 +88,18 @@ class Params:
 
 
 # ------------------------------------------------------------------------------------------- kernel multiplier
-def time_round_robin(fns: dict, reps: int) -> dict:
+def time_round_robin(fns: dict, reps: int, seed: int = 0) -> dict:
     """Each function's fastest of ``reps`` runs in ms of this thread's CPU time (``time.thread_time``: other
-    processes on a shared machine do not count), the functions run round-robin after one warm-up each."""
+    processes on a shared machine do not count), the functions run round-robin, in a new random order each rep
+    (no position bias), after one warm-up each."""
     for fn in fns.values():
         fn()
     best = {k: float("inf") for k in fns}
+    rng = np.random.default_rng(seed)
+    keys = list(fns)
     for _ in range(reps):
-        for k, fn in fns.items():
+        for i in rng.permutation(len(keys)):
+            k, fn = keys[i], fns[keys[i]]
             t = time.thread_time()
             fn()
             best[k] = min(best[k], time.thread_time() - t)
@@ -102,7 +107,7 @@ def time_round_robin(fns: dict, reps: int) -> dict:
 
 
 def measure_kernel(block_sizes=BLOCK_SIZES, batch: int = 8, contexts=(256, 1024), rounds: int = 3,
-                   num_heads: int = 8, head_dim: int = 64, seed: int = 0, reps: int = 8) -> pd.DataFrame:
+                   num_heads: int = 8, head_dim: int = 64, seed: int = 0, reps: int = 6) -> pd.DataFrame:
     """Decode attention latency of the torch reference paged kernel (``kernels.get_backend("torch")``) per block
     size, on a shuffled block table, one thread, fp32, in CPU time (:func:`time_round_robin`). Every block size is timed
     round-robin and keeps its fastest run of the round; ``ratio_to_block16`` is the median over
@@ -123,7 +128,7 @@ def measure_kernel(block_sizes=BLOCK_SIZES, batch: int = 8, contexts=(256, 1024)
                                                            torch.float32, "cpu", seed, share=False)
                 fns[bs] = (lambda q=q, kc=kc, vc=vc, t=table, n=lens:
                            ops.paged_attention(q, kc, vc, t, n, head_dim ** -0.5))
-            per_round = [time_round_robin(fns, reps) for _ in range(rounds)]
+            per_round = [time_round_robin(fns, reps, seed + r) for r in range(rounds)]
             for bs in block_sizes:
                 ratios = [t[bs] / t[DEFAULT_BLOCK_SIZE] for t in per_round]
                 ms = min(t[bs] for t in per_round)
@@ -147,17 +152,38 @@ def padding_factor(trace: list[TraceRequest], block_size: int) -> float:
     return read / ctx
 
 
+def fit_per_block_cost(kernel: pd.DataFrame) -> float:
+    """Fit the kernel's time per context as ``a x (1 + beta / bs)``: ``a`` the cost of reading the tokens, ``beta``
+    the fixed cost of one block (its table lookup and set-up) in token-equivalents. Least squares of the fastest
+    time on ``1 / bs`` per context; ``beta`` is the mean of the contexts' ``slope / intercept``, at least 0 (a
+    negative fit means no measurable per-block cost). Fitting one parameter to all block sizes averages out the
+    noise that single ratios carry on a shared machine."""
+    betas = []
+    for _, d in kernel.groupby("context"):
+        slope, intercept = np.polyfit(1.0 / d.block_size.to_numpy(float), d.ms.to_numpy(float), 1)
+        betas.append(slope / intercept)
+    return max(0.0, float(np.mean(betas)))
+
+
+def g_model(block_size, beta: float):
+    """The fitted per-block cost relative to block 16: ``(1 + beta / bs) / (1 + beta / 16)``."""
+    return (1 + beta / np.asarray(block_size, float)) / (1 + beta / DEFAULT_BLOCK_SIZE)
+
+
 def kernel_multipliers(kernel: pd.DataFrame, traces: dict[str, list[TraceRequest]]) -> pd.DataFrame:
-    """``kernel_overhead(bs) = g(bs) x p(bs) / p(16)`` per trace: ``g`` the measured per-block cost (mean over the
-    measured contexts of time / time at block 16), ``p`` the trace's padding factor."""
-    g = kernel.groupby("block_size")["ratio_to_block16"].mean()
+    """``kernel_overhead(bs) = g(bs) x p(bs) / p(16)`` per trace: ``g`` the fitted per-block cost
+    (:func:`fit_per_block_cost`; the raw median ratios are kept as ``g_measured``), ``p`` the trace's padding
+    factor."""
+    g_raw = kernel.groupby("block_size")["ratio_to_block16"].mean()
+    beta = fit_per_block_cost(kernel)
     rows = []
     for w, trace in traces.items():
         p16 = padding_factor(trace, DEFAULT_BLOCK_SIZE)
-        for bs, gv in g.items():
+        for bs, gv in g_raw.items():
             p = padding_factor(trace, int(bs))
-            rows.append({"trace": w, "block_size": int(bs), "g_measured": float(gv), "padding_factor": p,
-                         "kernel_overhead": float(gv) * p / p16})
+            g = float(g_model(bs, beta))
+            rows.append({"trace": w, "block_size": int(bs), "g_measured": float(gv), "beta_tokens": beta,
+                         "g_fit": g, "padding_factor": p, "kernel_overhead": g * p / p16})
     return pd.DataFrame(rows)
 
 
@@ -334,7 +360,7 @@ def claims(best: dict[str, list[int]], best_memory_only: dict[str, list[int]], k
            engine_best: dict[str, list[int]], rates: dict | None = None,
            engine_worse: dict[str, list[int]] | None = None) -> list[Claim]:
     rates = rates or RATES
-    g = kernel.groupby("block_size")["ratio_to_block16"].mean()
+    beta = fit_per_block_cost(kernel)
     out = []
     for w in TRACES:
         paper, ours = FIG18B_BEST_BLOCK_SIZES[w], best.get(w, [])
@@ -342,8 +368,8 @@ def claims(best: dict[str, list[int]], best_memory_only: dict[str, list[int]], k
         extra = sorted(set(ours) - set(paper))
         missing = sorted(set(paper) - set(ours))
         note = (f"sim at paper scale, {rates[w]:g} req/s, within {BEST_WITHIN - 1:.0%} of the best "
-                f"normalized latency, kernel multiplier measured on the CPU (g(1)={g.get(1, float('nan')):.2f}, "
-                f"g(256)={g.get(256, float('nan')):.2f} x block 16). ")
+                f"normalized latency, kernel multiplier measured on the CPU (fitted per-block cost {beta:.2f} "
+                f"token-equivalents: g(1)={float(g_model(1, beta)):.2f}, g(256)={float(g_model(256, beta)):.2f} x block 16). ")
         if extra and min(extra) < DEFAULT_BLOCK_SIZE:
             note += (f"Small blocks {[b for b in extra if b < 16]} also do well: the CPU torch gather pays little per "
                      "block, unlike the paper's GPU kernel (less parallelism per block). ")
