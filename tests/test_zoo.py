@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -70,7 +71,10 @@ def test_committed_checkpoint_verifies_loads_and_generates(committed_dir):
     record = zoo.verify(committed_dir)
     assert record["eval"]["val_ppl"] * FULL_RATIO <= record["eval"]["unigram_val_ppl"], record["eval"]
     assert sum((committed_dir / f).stat().st_size for f in record["sha256"]) <= 20 * 2**20
-    model, tok = zoo.load_model("opt-stdlib")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, tok = zoo.load_model("opt-stdlib")
+    assert not [w for w in caught if "differs from zoo.py" in str(w.message)]  # the record matches zoo.py's config
     assert isinstance(model, OPTForCausalLM) and model.dtype == torch.float32
     ids = tok("def __init__(self", return_tensors="pt").input_ids
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,

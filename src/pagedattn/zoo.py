@@ -33,6 +33,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -66,11 +67,13 @@ class ZooConfig:
     val_one_in: int = 20        # a file goes to validation when sha256(path) % val_one_in == 0
     train_file_one_in: int = 1  # use every k-th training file (the quick variant trains on a subset)
     seed: int = 0
+    threads: int | None = None  # torch threads while training (None: torch's default, 2 for the committed model);
+                                # 1 is fastest on a busy shared CPU, where 2 threads on 2 cores oversubscribe
 
 
 KNOWN_MODELS: dict[str, ZooConfig] = {"opt-stdlib": ZooConfig(name="opt-stdlib")}
 QUICK_OVERRIDES = dict(num_layers=2, hidden=128, heads=4, ffn=512, vocab_size=2048, steps=220, lr=3e-3, warmup=20,
-                       train_file_one_in=3)
+                       train_file_one_in=3, threads=1)
 
 
 class CheckpointError(ValueError):
@@ -191,13 +194,23 @@ def train(name: str = "opt-stdlib", quick: bool = False, root: str | Path | None
     Writes into a temporary folder beside the target and renames it at the end, so an interrupted run never
     leaves a folder that looks complete. Overwrites an existing model folder of the same name.
     """
+    cfg = get_config(name, quick)
+    out = model_path(name, quick, root)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads or threads)
+    try:
+        return _train(cfg, out, stdlib, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(cfg: ZooConfig, out: Path, stdlib: str | Path | None, progress: bool) -> Path:
     from tqdm.auto import tqdm
     from transformers import OPTForCausalLM
 
+    import tokenizers
     import transformers
 
-    cfg = get_config(name, quick)
-    out = model_path(name, quick, root)
     t0, cpu0 = time.time(), time.process_time()
     torch.manual_seed(cfg.seed)
 
@@ -269,7 +282,7 @@ def train(name: str = "opt-stdlib", quick: bool = False, root: str | Path | None
                  "how": f"fp16-stored weights run in fp32; non-overlapping {cfg.seq_len}-token windows over the "
                         "validation files; unigram: add-one smoothed, fit on the train tokens"},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "tokenizers": __import__("tokenizers").__version__, "python": sys.version.split()[0]},
+                     "tokenizers": tokenizers.__version__, "python": sys.version.split()[0]},
         "sha256": {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()},
     }
     (tmp / "record.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -308,7 +321,11 @@ def load_model(name: str = "opt-stdlib", quick: bool = False, device: str | torc
     path = model_path(name, quick, root)
     if not path.exists():
         train(name, quick, root)
-    verify(path, name, quick)
+    record = verify(path, name, quick)
+    same = {k: v for k, v in asdict(get_config(name, quick)).items() if k != "threads"}  # threads: rounding only
+    if {k: v for k, v in record.get("config", {}).items() if k != "threads"} != same:
+        warnings.warn(f"{path} was trained with a config that differs from zoo.py's {name!r}; "
+                      + RETRAIN_HINT.format(name=name, quick=" --quick" if quick else ""), stacklevel=2)
     model = OPTForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     return model, PreTrainedTokenizerFast.from_pretrained(path)
 
