@@ -44,8 +44,9 @@ class SchedulerOutputs:
 
     @property
     def num_batched_tokens(self) -> int:
-        if self.prefill_groups:
-            return sum(g.get_seqs("running")[0].get_len() for g in self.prefill_groups)
+        if self.prefill_groups:  # tokens to compute: a cached prefix is not recomputed
+            return sum(s.get_len() - s.num_computed_tokens for s in (g.get_seqs("running")[0]
+                                                                      for g in self.prefill_groups))
         return sum(len(g.get_seqs("running")) for g in self.decode_groups)
 
     def is_empty(self) -> bool:
