@@ -67,6 +67,7 @@ class Params:
     sim_rates: dict = field(default_factory=lambda: {w: FIG13_MEAN_BATCH[w]["rate"] for w in WORKLOADS})
     sim_cpu_blocks: int = 2000  # swap space: multi-sequence groups are preempted by swapping (§4.5)
     gain_requests: int = 1000
+    gain_requests_n1: int = 3000  # n = 1 needs a longer trace before the queue, not the trace's end, sets latency
     gain_ns: tuple[int, ...] = (1, 2, 4, 6)
     bisection_steps: int = 8
     # real engine (opt-stdlib, CPU)
@@ -87,6 +88,7 @@ class Params:
         if quick:
             kw.setdefault("sim_requests", {"alpaca": 120, "sharegpt": 40})
             kw.setdefault("gain_requests", 200)
+            kw.setdefault("gain_requests_n1", 200)
             kw.setdefault("gain_ns", (1, 6))
             kw.setdefault("bisection_steps", 3)
             kw.setdefault("beam_requests", {"alpaca": 4, "sharegpt": 1})
@@ -118,11 +120,12 @@ def sim_parallel_savings(params: Params, progress: bool = True) -> pd.DataFrame:
 
 def sim_parallel_gain(params: Params, progress: bool = True) -> pd.DataFrame:
     """Fig. 14 parallel rows: sustainable request rate of paged vs Orca (Oracle) at the same KV memory (Alpaca)."""
-    base = make_trace("alpaca", params.gain_requests, 1.0, params.seed)
     rate0 = params.sim_rates["alpaca"]
     rows = []
     hi = rate0 * 16
     for n in tqdm(params.gain_ns, desc="sim gain", disable=not progress, leave=False):
+        num = params.gain_requests_n1 if n == 1 else params.gain_requests
+        base = make_trace("alpaca", num, 1.0, params.seed)
         rates = {}
         for s in ("paged", "orca_oracle"):
             def nl(rate, s=s):
@@ -133,6 +136,7 @@ def sim_parallel_gain(params: Params, progress: bool = True) -> pd.DataFrame:
         rows.append({"scale": "paper (sim)", "trace": "alpaca", "method": "parallel" if n > 1 else "n=1", "width": n,
                      "rate_paged": rates["paged"], "rate_orca_oracle": rates["orca_oracle"],
                      "gain": rates["paged"] / rates["orca_oracle"], "threshold_s": NL_THRESHOLD_S,
+                     "num_requests": num,
                      "at_upper_bound": max(rates.values()) >= hi})
     return pd.DataFrame(rows)
 
@@ -217,10 +221,15 @@ def real_beam_savings(model, tokenizer, params: Params, progress: bool = True) -
         prompts = stdlib_prompts(tokenizer, [r.prompt_len for r in trace], params.seed)
         for k in tqdm(params.widths, desc=f"engine beam {w}", disable=not progress, leave=False):
             e = engine_for(model, tokenizer, params)
+            groups = []
             for r, p in zip(trace, prompts):
                 e.add_request(r.request_id, p, SamplingParams(use_beam_search=True, beam_width=k, temperature=0,
                                                               max_tokens=r.output_len, ignore_eos=True))
+                groups.append(e.requests[r.request_id])
             res = _saving_driver(e)
+            # how concentrated the search is: distinct parents among a step's k survivors (k = every beam its own)
+            beam_steps = sum(g.beam_state.num_generated - 1 for g in groups)
+            res["mean_distinct_parents"] = k - sum(g.beam_state.num_forks for g in groups) / max(1, beam_steps)
             rows.append({"scale": "real engine (opt-stdlib, CPU)", "trace": w, "method": "beam", "width": k,
                          "num_requests": len(trace), **res,
                          "input_mean": float(np.mean([r.prompt_len for r in trace])),
