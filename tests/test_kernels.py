@@ -361,3 +361,16 @@ def test_notebook_quick(tmp_path):
     out = tmp_path / "02_attention_kernel"
     assert (out / "summary.json").exists()
     assert list(out.glob("*.png")) and list(out.glob("*.csv"))
+
+
+def test_reference_works_outside_inference_mode_after_inside():
+    """The engine decodes under ``inference_mode``; the reference's reused CPU buffers must not leak into calls
+    made outside it (a buffer made there is an inference tensor and cannot be written later)."""
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 4, 8, generator=g)
+    kc, vc = torch.randn(10, 4, 4, 8, generator=g), torch.randn(10, 4, 4, 8, generator=g)
+    bt, cl = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.tensor([5, 7], dtype=torch.int32)
+    with torch.inference_mode():
+        inside = paged_attention_ref(q, kc, vc, bt, cl, 0.3)
+    outside = paged_attention_ref(q, kc, vc, bt, cl, 0.3)
+    assert torch.equal(inside, outside)

@@ -44,9 +44,12 @@ def _gather_blocks(cache: Tensor, ids: Tensor, slot: int) -> Tensor:
     bufs = getattr(_WORKSPACE, "bufs", None)
     if bufs is None:
         bufs = _WORKSPACE.bufs = {}
-    buf = bufs.get((slot, cache.dtype))
+    # a buffer made under inference_mode is an inference tensor: it may not be written outside that mode, so keep
+    # one per mode (the engine decodes under inference_mode, tests and benchmarks may not)
+    key = (slot, cache.dtype, torch.is_inference_mode_enabled())
+    buf = bufs.get(key)
     if buf is None or buf.numel() < numel:
-        buf = bufs[(slot, cache.dtype)] = torch.empty(numel, dtype=cache.dtype)
+        buf = bufs[key] = torch.empty(numel, dtype=cache.dtype)
     out = buf[:numel].view(shape)
     torch.index_select(cache, 0, ids, out=out)
     return out
