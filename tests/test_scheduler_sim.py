@@ -113,3 +113,26 @@ def test_paper_scale_paged_keeps_96pct_token_states_and_wastes_under_a_block():
 def test_unknown_system():
     with pytest.raises(ValueError, match="unknown system"):
         make_kv_manager("tgi", 100)
+
+
+def test_group_that_cannot_be_swapped_fails_alone_and_frees_its_blocks():
+    """Two forked samples must be preempted together, by swapping; with no CPU swap space the request fails with a
+    message naming the limit, its blocks return, and the other request keeps running."""
+    kv = BlockManager(block_size=4, num_gpu_blocks=6, num_cpu_blocks=0, watermark=0.0)
+    s = Scheduler(SchedulerConfig(preemption_mode="recompute"), kv)
+    g0, g1 = group(0, 8), group(1, 8, n=2)
+    s.add(g0)
+    s.add(g1)
+    failed = []
+    for _ in range(12):
+        out = s.schedule()
+        failed += out.ignored
+        for g in out.scheduled_groups:
+            for q in g.get_seqs("running"):
+                q.append_token(q.get_len())  # the samples diverge
+        if failed:
+            break
+    assert failed == [g1] and "num_cpu_blocks" in g1.error
+    assert all(q.finish_reason == "error" for q in g1.seqs) and g1.seqs[0].seq_id not in kv.tables
+    assert s.running == [g0]
+    kv.check_invariants()

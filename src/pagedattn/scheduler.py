@@ -191,9 +191,15 @@ class Scheduler:
         if mode == "recompute" and len(g.get_seqs("running")) > 1:
             mode = "swap"  # forked sequences would lose their sharing if recomputed separately
         if mode == "swap" and not self.kv.can_swap_out(g):
-            if len(g.get_seqs("running")) > 1:
-                raise RuntimeError(f"cannot preempt {g.request_id}: its {len(g.get_seqs('running'))} sequences "
-                                   "share blocks and the CPU swap space is full (raise num_cpu_blocks)")
+            if len(g.get_seqs("running")) > 1:  # cannot be preempted: fail this request alone, free its blocks
+                g.error = (f"request {g.request_id!r} had to be preempted, but its {len(g.get_seqs('running'))} "
+                           "sequences share blocks and do not fit in the CPU swap space (raise num_cpu_blocks)")
+                for s in g.seqs:
+                    self.kv.free_seq(s)
+                    if not s.is_finished():
+                        s.finish("error")
+                out.ignored.append(g)
+                return
             mode = "recompute"
         self.num_preemptions[mode] += 1
         if mode == "swap":
