@@ -353,16 +353,6 @@ def test_backend_selector():
 # ------------------------------------------------------------------------------------------ notebook
 
 
-@pytest.mark.notebook
-def test_notebook_quick(tmp_path):
-    from pagedattn.reproduce import NOTEBOOKS_DIR, run_notebook
-
-    run_notebook(NOTEBOOKS_DIR / "02_attention_kernel.ipynb", quick=True, results_dir=tmp_path)
-    out = tmp_path / "02_attention_kernel"
-    assert (out / "summary.json").exists()
-    assert list(out.glob("*.png")) and list(out.glob("*.csv"))
-
-
 def test_reference_works_outside_inference_mode_after_inside():
     """The engine decodes under ``inference_mode``; the reference's reused CPU buffers must not leak into calls
     made outside it (a buffer made there is an inference tensor and cannot be written later)."""
