@@ -350,7 +350,6 @@ def test_backend_selector():
         kernels.get_backend("cuda-graphs")
 
 
-# ------------------------------------------------------------------------------------------ notebook
 
 
 def test_reference_works_outside_inference_mode_after_inside():
