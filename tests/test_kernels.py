@@ -350,8 +350,6 @@ def test_backend_selector():
         kernels.get_backend("cuda-graphs")
 
 
-
-
 def test_reference_works_outside_inference_mode_after_inside():
     """The engine decodes under ``inference_mode``; the reference's reused CPU buffers must not leak into calls
     made outside it (a buffer made there is an inference tensor and cannot be written later)."""
