@@ -342,9 +342,11 @@ class BlockManager:
 
     def append_slots(self, group) -> list[tuple[int, int]]:
         copies = []
-        caching = self.enable_prefix_caching
+        caching, bs = self.enable_prefix_caching, self.block_size
         for s in group.get_seqs(status="running"):
-            c = self.append_slot(s.seq_id, s.token_ids if caching else None)
+            # token ids only when this token fills a block (building them is O(length), the decode step is hot)
+            fills = caching and (self.tables[s.seq_id].num_tokens + 1) % bs == 0
+            c = self.append_slot(s.seq_id, s.token_ids if fills else None)
             if c is not None:
                 copies.append(c)
         return copies
