@@ -364,7 +364,9 @@ def claims(best: dict[str, list[int]], best_memory_only: dict[str, list[int]], k
     out = []
     for w in TRACES:
         paper, ours = FIG18B_BEST_BLOCK_SIZES[w], best.get(w, [])
-        holds = DEFAULT_BLOCK_SIZE in ours and bool(set(paper) & set(ours))
+        # the paper's best range does well here too, and no block larger than it does (large blocks degrade);
+        # small blocks are not judged: a CPU gather has no per-block penalty to reproduce (see the note)
+        holds = set(paper) <= set(ours) and max(ours, default=0) <= max(paper)
         extra = sorted(set(ours) - set(paper))
         missing = sorted(set(paper) - set(ours))
         note = (f"sim at paper scale, {rates[w]:g} req/s, within {BEST_WITHIN - 1:.0%} of the best "
@@ -380,7 +382,7 @@ def claims(best: dict[str, list[int]], best_memory_only: dict[str, list[int]], k
                  f"shared machine): within 10%: {engine_best.get(w)}; more than 2x the best: "
                  f"{(engine_worse or {}).get(w)}.")
         out.append(Claim(f"best_block_sizes.{w}", paper, ours, "tokens",
-                         "includes 16 and overlaps the paper's range", holds, note))
+                         "contains the paper's range; no larger block as good", holds, note))
     return out
 
 
