@@ -67,10 +67,12 @@ class CostModel:
 
 
 def make_kv_manager(system: str, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
-                    num_cpu_blocks: int = 0, watermark: float = 0.01, placement: str = "buddy"):
+                    num_cpu_blocks: int = 0, watermark: float = 0.01, placement: str = "buddy",
+                    enable_prefix_caching: bool = False):
     """The KV manager of a system, over a budget of ``num_slots`` token slots."""
     if system == "paged":
-        return BlockManager(block_size, num_slots // block_size, num_cpu_blocks, watermark, max_model_len)
+        return BlockManager(block_size, num_slots // block_size, num_cpu_blocks, watermark, max_model_len,
+                            enable_prefix_caching)
     if system in ("orca_max", "ft"):
         return ContiguousKVManager(num_slots, "max", max_model_len, placement)
     if system.startswith("orca_"):
@@ -84,6 +86,8 @@ class SimResult:
     steps: pd.DataFrame  # one row per step
     requests: pd.DataFrame  # one row per request
     num_preemptions: dict = field(default_factory=dict)
+    prefix_hit_rate: float | None = None  # share of looked-up prompt blocks found cached (paged, when looked up)
+    prefill_tokens_computed: int = 0  # prompt tokens charged as computed (a cached prefix is not, but by ablation)
 
     @property
     def duration(self) -> float:
@@ -122,14 +126,22 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
              cost: CostModel | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096,
              max_model_len: int = 2048, preemption_mode: str = "recompute", num_cpu_blocks: int = 0,
              progress: bool = False, record_steps: bool = True, max_steps: int | None = None,
-             placement: str = "buddy", n: int = 1, seed: int = 0) -> SimResult:
+             placement: str = "buddy", n: int = 1, seed: int = 0, prompts: dict[str, list[int]] | None = None,
+             prefix_lens: dict[str, int] | None = None, enable_prefix_caching: bool = False,
+             charge_cached: bool = False) -> SimResult:
     """Replay a trace through the scheduler and a KV manager, with a step-time model (no tensors).
 
     With ``n > 1`` every request is a parallel-sampling group (§4.4): its ``n`` samples share the prompt's blocks,
-    the first generates the trace's output length and the others lengths drawn (seeded) from the trace's outputs."""
+    the first generates the trace's output length and the others lengths drawn (seeded) from the trace's outputs.
+
+    Shared prefixes (§4.4, Fig. 16): ``prompts`` gives requests real token ids (otherwise every prompt is zeros), so
+    that prefix hashes match; ``prefix_lens`` marks user-shared prefixes; ``enable_prefix_caching`` finds them
+    automatically. A prefill step is charged only for its uncached tokens (``charge_cached=True``: for all of them,
+    an ablation in which sharing saves memory only)."""
     num_slots = num_slots or paper_slots()
     cost = cost or CostModel()
-    kv = make_kv_manager(system, num_slots, block_size, max_model_len, num_cpu_blocks, placement=placement)
+    kv = make_kv_manager(system, num_slots, block_size, max_model_len, num_cpu_blocks, placement=placement,
+                         enable_prefix_caching=enable_prefix_caching)
     sched = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, preemption_mode), kv,
                       static_batching=(system == "ft"))
     pending = sorted(trace, key=lambda r: r.arrival_time)
@@ -139,7 +151,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     rows: list[dict] = []
     rng = np.random.default_rng(seed)
     trace_outputs = np.array([r.output_len for r in trace])
-    now, i, step, next_seq = 0.0, 0, 0, 0
+    now, i, step, next_seq, computed = 0.0, 0, 0, 0, 0
     bar = tqdm(total=len(pending), desc=f"sim {system}", disable=not progress, leave=False)
     while i < len(pending) or sched.has_unfinished():
         if not sched.has_unfinished() and pending[i].arrival_time > now:
@@ -148,9 +160,11 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
             r = pending[i]
             room = max_model_len - r.prompt_len
             lens = [r.output_len] + [min(int(x), room) for x in rng.choice(trace_outputs, n - 1)]
-            seqs = [Sequence(next_seq + k, [0] * r.prompt_len) for k in range(n)]
+            tokens = prompts[r.request_id] if prompts else [0] * r.prompt_len
+            seqs = [Sequence(next_seq + k, tokens) for k in range(n)]
             g = SequenceGroup(r.request_id, seqs, SamplingParams(n=n, max_tokens=max(lens), ignore_eos=True),
                               arrival_time=r.arrival_time)
+            g.prefix_len = (prefix_lens or {}).get(r.request_id, 0)
             for s, out_len in zip(seqs, lens):
                 target[s.seq_id], final_len[s.seq_id] = out_len, r.prompt_len + out_len
             next_seq += n
@@ -169,6 +183,12 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                 raise RuntimeError("scheduler made no progress with requests left (a request can never fit?)")
             break
         dt = cost.step_time(out)
+        if out.is_prefill:  # prompt tokens charged (computed): the uncached ones, or all of them in the ablation
+            charged = sum(g.get_seqs("running")[0].get_len() for g in out.prefill_groups) if charge_cached \
+                else out.num_batched_tokens
+            computed += charged
+            if charge_cached:
+                dt = cost.prefill_time(charged)
         running = out.scheduled_groups
         if record_steps:
             b = breakdown(kv, final_len)
@@ -203,4 +223,5 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                           "prompt_len": g.seqs[0].get_prompt_len(), "output_len": target[g.seqs[0].seq_id],
                           "total_output_len": sum(target[s.seq_id] for s in g.seqs),
                           "error": g.error} for g in groups])
-    return SimResult(system, pd.DataFrame(rows), reqs, dict(sched.num_preemptions))
+    hit = kv.prefix_hit_rate if isinstance(kv, BlockManager) and kv.prefix_queries else None
+    return SimResult(system, pd.DataFrame(rows), reqs, dict(sched.num_preemptions), hit, computed)

@@ -43,14 +43,14 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from pagedattn.config import SchedulerConfig, paper_slots
+from pagedattn.config import paper_slots
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.paper import FIG16_PREFIX
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
-from pagedattn.scheduler import Scheduler
-from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
-from pagedattn.sim import CostModel
+from pagedattn.sequence import SamplingParams
+from pagedattn.sim import CostModel, simulate
+from pagedattn.workloads import TraceRequest
 
 EXPERIMENT = "07_shared_prefix"
 SIM_MODEL = "sim: LLaMA-13B KV (800 KB/token) on A100-40GB (15.7K token slots, roofline step time)"
@@ -158,71 +158,23 @@ class PrefixSimResult:
 def simulate_prefix(reqs: list[PrefixRequest], system: str, num_slots: int | None = None, block_size: int = 16,
                     cost: CostModel | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096,
                     max_model_len: int = 2048, charge_cached: bool = False) -> PrefixSimResult:
-    """Replay prompts with real token ids (so prefix hashes match) through the real ``Scheduler`` and KV manager.
-
-    Like ``sim.simulate`` but prefix-aware: a prefill step costs ``CostModel.prefill_time`` of the tokens whose K/V
-    are not cached (``len - num_computed_tokens`` after allocation), a decode step the roofline of the running
-    sequences' contexts (each sequence reads its whole context, shared blocks included, as the paged kernel does).
-    ``charge_cached=True`` charges every prefill for its whole prompt (an ablation: sharing saves memory only)."""
-    num_slots = num_slots or paper_slots()
-    cost = cost or CostModel()
-    kv = make_kv(system, num_slots, block_size, max_model_len)
-    sched = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, "recompute"), kv)
-    pending = sorted(reqs, key=lambda r: r.arrival_time)
-    target: dict[str, int] = {}
-    groups: list[SequenceGroup] = []
-    now, i, steps, next_seq = 0.0, 0, 0, 0
-    batch_dt, total_dt, computed = 0.0, 0.0, 0
-    while i < len(pending) or sched.has_unfinished():
-        if not sched.has_unfinished() and pending[i].arrival_time > now:
-            now = pending[i].arrival_time
-        while i < len(pending) and pending[i].arrival_time <= now:
-            r = pending[i]
-            g = SequenceGroup(r.request_id, [Sequence(next_seq, list(r.token_ids))],
-                              SamplingParams(max_tokens=r.output_len, ignore_eos=True), arrival_time=r.arrival_time)
-            g.prefix_len = marked_prefix(system, r)
-            target[r.request_id] = r.output_len
-            next_seq += 1
-            groups.append(g)
-            sched.add(g)
-            i += 1
-        out = sched.schedule()
-        if out.ignored:
-            raise RuntimeError(f"{system}: a request can never fit ({out.ignored[0].error})")
-        if out.is_empty():
-            if i < len(pending):
-                now = max(now, pending[i].arrival_time)
-                continue
-            raise RuntimeError("scheduler made no progress with requests left")
-        if out.prefill_groups:
-            new = sum(s.get_len() - (0 if charge_cached else s.num_computed_tokens)
-                      for g in out.prefill_groups for s in g.get_seqs("running")[:1])
-            computed += new
-            dt = cost.prefill_time(new)
-        else:
-            seqs = [s for g in out.decode_groups for s in g.get_seqs("running")]
-            dt = cost.decode_time(len(seqs), sum(s.get_len() for s in seqs))
-            batch_dt += len(sched.running) * dt
-            total_dt += dt
-        now += dt
-        steps += 1
-        for g in out.scheduled_groups:
-            for s in g.get_seqs("running"):
-                s.num_computed_tokens = s.get_len()
-                s.append_token(0)
-                if g.metrics.first_token_time is None:
-                    g.metrics.first_token_time = now
-                if s.get_output_len() >= target[g.request_id]:
-                    s.finish("length")
-            if g.is_finished():
-                g.metrics.finish_time = now
-        sched.free_finished()
-    reqs_df = pd.DataFrame([{"request_id": g.request_id, "arrival_time": g.metrics.arrival_time,
-                             "first_token_time": g.metrics.first_token_time, "finish_time": g.metrics.finish_time,
-                             "prompt_len": g.seqs[0].get_prompt_len(), "output_len": target[g.request_id]}
-                            for g in groups])
-    hit = kv.prefix_hit_rate if isinstance(kv, BlockManager) and kv.prefix_queries else None
-    return PrefixSimResult(system, reqs_df, steps, batch_dt / total_dt if total_dt else float("nan"), hit, computed)
+    """Replay prompts with real token ids (so prefix hashes match) through ``sim.simulate``: the real
+    ``Scheduler`` and KV manager of ``system``, a prefill charged only for the tokens whose K/V are not cached, a
+    decode step the roofline of the running sequences' contexts (each sequence reads its whole context, shared
+    blocks included, as the paged kernel does). ``charge_cached=True`` charges every prefill for its whole prompt
+    (an ablation: sharing saves memory only)."""
+    if system not in SYSTEMS:
+        raise ValueError(f"unknown system {system!r}; known: {list(SYSTEMS)}")
+    trace = [TraceRequest(r.request_id, r.arrival_time, len(r.token_ids), r.output_len) for r in reqs]
+    res = simulate(trace, "orca_oracle" if system == "orca_oracle" else "paged", num_slots or paper_slots(),
+                   block_size, cost or CostModel(), max_num_seqs, max_num_batched_tokens, max_model_len,
+                   prompts={r.request_id: list(r.token_ids) for r in reqs},
+                   prefix_lens={r.request_id: marked_prefix(system, r) for r in reqs},
+                   enable_prefix_caching=system == "paged_auto", charge_cached=charge_cached)
+    if res.requests["error"].notna().any():
+        raise RuntimeError(f"{system}: a request can never fit ({res.requests['error'].dropna().iloc[0]})")
+    return PrefixSimResult(system, res.requests, len(res.steps), res.mean_batch(), res.prefix_hit_rate,
+                           res.prefill_tokens_computed)
 
 
 # ---------------------------------------------------------------------------------------- cpu (real engine)
