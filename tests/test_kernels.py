@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from pagedattn import kernels  # noqa: E402
+from pagedattn.experiments.attention_kernel import make_paged_inputs  # noqa: E402
 from pagedattn.kernels import (copy_blocks_ref, paged_attention_ref, reshape_and_cache_ref,  # noqa: E402
                                swap_blocks_ref)
 
@@ -46,23 +47,8 @@ def make_paged(lens, num_heads, num_kv_heads, head_dim, block_size, dtype, gen, 
     first physical block (as forked sequences share their prompt's blocks, §4.4), so block ids repeat across rows of
     the table. Unused table entries are -1.
     """
-    n_blocks = [-(-n // block_size) for n in lens]
-    pool = torch.randperm(sum(n_blocks) + spare_blocks, generator=gen)
-    num_phys = pool.numel()
-    table = torch.full((len(lens), max(max(n_blocks), 1) + 1), -1, dtype=torch.int32)
-    i = 0
-    for s, n in enumerate(n_blocks):
-        table[s, :n] = pool[i:i + n]
-        i += n
-    if share and lens[0] > 0:  # every odd sequence reads sequence 0's first physical block too
-        for s in range(1, len(lens), 2):
-            if lens[s] > 0:
-                table[s, 0] = table[0, 0]
-    kc = torch.randn(num_phys, block_size, num_kv_heads, head_dim, generator=gen, dtype=torch.float64)
-    vc = torch.randn(num_phys, block_size, num_kv_heads, head_dim, generator=gen, dtype=torch.float64)
-    q = torch.randn(len(lens), num_heads, head_dim, generator=gen, dtype=torch.float64)
-    ctx = torch.tensor(lens, dtype=torch.int32)
-    return (q.to(DEVICE, dtype), kc.to(DEVICE, dtype), vc.to(DEVICE, dtype), table.to(DEVICE), ctx.to(DEVICE))
+    return make_paged_inputs(lens, num_heads, num_kv_heads, head_dim, block_size, dtype, DEVICE, share=share,
+                             spare_blocks=spare_blocks, generator=gen, pad_columns=1)
 
 
 def test_inputs_are_shuffled_and_shared():

@@ -68,14 +68,16 @@ def _dtype_name(d: torch.dtype) -> str:
 
 
 def make_paged_inputs(lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
-                      dtype=torch.float32, device="cpu", seed: int = 0, share: bool = True, spare_blocks: int = 2):
+                      dtype=torch.float32, device="cpu", seed: int = 0, share: bool = True, spare_blocks: int = 2,
+                      generator: Optional[torch.Generator] = None, pad_columns: int = 0):
     """Random decode inputs on a *shuffled* block table (physical ids out of order; with ``share``, every odd
-    sequence also reads sequence 0's first physical block, as forked sequences share blocks, §4.4). Returns
+    sequence also reads sequence 0's first physical block, as forked sequences share blocks, §4.4). Unused table
+    entries are -1 (``pad_columns`` adds that many all -1 columns). Returns
     ``(query, key_cache, value_cache, block_tables, context_lens)``."""
-    g = torch.Generator().manual_seed(seed)
+    g = generator if generator is not None else torch.Generator().manual_seed(seed)
     n_blocks = [-(-n // block_size) for n in lens]
     pool = torch.randperm(sum(n_blocks) + spare_blocks, generator=g)
-    table = torch.full((len(lens), max(max(n_blocks), 1)), -1, dtype=torch.int32)
+    table = torch.full((len(lens), max(max(n_blocks), 1) + pad_columns), -1, dtype=torch.int32)
     i = 0
     for s, n in enumerate(n_blocks):
         table[s, :n] = pool[i:i + n]
