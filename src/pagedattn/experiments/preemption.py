@@ -260,21 +260,19 @@ def claims(micro: pd.DataFrame, paper_micro: pd.DataFrame) -> list[Claim]:
     cpu = micro.set_index("block_size")["recompute_over_swap"]
     sim = paper_micro.set_index("block_size")["recompute_over_swap"]
     tokens = int(micro.tokens.iloc[0])
-    for bs in (16, 64):
-        ours = float(cpu[bs]) if bs in cpu.index else None
-        out.append(Claim(
-            f"recompute_over_swap_latency.block{bs}", paper, None if ours is None else round(ours, 3), "x",
-            "comparable (0.5-2) at 16-64; <= 0.2 at small blocks", None if ours is None else bool(0.5 <= ours <= 2),
-            f"CPU, measured: engine prefill of {tokens} tokens / executor swap out + in of the same tokens. On a CPU "
-            "both pools are DRAM: a swap is a batched memcpy (~GB/s), not PCIe copies of one block each, while "
-            "recomputation runs on CPU FLOPs, so the ratio is far above the paper's."))
-    for bs in (16, 64):
-        ours = float(sim[bs]) if bs in sim.index else None
-        out.append(Claim(
-            f"recompute_over_swap_latency.sim_a100.block{bs}", paper, None if ours is None else round(ours, 3), "x",
-            "comparable (0.5-2) at 16-64", None if ours is None else bool(0.5 <= ours <= 2),
-            f"modelled at paper scale: roofline prefill of {tokens} tokens (OPT-13B, A100) / PCIe swap out + in "
-            "(one 5 us + bytes/25.6 GB/s copy per block, layer, K/V); constants assumed, not measured"))
+    measured = (
+        ("recompute_over_swap_latency", cpu, "comparable (0.5-2) at 16-64; <= 0.2 at small blocks",
+         f"CPU, measured: engine prefill of {tokens} tokens / executor swap out + in of the same tokens. On a CPU "
+         "both pools are DRAM: a swap is a batched memcpy (~GB/s), not PCIe copies of one block each, while "
+         "recomputation runs on CPU FLOPs, so the ratio is far above the paper's."),
+        ("recompute_over_swap_latency.sim_a100", sim, "comparable (0.5-2) at 16-64",
+         f"modelled at paper scale: roofline prefill of {tokens} tokens (OPT-13B, A100) / PCIe swap out + in "
+         "(one 5 us + bytes/25.6 GB/s copy per block, layer, K/V); constants assumed, not measured"))
+    for name, series, tolerance, note in measured:
+        for bs in (16, 64):
+            ours = float(series[bs]) if bs in series.index else None
+            out.append(Claim(f"{name}.block{bs}", paper, None if ours is None else round(ours, 3), "x", tolerance,
+                             None if ours is None else bool(0.5 <= ours <= 2), note))
     for bs in (16, 64):
         out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", paper, None, "x", "", None,
                          "not measured: no GPU was lent to this task (the GPU swap path, pinned host memory over "
