@@ -78,9 +78,6 @@ class BlockPool:
             return True
         return False
 
-    def is_free(self, block: int) -> bool:
-        return self.ref_counts[block] == 0
-
     # ------------------------------------------------------------------------------------------ prefix cache
     def lookup(self, h: int) -> int | None:
         return self.cached.get(h)
