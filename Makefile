@@ -30,9 +30,9 @@ reproduce: $(STAMP)
 summary: $(STAMP)
 	$(BIN)/python -m pagedattn.results
 
-## Open JupyterLab on the notebooks.
+## Open JupyterLab on the notebooks with the pagedattn (.venv) kernel (LAB_ARGS="--no-browser" etc. go to JupyterLab).
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks
+	$(BIN)/python -m pagedattn.lab $(LAB_ARGS)
 
 ## Train the small OPT on the standard library (opt-stdlib).
 model: $(STAMP)

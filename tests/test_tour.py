@@ -1,13 +1,22 @@
 """The tour's live view (paper §4.2-§4.4): the trace recorder copies the real block manager's state after every engine
-step, the ipywidgets view builds and renders a frame to PNG without a browser, and, where Chromium is installed, the
-view saved in the executed tour notebook renders in JupyterLab (headless Chromium, localhost only, bounded in time).
+step, the ipywidgets view builds and renders a frame to PNG without a browser, the executed tour opens on
+copy-on-write for a reader without a kernel, ``make lab`` serves the notebooks with the project's kernel, and, in
+headless Chromium, a reader runs the tour in JupyterLab and plays the live view (localhost only, bounded in time).
+
+Chromium comes from the OS packages (``/usr/bin/chromium``; ``.ci/run`` installs it). Without it the browser test
+skips, except under ``CI=true``, where it fails. ``PAGEDATTN_TOUR_FULL=1`` runs the tour with full parameters
+instead of quick ones, and ``PAGEDATTN_SCREENSHOT_DIR=results/00_tour`` keeps the before/after screenshots (the
+committed ones come from such a full run).
 """
 from __future__ import annotations
 
 import base64
+import contextlib
+import dataclasses
 import io
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -24,6 +33,7 @@ from pagedattn import tour
 from pagedattn.results import REPO_ROOT
 
 CHROMIUM = Path("/usr/bin/chromium")
+RESULTS = REPO_ROOT / "results" / "00_tour"
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -84,10 +94,58 @@ def test_frame_renders_to_png_and_the_widget_builds(trace):
     view.slider.value = 3  # moving the slider redraws the frame
     assert bytes(view.image.value) != first and bytes(view.image.value) == view._png(3)
     assert "frame 3" in view.caption.value
+    assert view.tables.value == view._tables(3) and 'data-frame="3"' in view.tables.value
+    for s in frames[3].seqs:
+        assert f'data-seq="{s.label}"' in view.tables.value
     view.show(1)
     assert view.slider.value == 1
     state = view.widget.get_state()
     assert state["children"], "the box holds its children"
+    # displayed, the view carries its current frame as PNG for a reader without a kernel (block tables included)
+    bundle = view._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert base64.b64decode(bundle["image/png"]) == tour.frame_png(frames[1], view.colors)
+    with pytest.raises(ValueError, match="start must be a frame index"):
+        tour.BlockPoolView(frames, start=len(frames))
+
+
+def test_view_opens_on_copy_on_write_and_the_trace_round_trips(trace, tmp_path):
+    _, frames, _, _ = trace
+    i = tour.copy_on_write_frame(frames)
+    assert frames[i].num_copies == max(f.num_copies for f in frames) > 0
+    assert all(f.num_copies < frames[i].num_copies for f in frames[:i])
+    view = tour.BlockPoolView(frames, start=i)
+    assert view.slider.value == view.play.value == i and "copy-on-write" in view.caption.value
+    assert tour.load_trace(tour.save_trace(frames, tmp_path / "trace.json")) == frames
+    with pytest.raises(ValueError, match="copy-on-write"):
+        tour.copy_on_write_frame(frames[:1])
+
+
+def test_executed_tour_shows_copy_on_write_without_a_kernel():
+    """The committed executed tour: its live-view output opens on a copy-on-write frame, both in the saved widget
+    state and in the PNG that readers without a kernel see; the GIF is linked from the first cell and the README."""
+    nb = json.loads((RESULTS / "00_tour.ipynb").read_text())
+    (cell,) = [c for c in nb["cells"] if c["cell_type"] == "code" and "BlockPoolView" in "".join(c["source"])]
+    (out,) = [o for o in cell["outputs"] if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert base64.b64decode(out["data"]["image/png"]).startswith(PNG)
+    trace = tour.load_trace(RESULTS / "block_pool_trace.json")
+    i = tour.copy_on_write_frame(trace)
+    assert trace[i].num_copies > 0
+    from PIL import Image
+
+    shown = Image.open(io.BytesIO(base64.b64decode(out["data"]["image/png"])))
+    drawn = Image.open(io.BytesIO(tour.frame_png(trace[i], tour.request_colors(trace))))
+    assert shown.size == drawn.size
+    captions = [m["state"]["value"] for m in nb["metadata"]["widgets"]["application/vnd.jupyter.widget-state+json"]
+                ["state"].values() if m["model_name"] == "HTMLModel" and "frame " in m["state"].get("value", "")]
+    assert len(captions) == 1, captions
+    assert captions[0].startswith(f"<b>frame {i}/{len(trace) - 1}</b>") and "copy-on-write" in captions[0]
+    first = "".join(nb["cells"][0]["source"])
+    assert "(../results/00_tour/block_pool.gif)" in first and "(block_pool.gif)" in first
+    assert (REPO_ROOT / "notebooks" / "../results/00_tour/block_pool.gif").resolve() == (RESULTS / "block_pool.gif")
+    assert "(results/00_tour/block_pool.gif)" in (REPO_ROOT / "README.md").read_text()
+    with Image.open(RESULTS / "block_pool.gif") as gif:
+        assert gif.n_frames == len(trace)
 
 
 def test_gif_of_all_frames(trace, tmp_path):
@@ -114,15 +172,115 @@ def test_frame_from_manager_the_notes_forty_token_example():
 
 
 # ----------------------------------------------------------------------------------- JupyterLab + Chromium
+def require_chromium() -> None:
+    """Skip without Chromium, except under ``CI=true``: CI must run the browser check (``.ci/run`` installs it)."""
+    if CHROMIUM.exists():
+        return
+    msg = f"needs {CHROMIUM} (apt-get install chromium)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but {msg}: .ci/run installs it, and CI must not skip the browser check")
+    pytest.skip(msg)
+
+
+def test_missing_chromium_fails_under_ci_and_skips_elsewhere(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", tmp_path / "no-chromium")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        require_chromium()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        require_chromium()
+
+
+def test_ci_run_installs_chromium_when_missing(tmp_path):
+    """.ci/run, with Chromium missing: apt-get update, a quiet non-interactive install of Debian's chromium, then
+    `make test` (apt-get, sudo and make are stand-ins that record their arguments)."""
+    repo = tmp_path / "repo"
+    (repo / ".ci").mkdir(parents=True)
+    shutil.copy(REPO_ROOT / ".ci" / "run", repo / ".ci" / "run")
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    for name in ("apt-get", "make", "sudo"):
+        body = 'exec "$@"' if name == "sudo" else f'echo "{name} $* DEBIAN_FRONTEND=${{DEBIAN_FRONTEND:-}}" >> {log}'
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CHROMIUM=str(tmp_path / "no-chromium"), CI="true")
+    subprocess.run(["bash", str(repo / ".ci" / "run")], env=env, check=True, timeout=60, stdin=subprocess.DEVNULL)
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("apt-get") and " update" in calls[0], calls
+    assert calls[1].startswith("apt-get") and " install " in calls[1] and calls[1].split()[-2] == "chromium", calls
+    assert " -y" in calls[1] and "DEBIAN_FRONTEND=noninteractive" in calls[1], calls
+    assert calls[2:] == ["make test DEBIAN_FRONTEND=noninteractive"], calls
+    # with Chromium present, nothing is installed
+    log.unlink()
+    subprocess.run(["bash", str(repo / ".ci" / "run")], env=dict(env, CHROMIUM=sys.executable), check=True, timeout=60,
+                   stdin=subprocess.DEVNULL)
+    assert [c.split()[:2] for c in log.read_text().splitlines()] == [["make", "test"]]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _wait_http(url: str, timeout: float) -> None:
+def _get(url: str, timeout: float = 10, **headers):
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+@dataclasses.dataclass
+class _Lab:
+    """A running Jupyter server: its base URL and its token (API calls send it, so they need no XSRF cookie)."""
+
+    base: str
+    token: str
+
+    def api(self, path: str, body: dict | None = None, method: str | None = None):
+        req = urllib.request.Request(f"{self.base}/api/{path}", method=method, headers={
+            "Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            data=None if body is None else json.dumps(body).encode())
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
+
+    def page(self, path: str) -> str:
+        return f"{self.base}/{path}?token={self.token}"
+
+    def execute(self, kernel_id: str, code: str, timeout: float = 90) -> str:
+        """Run ``code`` in a kernel of this server through its websocket, as JupyterLab does; return its stdout."""
+        import websocket
+
+        ws = websocket.create_connection(f"{self.base.replace('http', 'ws')}/api/kernels/{kernel_id}/channels"
+                                         f"?token={self.token}", timeout=timeout, suppress_origin=True)
+        msg_id = secrets.token_hex(8)
+        ws.send(json.dumps({"header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test",
+                                       "session": secrets.token_hex(8), "version": "5.3"},
+                            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+                            "content": {"code": code, "silent": False, "store_history": False,
+                                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}}))
+        out, t0 = [], time.monotonic()
+        try:
+            while time.monotonic() - t0 < timeout:
+                msg = json.loads(ws.recv())
+                if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                kind, content = msg["header"]["msg_type"], msg["content"]
+                if kind == "stream" and content["name"] == "stdout":
+                    out.append(content["text"])
+                elif kind == "error":
+                    raise RuntimeError("\n".join(content["traceback"]))
+                elif kind == "status" and content["execution_state"] == "idle":
+                    return "".join(out)
+        finally:
+            ws.close()
+        raise TimeoutError(f"the kernel did not finish {code!r} within {timeout} s")
+
+
+def _wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode} before {url} answered")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
@@ -132,13 +290,98 @@ def _wait_http(url: str, timeout: float) -> None:
     raise TimeoutError(f"{url} did not answer within {timeout} s")
 
 
+def _stop(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()  # the Jupyter server shuts its kernels down on SIGTERM
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and text in (d / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+@contextlib.contextmanager
+def lab_server(root: Path, tmp_path: Path):
+    """The ``make lab`` server (``pagedattn.lab.lab_argv``) on ``root``, on a free port of 127.0.0.1, with JupyterLab
+    settings, workspaces and runtime files of its own under ``tmp_path``; yields its base URL. On exit the server is
+    stopped, and no process (a kernel) started under its runtime dir is left. Yields a ``_Lab``."""
+    from pagedattn.lab import lab_argv
+
+    settings, runtime = tmp_path / "lab-settings", tmp_path / "lab-runtime"
+    for rel, doc in {"@jupyterlab/apputils-extension/notification.jupyterlab-settings":
+                     {"fetchNews": "false", "checkForUpdates": False},
+                     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"}}.items():
+        (settings / rel).parent.mkdir(parents=True, exist_ok=True)
+        (settings / rel).write_text(json.dumps(doc))
+    src = str(REPO_ROOT / "src")
+    env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "lab-ws"),
+               JUPYTER_RUNTIME_DIR=str(runtime), PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
+    port, token = _free_port(), secrets.token_hex(16)
+    log = open(tmp_path / "lab.log", "w")
+    proc = subprocess.Popen(lab_argv(root, "--no-browser", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+                                     f"--IdentityProvider.token={token}", "--LabApp.news_url=None"),
+                            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_http(f"{base}/api/status?token={token}", 90, proc)
+        yield _Lab(base, token)
+    finally:
+        _stop(proc)
+        log.close()
+        left = _processes_mentioning(str(runtime))
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert proc.returncode is not None and not left, f"left running: server {proc.returncode}, kernels {left}"
+
+
+def _check_project_kernel(lab: _Lab) -> None:
+    from pagedattn.lab import KERNEL_DISPLAY_NAME, KERNEL_NAME
+
+    specs = lab.api("kernelspecs")
+    assert specs["default"] == KERNEL_NAME, specs["default"]
+    assert specs["kernelspecs"][KERNEL_NAME]["spec"]["display_name"] == KERNEL_DISPLAY_NAME
+
+
+def test_make_lab_serves_the_notebooks_with_the_project_kernel(tmp_path):
+    """`make lab` runs pagedattn.lab; that server lists the notebooks, has the `pagedattn (.venv)` kernel spec as its
+    default, and a notebook opened there gets that kernel, which starts and answers."""
+    from pagedattn.lab import KERNEL_NAME, NOTEBOOKS_DIR
+
+    recipe = subprocess.run(["make", "-n", "--no-print-directory", "-C", str(REPO_ROOT), "lab"], capture_output=True, text=True, check=True)
+    assert "-m pagedattn.lab" in recipe.stdout.splitlines()[-1], recipe.stdout
+    with lab_server(NOTEBOOKS_DIR, tmp_path) as lab:
+        _check_project_kernel(lab)
+        assert "00_tour.ipynb" in [c["name"] for c in lab.api("contents")["content"]]
+        nb = lab.api("contents/00_tour.ipynb")["content"]
+        assert nb["metadata"]["kernelspec"]["name"] == KERNEL_NAME
+        session = lab.api("sessions", {"path": "00_tour.ipynb", "type": "notebook", "name": "00_tour.ipynb",
+                                       "kernel": {"name": nb["metadata"]["kernelspec"]["name"]}}, "POST")
+        assert session["kernel"]["name"] == KERNEL_NAME
+        out = lab.execute(session["kernel"]["id"], "import sys, pagedattn; print(sys.prefix); print(pagedattn.__file__)")
+        prefix, module = out.split()
+        assert Path(prefix) == Path(sys.prefix) and Path(module).is_relative_to(REPO_ROOT / "src"), out
+
+
 class _CDP:
-    """A minimal Chrome DevTools Protocol client over one page target (websocket-client, a jupyter_server dep)."""
+    """A minimal Chrome DevTools Protocol client over one page target (websocket-client)."""
 
     def __init__(self, ws_url: str) -> None:
         import websocket
 
-        self.ws = websocket.create_connection(ws_url, timeout=30, suppress_origin=True)
+        self.ws = websocket.create_connection(ws_url, timeout=60, suppress_origin=True)
         self.next_id = 0
 
     def call(self, method: str, **params):
@@ -152,96 +395,200 @@ class _CDP:
                 return msg["result"]
 
     def eval(self, expr: str):
-        return self.call("Runtime.evaluate", expression=expr, returnByValue=True)["result"].get("value")
+        r = self.call("Runtime.evaluate", expression=expr, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"{expr[:80]}...: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    def wait(self, expr: str, timeout: float, what: str):
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            value = self.eval(expr)
+            if value:
+                return value
+            time.sleep(0.25)
+        raise TimeoutError(f"{what}: not within {timeout} s")
+
+    def center(self, selector: str, text: str | None = None) -> tuple[float, float]:
+        """The centre of the first element matching ``selector`` (and whose text is ``text``), in CSS pixels."""
+        box = self.eval(f"(() => {{ const e = [...document.querySelectorAll({json.dumps(selector)})].find(e =>"
+                        f" {json.dumps(text)} === null || e.textContent.trim() === {json.dumps(text)});"
+                        " if (!e) return null; const r = e.getBoundingClientRect();"
+                        " return [r.left + r.width / 2, r.top + r.height / 2] })()")
+        assert box, f"no element {selector} {text or ''}"
+        return box[0], box[1]
+
+    def mouse(self, kind: str, x: float, y: float, pressed: bool = False) -> None:
+        self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left" if kind != "mouseMoved" or pressed
+                  else "none", buttons=1 if pressed or kind == "mousePressed" else 0, clickCount=1)
+
+    def click(self, selector: str, text: str | None = None) -> None:
+        x, y = self.center(selector, text)
+        self.mouse("mouseMoved", x, y)
+        self.mouse("mousePressed", x, y)
+        self.mouse("mouseReleased", x, y)
+
+    def drag(self, start: tuple[float, float], end: tuple[float, float], steps: int = 8) -> None:
+        self.mouse("mouseMoved", *start)
+        self.mouse("mousePressed", *start)
+        for k in range(1, steps + 1):
+            self.mouse("mouseMoved", start[0] + (end[0] - start[0]) * k / steps,
+                       start[1] + (end[1] - start[1]) * k / steps, pressed=True)
+        self.mouse("mouseReleased", *end)
+
+    def key(self, key: str, code: int) -> None:
+        for kind in ("rawKeyDown", "keyUp"):
+            self.call("Input.dispatchKeyEvent", type=kind, key=key, code=key, windowsVirtualKeyCode=code)
+
+    def screenshot(self, path: Path) -> Path:
+        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
+        return path
 
 
-def _executed_tour(tmp_path: Path) -> Path:
-    """The executed tour notebook with its saved widget state: the committed results copy when present, else a
-    quick-mode run into ``tmp_path``."""
-    committed = REPO_ROOT / "results" / "00_tour" / "00_tour.ipynb"
-    if committed.exists():
-        return committed
-    from pagedattn.reproduce import NOTEBOOKS_DIR, run_notebook
-
-    return run_notebook(NOTEBOOKS_DIR / "00_tour.ipynb", quick=True, results_dir=tmp_path / "results")
-
-
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install chromium)")
-def test_tour_widget_renders_in_jupyterlab(tmp_path):
-    """Open the live-view cell of the executed tour notebook in JupyterLab (widget state restored from the notebook)
-    in headless Chromium; wait for the widget's slider and image in the DOM; save a screenshot."""
-    nb = json.loads(_executed_tour(tmp_path).read_text())
-    assert nb["metadata"].get("widgets"), "the executed notebook carries its widget state"
-    nb["cells"] = [c for c in nb["cells"] if c["cell_type"] == "code" and "BlockPoolView" in "".join(c["source"])]
-    assert nb["cells"] and nb["cells"][0]["outputs"]
-    root = tmp_path / "lab"
-    root.mkdir()
-    import nbformat
-    from nbformat.sign import NotebookNotary
-
-    # widgets render only in a trusted notebook: sign it with a notary of its own (the server below uses the same
-    # data dir, so it finds the signature), leaving the user's trust database alone
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    node = nbformat.from_dict(nb)
-    NotebookNotary(data_dir=str(data_dir)).sign(node)
-    nbformat.write(node, str(root / "tour_view.ipynb"))
-    settings = tmp_path / "settings"  # JupyterLab settings for this server only: restore saved widget state, no news
-    for rel, doc in {"@jupyter-widgets/jupyterlab-manager/plugin.jupyterlab-settings": {"saveState": True},
-                     "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
-                         {"fetchNews": "false", "checkForUpdates": False}}.items():
-        (settings / rel).parent.mkdir(parents=True, exist_ok=True)
-        (settings / rel).write_text(json.dumps(doc))
-    env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"),
-               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_DATA_DIR=str(data_dir))
-    port, cdp_port = _free_port(), _free_port()
-    lab = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
-                            f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--ServerApp.token=",
-                            "--ServerApp.password=", f"--ServerApp.root_dir={root}", "--LabApp.news_url=None"],
-                           env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "lab.log", "w"),
-                           start_new_session=True)
-    chrome = None
+@contextlib.contextmanager
+def chromium_page(url: str, tmp_path: Path):
+    """Headless Chromium (the OS package) on ``url``, its DevTools endpoint on a free port of 127.0.0.1."""
+    port = _free_port()
+    proc = subprocess.Popen([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                             "--disable-sync", f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1400,1050",
+                             "--remote-debugging-address=127.0.0.1", f"--remote-debugging-port={port}", url],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
     try:
-        _wait_http(f"http://127.0.0.1:{port}/api/status", 60)
-        url = f"http://127.0.0.1:{port}/lab/tree/tour_view.ipynb"
-        chrome = subprocess.Popen([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                                   "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                                   "--disable-sync", f"--user-data-dir={tmp_path / 'chrome'}",
-                                   "--window-size=1400,1000", "--remote-debugging-address=127.0.0.1",
-                                   f"--remote-debugging-port={cdp_port}", url],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        _wait_http(f"http://127.0.0.1:{cdp_port}/json/version", 30)
-        with urllib.request.urlopen(f"http://127.0.0.1:{cdp_port}/json/list", timeout=5) as r:
-            page = next(t for t in json.loads(r.read()) if t["type"] == "page")
-        cdp = _CDP(page["webSocketDebuggerUrl"])
-        found, t0 = None, time.monotonic()
-        while time.monotonic() - t0 < 90:
-            found = cdp.eval("(() => { const s = document.querySelector('.jp-OutputArea .widget-slider');"
-                             " const i = document.querySelector('.jp-OutputArea .widget-image');"
-                             " return s && i && i.naturalWidth > 0 ? [i.naturalWidth, i.naturalHeight] : null })()")
-            if found:
-                break
-            time.sleep(0.5)
-        time.sleep(1.0)  # let the layout settle
-        shot = base64.b64decode(cdp.call("Page.captureScreenshot", format="png")["data"])
-        out = tmp_path / "jupyterlab_tour_widget.png"
-        out.write_bytes(shot)
-        if os.environ.get("PAGEDATTN_SCREENSHOT_DIR"):
-            shutil.copy(out, Path(os.environ["PAGEDATTN_SCREENSHOT_DIR"]) / out.name)
-        assert found, f"the widget's slider and image did not render in JupyterLab within 90 s (see {out})"
-        assert found[0] > 600, found
-        assert shot.startswith(PNG)
-        from PIL import Image
-
-        colors = {tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in tour.REQUEST_COLORS[:3]}
-        img = Image.open(io.BytesIO(shot)).convert("RGB")
-        hits = sum(n for n, rgb in img.getcolors(1 << 20) if rgb in colors)
-        assert hits > 2000, "the block grid's request colours are on screen"
+        _wait_http(f"http://127.0.0.1:{port}/json/version", 60, proc)
+        page = next(t for t in _get(f"http://127.0.0.1:{port}/json/list") if t["type"] == "page")
+        yield _CDP(page["webSocketDebuggerUrl"])
     finally:
-        for p in (chrome, lab):
-            if p is not None and p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+# What the live view shows, read from the page: the caption's frame number, the slider's readout, the block tables
+# (frame index and rows) and the pool image's bytes (base64), plus every disconnected widget and widget error.
+_VIEW_STATE = """(async () => {
+  const out = [...document.querySelectorAll('.jp-OutputArea-output')].find(o => o.querySelector('.pa-block-tables'));
+  if (!out) return null;
+  const caption = [...out.querySelectorAll('.widget-html-content')].map(e => e.textContent).find(t => /^frame \\d+\\//.test(t));
+  const table = out.querySelector('.pa-block-tables');
+  const img = out.querySelector('img');
+  const bytes = new Uint8Array(await (await fetch(img.src)).arrayBuffer());
+  let bin = ''; for (const b of bytes) bin += String.fromCharCode(b);
+  return {caption, readout: out.querySelector('.widget-readout').textContent.trim(),
+          frame: Number(table.dataset.frame), image: btoa(bin),
+          rows: [...table.querySelectorAll('tr')].map(tr => [tr.dataset.seq, tr.querySelector('.pa-blocks').textContent]),
+          disconnected: document.querySelectorAll('.jupyter-widgets-disconnected').length,
+          errors: document.body.innerText.includes('Error displaying widget')};
+})()"""
+
+
+def _view(cdp: _CDP, settle: float = 1.0) -> dict:
+    """The view's state once the caption, slider, tables and image agree on one frame and stay for ``settle`` s
+    (the kernel redraws on every slider change, and the browser shows each change as it comes)."""
+    t0, last, since = time.monotonic(), None, time.monotonic()
+    while time.monotonic() - t0 < 60:
+        v = cdp.eval(_VIEW_STATE)
+        if v != last:
+            last, since = v, time.monotonic()
+        elif v and int(v["caption"].split()[1].split("/")[0]) == int(v["readout"]) == v["frame"] \
+                and time.monotonic() - since >= settle:
+            return v
+        time.sleep(0.2)
+    raise TimeoutError(f"the live view did not settle on one frame within 60 s: {last and {**last, 'image': '...'}}")
+
+
+def _assert_shows(v: dict, frames: list, colors: dict) -> int:
+    """The view shows frame ``i`` of the recorded trace: its block tables, row by row, and its pool image."""
+    i = v["frame"]
+    assert v["rows"] == [[s.label, " ".join(f"[{b}]" if frames[i].ref_counts[b] > 1 else str(b) for b in s.blocks)]
+                         for s in frames[i].seqs], f"frame {i}: the tables shown are not the trace's"
+    from PIL import Image
+
+    shown = Image.open(io.BytesIO(base64.b64decode(v["image"]))).convert("RGB")
+    drawn = Image.open(io.BytesIO(tour.frame_png(frames[i], colors, tables=False))).convert("RGB")
+    assert shown.size == drawn.size and shown.tobytes() == drawn.tobytes(), f"frame {i}: the image is not the trace's"
+    assert v["disconnected"] == 0 and not v["errors"], "a widget shows the disconnected indicator or an error"
+    return i
+
+
+def _tour_copy(root: Path, results_dir: Path, quick: bool) -> Path:
+    """The tour notebook with its parameters set as papermill sets them (a cell after the `parameters` cell)."""
+    import nbformat
+
+    nb = nbformat.read(REPO_ROOT / "notebooks" / "00_tour.ipynb", as_version=4)
+    (k,) = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
+    nb.cells.insert(k + 1, nbformat.v4.new_code_cell(f"quick = {quick}\nresults_dir = {str(results_dir)!r}",
+                                                     metadata={"tags": ["injected-parameters"]}))
+    path = root / "00_tour.ipynb"
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_tour_plays_live_in_jupyterlab(tmp_path):
+    """A reader's session: open the tour in JupyterLab (the `make lab` server) with the project's kernel, run all
+    cells from the Run menu, then drag the live view's slider, step it with the arrow key and press play, with real
+    input events. Each time the caption, slider, block tables and pool image must agree on one frame of the trace the
+    notebook recorded (``block_pool_trace.json``), the frame must change, and no widget may be disconnected."""
+    require_chromium()
+    from pagedattn.lab import KERNEL_DISPLAY_NAME
+
+    full = os.environ.get("PAGEDATTN_TOUR_FULL") == "1"
+    root, results = tmp_path / "lab", tmp_path / "results"
+    root.mkdir()
+    _tour_copy(root, results, quick=not full)
+    shots = []
+    with lab_server(root, tmp_path) as lab, chromium_page(lab.page("lab/tree/00_tour.ipynb"), tmp_path) as cdp:
+        _check_project_kernel(lab)
+        cdp.wait("document.querySelector('.jp-Notebook-ExecutionIndicator[data-status=\"idle\"]') !== null", 120,
+                 "the notebook opened with an idle kernel")
+        kernel = cdp.eval("document.querySelector('.jp-Toolbar-kernelName').textContent.trim()")
+        assert kernel == KERNEL_DISPLAY_NAME, kernel
+        # Run > Run All Cells, as a reader clicks it
+        cdp.click(".lm-MenuBar-item", "Run")
+        cdp.wait("document.querySelector('.lm-Menu-item[data-command=\"notebook:run-all-cells\"]') !== null", 10,
+                 "the Run menu opened")
+        cdp.click('.lm-Menu-item[data-command="notebook:run-all-cells"]')
+        prompts = "[...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent.trim())"
+        cdp.wait(f"{prompts}.some(p => p === '[*]:')", 30, "run-all started")
+        done = cdp.wait(f"(() => {{ const p = {prompts}; const i = document.querySelector("
+                        "'.jp-Notebook-ExecutionIndicator'); return i && i.dataset.status === 'idle' &&"
+                        " !p.includes('[*]:') ? p : null }})()", 900 if full else 180, "run-all finished")
+        if not all(p[1:-2].isdigit() for p in done):
+            errors = cdp.eval("[...document.querySelectorAll('.jp-OutputArea-output[data-mime-type="
+                              "\"application/vnd.jupyter.stderr\"]')].map(e => e.textContent).join('\\n')")
+            pytest.fail(f"run-all stopped: prompts {done}\n{errors[-3000:]}")
+        frames = tour.load_trace(results / "00_tour" / "block_pool_trace.json")
+        colors = tour.request_colors(frames)
+        cdp.eval("document.querySelector('.pa-block-tables').closest('.jp-OutputArea-output')"
+                 ".scrollIntoView({block: 'center'})")
+        before = _view(cdp)
+        start = _assert_shows(before, frames, colors)
+        assert start == tour.copy_on_write_frame(frames), "the view opens on the copy-on-write frame"
+        shots.append(cdp.screenshot(tmp_path / "jupyterlab_tour_before.png"))
+
+        # drag the slider's handle to the far left: frame 0
+        handle = ".jp-OutputArea-output .widget-slider .noUi-handle"
+        track = cdp.eval("(() => { const r = document.querySelector('.jp-OutputArea-output .widget-slider"
+                         " .noUi-target').getBoundingClientRect(); return [r.left, r.width] })()")
+        x, y = cdp.center(handle)
+        cdp.drag((x, y), (track[0] - 20, y))
+        dragged = _view(cdp)
+        assert _assert_shows(dragged, frames, colors) == 0 and dragged["image"] != before["image"]
+        # the arrow key on the focused handle: one frame on
+        cdp.key("ArrowRight", 39)
+        stepped = _view(cdp)
+        assert _assert_shows(stepped, frames, colors) == 1 and stepped["image"] != dragged["image"]
+        # play: the frames advance by themselves; pause a few frames on
+        cdp.click(".jp-OutputArea-output .widget-play button:nth-of-type(1)")
+        cdp.wait("(() => { const r = document.querySelector('.jp-OutputArea-output .widget-readout');"
+                 f" return r && Number(r.textContent) >= {min(3, len(frames) - 1)} }})()", 30, "play advanced")
+        cdp.click(".jp-OutputArea-output .widget-play button:nth-of-type(2)")
+        after = _view(cdp, settle=2.0)
+        end = _assert_shows(after, frames, colors)
+        assert end >= min(3, len(frames) - 1) and after["image"] != stepped["image"]
+        shots.append(cdp.screenshot(tmp_path / "jupyterlab_tour_after.png"))
+        assert before["caption"] != after["caption"] and before["image"] != after["image"]
+    if os.environ.get("PAGEDATTN_SCREENSHOT_DIR"):
+        for shot in shots:
+            shutil.copy(shot, Path(os.environ["PAGEDATTN_SCREENSHOT_DIR"]) / shot.name)

@@ -13,9 +13,13 @@ the frames in an ipywidgets slider for JupyterLab, and ``save_gif`` writes the s
 """
 from __future__ import annotations
 
+import base64
+import html
 import io
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
+from pathlib import Path
 
 from pagedattn import plots  # noqa: F401  (selects a headless backend outside a kernel)
 
@@ -37,6 +41,11 @@ class SeqView:
     seq_id: int
     blocks: list[int]
     num_tokens: int
+
+    @property
+    def label(self) -> str:
+        """``request·s<sample>``, as the view and the GIF name a sequence."""
+        return f"{self.request_id}·s{self.sample}"
 
 
 @dataclass
@@ -124,6 +133,27 @@ def _add(engine, requests: list[tuple]) -> list[str]:
     return [args[0] for args in requests]
 
 
+def save_trace(frames: list[Frame], path) -> str:
+    """Write the frames as JSON (one object per frame, the ``Frame`` fields), so that a reader, or a test driving the
+    live view in a browser, can compare what is shown with what was recorded."""
+    Path(path).write_text(json.dumps([asdict(f) for f in frames]))
+    return str(path)
+
+
+def load_trace(path) -> list[Frame]:
+    """The frames written by ``save_trace``."""
+    return [Frame(**{**d, "seqs": [SeqView(**s) for s in d["seqs"]]}) for d in json.loads(Path(path).read_text())]
+
+
+def copy_on_write_frame(frames: list[Frame]) -> int:
+    """Index of the frame where copy-on-write copied the most blocks (the first such frame): the frame the tour's view
+    opens on, so that a reader without a kernel sees samples splitting off a shared block (§4.4)."""
+    copies = [f.num_copies for f in frames]
+    if not any(copies):
+        raise ValueError("no frame of this trace has a copy-on-write copy")
+    return copies.index(max(copies))
+
+
 # ------------------------------------------------------------------------------------------------ drawing
 def request_colors(frames: list[Frame]) -> dict[str, str]:
     """A stable colour per request id, in order of first appearance."""
@@ -136,17 +166,41 @@ def request_colors(frames: list[Frame]) -> dict[str, str]:
     return {r: REQUEST_COLORS[i % len(REQUEST_COLORS)] for i, r in enumerate(ids)}
 
 
-def draw_frame(frame: Frame, colors: dict[str, str] | None = None, cols: int = 8, title: str | None = None):
+def draw_frame(frame: Frame, colors: dict[str, str] | None = None, cols: int = 8, title: str | None = None,
+               tables: bool = True):
     """Draw one frame: the physical block pool as a grid (colour = owning request; gold = shared by several requests;
-    pale gold = pinned prefix held only by the manager; grey = free but cached), reference counts in the cells, and
-    every live sequence's block table on the right. Returns the matplotlib figure."""
+    pale gold = pinned prefix held only by the manager; grey = free but cached), reference counts in the cells, and,
+    with ``tables``, every live sequence's block table on the right under a title line. ``tables=False`` draws the
+    pool alone (the live view shows the tables and the step as text beside it). Returns the matplotlib figure."""
     colors = colors or request_colors([frame])
+    rows = -(-frame.num_blocks // cols)
+    n_lines = max(len(frame.seqs), 1) + 2
+    if not tables:  # the grid alone, at the same cell size as below; the title takes 0.3 inch
+        width = 5.6
+        fig = plt.figure(figsize=(width, (rows + 0.05) * 0.96 * width / (cols + 0.05) + 0.3), dpi=90)
+        _draw_pool(fig.add_axes([0.02, 0.0, 0.96, 1 - 0.3 / fig.get_figheight()]), frame, colors, cols)
+        return fig
+    fig = plt.figure(figsize=(11.5, max(3.4, 0.62 * rows + 1.4, 0.28 * n_lines + 1.2)), dpi=90)
+    _draw_pool(fig.add_axes([0.01, 0.06, 0.44, 0.80]), frame, colors, cols)
+    _draw_tables(fig.add_axes([0.47, 0.06, 0.52, 0.80]), frame, colors)
+    used = sum(1 for c in frame.ref_counts if c)
+    head = title or (f"step {frame.step}: {frame.kind}" if frame.step >= 0 else "before the first step")
+    extra = []
+    if frame.num_copies:
+        extra.append(f"copy-on-write: {frame.num_copies} block(s) copied")
+    if frame.new_requests:
+        extra.append("added " + ", ".join(frame.new_requests))
+    if frame.finished:
+        extra.append("finished " + ", ".join(frame.finished))
+    fig.suptitle(f"{head}   |   {used}/{frame.num_blocks} blocks used" + ("   |   " + "; ".join(extra) if extra else ""),
+                 x=0.01, ha="left", fontsize=10.5, weight="bold")
+    return fig
+
+
+def _draw_pool(ax, frame: Frame, colors: dict[str, str], cols: int) -> None:
     owners = frame.owners()
     pinned, cached = set(frame.pinned), set(frame.cached)
     rows = -(-frame.num_blocks // cols)
-    n_lines = max(len(frame.seqs), 1) + 2
-    fig = plt.figure(figsize=(11.5, max(3.4, 0.62 * rows + 1.4, 0.28 * n_lines + 1.2)), dpi=90)
-    ax = fig.add_axes([0.01, 0.06, 0.44, 0.80])
     for b in range(frame.num_blocks):
         r, c = divmod(b, cols)
         rc = frame.ref_counts[b]
@@ -175,15 +229,17 @@ def draw_frame(frame: Frame, colors: dict[str, str] | None = None, cols: int = 8
     ax.axis("off")
     ax.set_title(f"physical block pool ({frame.num_blocks} blocks × {frame.block_size} tokens; ×n = reference count)",
                  fontsize=9, loc="left")
-    tx = fig.add_axes([0.47, 0.06, 0.52, 0.80])
+
+
+def _draw_tables(tx, frame: Frame, colors: dict[str, str]) -> None:
     tx.axis("off")
     tx.set_title("block tables (logical → physical)", fontsize=9, loc="left")
+    n_lines = max(len(frame.seqs), 1) + 2
     y, dy = 0.97, min(0.09, 0.9 / n_lines)
     for s in frame.seqs:
         fill = s.num_tokens - (len(s.blocks) - 1) * frame.block_size if s.blocks else 0
-        shared = [b for b in s.blocks if frame.ref_counts[b] > 1]
-        table = ", ".join(f"[{b}]" if b in shared else str(b) for b in s.blocks)
-        tx.text(0.0, y, f"{s.request_id}·s{s.sample}", color=colors.get(s.request_id, "#333333"), fontsize=9,
+        table = ", ".join(f"[{b}]" if frame.ref_counts[b] > 1 else str(b) for b in s.blocks)
+        tx.text(0.0, y, s.label, color=colors.get(s.request_id, "#333333"), fontsize=9,
                 weight="bold", va="top", family="monospace")
         tx.text(0.16, y, f"{table}   ({s.num_tokens} tok, last {fill}/{frame.block_size})", fontsize=8.5, va="top",
                 family="monospace")
@@ -192,18 +248,6 @@ def draw_frame(frame: Frame, colors: dict[str, str] | None = None, cols: int = 8
         tx.text(0.0, y, "(no live sequences)", fontsize=9, va="top", color="#777777")
     tx.text(0.0, 0.0, "[b] = physical block shared with another block table", fontsize=7.5, color="#555555",
             va="bottom")
-    used = sum(1 for c in frame.ref_counts if c)
-    head = title or (f"step {frame.step}: {frame.kind}" if frame.step >= 0 else "before the first step")
-    extra = []
-    if frame.num_copies:
-        extra.append(f"copy-on-write: {frame.num_copies} block(s) copied")
-    if frame.new_requests:
-        extra.append("added " + ", ".join(frame.new_requests))
-    if frame.finished:
-        extra.append("finished " + ", ".join(frame.finished))
-    fig.suptitle(f"{head}   |   {used}/{frame.num_blocks} blocks used" + ("   |   " + "; ".join(extra) if extra else ""),
-                 x=0.01, ha="left", fontsize=10.5, weight="bold")
-    return fig
 
 
 def frame_png(frame: Frame, colors: dict[str, str] | None = None, **kw) -> bytes:
@@ -236,32 +280,40 @@ def _pad(img, size):
 
 
 class BlockPoolView:
-    """An ipywidgets view of a trace: play button + step slider over the frames, the frame's image, and a caption.
+    """An ipywidgets view of a trace: play button + step slider over the frames, a caption, the pool drawn as an image
+    and every live sequence's block table as text beside it.
 
-    ``view.widget`` is the ipywidgets box (display it in JupyterLab); ``view.show(i)`` moves to frame ``i``."""
+    ``view.widget`` is the ipywidgets box; ``view.show(i)`` moves to frame ``i`` (``start`` is the first one shown).
+    Displayed in a notebook, the view also carries a PNG of its current frame (block tables included), which a reader
+    without a kernel or widget support (an untrusted notebook, a static renderer) sees instead of the widget."""
 
-    def __init__(self, frames: list[Frame], interval_ms: int = 900) -> None:
+    def __init__(self, frames: list[Frame], interval_ms: int = 900, start: int = 0) -> None:
         import ipywidgets as w
 
         if not frames:
             raise ValueError("a trace needs at least one frame")
+        if not 0 <= start < len(frames):
+            raise ValueError(f"start must be a frame index in [0, {len(frames) - 1}], got {start}")
         self.frames = frames
         self.colors = request_colors(frames)
-        self._png = lru_cache(maxsize=None)(lambda i: frame_png(self.frames[i], self.colors))
+        self._png = lru_cache(maxsize=None)(lambda i: frame_png(self.frames[i], self.colors, tables=False))
         n = len(frames) - 1
-        self.play = w.Play(value=0, min=0, max=n, step=1, interval=interval_ms, description="play")
-        self.slider = w.IntSlider(value=0, min=0, max=n, step=1, description="frame",
+        self.play = w.Play(value=start, min=0, max=n, step=1, interval=interval_ms, description="play")
+        self.slider = w.IntSlider(value=start, min=0, max=n, step=1, description="frame",
                                   layout=w.Layout(width="520px"))
         w.jslink((self.play, "value"), (self.slider, "value"))
-        self.image = w.Image(value=self._png(0), format="png", layout=w.Layout(max_width="100%"))
-        self.caption = w.HTML(value=self._caption(0))
+        self.image = w.Image(value=self._png(start), format="png", layout=w.Layout(max_width="52%"))
+        self.caption = w.HTML(value=self._caption(start))
+        self.tables = w.HTML(value=self._tables(start))
         self.slider.observe(lambda change: self.show(change["new"]), names="value")
         legend = w.HTML(value=self._legend())
-        self.widget = w.VBox([w.HBox([self.play, self.slider]), self.caption, self.image, legend])
+        self.widget = w.VBox([w.HBox([self.play, self.slider]), self.caption, w.HBox([self.image, self.tables]),
+                              legend])
 
     def show(self, i: int) -> None:
         self.image.value = self._png(i)
         self.caption.value = self._caption(i)
+        self.tables.value = self._tables(i)
         if self.slider.value != i:
             self.slider.value = i
         if self.play.value != i:  # the play button is linked to the slider in the browser; keep both in step
@@ -270,9 +322,25 @@ class BlockPoolView:
     def _caption(self, i: int) -> str:
         f = self.frames[i]
         what = f"step {f.step} ({f.kind})" if f.step >= 0 else "before the first step"
+        events = [f"added {', '.join(f.new_requests)}"] * bool(f.new_requests)
+        events += [f"finished {', '.join(f.finished)}"] * bool(f.finished)
         return (f"<b>frame {i}/{len(self.frames) - 1}</b>: {what}; {len(f.seqs)} live sequences, "
                 f"{sum(1 for c in f.ref_counts if c)} of {f.num_blocks} blocks used"
-                + (f"; <b>copy-on-write</b> copied {f.num_copies} block(s)" if f.num_copies else ""))
+                + (f"; <b>copy-on-write</b> copied {f.num_copies} block(s)" if f.num_copies else "")
+                + "".join(f"; {e}" for e in events))
+
+    def _tables(self, i: int) -> str:
+        """Frame ``i``'s block tables as an HTML table (one row per sequence; [b] = a block shared with another
+        table), marked with the frame index so that what is shown can be checked against the trace."""
+        f = self.frames[i]
+        rows = "".join(
+            f'<tr data-seq="{html.escape(s.label)}"><td style="color:{self.colors.get(s.request_id, "#333")};'
+            f'font-weight:bold;padding-right:8px">{html.escape(s.label)}</td>'
+            f'<td class="pa-blocks">{" ".join(f"[{b}]" if f.ref_counts[b] > 1 else str(b) for b in s.blocks)}</td>'
+            f'<td style="padding-left:8px;color:#555">{s.num_tokens} tok</td></tr>' for s in f.seqs)
+        return (f'<div style="font-family:monospace;font-size:12px;padding-left:8px"><div style="font-size:11px">block '
+                f'tables (logical → physical; [b] shared)</div><table class="pa-block-tables" data-frame="{i}">{rows}'
+                f'</table>{"" if f.seqs else "(no live sequences)"}</div>')
 
     def _legend(self) -> str:
         items = [(c, r) for r, c in self.colors.items()] + [(SHARED_COLOR, "shared by several requests"),
@@ -281,10 +349,12 @@ class BlockPoolView:
         return " ".join(f'<span style="background:{c};padding:1px 8px;margin-right:2px;border:1px solid #444">'
                         f'</span>{r}&nbsp;&nbsp;' for c, r in items)
 
-    def _ipython_display_(self):  # noqa: D401 - IPython hook
-        from IPython.display import display
-
-        display(self.widget)
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        """The widget for a live kernel, plus the current frame as PNG (with its block tables) for a reader without
+        one: JupyterLab prefers the widget, an untrusted notebook or a static renderer falls back to the image."""
+        bundle = self.widget._repr_mimebundle_()
+        bundle["image/png"] = base64.b64encode(frame_png(self.frames[self.slider.value], self.colors)).decode()
+        return bundle
 
 
 # ---------------------------------------------------------------------------------------- the tour's run
