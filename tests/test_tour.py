@@ -133,9 +133,9 @@ def test_executed_tour_shows_copy_on_write_without_a_kernel():
     assert trace[i].num_copies > 0
     from PIL import Image
 
-    shown = Image.open(io.BytesIO(base64.b64decode(out["data"]["image/png"])))
-    drawn = Image.open(io.BytesIO(tour.frame_png(trace[i], tour.request_colors(trace))))
-    assert shown.size == drawn.size
+    shown = Image.open(io.BytesIO(base64.b64decode(out["data"]["image/png"]))).convert("RGB")
+    drawn = Image.open(io.BytesIO(tour.frame_png(trace[i], tour.request_colors(trace)))).convert("RGB")
+    assert shown.size == drawn.size and shown.tobytes() == drawn.tobytes(), "the PNG shown is the trace's frame i"
     captions = [m["state"]["value"] for m in nb["metadata"]["widgets"]["application/vnd.jupyter.widget-state+json"]
                 ["state"].values() if m["model_name"] == "HTMLModel" and "frame " in m["state"].get("value", "")]
     assert len(captions) == 1, captions
@@ -344,7 +344,7 @@ def lab_server(root: Path, tmp_path: Path):
         left = _processes_mentioning(str(runtime))
         for pid in left:
             os.kill(pid, signal.SIGKILL)
-        assert proc.returncode is not None and not left, f"left running: server {proc.returncode}, kernels {left}"
+    assert proc.returncode is not None and not left, f"left running: server {proc.returncode}, kernels {left}"
 
 
 def _check_project_kernel(lab: _Lab) -> None:
@@ -378,11 +378,12 @@ def test_make_lab_serves_the_notebooks_with_the_project_kernel(tmp_path):
 class _CDP:
     """A minimal Chrome DevTools Protocol client over one page target (websocket-client)."""
 
-    def __init__(self, ws_url: str) -> None:
+    def __init__(self, ws_url: str, shot_dir: Path) -> None:
         import websocket
 
         self.ws = websocket.create_connection(ws_url, timeout=60, suppress_origin=True)
         self.next_id = 0
+        self.shot_dir = shot_dir  # where a timed-out wait leaves a screenshot
 
     def call(self, method: str, **params):
         self.next_id += 1
@@ -407,7 +408,8 @@ class _CDP:
             if value:
                 return value
             time.sleep(0.25)
-        raise TimeoutError(f"{what}: not within {timeout} s")
+        shot = self.screenshot(self.shot_dir / "timeout.png")
+        raise TimeoutError(f"{what}: not within {timeout} s (screenshot: {shot})")
 
     def center(self, selector: str, text: str | None = None) -> tuple[float, float]:
         """The centre of the first element matching ``selector`` (and whose text is ``text``), in CSS pixels."""
@@ -458,7 +460,7 @@ def chromium_page(url: str, tmp_path: Path):
     try:
         _wait_http(f"http://127.0.0.1:{port}/json/version", 60, proc)
         page = next(t for t in _get(f"http://127.0.0.1:{port}/json/list") if t["type"] == "page")
-        yield _CDP(page["webSocketDebuggerUrl"])
+        yield _CDP(page["webSocketDebuggerUrl"], tmp_path)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -540,20 +542,20 @@ def test_tour_plays_live_in_jupyterlab(tmp_path):
     shots = []
     with lab_server(root, tmp_path) as lab, chromium_page(lab.page("lab/tree/00_tour.ipynb"), tmp_path) as cdp:
         _check_project_kernel(lab)
-        cdp.wait("document.querySelector('.jp-Notebook-ExecutionIndicator[data-status=\"idle\"]') !== null", 120,
-                 "the notebook opened with an idle kernel")
-        kernel = cdp.eval("document.querySelector('.jp-Toolbar-kernelName').textContent.trim()")
-        assert kernel == KERNEL_DISPLAY_NAME, kernel
+        kernel = "(() => { const k = document.querySelector('.jp-Toolbar-kernelName'); return k && k.textContent.trim() })()"
+        cdp.wait(f"{kernel} === {json.dumps(KERNEL_DISPLAY_NAME)} && document.querySelector("
+                 "'.jp-Notebook-ExecutionIndicator[data-status=\"idle\"]') !== null", 120,
+                 f"the notebook opened with the {KERNEL_DISPLAY_NAME} kernel, idle")
         # Run > Run All Cells, as a reader clicks it
         cdp.click(".lm-MenuBar-item", "Run")
-        cdp.wait("document.querySelector('.lm-Menu-item[data-command=\"notebook:run-all-cells\"]') !== null", 10,
+        cdp.wait("[...document.querySelectorAll('.lm-Menu-itemLabel')].some(e => e.textContent === 'Run All Cells')", 10,
                  "the Run menu opened")
-        cdp.click('.lm-Menu-item[data-command="notebook:run-all-cells"]')
+        cdp.click(".lm-Menu-itemLabel", "Run All Cells")
         prompts = "[...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent.trim())"
         cdp.wait(f"{prompts}.some(p => p === '[*]:')", 30, "run-all started")
         done = cdp.wait(f"(() => {{ const p = {prompts}; const i = document.querySelector("
                         "'.jp-Notebook-ExecutionIndicator'); return i && i.dataset.status === 'idle' &&"
-                        " !p.includes('[*]:') ? p : null }})()", 900 if full else 180, "run-all finished")
+                        " !p.includes('[*]:') ? p : null })()", 900 if full else 180, "run-all finished")
         if not all(p[1:-2].isdigit() for p in done):
             errors = cdp.eval("[...document.querySelectorAll('.jp-OutputArea-output[data-mime-type="
                               "\"application/vnd.jupyter.stderr\"]')].map(e => e.textContent).join('\\n')")
@@ -579,11 +581,12 @@ def test_tour_plays_live_in_jupyterlab(tmp_path):
         cdp.key("ArrowRight", 39)
         stepped = _view(cdp)
         assert _assert_shows(stepped, frames, colors) == 1 and stepped["image"] != dragged["image"]
-        # play: the frames advance by themselves; pause a few frames on
-        cdp.click(".jp-OutputArea-output .widget-play button:nth-of-type(1)")
+        # play: the frames advance by themselves; the same button pauses a few frames on
+        play = ".jp-OutputArea-output .widget-play button:nth-of-type(1)"
+        cdp.click(play)
         cdp.wait("(() => { const r = document.querySelector('.jp-OutputArea-output .widget-readout');"
                  f" return r && Number(r.textContent) >= {min(3, len(frames) - 1)} }})()", 30, "play advanced")
-        cdp.click(".jp-OutputArea-output .widget-play button:nth-of-type(2)")
+        cdp.click(play)
         after = _view(cdp, settle=2.0)
         end = _assert_shows(after, frames, colors)
         assert end >= min(3, len(frames) - 1) and after["image"] != stepped["image"]
