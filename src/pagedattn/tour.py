@@ -9,7 +9,9 @@ snapshots what the block manager holds: each live sequence's block table and tok
 counts, pinned (user-marked prefix) and cached blocks, and the step's copy-on-write count. Nothing is recomputed or
 hard-coded: a ``Frame`` is a copy of ``engine.kv``'s state. ``draw_frame`` draws one frame (the pool as a grid,
 coloured by owning request, with reference counts; each sequence's block table beside it), ``BlockPoolView`` wraps
-the frames in an ipywidgets slider for JupyterLab, and ``save_gif`` writes the same frames for headless runs.
+the frames in an ipywidgets slider for JupyterLab (the block tables as text beside the pool), ``save_gif`` writes the
+same frames for headless runs, and ``save_trace`` / ``load_trace`` keep the frames as JSON, so that what a view shows
+can be checked against what was recorded.
 """
 from __future__ import annotations
 
