@@ -314,11 +314,9 @@ def _processes_mentioning(text: str) -> list[int]:
 
 @contextlib.contextmanager
 def lab_server(root: Path, tmp_path: Path):
-    """The ``make lab`` server (``pagedattn.lab.lab_argv``) on ``root``, on a free port of 127.0.0.1, with JupyterLab
+    """The ``make lab`` server (``python -m pagedattn.lab``) on ``root``, on a free port of 127.0.0.1, with JupyterLab
     settings, workspaces and runtime files of its own under ``tmp_path``; yields its base URL. On exit the server is
     stopped, and no process (a kernel) started under its runtime dir is left. Yields a ``_Lab``."""
-    from pagedattn.lab import lab_argv
-
     settings, runtime = tmp_path / "lab-settings", tmp_path / "lab-runtime"
     for rel, doc in {"@jupyterlab/apputils-extension/notification.jupyterlab-settings":
                      {"fetchNews": "false", "checkForUpdates": False},
@@ -330,8 +328,9 @@ def lab_server(root: Path, tmp_path: Path):
                JUPYTER_RUNTIME_DIR=str(runtime), PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
     port, token = _free_port(), secrets.token_hex(16)
     log = open(tmp_path / "lab.log", "w")
-    proc = subprocess.Popen(lab_argv(root, "--no-browser", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-                                     f"--IdentityProvider.token={token}", "--LabApp.news_url=None"),
+    proc = subprocess.Popen([sys.executable, "-m", "pagedattn.lab", f"--ServerApp.root_dir={root}", "--no-browser",
+                             f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+                             f"--IdentityProvider.token={token}", "--LabApp.news_url=None"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     try:
@@ -373,6 +372,20 @@ def test_make_lab_serves_the_notebooks_with_the_project_kernel(tmp_path):
         out = lab.execute(session["kernel"]["id"], "import sys, pagedattn; print(sys.prefix); print(pagedattn.__file__)")
         prefix, module = out.split()
         assert Path(prefix) == Path(sys.prefix) and Path(module).is_relative_to(REPO_ROOT / "src"), out
+
+
+def test_lab_command_line_and_a_missing_kernel_spec(monkeypatch, capsys):
+    from pagedattn import lab
+
+    argv = lab.lab_argv("--no-browser")
+    assert argv[1:3] == ["-m", "jupyterlab"] and argv[-1] == "--no-browser"
+    assert f"--ServerApp.root_dir={lab.NOTEBOOKS_DIR}" in argv and "--ServerApp.ip=127.0.0.1" in argv
+    assert f"--MappingKernelManager.default_kernel_name={lab.KERNEL_NAME}" in argv
+    mine = lab.lab_argv("--ip=127.0.0.2", "--ServerApp.root_dir=/tmp")
+    assert not any(a.startswith(("--ServerApp.ip=", f"--ServerApp.root_dir={lab.NOTEBOOKS_DIR}")) for a in mine)
+    monkeypatch.setattr(lab, "KERNEL_NAME", "pagedattn-no-such-kernel")
+    assert lab.main(["--no-browser"]) == 2
+    assert "no Jupyter kernel spec named 'pagedattn-no-such-kernel'" in capsys.readouterr().err
 
 
 class _CDP:
@@ -453,7 +466,7 @@ def chromium_page(url: str, tmp_path: Path):
     port = _free_port()
     proc = subprocess.Popen([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                              "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                             "--disable-sync", f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1400,1050",
+                             "--disable-sync", "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1400,1050",
                              "--remote-debugging-address=127.0.0.1", f"--remote-debugging-port={port}", url],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                             start_new_session=True)

@@ -4,13 +4,13 @@ The notebooks are the project's first interface (the guided tour's live block-po
 with a kernel behind it). ``make venv`` registers the kernel spec in the virtual environment
 (``ipykernel install --sys-prefix --name pagedattn``); every notebook's metadata names it, so each opens with it, and
 the server's default kernel (a new notebook, the API's default) is the same one. Extra arguments go to JupyterLab,
-e.g. ``python -m pagedattn.lab --no-browser --ServerApp.port=8899``; the tests start the server through ``lab_argv``.
+e.g. ``python -m pagedattn.lab --no-browser --ServerApp.port=8899``; the tests start it so, on a root and port of their
+own.
 """
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from pagedattn.results import REPO_ROOT
 
@@ -32,12 +32,16 @@ def kernel_spec_problem() -> str | None:
     return None
 
 
-def lab_argv(root: str | os.PathLike = NOTEBOOKS_DIR, *extra: str) -> list[str]:
-    """The command line of the ``make lab`` server: JupyterLab on ``root``, bound to 127.0.0.1, the project's kernel
-    as default (``--allow-root`` when run as root, as in a container); ``extra`` arguments are appended."""
-    argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={Path(root).resolve()}",
-            "--ServerApp.ip=127.0.0.1", f"--MappingKernelManager.default_kernel_name={KERNEL_NAME}"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
+def lab_argv(*extra: str) -> list[str]:
+    """The command line of the ``make lab`` server: JupyterLab on ``notebooks/``, bound to 127.0.0.1, the project's
+    kernel as default (``--allow-root`` when run as root, as in a container). ``extra`` arguments are appended; one
+    that sets a default's option (``--ServerApp.root_dir=...``, ``--ip=...``) replaces that default."""
+    defaults = {("--ServerApp.root_dir=", "--root-dir=", "--notebook-dir="): str(NOTEBOOKS_DIR),
+                ("--ServerApp.ip=", "--ip="): "127.0.0.1",
+                ("--MappingKernelManager.default_kernel_name=",): KERNEL_NAME}
+    argv = [sys.executable, "-m", "jupyterlab"]
+    argv += [names[0] + value for names, value in defaults.items() if not any(a.startswith(names) for a in extra)]
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in extra:
         argv.append("--allow-root")
     return argv + list(extra)
 
@@ -47,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"make lab: {problem}", file=sys.stderr)
         return 2
-    args = lab_argv(NOTEBOOKS_DIR, *(sys.argv[1:] if argv is None else argv))
+    args = lab_argv(*(sys.argv[1:] if argv is None else argv))
     os.execv(args[0], args)
     return 0  # pragma: no cover - execv does not return
 
