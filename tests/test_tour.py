@@ -540,6 +540,7 @@ def _tour_copy(root: Path, results_dir: Path, quick: bool) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_tour_plays_live_in_jupyterlab(tmp_path):
     """A reader's session: open the tour in JupyterLab (the `make lab` server) with the project's kernel, run all
     cells from the Run menu, then drag the live view's slider, step it with the arrow key and press play, with real
