@@ -330,6 +330,13 @@ class BlockManager:
                 src.decref(b)
         return copies
 
+    def next_token_blocks(self, seq_ids: list[int]) -> int:
+        """Blocks that one more token of each sequence takes (§4.3, §4.4): one for a full last block; for a partly
+        filled last block shared by ``k`` of them, ``k - 1`` (copy-on-write; the last writer keeps the block)."""
+        bs, tables = self.block_size, [self.tables[s] for s in seq_ids]
+        partial = Counter(t.blocks[-1] for t in tables if t.num_tokens % bs)
+        return sum(t.num_tokens % bs == 0 for t in tables) + sum(k - 1 for k in partial.values())
+
     # ------------------------------------------------------------------------------------------- invariants
     def check_invariants(self) -> None:
         """Assert the invariants of the module docstring (used by tests)."""
@@ -389,10 +396,38 @@ class BlockManager:
     def swap_out_group(self, group) -> dict[int, int]:
         return self.swap_out([s.seq_id for s in group.get_seqs(status="running")])
 
-    def can_swap_in_group(self, group) -> bool:
+    def swap_in_status(self, group) -> AllocStatus:
+        """Whether a swapped-out group can come back now (OK), after others finish (LATER), or never (NEVER) (§4.5).
+
+        It takes its distinct blocks that the device does not already hold (a pinned or cached prefix in use is
+        shared again), plus the blocks its next tokens need (``next_token_blocks``: none for a sequence whose last
+        block has room), and leaves the watermark free."""
+        try:
+            self.check_swap_in(group)
+        except ValueError:
+            return AllocStatus.NEVER
         seqs = [s.seq_id for s in group.get_seqs(status="swapped")]
-        need = self._num_new_blocks(self._unique_blocks(seqs, "cpu"), self.cpu, self.gpu)
-        return self.gpu.num_free - need - len(seqs) >= self.watermark_blocks  # room for each sequence's next token
+        blocks = self._unique_blocks(seqs, "cpu")
+        need = self._num_new_blocks(blocks, self.cpu, self.gpu) + self.next_token_blocks(seqs)
+        return AllocStatus.OK if self.gpu.num_free - need >= self.watermark_blocks else AllocStatus.LATER
+
+    def can_swap_in_group(self, group) -> bool:
+        return self.swap_in_status(group) is AllocStatus.OK
+
+    def check_swap_in(self, group) -> None:
+        """Raise ValueError, naming the limit, for a swapped-out group that could not come back even when every
+        other request is gone: its distinct blocks plus its next tokens' blocks exceed the pool, less the
+        watermark and the pinned prefixes it does not share."""
+        seqs = [s.seq_id for s in group.get_seqs(status="swapped")]
+        blocks = self._unique_blocks(seqs, "cpu")
+        grow = self.next_token_blocks(seqs)
+        shared = {self.gpu.lookup(self.cpu.block_hash.get(b)) for b in blocks}
+        others = len(set(self.pinned) - shared)
+        if len(blocks) + grow > self.gpu.num_blocks - self.watermark_blocks - others:
+            raise ValueError(
+                f"request {group.request_id!r} grew to {len(blocks)} distinct blocks (its next tokens need {grow} "
+                f"more) and cannot be swapped back into the pool of num_gpu_blocks={self.gpu.num_blocks} blocks "
+                f"({self.watermark_blocks} kept free by the watermark, {others} held by other pinned prefixes)")
 
     def swap_in_group(self, group) -> dict[int, int]:
         return self.swap_in([s.seq_id for s in group.get_seqs(status="swapped")])
