@@ -6,7 +6,7 @@ child share all of its parent's blocks (reference counts go up, nothing is copie
 triggers *copy-on-write*: the writer gets a fresh block and the manager returns the ``(src, dst)`` copy for the
 executor to perform (§4.4). Preemption moves a sequence group's blocks to a CPU pool and back (``swap_out`` /
 ``swap_in``) or frees them for recomputation (§4.5). A group moves as a unit and each of its blocks once; a prefix
-block shared with other groups is identified in both pools by its prefix hash, so it is copied to the CPU once
+block shared with other groups is identified in both pools by its prefix digest, so it is copied to the CPU once
 however many groups are swapped out, stays shared there, and shares the device's copy again on the way back.
 
 Invariants (checked by ``check_invariants`` and the property tests):
@@ -31,6 +31,8 @@ duck-typed sequence groups (``group.get_seqs(status)``, ``seq.seq_id``, ``seq.ge
 """
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
@@ -55,14 +57,20 @@ class BlockTable:
     blocks: list[int] = field(default_factory=list)
     num_tokens: int = 0
     device: str = "gpu"
-    hashes: list[int] = field(default_factory=list)  # prefix hashes of the full blocks (prefix caching only)
+    hashes: list[bytes] = field(default_factory=list)  # prefix digests of the full blocks (prefix caching only)
 
 
-def block_hashes(token_ids, block_size: int, num_blocks: int, parent: int | None = None) -> list[int]:
-    """Chained hashes of the first ``num_blocks`` full blocks: ``h_i = hash((h_{i-1}, tokens of block i))``."""
-    out = []
-    for i in range(num_blocks):
-        parent = hash((parent, tuple(token_ids[i * block_size:(i + 1) * block_size])))
+def block_hashes(token_ids, block_size: int, num_blocks: int, parent: bytes | None = None) -> list[bytes]:
+    """Chained digests of the first ``num_blocks`` full blocks: ``h_i = BLAKE2b(h_{i-1} || tokens of block i)``.
+
+    A 256-bit cryptographic digest, not Python's ``hash``: equal digests mean equal token prefixes (up to BLAKE2b's
+    collision resistance), so no prompt can be crafted to read another request's K/V. Token ids are encoded as
+    fixed-width little-endian 64-bit integers; the first block has no parent, and its message is shorter than every
+    later one's. Cost: ``benchmarks/prefix_hash.py`` (a few microseconds per block on a CPU)."""
+    n = num_blocks * block_size
+    data, step, out = struct.pack(f"<{n}q", *token_ids[:n]), 8 * block_size, []
+    for i in range(0, num_blocks * step, step):
+        parent = hashlib.blake2b((parent or b"") + data[i:i + step], digest_size=32).digest()
         out.append(parent)
     return out
 
@@ -269,7 +277,7 @@ class BlockManager:
         return list(seen)
 
     @staticmethod
-    def _held(pool: BlockPool, h: int | None) -> int | None:
+    def _held(pool: BlockPool, h: bytes | None) -> int | None:
         """The block of ``pool`` in use (referenced) that holds the K/V of prefix digest ``h``, if any."""
         b = pool.lookup(h)
         return b if b is not None and pool.ref_counts[b] > 0 else None
