@@ -4,7 +4,8 @@ Every full block that prefix caching looks up or registers is identified by a di
 digest and its token ids (``pagedattn.memory.block_manager.block_hashes``). It replaced Python's built-in ``hash``
 of ``(parent, tuple(tokens))``, which is 64 bits, not collision resistant, and for integers not randomised, so that
 two prompts could be crafted to share K/V. This script times both on the same token ids, interleaved, and reports
-the time per block: a tracking number (CPU timings are noisy), not a claim.
+the time per block; then, for context, one offline simulation of notebook 07 (automatic prefix caching, five-shot
+prefix) run with each identity. Tracking numbers (CPU timings are noisy), not claims.
 
 Writes ``results/benchmarks/prefix_hash.json``.
 
@@ -19,6 +20,8 @@ import random
 import time
 from pathlib import Path
 
+import pagedattn.memory.block_manager as bm
+from pagedattn.experiments import shared_prefix
 from pagedattn.memory.block_manager import block_hashes
 from pagedattn.results import REPO_ROOT, hardware_label, today
 
@@ -44,16 +47,35 @@ def time_per_block(fn, tokens: list[int], block_size: int, number: int) -> float
     return (time.perf_counter() - t0) / (number * n)
 
 
+def time_simulation(num_requests: int, repeats: int) -> dict:
+    """Wall seconds of notebook 07's offline paper-scale simulation (``paged_auto``, five-shot prefix) with each
+    identity swapped into the block manager, interleaved, best of ``repeats``."""
+    reqs = shared_prefix.make_requests(shared_prefix.SHOTS["five_shot"], num_requests, seed=0)
+    best = {k: float("inf") for k in SYSTEMS}
+    try:
+        for _ in range(repeats):
+            for name, fn in SYSTEMS.items():
+                bm.block_hashes = fn
+                t0 = time.perf_counter()
+                shared_prefix.simulate_prefix(reqs, "paged_auto")
+                best[name] = min(best[name], time.perf_counter() - t0)
+    finally:
+        bm.block_hashes = block_hashes
+    return {"num_requests": num_requests, "seconds": best,
+            "digest_over_python_hash": best["blake2b_digest"] / best["python_hash"]}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--block-sizes", type=int, nargs="+", default=[1, 16, 128])
     ap.add_argument("--num-tokens", type=int, default=2048, help="prompt length hashed per call (paper: max 2048)")
     ap.add_argument("--repeats", type=int, default=15, help="interleaved rounds; the best round of each is kept")
+    ap.add_argument("--sim-requests", type=int, default=200, help="requests in the notebook-07 simulation (0: skip)")
     ap.add_argument("--quick", action="store_true", help="block size 16, 2 rounds; writes nothing unless --out")
     ap.add_argument("--out", default=None, help="JSON path (default: results/benchmarks/prefix_hash.json)")
     a = ap.parse_args(argv)
     if a.quick:
-        a.block_sizes, a.repeats = [16], 2
+        a.block_sizes, a.repeats, a.sim_requests = [16], 2, 0
     load_before = os.getloadavg()[0]
     tokens = [random.Random(0).randrange(50272) for _ in range(a.num_tokens)]  # OPT's vocabulary size
     rows = []
@@ -71,6 +93,11 @@ def main(argv=None) -> dict:
         print(f"block {bs:4d}: python hash {us['python_hash']:7.3f} us/block | BLAKE2b digest "
               f"{us['blake2b_digest']:7.3f} us/block | ratio {row['digest_over_python_hash']:.2f}x | a "
               f"{a.num_tokens}-token prompt: {row['us_per_prompt']['blake2b_digest']:.0f} us", flush=True)
+    sim = time_simulation(a.sim_requests, 3) if a.sim_requests else None
+    if sim:
+        print(f"notebook 07 simulation ({a.sim_requests} requests, automatic prefix caching): "
+              f"{sim['seconds']['blake2b_digest']:.2f} s with the digest, {sim['seconds']['python_hash']:.2f} s with "
+              f"Python's hash ({sim['digest_over_python_hash']:.2f}x)", flush=True)
     summary = {"benchmark": "prefix_hash", "date": today(), "hardware": hardware_label("cpu"), "kind": "tracking",
                "what": "time to identify every full block of one prompt for the prefix cache",
                "systems": {"python_hash": "hash((parent, tuple(block tokens))), the replaced identity",
@@ -80,7 +107,7 @@ def main(argv=None) -> dict:
                "load_average_1min": {"before": load_before, "after": os.getloadavg()[0],
                                      "note": "other processes share the CPU: the ratio, interleaved within one run, "
                                              "is the number to read, not the absolute microseconds"},
-               "rows": rows}
+               "rows": rows, "simulation_07_offline_five_shot_paged_auto": sim}
     out = a.out or (None if a.quick else REPO_ROOT / "results" / "benchmarks" / "prefix_hash.json")
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
