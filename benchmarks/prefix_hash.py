@@ -14,16 +14,14 @@ Writes ``results/benchmarks/prefix_hash.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import time
-from pathlib import Path
 
 import pagedattn.memory.block_manager as bm
 from pagedattn.experiments import shared_prefix
 from pagedattn.memory.block_manager import block_hashes
-from pagedattn.results import REPO_ROOT, hardware_label, today
+from pagedattn.results import hardware_label, today, write_benchmark
 
 
 def python_hash_chain(token_ids, block_size: int, num_blocks: int, parent: int | None = None) -> list[int]:
@@ -108,11 +106,7 @@ def main(argv=None) -> dict:
                                      "note": "other processes share the CPU: the ratio, interleaved within one run, "
                                              "is the number to read, not the absolute microseconds"},
                "rows": rows, "simulation_07_offline_five_shot_paged_auto": sim}
-    out = a.out or (None if a.quick else REPO_ROOT / "results" / "benchmarks" / "prefix_hash.json")
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"wrote {out}")
+    write_benchmark(summary, "prefix_hash", a.out, a.quick)
     return summary
 
 
