@@ -144,14 +144,17 @@ def test_group_that_cannot_be_swapped_fails_alone_and_frees_its_blocks():
 
 # ------------------------------------------------------------------ swap-in feasibility (§4.5; issue 19)
 def swap_out_grown(kv: BlockManager, g, lengths: list[int]) -> None:
-    """Allocate a group's prompt, grow sample ``k`` by ``lengths[k]`` tokens (while the pool has room), swap it out."""
+    """Allocate a group's prompt, grow sample ``k`` by ``lengths[k]`` tokens (while the pool has room), give every
+    sample the token sampled last (its K/V is the next step's to compute), and swap the group out."""
     kv.allocate_group(g)
     g.set_status("waiting", "running")
     for q, extra in zip(g.seqs, lengths):
         for _ in range(extra):
             if kv.needs_new_block(q.seq_id) and kv.num_free_gpu_blocks == 0:
                 break
-            kv.append_slot(q.seq_id)
+            q.append_token(q.seq_id)  # the samples diverge
+            kv.append_slot(q.seq_id, q.token_ids)
+        q.append_token(q.seq_id)
     kv.swap_out_group(g)
     g.set_status("running", "swapped")
 

@@ -68,6 +68,8 @@ def block_hashes(token_ids, block_size: int, num_blocks: int, parent: bytes | No
     fixed-width little-endian 64-bit integers; the first block has no parent, and its message is shorter than every
     later one's. Cost: ``benchmarks/prefix_hash.py`` (a few microseconds per block on a CPU)."""
     n = num_blocks * block_size
+    if len(token_ids) < n:
+        raise ValueError(f"{num_blocks} full blocks of {block_size} need {n} token ids, got {len(token_ids)}")
     data, step, out = struct.pack(f"<{n}q", *token_ids[:n]), 8 * block_size, []
     for i in range(0, num_blocks * step, step):
         parent = hashlib.blake2b((parent or b"") + data[i:i + step], digest_size=32).digest()
