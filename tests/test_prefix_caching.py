@@ -1,11 +1,13 @@
 """Prefix caching in the block manager: hits on shared prefixes, LRU eviction of unreferenced blocks only, and a
-shadow-memory property test that no sequence ever reads another prefix's K/V."""
+shadow-memory property test that no sequence ever reads another prefix's K/V, also across swapping; blocks are
+identified by collision-resistant digests (prompts whose Python hashes collide never share a block)."""
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pagedattn.memory import AllocStatus, BlockManager
+from pagedattn.memory.block_manager import block_hashes
 
 
 def test_shared_prefix_hits_and_keeps_the_last_token_to_compute():
@@ -54,53 +56,107 @@ def test_user_marked_prefix_is_pinned_without_automatic_caching():
     m.check_invariants()
 
 
+def test_request_that_fits_only_without_the_pinned_prefixes_is_refused():
+    """User-marked prefixes are held for good, so a request that needs more than the rest of the pool can never run:
+    it is refused (NEVER, a ValueError naming the limit), not left waiting; one that shares the prefix still fits."""
+    m = BlockManager(block_size=4, num_gpu_blocks=8, watermark=0.0)
+    prefix = list(range(10, 22))
+    m.allocate(0, 13, prefix + [1], prefix_len=12)  # pins 3 blocks
+    m.free(0)
+    assert m.can_allocate_tokens(30, list(range(100, 130))) is AllocStatus.NEVER  # 8 blocks, 3 of 8 pinned
+    with pytest.raises(ValueError, match="3 of the pool's num_gpu_blocks=8 hold user-marked prefixes"):
+        m.check_request(30, list(range(100, 130)))
+    assert m.can_allocate_tokens(20, list(range(100, 120))) is AllocStatus.OK  # 5 blocks
+    assert m.can_allocate_tokens(30, prefix + list(range(18)), prefix_len=12) is AllocStatus.OK  # shares all 3
+
+
+@pytest.mark.parametrize("a,b", [(-1, -2), (0, 2**61 - 1)])
+def test_prompts_whose_python_hashes_collide_do_not_share_blocks(a, b):
+    """Issue 12 (7): blocks are identified by a BLAKE2b digest, not Python's ``hash``, under which these token
+    tuples collide (CPython: ``hash(-1) == hash(-2)``, and integers hash modulo 2**61 - 1); a crafted prompt must not
+    read another request's K/V."""
+    bs = 4
+    assert hash((None, (a,) * bs)) == hash((None, (b,) * bs))  # the collision the old identity had
+    m = BlockManager(block_size=bs, num_gpu_blocks=8, watermark=0.0, enable_prefix_caching=True)
+    assert m.allocate(0, bs + 1, [a] * bs + [7]) == 0
+    assert m.allocate(1, bs + 1, [b] * bs + [7]) == 0  # nothing cached for it: computed, not read from seq 0
+    assert m.block_table(0)[0] != m.block_table(1)[0]
+    assert m.allocate(2, bs + 1, [a] * bs + [9]) == bs  # the same prefix still hits
+    m.check_invariants()
+
+
+TOKENS = st.sampled_from([-2, -1, 0, 1, 2, 2**61 - 1, 2**61, 2**62])  # values whose Python hashes collide
+
+
+@settings(max_examples=200, deadline=None)
+@given(bs=st.integers(1, 4), x=st.lists(TOKENS, min_size=1, max_size=12), y=st.lists(TOKENS, min_size=1, max_size=12))
+def test_two_prompts_share_a_block_only_if_their_prefixes_are_equal(bs, x, y):
+    """Digests: equal exactly when the whole token prefix up to the end of the block is equal; in the manager, the
+    second prompt maps to the first one's block ``i`` only then."""
+    hx, hy = block_hashes(x, bs, len(x) // bs), block_hashes(y, bs, len(y) // bs)
+    for i, (u, v) in enumerate(zip(hx, hy)):
+        assert (u == v) == (x[:(i + 1) * bs] == y[:(i + 1) * bs])
+    m = BlockManager(block_size=bs, num_gpu_blocks=24, watermark=0.0, enable_prefix_caching=True)
+    m.allocate(0, len(x), x)
+    m.allocate(1, len(y), y)
+    for i, (u, v) in enumerate(zip(m.block_table(0), m.block_table(1))):
+        if u == v:
+            assert x[:(i + 1) * bs] == y[:(i + 1) * bs]
+
+
 class CachingMachine(RuleBasedStateMachine):
-    """Random allocate / append / fork / free with automatic prefix caching over a tiny alphabet (so prefixes
-    collide). A shadow memory records which token each physical slot holds; every table must read its own tokens."""
+    """Random allocate / append / fork / free / swap-out / swap-in with prefix caching (automatic, or a user-marked
+    prefix) over a tiny alphabet (so prefixes collide). A shadow memory records which token each physical slot of
+    each pool holds, and block moves copy it; every table must read its own tokens, also after its blocks were
+    swapped together with other tables' (a block shared between them is moved once, §4.5)."""
 
     BS = 2
 
-    def __init__(self):
-        super().__init__()
-        self.m = BlockManager(block_size=self.BS, num_gpu_blocks=14, watermark=0.0, enable_prefix_caching=True)
+    @initialize(automatic=st.booleans())
+    def make_manager(self, automatic):
+        self.m = BlockManager(block_size=self.BS, num_gpu_blocks=14, num_cpu_blocks=10, watermark=0.0,
+                              enable_prefix_caching=automatic)
         self.tokens: dict[int, list[int]] = {}
-        self.content: dict[int, dict[int, int]] = {}
+        self.content: dict[tuple[str, int], dict[int, int]] = {}  # (pool, block) -> {offset: token}
         self.next_id = 0
+
+    def _on(self, device):
+        return sorted(s for s, t in self.m.tables.items() if t.device == device)
 
     def _write(self, seq, lo, hi):
         t = self.m.tables[seq]
         for p in range(lo, hi):
-            self.content.setdefault(t.blocks[p // self.BS], {})[p % self.BS] = self.tokens[seq][p]
+            self.content.setdefault(("gpu", t.blocks[p // self.BS]), {})[p % self.BS] = self.tokens[seq][p]
 
-    @rule(prompt=st.lists(st.integers(1, 2), min_size=1, max_size=9))
-    def allocate(self, prompt):
-        if self.m.can_allocate_tokens(len(prompt), prompt) is not AllocStatus.OK:
+    @rule(prompt=st.lists(st.integers(1, 2), min_size=1, max_size=9), prefix_len=st.integers(0, 6))
+    def allocate(self, prompt, prefix_len):
+        if self.m.can_allocate_tokens(len(prompt), prompt, prefix_len) is not AllocStatus.OK:
             return
         referenced = {b for b, c in enumerate(self.m.gpu.ref_counts) if c > 0}
-        cached = self.m.allocate(self.next_id, len(prompt), prompt)
+        cached = self.m.allocate(self.next_id, len(prompt), prompt, prefix_len)
         for b in self.m.block_table(self.next_id)[cached // self.BS:]:
             assert b not in referenced, "a referenced block was handed out (evicted?)"
         self.tokens[self.next_id] = list(prompt)
         self._write(self.next_id, cached, len(prompt))  # only the uncached part is computed
         self.next_id += 1
 
-    @precondition(lambda self: self.m.tables)
+    @precondition(lambda self: self._on("gpu"))
     @rule(data=st.data(), tok=st.integers(1, 2))
     def append(self, data, tok):
-        s = data.draw(st.sampled_from(sorted(self.m.tables)))
+        s = data.draw(st.sampled_from(self._on("gpu")))
         if self.m.needs_new_block(s) and self.m.num_free_gpu_blocks == 0:
             return
         self.tokens[s].append(tok)
         copy = self.m.append_slot(s, self.tokens[s])
         if copy:
-            self.content[copy[1]] = dict(self.content.get(copy[0], {}))
+            self.content[("gpu", copy[1])] = dict(self.content.get(("gpu", copy[0]), {}))
         n = len(self.tokens[s])
         self._write(s, n - 1, n)
 
-    @precondition(lambda self: self.m.tables)
+    @precondition(lambda self: self._on("gpu"))
     @rule(data=st.data())
     def fork(self, data):
-        s = data.draw(st.sampled_from(sorted(self.m.tables)))
+        s = data.draw(st.sampled_from(self._on("gpu")))
         self.m.fork(s, self.next_id)
         self.tokens[self.next_id] = list(self.tokens[s])
         self.next_id += 1
@@ -112,19 +168,39 @@ class CachingMachine(RuleBasedStateMachine):
         self.m.free(s)
         del self.tokens[s]
 
+    def _move(self, data, src, dst):
+        seqs = data.draw(st.lists(st.sampled_from(self._on(src)), min_size=1, max_size=3, unique=True))
+        try:
+            copies = (self.m.swap_out if dst == "cpu" else self.m.swap_in)(seqs)
+        except ValueError:  # the destination pool is full
+            return
+        for a, b in copies.items():
+            self.content[(dst, b)] = dict(self.content.get((src, a), {}))
+
+    @precondition(lambda self: self._on("gpu"))
+    @rule(data=st.data())
+    def swap_out(self, data):
+        self._move(data, "gpu", "cpu")
+
+    @precondition(lambda self: self._on("cpu"))
+    @rule(data=st.data())
+    def swap_in(self, data):
+        self._move(data, "cpu", "gpu")
+
     @invariant()
     def every_sequence_reads_its_own_tokens(self):
         self.m.check_invariants()
         for s, toks in self.tokens.items():
             t = self.m.tables[s]
-            got = [self.content.get(t.blocks[p // self.BS], {}).get(p % self.BS) for p in range(len(toks))]
+            got = [self.content.get((t.device, t.blocks[p // self.BS]), {}).get(p % self.BS) for p in range(len(toks))]
             assert got == toks, f"sequence {s} would read {got}, wrote {toks}"
 
     def teardown(self):
         for s in list(self.m.tables):
             self.m.free(s)
-        assert self.m.num_free_gpu_blocks == self.m.num_gpu_blocks
-        assert all(c == 0 for c in self.m.gpu.ref_counts)
+        assert self.m.num_free_gpu_blocks == self.m.num_gpu_blocks - len(self.m.pinned)
+        assert self.m.cpu.num_free == self.m.cpu.num_blocks
+        assert all(c == (b in self.m.pinned) for b, c in enumerate(self.m.gpu.ref_counts))
 
 
 TestCachingMachine = CachingMachine.TestCase

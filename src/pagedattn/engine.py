@@ -22,7 +22,7 @@ from torch import nn
 
 from pagedattn import beam_search, kernels
 from pagedattn.config import SchedulerConfig
-from pagedattn.executor import ModelRunner, cache_layout
+from pagedattn.executor import ModelRunner
 from pagedattn.memory.block_manager import AllocStatus, BlockManager
 from pagedattn.model.attention import PagedAttention
 from pagedattn.model.loader import _resolve_dtype, load_model
@@ -285,20 +285,11 @@ class LLMEngine:
         self._step += 1
 
     def _unstick(self) -> list[RequestOutput]:
-        """Nothing could be scheduled: with the pool empty, a swapped-out group that cannot come back never will."""
-        s = self.scheduler
-        if s.swapped and not s.running:
-            g = s.swapped[0]
-            n = sum(len(self.kv.block_table(x.seq_id)) for x in g.get_seqs("swapped"))
-            return [self._fail(g, f"request {g.request_id!r} grew to {n} blocks and cannot be swapped back into "
-                                  f"the pool of num_gpu_blocks={cache_layout(self.kv)[0]} blocks")]
-        if s.has_unfinished():
+        """Nothing could be scheduled. The scheduler refuses a request that can never fit (a swapped-out group
+        included), so with requests left this is a bug."""
+        if self.scheduler.has_unfinished():
             raise RuntimeError("the scheduler made no progress with requests left")
         return []
-
-    def _fail(self, g: SequenceGroup, message: str) -> RequestOutput:
-        self.scheduler.abort(g.request_id)
-        return self._finish_with_error(g, message)
 
     def _finish_with_error(self, g: SequenceGroup, message: str | None) -> RequestOutput:
         g.error = message

@@ -5,7 +5,9 @@ on demand (a new one only when the last one is full), so a sequence wastes less 
 child share all of its parent's blocks (reference counts go up, nothing is copied); an append to a shared block
 triggers *copy-on-write*: the writer gets a fresh block and the manager returns the ``(src, dst)`` copy for the
 executor to perform (§4.4). Preemption moves a sequence group's blocks to a CPU pool and back (``swap_out`` /
-``swap_in``) or frees them for recomputation (§4.5).
+``swap_in``) or frees them for recomputation (§4.5). A group moves as a unit and each of its blocks once; a prefix
+block shared with other groups is identified in both pools by its prefix digest, so it is copied to the CPU once
+however many groups are swapped out, stays shared there, and shares the device's copy again on the way back.
 
 Invariants (checked by ``check_invariants`` and the property tests):
 - the reference count of every physical block equals the number of block-table entries that point at it;
@@ -29,6 +31,8 @@ duck-typed sequence groups (``group.get_seqs(status)``, ``seq.seq_id``, ``seq.ge
 """
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
@@ -53,14 +57,22 @@ class BlockTable:
     blocks: list[int] = field(default_factory=list)
     num_tokens: int = 0
     device: str = "gpu"
-    hashes: list[int] = field(default_factory=list)  # prefix hashes of the full blocks (prefix caching only)
+    hashes: list[bytes] = field(default_factory=list)  # prefix digests of the full blocks (prefix caching only)
 
 
-def block_hashes(token_ids, block_size: int, num_blocks: int, parent: int | None = None) -> list[int]:
-    """Chained hashes of the first ``num_blocks`` full blocks: ``h_i = hash((h_{i-1}, tokens of block i))``."""
-    out = []
-    for i in range(num_blocks):
-        parent = hash((parent, tuple(token_ids[i * block_size:(i + 1) * block_size])))
+def block_hashes(token_ids, block_size: int, num_blocks: int, parent: bytes | None = None) -> list[bytes]:
+    """Chained digests of the first ``num_blocks`` full blocks: ``h_i = BLAKE2b(h_{i-1} || tokens of block i)``.
+
+    A 256-bit cryptographic digest, not Python's ``hash``: equal digests mean equal token prefixes (up to BLAKE2b's
+    collision resistance), so no prompt can be crafted to read another request's K/V. Token ids are encoded as
+    fixed-width little-endian 64-bit integers; the first block has no parent, and its message is shorter than every
+    later one's. Cost: ``benchmarks/prefix_hash.py`` (a few microseconds per block on a CPU)."""
+    n = num_blocks * block_size
+    if len(token_ids) < n:
+        raise ValueError(f"{num_blocks} full blocks of {block_size} need {n} token ids, got {len(token_ids)}")
+    data, step, out = struct.pack(f"<{n}q", *token_ids[:n]), 8 * block_size, []
+    for i in range(0, num_blocks * step, step):
+        parent = hashlib.blake2b((parent or b"") + data[i:i + step], digest_size=32).digest()
         out.append(parent)
     return out
 
@@ -133,8 +145,9 @@ class BlockManager:
         return sum(len(t.blocks) for t in self.tables.values() if t.device == "gpu")
 
     # -------------------------------------------------------------------------------- per-sequence operations
-    def check_request(self, num_tokens: int) -> None:
-        """Raise ValueError, naming the limit, for a request that could never be served."""
+    def check_request(self, num_tokens: int, token_ids=None, prefix_len: int = 0) -> None:
+        """Raise ValueError, naming the limit, for a request that could never be served. Given its ``token_ids``,
+        the user-marked prefixes that it does not share count as taken: the manager holds them for good."""
         if num_tokens < 1:
             raise ValueError(f"a request needs at least 1 token, got {num_tokens}")
         if self.max_model_len is not None and num_tokens > self.max_model_len:
@@ -144,6 +157,22 @@ class BlockManager:
         if need > self.gpu.num_blocks:
             raise ValueError(f"request of {num_tokens} tokens needs {need} blocks of {self.block_size} but the whole "
                              f"pool has only num_gpu_blocks={self.gpu.num_blocks}")
+        pinned = 0 if token_ids is None else self._pinned_elsewhere(self._hits(num_tokens, token_ids, prefix_len))
+        if need + pinned > self.gpu.num_blocks:
+            raise ValueError(f"request of {num_tokens} tokens needs {need} blocks of {self.block_size}, but "
+                             f"{pinned} of the pool's num_gpu_blocks={self.gpu.num_blocks} hold user-marked prefixes "
+                             "it does not share")
+
+    def _hits(self, num_tokens: int, token_ids, prefix_len: int) -> list[int]:
+        """Cached blocks of the prompt's longest cached prefix (none without token ids)."""
+        cacheable = self._cacheable(num_tokens, prefix_len) if token_ids is not None else 0
+        if cacheable < self.block_size:
+            return []
+        return self._match(block_hashes(token_ids, self.block_size, cacheable // self.block_size), num_tokens)
+
+    def _pinned_elsewhere(self, hits: list[int]) -> int:
+        """User-marked prefix blocks (held for good) that a request with these cache hits does not share."""
+        return len(set(self.pinned) - set(hits)) if self.pinned else 0
 
     def _cacheable(self, num_tokens: int, prefix_len: int) -> int:
         """Tokens whose full blocks may be cached: all (automatic caching) or the user-marked prefix."""
@@ -161,16 +190,14 @@ class BlockManager:
 
     def can_allocate_tokens(self, num_tokens: int, token_ids=None, prefix_len: int = 0) -> AllocStatus:
         try:
-            self.check_request(num_tokens)
+            self.check_request(num_tokens, token_ids, prefix_len)
         except ValueError:
             return AllocStatus.NEVER
+        hits = self._hits(num_tokens, token_ids, prefix_len)
         need = blocks_needed(num_tokens, self.block_size)
-        if self.gpu.num_blocks - need < self.watermark_blocks:
+        if self.gpu.num_blocks - self._pinned_elsewhere(hits) - need < self.watermark_blocks:
             return AllocStatus.NEVER
-        cacheable = self._cacheable(num_tokens, prefix_len) if token_ids is not None else 0
-        if cacheable >= self.block_size:  # blocks already held by others cost nothing new
-            hashes = block_hashes(token_ids, self.block_size, cacheable // self.block_size)
-            need -= sum(self.gpu.ref_counts[b] > 0 for b in self._match(hashes, num_tokens))
+        need -= sum(self.gpu.ref_counts[b] > 0 for b in hits)  # blocks already held by others cost nothing new
         return AllocStatus.OK if self.gpu.num_free - need >= self.watermark_blocks else AllocStatus.LATER
 
     def allocate(self, seq_id: int, num_tokens: int, token_ids=None, prefix_len: int = 0) -> int:
@@ -266,31 +293,56 @@ class BlockManager:
             seen.update(dict.fromkeys(t.blocks))
         return list(seen)
 
+    @staticmethod
+    def _held(pool: BlockPool, h: bytes | None) -> int | None:
+        """The block of ``pool`` in use (referenced) that holds the K/V of prefix digest ``h``, if any."""
+        b = pool.lookup(h)
+        return b if b is not None and pool.ref_counts[b] > 0 else None
+
+    def _num_new_blocks(self, blocks: list[int], src: BlockPool, dst: BlockPool) -> int:
+        """Free blocks of ``dst`` that moving ``blocks`` there takes: one each, except a block whose K/V ``dst``
+        already holds for another table (same prefix digest), which is shared instead of copied."""
+        return sum(self._held(dst, src.block_hash.get(b)) is None for b in blocks)
+
     def swap_out(self, seq_ids: list[int]) -> dict[int, int]:
         """Move the sequences' blocks to the CPU pool; returns the ``{gpu_block: cpu_block}`` copies (§4.5).
 
-        Blocks shared between the sequences are moved once and stay shared on the CPU."""
+        Blocks shared between the sequences are moved once and stay shared on the CPU. A cached prefix block
+        (automatic or user-marked) whose K/V the CPU pool already holds, because a group sharing it was swapped out
+        before (in this step or earlier), is not copied again: the tables share the CPU copy."""
         blocks = self._unique_blocks(seq_ids, "gpu")
-        if len(blocks) > self.cpu.num_free:
-            raise ValueError(f"swap-out needs {len(blocks)} CPU blocks but only {self.cpu.num_free} of "
+        need = self._num_new_blocks(blocks, self.gpu, self.cpu)
+        if need > self.cpu.num_free:
+            raise ValueError(f"swap-out needs {need} CPU blocks but only {self.cpu.num_free} of "
                              f"num_cpu_blocks={self.cpu.num_blocks} are free")
         return self._move(seq_ids, blocks, self.gpu, self.cpu, "cpu")
 
-    def can_swap_in(self, seq_ids: list[int], reserve: int = 0) -> bool:
-        need = len(self._unique_blocks(seq_ids, "cpu")) + reserve
-        return self.gpu.num_free - need >= self.watermark_blocks
-
     def swap_in(self, seq_ids: list[int]) -> dict[int, int]:
-        """Bring swapped sequences back to the device pool; returns the ``{cpu_block: gpu_block}`` copies."""
+        """Bring swapped sequences back to the device pool; returns the ``{cpu_block: gpu_block}`` copies.
+
+        A prefix block that the device still holds (a pinned prefix, or a cached block another group uses) is
+        shared again instead of copied, so swapped groups regain their sharing."""
         blocks = self._unique_blocks(seq_ids, "cpu")
-        if len(blocks) > self.gpu.num_free:
-            raise ValueError(f"swap-in needs {len(blocks)} device blocks but only {self.gpu.num_free} of "
+        need = self._num_new_blocks(blocks, self.cpu, self.gpu)
+        if need > self.gpu.num_free:
+            raise ValueError(f"swap-in needs {need} device blocks but only {self.gpu.num_free} of "
                              f"num_gpu_blocks={self.gpu.num_blocks} are free")
         return self._move(seq_ids, blocks, self.cpu, self.gpu, "gpu")
 
     def _move(self, seq_ids: list[int], blocks: list[int], src: BlockPool, dst: BlockPool, device: str
               ) -> dict[int, int]:
-        mapping = {b: dst.allocate() for b in blocks}  # each destination block starts with one reference
+        """Re-point the tables from ``src`` to ``dst`` blocks; returns the block copies to perform, each source
+        block at most once. A block that ``dst`` caches under the same prefix digest is reused (no copy); a copied
+        block is registered under its digest in ``dst``, so that a later move of the same prefix shares it."""
+        digest = {b: src.block_hash.get(b) for b in blocks}
+        found = {b: d for b in blocks if (d := dst.lookup(digest[b])) is not None}
+        for d in found.values():  # revive reused blocks first, so that allocating cannot evict them
+            dst.touch(d)
+        copies = {b: dst.allocate() for b in blocks if b not in found}  # each destination starts with one reference
+        for b, d in copies.items():
+            if digest[b] is not None:
+                dst.register(d, digest[b])
+        mapping = found | copies
         refs = Counter(b for s in seq_ids for b in self.tables[s].blocks)
         for s in seq_ids:
             t = self.tables[s]
@@ -301,7 +353,14 @@ class BlockManager:
                 dst.incref(mapping[b])
             for _ in range(n):
                 src.decref(b)
-        return mapping
+        return copies
+
+    def next_token_blocks(self, seq_ids: list[int]) -> int:
+        """Blocks that one more token of each sequence takes (§4.3, §4.4): one for a full last block; for a partly
+        filled last block shared by ``k`` of them, ``k - 1`` (copy-on-write; the last writer keeps the block)."""
+        bs, tables = self.block_size, [self.tables[s] for s in seq_ids]
+        partial = Counter(t.blocks[-1] for t in tables if t.num_tokens % bs)
+        return sum(t.num_tokens % bs == 0 for t in tables) + sum(k - 1 for k in partial.values())
 
     # ------------------------------------------------------------------------------------------- invariants
     def check_invariants(self) -> None:
@@ -356,15 +415,43 @@ class BlockManager:
             self.free(seq.seq_id)
 
     def can_swap_out(self, group) -> bool:
-        return len(self._unique_blocks([s.seq_id for s in group.get_seqs(status="running")], "gpu")) \
-            <= self.cpu.num_free
+        blocks = self._unique_blocks([s.seq_id for s in group.get_seqs(status="running")], "gpu")
+        return self._num_new_blocks(blocks, self.gpu, self.cpu) <= self.cpu.num_free
 
     def swap_out_group(self, group) -> dict[int, int]:
         return self.swap_out([s.seq_id for s in group.get_seqs(status="running")])
 
-    def can_swap_in_group(self, group) -> bool:
+    def swap_in_status(self, group) -> AllocStatus:
+        """Whether a swapped-out group can come back now (OK), after others finish (LATER), or never (NEVER) (§4.5).
+
+        It takes its distinct blocks that the device does not already hold (a pinned or cached prefix in use is
+        shared again), plus the blocks its next tokens need (``next_token_blocks``: none for a sequence whose last
+        block has room), and leaves the watermark free."""
+        try:
+            self.check_swap_in(group)
+        except ValueError:
+            return AllocStatus.NEVER
         seqs = [s.seq_id for s in group.get_seqs(status="swapped")]
-        return self.can_swap_in(seqs, reserve=len(seqs))  # room for each sequence's next token
+        blocks = self._unique_blocks(seqs, "cpu")
+        need = self._num_new_blocks(blocks, self.cpu, self.gpu) + self.next_token_blocks(seqs)
+        return AllocStatus.OK if self.gpu.num_free - need >= self.watermark_blocks else AllocStatus.LATER
+
+    def can_swap_in_group(self, group) -> bool:
+        return self.swap_in_status(group) is AllocStatus.OK
+
+    def check_swap_in(self, group) -> None:
+        """Raise ValueError, naming the limit, for a swapped-out group that could not come back even when every
+        other request is gone: its distinct blocks plus its next tokens' blocks exceed the pool, less the
+        watermark and the pinned prefixes it does not share."""
+        seqs = [s.seq_id for s in group.get_seqs(status="swapped")]
+        blocks = self._unique_blocks(seqs, "cpu")
+        grow = self.next_token_blocks(seqs)
+        others = self._pinned_elsewhere([self.gpu.lookup(self.cpu.block_hash.get(b)) for b in blocks])
+        if len(blocks) + grow > self.gpu.num_blocks - self.watermark_blocks - others:
+            raise ValueError(
+                f"request {group.request_id!r} grew to {len(blocks)} distinct blocks (its next tokens need {grow} "
+                f"more) and cannot be swapped back into the pool of num_gpu_blocks={self.gpu.num_blocks} blocks "
+                f"({self.watermark_blocks} kept free by the watermark, {others} held by other pinned prefixes)")
 
     def swap_in_group(self, group) -> dict[int, int]:
         return self.swap_in([s.seq_id for s in group.get_seqs(status="swapped")])
