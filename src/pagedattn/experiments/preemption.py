@@ -109,27 +109,33 @@ class Params:
 
 
 # ----------------------------------------------------------------------------------------- microbenchmarks (CPU)
-def _min_time(fn, reps: int) -> float:
+def _min_time(fn, reps: int, cuda: bool = False) -> float:
     """Fastest of ``reps`` runs after a warm-up, in seconds of this thread's CPU time (other processes on a shared
-    machine do not count)."""
+    machine do not count); with ``cuda``, wall time up to a device synchronisation (the copies are asynchronous)."""
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    clock = time.perf_counter if cuda else time.thread_time
     fn()  # warm-up (first touch of the destination pages)
+    sync()
     best = float("inf")
     for _ in range(reps):
-        t = time.thread_time()
+        t = clock()
         fn()
-        best = min(best, time.thread_time() - t)
+        sync()
+        best = min(best, clock() - t)
     return best
 
 
-def micro_swap(hf, block_size: int, num_tokens: int, reps: int, seed: int = 0) -> dict:
+def micro_swap(hf, block_size: int, num_tokens: int, reps: int, seed: int = 0, device: str | None = "cpu") -> dict:
     """Swap ``num_tokens`` tokens' blocks out of the device pool into the CPU pool and back through the engine's
     ``ModelRunner.move_blocks`` (the executor's batched swap op over every layer's K and V). Pools hold twice the
-    moved blocks; source and destination blocks are drawn at random, as in a pool in use."""
+    moved blocks; source and destination blocks are drawn at random, as in a pool in use. On ``device="cuda"`` the
+    device pool is on the GPU and the CPU pool in pinned host memory: the copies cross PCIe."""
     from pagedattn.engine import LLMEngine
 
     n = -(-num_tokens // block_size)
     engine = LLMEngine(hf, block_size=block_size, num_gpu_blocks=2 * n, num_cpu_blocks=2 * n,
-                       preemption_mode="swap", attention_backend="torch")
+                       preemption_mode="swap", attention_backend="torch", device=device)
+    cuda = engine.device.type == "cuda"
     runner = engine.runner
     for c in runner.k_caches + runner.v_caches:
         c.normal_()
@@ -139,8 +145,8 @@ def micro_swap(hf, block_size: int, num_tokens: int, reps: int, seed: int = 0) -
     out_map = SchedulerOutputs(blocks_to_swap_out=dict(zip(dev, cpu)))
     in_map = SchedulerOutputs(blocks_to_swap_in=dict(zip(cpu, dev)))
     before = runner.k_caches[0][dev].clone()
-    t_out = _min_time(lambda: runner.move_blocks(out_map), reps)
-    t_in = _min_time(lambda: runner.move_blocks(in_map), reps)
+    t_out = _min_time(lambda: runner.move_blocks(out_map), reps, cuda)
+    t_in = _min_time(lambda: runner.move_blocks(in_map), reps, cuda)
     assert torch.equal(runner.k_caches[0][dev], before), "swap round trip changed the cache"
     nbytes = 2 * sum(c[0].numel() * c.element_size() for c in runner.k_caches) * n  # K and V, one direction
     return {"block_size": block_size, "num_blocks": n, "bytes": nbytes, "swap_out_ms": 1e3 * t_out,
@@ -148,14 +154,15 @@ def micro_swap(hf, block_size: int, num_tokens: int, reps: int, seed: int = 0) -
             "swap_gbps": 2 * nbytes / (t_out + t_in) / 1e9}
 
 
-def micro_recompute(hf, num_tokens: int, reps: int, seed: int = 0) -> float:
-    """Milliseconds (CPU time) of the engine's prefill step for a ``num_tokens``-token sequence: what recomputing
-    a preempted sequence of that length costs."""
+def micro_recompute(hf, num_tokens: int, reps: int, seed: int = 0, device: str | None = "cpu") -> float:
+    """Milliseconds (CPU time; on CUDA wall time to a synchronisation) of the engine's prefill step for a
+    ``num_tokens``-token sequence: what recomputing a preempted sequence of that length costs."""
     from pagedattn.engine import LLMEngine
     from pagedattn.sequence import SamplingParams
 
     rng = np.random.default_rng(seed)
-    engine = LLMEngine(hf, block_size=16, num_gpu_blocks=-(-num_tokens // 16) + 4, attention_backend="torch")
+    engine = LLMEngine(hf, block_size=16, num_gpu_blocks=-(-num_tokens // 16) + 4, device=device,
+                       attention_backend="torch" if device == "cpu" else "auto")
     prompt = rng.integers(3, engine.vocab_size, num_tokens).tolist()
     sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     i = iter(range(10**9))
@@ -165,7 +172,7 @@ def micro_recompute(hf, num_tokens: int, reps: int, seed: int = 0) -> float:
         engine.step()  # one prefill step; max_tokens=1 finishes the request
         assert not engine.has_unfinished_requests()
 
-    return 1e3 * _min_time(prefill, reps)
+    return 1e3 * _min_time(prefill, reps, engine.device.type == "cuda")
 
 
 def microbenchmarks(params: Params, progress: bool = True) -> tuple[pd.DataFrame, str]:

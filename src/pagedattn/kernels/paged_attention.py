@@ -22,6 +22,7 @@ own dtype (fp32 accumulation) and fp32 caches use ``input_precision="ieee"`` (no
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -276,7 +277,12 @@ def plan_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, 
     group = num_heads // num_kv_heads
     cfg = attention_tile_config(head_dim, key_cache.dtype, group, INTERPRET)
     tile = tile_tokens or cfg.tile_tokens
+    if partition_size and not tile_tokens:  # a small forced partition (tests): the largest tile that divides it
+        tile = math.gcd(tile, partition_size)
     part = partition_size or max(_DEFAULT_PARTITION, tile)
+    if tile < 16 or tile & (tile - 1):
+        raise ValueError(f"the tile must be a power of two >= 16 tokens, got {tile} (tile_tokens={tile_tokens}, "
+                         f"partition_size={partition_size})")
     if part % tile:
         raise ValueError(f"partition_size={part} must be a multiple of the tile ({tile} tokens)")
     max_ctx = max_context_len if max_context_len is not None else block_tables.shape[1] * block_size
@@ -318,7 +324,7 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
     """Triton paged attention for decode; same contract as :func:`pagedattn.kernels.reference.paged_attention_ref`.
 
     Extra keyword arguments (all optional): ``split_kv`` forces (True) or forbids (False) the split-KV path, else
-    :func:`use_split_kv` decides; ``partition_size`` (tokens per partition, a multiple of the tile, default 512);
+    :func:`use_split_kv` decides; ``partition_size`` (tokens per partition, a multiple of 16, default 512);
     ``max_context_len`` an upper bound on ``context_lens`` used to size the split grid (default: the block
     table's capacity, which avoids a device->host sync); ``tile_tokens`` (power of two >= 16, default
     :func:`attention_tile_config`); ``out`` a preallocated output.
