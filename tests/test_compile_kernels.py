@@ -57,3 +57,14 @@ def test_quick_compile_grid():
     engine = df[df.engine.astype(str) == "True"]
     assert len(engine) and (engine.spill_stores == 0).all() and (engine.spill_loads == 0).all()
     assert rc == 0
+
+
+def test_summarize_counts_engine_spills_apart():
+    import pandas as pd
+
+    rows = [dict(target="sm_80", kernel="paged_attn", dtype="float16", engine=e, registers=r, spill_stores=s,
+                 spill_loads=s, shared=2048, num_warps=4, num_stages=2, problem=p)
+            for e, r, s, p in [(True, 100, 0, ""), (False, 255, 64, ""), (True, 255, 8, "spills")]]
+    out = compile_check.summarize(pd.DataFrame(rows)).iloc[0]
+    assert (out.variants, out.spilling, out.engine_spilling, out.failing) == (3, 2, 1, 1)
+    assert out.max_registers == 255 and out.max_spill_bytes == 64 and out.max_shared_kb == 2.0

@@ -197,6 +197,21 @@ def run_subprocess(full: bool = False, csv: Optional[Path] = None, jobs: Optiona
         return proc.returncode, pd.read_csv(out, keep_default_na=False)
 
 
+def summarize(df):
+    """Per target, kernel and dtype: the variants, how many spill (all, and engine configurations), the largest
+    register count, spill and shared memory, and the warps / stages used."""
+    d = df.assign(spills=(df.spill_stores > 0) | (df.spill_loads > 0),
+                  engine_spills=((df.spill_stores > 0) | (df.spill_loads > 0)) & df.engine.astype(str).eq("True"))
+    return (d.groupby(["target", "kernel", "dtype"])
+            .agg(variants=("registers", "size"), spilling=("spills", "sum"), engine_spilling=("engine_spills", "sum"),
+                 max_registers=("registers", "max"), max_spill_bytes=("spill_stores", "max"),
+                 max_shared_kb=("shared", lambda x: round(x.max() / 1024, 1)),
+                 warps=("num_warps", lambda x: "/".join(map(str, sorted(set(x))))),
+                 stages=("num_stages", lambda x: "/".join(map(str, sorted(set(x))))),
+                 failing=("problem", lambda x: int((x != "").sum())))
+            .reset_index())
+
+
 COLUMNS = ["target", "kernel", "family", "dtype", "head_dim", "group", "block_size", "split", "engine", "tile",
            "num_warps", "num_stages", "registers", "spill_stores", "spill_loads", "stack_frame", "shared",
            "compile_s", "error", "problem"]
