@@ -16,6 +16,13 @@ chooses the path; ``split_kv=True/False`` forces it.
 All strides are passed explicitly (caches and queries may be views), and block ids are cast to int64 before they
 are multiplied by a stride, so caches larger than 2**31 elements are addressed correctly.
 
+Every wrapper builds its launches with a ``plan_*`` function (grid, arguments, constexprs, warps, stages) and then
+runs them; :mod:`pagedattn.kernels.compile_check` compiles the same plans ahead of time for sm_80 / sm_90 and checks
+registers, spills and shared memory. The tile (``TILE_N`` tokens) and the warps / stages are chosen per head dim,
+dtype and GQA group by :func:`attention_tile_config` so that no configuration the engine runs spills registers.
+With GQA the program's query heads form the rows of a ``tl.dot`` (padded to 16); with MHA (one head per program) the
+scores and ``P.V`` are 2-D products reduced along one axis (no padding, no 3-D broadcast).
+
 Under ``TRITON_INTERPRET=1`` (CPU, tests) the kernels run in Triton's interpreter; there ``tl.dot`` on bf16 operands
 is unreliable, so the dot operands are cast to fp32 (``DOT_FP32``). On a GPU, fp16/bf16 caches feed ``tl.dot`` in their
 own dtype (fp32 accumulation) and fp32 caches use ``input_precision="ieee"`` (no TF32).
