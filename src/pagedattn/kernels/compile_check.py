@@ -23,6 +23,7 @@ kernels are interpreted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -164,11 +165,14 @@ def check(cases: list[Case], targets=TARGETS, jobs: int = 1, progress: bool = Fa
     keys = list(unique)
     if progress:
         print(f"{len(rows)} launches, {len(keys)} distinct variants, {jobs} job(s)", flush=True)
-    if jobs > 1:
-        with ProcessPoolExecutor(jobs) as pool:
-            results = list(pool.map(_compile_one, [unique[k] for k in keys], chunksize=1))
-    else:
-        results = [_compile_one(unique[k]) for k in keys]
+    todo = [unique[k] for k in keys]
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(jobs) if jobs > 1 else contextlib.nullcontext() as pool:
+        results = []
+        for res in (pool.map(_compile_one, todo, chunksize=1) if pool else map(_compile_one, todo)):
+            results.append(res)
+            if progress and len(results) % 100 == 0:
+                print(f"  {len(results)}/{len(todo)} compiled in {time.perf_counter() - t0:.0f} s", flush=True)
     by_key = dict(zip(keys, results))
     table = []
     for row in rows:
