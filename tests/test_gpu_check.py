@@ -45,3 +45,26 @@ def test_per_block_size_frame_is_relative_to_block16():
     out = gpu_check.kernel_per_block_size(df).set_index("block_size")
     assert list(out.ratio_to_block16) == [2.0, 1.0, 0.9]
     assert abs(out.loc[16, "ms_per_1k_tokens"] - 1.0 / 2.048) < 1e-12
+
+
+def test_gpu_results_fill_the_null_claims_of_02_and_06():
+    """The notebooks keep a GPU run's claims when rerun on a CPU: 02 from the newest GPU benchmark file, 06 from the
+    GPU microbenchmark table; without them the claims stay null."""
+    import pandas as pd
+
+    from pagedattn.experiments import attention_kernel as ak
+    from pagedattn.experiments import preemption as pe
+
+    nulls = [Claim("paged_over_contiguous_latency.gpu", None, None), Claim("bandwidth_fraction.gpu", None, None)]
+    assert ak.with_gpu_claims(nulls, {}) == nulls
+    rows = [{"batch": b, "context": c, "block_size": 16, "ratio": 1.05, "bw_fraction": 0.8}
+            for b in ak.FIG18A_BATCHES for c in (*ak.FIG18A_CONTEXTS, ak.BW_POINT["context"])]
+    meta = {"device": "cuda:0", "hardware": "cuda: X", "hardware_slug": "cuda-x", "timestamp": "t",
+            "copy_bandwidth_gbps": 3000.0}
+    filled = ak.with_gpu_claims(nulls, {"cuda-x": {"meta": meta, "df": pd.DataFrame(rows),
+                                                   "path": gpu_check.Path("bench_cuda-x.json")}})
+    assert [c.name for c in filled] == [c.name for c in nulls]
+    assert abs(filled[0].ours - 1.05) < 1e-12 and filled[0].holds and filled[1].ours == 0.8 and filled[1].holds
+    assert [c.ours for c in pe.gpu_claims(None)] == [None, None]
+    micro = pd.DataFrame({"block_size": [16, 64], "recompute_over_swap": [0.1, 1.0], "scale": "GPU", "tokens": 1024})
+    assert [(c.ours, c.holds) for c in pe.gpu_claims(micro)] == [(0.1, False), (1.0, True)]

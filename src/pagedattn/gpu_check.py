@@ -98,11 +98,10 @@ def step_fig18a(ctx: Context) -> dict:
     cfg = ak.BenchConfig(block_sizes=BLOCK_SIZES)
     df, meta = ak.benchmark(quick=False, device=ctx.device, cfg=cfg)
     path = ak.save_benchmark(df, meta, ctx.results_dir)
-    measured = {c.name.split(".")[0]: c for c in ak.claims(df, meta)}
-    # the stable names of DESIGN.md, with the hardware in the note
-    ctx.claims.setdefault(ak.EXPERIMENT, []).extend(
-        Claim(f"{key}.gpu", c.paper, c.ours, c.unit, c.tolerance, c.holds, f"{ctx.hardware}: {c.note}")
-        for key, c in measured.items())
+    nulls = [Claim(f"{key}.gpu", None, None) for key in ("paged_over_contiguous_latency", "bandwidth_fraction")]
+    measured = ak.with_gpu_claims(nulls, {meta["hardware_slug"]: {"meta": meta, "df": df, "path": path}})
+    ctx.claims.setdefault(ak.EXPERIMENT, []).extend(measured)  # the stable names of DESIGN.md, hardware in the note
+    measured = {c.name.split(".")[0]: c for c in measured}
     per_bs = kernel_per_block_size(df)
     bs_path = ctx.results_dir / "05_block_size" / f"kernel_{ctx.slug}.csv"
     bs_path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,8 +174,6 @@ def step_swap(ctx: Context) -> dict:
 
     from pagedattn.experiments import preemption as pe
     from pagedattn.experiments.block_size import tiny_opt
-    from pagedattn.paper import FIG19_RECOMPUTE_OVER_SWAP_MAX
-    from pagedattn.results import Claim
 
     p = pe.Params()
     hf = tiny_opt(p.seed, hidden=p.micro_hidden, layers=p.micro_layers, heads=p.micro_heads,
@@ -188,14 +185,7 @@ def step_swap(ctx: Context) -> dict:
     path = ctx.results_dir / pe.EXPERIMENT / f"micro_{ctx.slug}.csv"
     df.to_csv(path, index=False)
     ratio = df.set_index("block_size").recompute_over_swap
-    for bs in (16, 64):
-        ctx.claims.setdefault(pe.EXPERIMENT, []).append(Claim(
-            f"recompute_over_swap_latency.gpu.block{bs}", FIG19_RECOMPUTE_OVER_SWAP_MAX, round(float(ratio[bs]), 3),
-            "x", "comparable (0.5-2) at 16-64", bool(0.5 <= ratio[bs] <= 2),
-            f"{ctx.hardware}: engine prefill of {SWAP_TOKENS} tokens / swap out + in of the same tokens between the "
-            f"GPU pool and pinned host memory (random-weight OPT, {p.micro_layers} layers, hidden {p.micro_hidden}, "
-            "fp16), wall time to a device synchronisation, fastest of "
-            f"{p.micro_reps}"))
+    ctx.claims.setdefault(pe.EXPERIMENT, []).extend(pe.gpu_claims(df))
     return {"file": str(path), "recompute_ms": recompute, "recompute_over_swap": ratio.round(4).to_dict()}
 
 

@@ -469,6 +469,25 @@ def claims(df: pd.DataFrame, meta: dict) -> list[Claim]:
     ]
 
 
+def with_gpu_claims(claims_: list[Claim], benchmarks: dict[str, dict]) -> list[Claim]:
+    """Fill the ``.gpu`` claims from the newest GPU benchmark file present (written by ``python -m
+    pagedattn.gpu_check`` on a GPU), so that a CPU rerun of the notebook keeps them; without one they stay null."""
+    gpu = [b for b in benchmarks.values() if b["meta"]["device"].startswith("cuda")]
+    if not gpu:
+        return claims_
+    b = max(gpu, key=lambda b: b["meta"]["timestamp"])
+    measured = {c.name.split(".")[0]: c for c in claims(b["df"], b["meta"])}
+    hw = b["meta"]["hardware"]
+    out = []
+    for c in claims_:
+        key, _, suffix = c.name.partition(".")
+        if suffix == "gpu" and key in measured:
+            m = measured[key]
+            c = Claim(c.name, m.paper, m.ours, m.unit, m.tolerance, m.holds, f"{hw} ({b['path'].name}): {m.note}")
+        out.append(c)
+    return out
+
+
 def plot_ratios(benchmarks: dict[str, dict], path=None):
     """Fig. 18a-style plot, one row per hardware: left, the headline ratio (GPU: Triton paged / same kernel on a
     contiguous layout; CPU: torch reference paged / SDPA) with the paper's 1.20-1.26 band; right, the other ratio

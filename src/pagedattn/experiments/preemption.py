@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -259,7 +260,7 @@ def engine_end_to_end(params: Params, progress: bool = True) -> tuple[pd.DataFra
 
 
 # ------------------------------------------------------------------------------------------------ claims, run
-def claims(micro: pd.DataFrame, paper_micro: pd.DataFrame) -> list[Claim]:
+def claims(micro: pd.DataFrame, paper_micro: pd.DataFrame, gpu_micro: Optional[pd.DataFrame] = None) -> list[Claim]:
     """``recompute_over_swap_latency.block{16,64}`` (CPU, measured), the same modelled at paper scale, and the GPU
     claims (not measured)."""
     out = []
@@ -280,11 +281,33 @@ def claims(micro: pd.DataFrame, paper_micro: pd.DataFrame) -> list[Claim]:
             ours = float(series[bs]) if bs in series.index else None
             out.append(Claim(f"{name}.block{bs}", paper, None if ours is None else round(ours, 3), "x", tolerance,
                              None if ours is None else bool(0.5 <= ours <= 2), note))
-    for bs in (16, 64):
-        out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", paper, None, "x", "", None,
-                         "not measured: no GPU was lent to this task (the GPU swap path, pinned host memory over "
-                         "PCIe, was not run)"))
+    out += gpu_claims(gpu_micro)
     return out
+
+
+def gpu_claims(gpu_micro: Optional[pd.DataFrame] = None) -> list[Claim]:
+    """``recompute_over_swap_latency.gpu.block{16,64}`` from a GPU microbenchmark table (``micro_<gpu>.csv``,
+    written by ``python -m pagedattn.gpu_check``), or null without one."""
+    out = []
+    for bs in (16, 64):
+        if gpu_micro is None:
+            out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", FIG19_RECOMPUTE_OVER_SWAP_MAX, None, "x",
+                             "", None, "not measured: no GPU was lent to this task (the GPU swap path, pinned host "
+                             "memory over PCIe, was not run)"))
+            continue
+        r = gpu_micro.set_index("block_size").loc[bs]
+        out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", FIG19_RECOMPUTE_OVER_SWAP_MAX,
+                         round(float(r.recompute_over_swap), 3), "x", "comparable (0.5-2) at 16-64",
+                         bool(0.5 <= r.recompute_over_swap <= 2),
+                         f"{r.scale}: engine prefill of {int(r.tokens)} tokens / swap out + in of the same tokens "
+                         "between the GPU pool and pinned host memory, wall time to a device synchronisation"))
+    return out
+
+
+def load_gpu_micro(out_dir: Path) -> Optional[pd.DataFrame]:
+    """The newest ``micro_cuda-*.csv`` in ``out_dir`` (a GPU run of the microbenchmark), or None."""
+    files = sorted(Path(out_dir).glob("micro_cuda-*.csv"), key=lambda p: p.stat().st_mtime)
+    return pd.read_csv(files[-1]) if files else None
 
 
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True, **kw) -> dict:
@@ -302,7 +325,8 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
         df.to_csv(out_dir / f"{name}.csv", index=False)
     hw = hardware_label("cpu")
     model = f"CPU microbenchmarks: {micro_model}; CPU engine: {engine_model}; {SIM_MODEL}"
-    write_summary(out_dir, EXPERIMENT, f"{hw} + {hardware_label('sim')}", model, quick, claims(micro, paper_micro),
+    write_summary(out_dir, EXPERIMENT, f"{hw} + {hardware_label('sim')}", model, quick,
+                  claims(micro, paper_micro, load_gpu_micro(out_dir)),
                   extra={"params": asdict(params), "swap_cost_model": asdict(SwapCostModel()),
                          "swap_space_bytes": SWAP_SPACE_BYTES,
                          "gpu": "not run: no GPU was lent to this task",
