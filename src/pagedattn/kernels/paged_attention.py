@@ -231,7 +231,7 @@ class TileConfig:
 
 def attention_tile_config(head_dim: int, dtype: torch.dtype, group: int, interpret: bool) -> TileConfig:
     """The attention kernel's tile and launch shape, chosen per case so that no engine configuration spills
-    registers on sm_80 / sm_90 (see ``make kernels-compile`` and results/02_attention_kernel/compile_*.csv).
+    registers on sm_80 / sm_90 (§5.1; see ``make kernels-compile`` and results/02_attention_kernel/compile_table.csv).
 
     The register footprint per thread grows with ``TILE_N x BLOCK_D`` (the K and V tiles, in fp32 on the MHA path)
     over the number of threads; GQA programs also hold ``BLOCK_G`` query rows and their ``[BLOCK_G, TILE_N]``
