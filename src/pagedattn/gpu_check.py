@@ -193,7 +193,8 @@ def steps() -> list[Step]:
     return [
         Step("kernels", "Triton paged attention on CUDA vs float64: block sizes "
              f"{[s for s, _ in KERNEL_GRID['shapes']]}, GQA {KERNEL_GRID['gqa']}, "
-             f"head dims {KERNEL_GRID['head_dims']}, fp32/fp16/bf16, single pass and split-KV", ["02_attention_kernel/correctness_<gpu>.csv"], step_kernels),
+             f"head dims {KERNEL_GRID['head_dims']}, fp32/fp16/bf16, single pass and split-KV",
+             ["02_attention_kernel/correctness_<gpu>.csv"], step_kernels),
         Step("fig18a", f"Fig. 18a: paged vs contiguous layout vs SDPA, OPT-13B layer fp16, batch 8/32, contexts "
              f"64-4096, block sizes {list(BLOCK_SIZES)}; bandwidth fraction; per-block-size cost for notebook 05",
              ["02_attention_kernel/bench_<gpu>.json", "05_block_size/kernel_<gpu>.csv",
