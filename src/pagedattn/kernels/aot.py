@@ -10,7 +10,8 @@ attrs)``; ``triton._C.libtriton.native_specialize_impl``, the JIT's own argument
 types, ints equal to 1 become constexprs, 16-divisible ints and 16-aligned pointers get ``tt.divisibility``);
 ``CUDABackend.parse_attr``; ``knobs.compilation.always_compile``; ``knobs.nvidia.dump_ptxas_log``, which makes
 the NVIDIA backend *print* the ptxas log (the ``n_regs`` / ``n_spills`` of a ``CompiledKernel`` come from the
-driver when the binary is loaded, so without a GPU the log is the only source); and ``CompiledKernel.metadata.{shared,num_warps,num_stages}``.
+driver when the binary is loaded, so without a GPU the log is the only source); and
+``CompiledKernel.metadata.{shared,num_warps,num_stages}``.
 
 It must run in a process whose kernels were defined *compiled*, not interpreted (``TRITON_INTERPRET=0`` before
 :mod:`pagedattn.kernels.paged_attention` is imported; Triton's own library functions such as ``tl.sum``'s combine
