@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 QUICK  ?= 0
 QUICK_FLAG := $(if $(filter 1 true yes,$(QUICK)),--quick,)
 
-.PHONY: venv test reproduce lab model summary clean-results
+.PHONY: venv test reproduce lab model summary clean-results kernels-compile gpu
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,3 +37,11 @@ lab: $(STAMP)
 ## Train the small OPT on the standard library (opt-stdlib).
 model: $(STAMP)
 	$(BIN)/python -m pagedattn.zoo train opt-stdlib
+
+## Compile every Triton kernel for sm_80 and sm_90 (no GPU needed): the full grid, its table in results/02_attention_kernel/.
+kernels-compile: $(STAMP)
+	TRITON_INTERPRET=0 $(BIN)/python -m pagedattn.kernels.compile_check --full --csv results/02_attention_kernel/compile_table.csv
+
+## On a machine with a GPU: settle every GPU claim (kernel correctness, Fig. 18a, bandwidth, engine vs HF, Fig. 19 swap).
+gpu:
+	PYTHONPATH=src $(PYTHON) -m pagedattn.gpu_check

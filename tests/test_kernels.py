@@ -145,6 +145,18 @@ def test_triton_split_kv(triton_ops, dtype, num_kv_heads, block_size):
     assert rel_err(out, naive_attention_f64(q, kc, vc, table, ctx, 0.2)) < TOL[dtype]
 
 
+def test_triton_split_kv_more_partitions_than_one_reduce_chunk(triton_ops):
+    """The reduce kernel reads the partitions 16 at a time: 300 tokens in 16-token partitions are 19 of them."""
+    import pagedattn.kernels.paged_attention as mod
+
+    assert mod._REDUCE_CHUNK < -(-300 // 16)
+    gen = _gen("many-partitions")
+    q, kc, vc, table, ctx = make_paged([300, 7, 260], 4, 2, 16, 16, torch.float32, gen)
+    out = torch.full_like(q, float("nan"))
+    triton_ops.paged_attention(q, kc, vc, table, ctx, 0.3, split_kv=True, partition_size=16, out=out)
+    assert rel_err(out, naive_attention_f64(q, kc, vc, table, ctx, 0.3)) < TOL[torch.float32]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the compiled configuration is tested directly")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 def test_gpu_configuration_in_interpreter(triton_ops, dtype, monkeypatch):

@@ -107,12 +107,14 @@ TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-2}
 # ---------------------------------------------------------------------------------------------------- correctness
 
 
-def correctness_sweep(quick: bool = True, backends: tuple[str, ...] = ("torch", "triton"), seed: int = 0
-                      ) -> pd.DataFrame:
+def correctness_sweep(quick: bool = True, backends: tuple[str, ...] = ("torch", "triton"), seed: int = 0,
+                      grid: Optional[dict] = None) -> pd.DataFrame:
     """Max relative error against a float64 oracle (the reference run in float64 on the same rounded inputs).
 
     Without CUDA the Triton backend runs in the interpreter (``TRITON_INTERPRET=1`` must be set before the kernel
-    module is imported; :func:`pagedattn.kernels.get_backend` does it when it can), so shapes are small.
+    module is imported; :func:`pagedattn.kernels.get_backend` does it when it can), so shapes are small. ``grid``
+    overrides any of ``shapes`` (``[(block_size, context_lens), ...]``), ``gqa``, ``head_dims``, ``num_heads``.
+    The split path uses 64-token partitions (a multiple of every tile), so contexts over 64 span several.
     """
     from pagedattn import kernels
     from pagedattn.kernels import paged_attention_ref
@@ -130,6 +132,9 @@ def correctness_sweep(quick: bool = True, backends: tuple[str, ...] = ("torch", 
                   (64, [70, 64, 1]), (128, [5, 130]), (256, [100, 257])]
         gqa = [1, 2, 4, 8]
         head_dims = [32, 80]
+    grid = grid or {}
+    shapes, gqa = grid.get("shapes", shapes), grid.get("gqa", gqa)
+    head_dims, num_heads = grid.get("head_dims", head_dims), grid.get("num_heads", num_heads)
     rows = []
     for name in backends:
         ops = kernels.get_backend(name)
@@ -144,7 +149,7 @@ def correctness_sweep(quick: bool = True, backends: tuple[str, ...] = ("torch", 
                         paths = [("default", {})]
                         if name == "triton":
                             paths = [("single", {"split_kv": False}),
-                                     ("split_kv", {"split_kv": True, "partition_size": 32})]
+                                     ("split_kv", {"split_kv": True, "partition_size": 64})]
                         for path, kw in paths:
                             out = torch.full_like(q, float("nan"))
                             if name == "triton":
@@ -462,6 +467,25 @@ def claims(df: pd.DataFrame, meta: dict) -> list[Claim]:
         Claim("bandwidth_fraction.gpu", None, None, "of copy bandwidth", f"ours >= {GPU_TARGET_BW_FRACTION}", None,
               "not measured: no GPU in this run (target: paged kernel at batch 32, context 4096)"),
     ]
+
+
+def with_gpu_claims(claims_: list[Claim], benchmarks: dict[str, dict]) -> list[Claim]:
+    """Fill the ``.gpu`` claims from the newest GPU benchmark file present (written by ``python -m
+    pagedattn.gpu_check`` on a GPU), so that a CPU rerun of the notebook keeps them; without one they stay null."""
+    gpu = [b for b in benchmarks.values() if b["meta"]["device"].startswith("cuda")]
+    if not gpu:
+        return claims_
+    b = max(gpu, key=lambda b: b["meta"]["timestamp"])
+    measured = {c.name.split(".")[0]: c for c in claims(b["df"], b["meta"])}
+    hw = b["meta"]["hardware"]
+    out = []
+    for c in claims_:
+        key, _, suffix = c.name.partition(".")
+        if suffix == "gpu" and key in measured:
+            m = measured[key]
+            c = Claim(c.name, m.paper, m.ours, m.unit, m.tolerance, m.holds, f"{hw} ({b['path'].name}): {m.note}")
+        out.append(c)
+    return out
 
 
 def plot_ratios(benchmarks: dict[str, dict], path=None):

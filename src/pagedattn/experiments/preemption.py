@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -109,27 +110,33 @@ class Params:
 
 
 # ----------------------------------------------------------------------------------------- microbenchmarks (CPU)
-def _min_time(fn, reps: int) -> float:
+def _min_time(fn, reps: int, cuda: bool = False) -> float:
     """Fastest of ``reps`` runs after a warm-up, in seconds of this thread's CPU time (other processes on a shared
-    machine do not count)."""
+    machine do not count); with ``cuda``, wall time up to a device synchronisation (the copies are asynchronous)."""
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    clock = time.perf_counter if cuda else time.thread_time
     fn()  # warm-up (first touch of the destination pages)
+    sync()
     best = float("inf")
     for _ in range(reps):
-        t = time.thread_time()
+        t = clock()
         fn()
-        best = min(best, time.thread_time() - t)
+        sync()
+        best = min(best, clock() - t)
     return best
 
 
-def micro_swap(hf, block_size: int, num_tokens: int, reps: int, seed: int = 0) -> dict:
+def micro_swap(hf, block_size: int, num_tokens: int, reps: int, seed: int = 0, device: str | None = "cpu") -> dict:
     """Swap ``num_tokens`` tokens' blocks out of the device pool into the CPU pool and back through the engine's
     ``ModelRunner.move_blocks`` (the executor's batched swap op over every layer's K and V). Pools hold twice the
-    moved blocks; source and destination blocks are drawn at random, as in a pool in use."""
+    moved blocks; source and destination blocks are drawn at random, as in a pool in use. On ``device="cuda"`` the
+    device pool is on the GPU and the CPU pool in pinned host memory: the copies cross PCIe."""
     from pagedattn.engine import LLMEngine
 
     n = -(-num_tokens // block_size)
     engine = LLMEngine(hf, block_size=block_size, num_gpu_blocks=2 * n, num_cpu_blocks=2 * n,
-                       preemption_mode="swap", attention_backend="torch")
+                       preemption_mode="swap", attention_backend="torch", device=device)
+    cuda = engine.device.type == "cuda"
     runner = engine.runner
     for c in runner.k_caches + runner.v_caches:
         c.normal_()
@@ -139,8 +146,8 @@ def micro_swap(hf, block_size: int, num_tokens: int, reps: int, seed: int = 0) -
     out_map = SchedulerOutputs(blocks_to_swap_out=dict(zip(dev, cpu)))
     in_map = SchedulerOutputs(blocks_to_swap_in=dict(zip(cpu, dev)))
     before = runner.k_caches[0][dev].clone()
-    t_out = _min_time(lambda: runner.move_blocks(out_map), reps)
-    t_in = _min_time(lambda: runner.move_blocks(in_map), reps)
+    t_out = _min_time(lambda: runner.move_blocks(out_map), reps, cuda)
+    t_in = _min_time(lambda: runner.move_blocks(in_map), reps, cuda)
     assert torch.equal(runner.k_caches[0][dev], before), "swap round trip changed the cache"
     nbytes = 2 * sum(c[0].numel() * c.element_size() for c in runner.k_caches) * n  # K and V, one direction
     return {"block_size": block_size, "num_blocks": n, "bytes": nbytes, "swap_out_ms": 1e3 * t_out,
@@ -148,14 +155,15 @@ def micro_swap(hf, block_size: int, num_tokens: int, reps: int, seed: int = 0) -
             "swap_gbps": 2 * nbytes / (t_out + t_in) / 1e9}
 
 
-def micro_recompute(hf, num_tokens: int, reps: int, seed: int = 0) -> float:
-    """Milliseconds (CPU time) of the engine's prefill step for a ``num_tokens``-token sequence: what recomputing
-    a preempted sequence of that length costs."""
+def micro_recompute(hf, num_tokens: int, reps: int, seed: int = 0, device: str | None = "cpu") -> float:
+    """Milliseconds (CPU time; on CUDA wall time to a synchronisation) of the engine's prefill step for a
+    ``num_tokens``-token sequence: what recomputing a preempted sequence of that length costs."""
     from pagedattn.engine import LLMEngine
     from pagedattn.sequence import SamplingParams
 
     rng = np.random.default_rng(seed)
-    engine = LLMEngine(hf, block_size=16, num_gpu_blocks=-(-num_tokens // 16) + 4, attention_backend="torch")
+    engine = LLMEngine(hf, block_size=16, num_gpu_blocks=-(-num_tokens // 16) + 4, device=device,
+                       attention_backend="torch" if device == "cpu" else "auto")
     prompt = rng.integers(3, engine.vocab_size, num_tokens).tolist()
     sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     i = iter(range(10**9))
@@ -165,7 +173,7 @@ def micro_recompute(hf, num_tokens: int, reps: int, seed: int = 0) -> float:
         engine.step()  # one prefill step; max_tokens=1 finishes the request
         assert not engine.has_unfinished_requests()
 
-    return 1e3 * _min_time(prefill, reps)
+    return 1e3 * _min_time(prefill, reps, engine.device.type == "cuda")
 
 
 def microbenchmarks(params: Params, progress: bool = True) -> tuple[pd.DataFrame, str]:
@@ -252,7 +260,7 @@ def engine_end_to_end(params: Params, progress: bool = True) -> tuple[pd.DataFra
 
 
 # ------------------------------------------------------------------------------------------------ claims, run
-def claims(micro: pd.DataFrame, paper_micro: pd.DataFrame) -> list[Claim]:
+def claims(micro: pd.DataFrame, paper_micro: pd.DataFrame, gpu_micro: Optional[pd.DataFrame] = None) -> list[Claim]:
     """``recompute_over_swap_latency.block{16,64}`` (CPU, measured), the same modelled at paper scale, and the GPU
     claims (not measured)."""
     out = []
@@ -273,11 +281,33 @@ def claims(micro: pd.DataFrame, paper_micro: pd.DataFrame) -> list[Claim]:
             ours = float(series[bs]) if bs in series.index else None
             out.append(Claim(f"{name}.block{bs}", paper, None if ours is None else round(ours, 3), "x", tolerance,
                              None if ours is None else bool(0.5 <= ours <= 2), note))
-    for bs in (16, 64):
-        out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", paper, None, "x", "", None,
-                         "not measured: no GPU was lent to this task (the GPU swap path, pinned host memory over "
-                         "PCIe, was not run)"))
+    out += gpu_claims(gpu_micro)
     return out
+
+
+def gpu_claims(gpu_micro: Optional[pd.DataFrame] = None) -> list[Claim]:
+    """``recompute_over_swap_latency.gpu.block{16,64}`` from a GPU microbenchmark table (``micro_<gpu>.csv``,
+    written by ``python -m pagedattn.gpu_check``), or null without one."""
+    out = []
+    for bs in (16, 64):
+        if gpu_micro is None:
+            out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", FIG19_RECOMPUTE_OVER_SWAP_MAX, None, "x",
+                             "", None, "not measured: no GPU was lent to this task (the GPU swap path, pinned host "
+                             "memory over PCIe, was not run)"))
+            continue
+        r = gpu_micro.set_index("block_size").loc[bs]
+        out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", FIG19_RECOMPUTE_OVER_SWAP_MAX,
+                         round(float(r.recompute_over_swap), 3), "x", "comparable (0.5-2) at 16-64",
+                         bool(0.5 <= r.recompute_over_swap <= 2),
+                         f"{r.scale}: engine prefill of {int(r.tokens)} tokens / swap out + in of the same tokens "
+                         "between the GPU pool and pinned host memory, wall time to a device synchronisation"))
+    return out
+
+
+def load_gpu_micro(out_dir: Path) -> Optional[pd.DataFrame]:
+    """The newest ``micro_cuda-*.csv`` in ``out_dir`` (a GPU run of the microbenchmark), or None."""
+    files = sorted(Path(out_dir).glob("micro_cuda-*.csv"), key=lambda p: p.stat().st_mtime)
+    return pd.read_csv(files[-1]) if files else None
 
 
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True, **kw) -> dict:
@@ -295,7 +325,8 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
         df.to_csv(out_dir / f"{name}.csv", index=False)
     hw = hardware_label("cpu")
     model = f"CPU microbenchmarks: {micro_model}; CPU engine: {engine_model}; {SIM_MODEL}"
-    write_summary(out_dir, EXPERIMENT, f"{hw} + {hardware_label('sim')}", model, quick, claims(micro, paper_micro),
+    write_summary(out_dir, EXPERIMENT, f"{hw} + {hardware_label('sim')}", model, quick,
+                  claims(micro, paper_micro, load_gpu_micro(out_dir)),
                   extra={"params": asdict(params), "swap_cost_model": asdict(SwapCostModel()),
                          "swap_space_bytes": SWAP_SPACE_BYTES,
                          "gpu": "not run: no GPU was lent to this task",

@@ -21,6 +21,10 @@ it reads ``TRITON_INTERPRET`` lazily). So that module sets ``TRITON_INTERPRET=1`
 and the variable is unset, and ``get_backend("triton")`` does the same before importing it; it raises only if the
 module was already imported in compiled mode (``TRITON_INTERPRET=0`` forced on a CPU). The interpreter is slow
 (~0.2 ms per Triton op): use it for tests on small shapes, not for serving.
+
+The interpreter accepts code the real compiler rejects or makes slow, so :mod:`pagedattn.kernels.compile_check`
+also compiles every kernel for sm_80 / sm_90 without a GPU (:mod:`pagedattn.kernels.aot`) and checks registers,
+spills and shared memory.
 """
 from __future__ import annotations
 

@@ -16,13 +16,22 @@ chooses the path; ``split_kv=True/False`` forces it.
 All strides are passed explicitly (caches and queries may be views), and block ids are cast to int64 before they
 are multiplied by a stride, so caches larger than 2**31 elements are addressed correctly.
 
+Every wrapper builds its launches with a ``plan_*`` function (grid, arguments, constexprs, warps, stages) and then
+runs them; :mod:`pagedattn.kernels.compile_check` compiles the same plans ahead of time for sm_80 / sm_90 and checks
+registers, spills and shared memory. The tile (``TILE_N`` tokens) and the warps / stages are chosen per head dim,
+dtype and GQA group by :func:`attention_tile_config` so that no configuration the engine runs spills registers.
+With GQA the program's query heads form the rows of a ``tl.dot`` (padded to 16); with MHA (one head per program) the
+scores and ``P.V`` are 2-D products reduced along one axis (no padding, no 3-D broadcast).
+
 Under ``TRITON_INTERPRET=1`` (CPU, tests) the kernels run in Triton's interpreter; there ``tl.dot`` on bf16 operands
 is unreliable, so the dot operands are cast to fp32 (``DOT_FP32``). On a GPU, fp16/bf16 caches feed ``tl.dot`` in their
 own dtype (fp32 accumulation) and fp32 caches use ``input_precision="ieee"`` (no TF32).
 """
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -38,7 +47,9 @@ from torch import Tensor  # noqa: E402
 
 from pagedattn.kernels.reference import as_block_mapping, swap_blocks_ref  # noqa: E402
 
-__all__ = ["paged_attention", "reshape_and_cache", "copy_blocks", "swap_blocks", "use_split_kv", "INTERPRET"]
+__all__ = ["paged_attention", "reshape_and_cache", "copy_blocks", "swap_blocks", "use_split_kv", "INTERPRET",
+           "Launch", "TileConfig", "attention_tile_config", "plan_paged_attention", "plan_reshape_and_cache",
+           "plan_copy_blocks"]
 
 #: True when the kernels were defined under Triton's CPU interpreter (decided at import time by triton.jit).
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -110,8 +121,8 @@ def _paged_attn_kernel(
                 s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
             else:
                 s = tl.dot(q, tl.trans(k))
-        else:  # one query head per program (MHA): a vector-matrix product, no padding to 16 rows
-            s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+        else:  # one query head per program (MHA): a [TILE_N, BLOCK_D] product reduced over d, no padding to 16
+            s = tl.sum(q * k.to(tl.float32), axis=1)[None, :]
         s = tl.where(t_mask[None, :], s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -126,8 +137,8 @@ def _paged_attn_kernel(
                 pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
             else:
                 pv = tl.dot(p.to(v.dtype), v)
-        else:
-            pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        else:  # p is [1, TILE_N]: sum over its one row gives the weights as a vector
+            pv = tl.sum(tl.sum(p, axis=0)[:, None] * v.to(tl.float32), axis=0)[None, :]
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
@@ -154,28 +165,86 @@ def _paged_attn_reduce_kernel(
     stride_tms, stride_tmh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PARTITION: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
-    """Combine the partitions of one (sequence, head): out = sum_p 2^(m_p - m) acc_p / sum_p 2^(m_p - m) l_p."""
+    """Combine the partitions of one (sequence, head): out = sum_p 2^(m_p - m) acc_p / sum_p 2^(m_p - m) l_p.
+
+    The partitions are read ``BLOCK_P`` at a time (a first pass finds the maximum ``m``, a second sums), so the tile
+    stays ``[BLOCK_P, BLOCK_D]`` however long the context."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     ctx = tl.load(ctx_ptr + seq)
     n_parts = tl.cdiv(ctx, PARTITION)
     offs_p = tl.arange(0, BLOCK_P)
     offs_d = tl.arange(0, BLOCK_D)
-    p_mask = offs_p < n_parts
     d_mask = offs_d < HEAD_DIM
-    tm = seq * stride_tms + head * stride_tmh + offs_p
-    m = tl.load(tmp_m_ptr + tm, mask=p_mask, other=float("-inf"))
-    l = tl.load(tmp_l_ptr + tm, mask=p_mask, other=0.0)
-    m_max = tl.max(m, axis=0)
+    tm_row = seq * stride_tms + head * stride_tmh
+    to_row = tmp_out_ptr + seq * stride_tos + head * stride_toh
+    m_vec = tl.full([BLOCK_P], float("-inf"), dtype=tl.float32)
+    for p0 in range(0, n_parts, BLOCK_P):
+        p_mask = p0 + offs_p < n_parts
+        m_vec = tl.maximum(m_vec, tl.load(tmp_m_ptr + tm_row + p0 + offs_p, mask=p_mask, other=float("-inf")))
+    m_max = tl.max(m_vec, axis=0)
     m_max = tl.where(m_max > float("-inf"), m_max, 0.0)  # no partitions (empty context): avoid inf - inf
-    w = tl.where(p_mask, tl.exp2(m - m_max), 0.0)
-    l_tot = tl.sum(l * w, axis=0)
-    acc = tl.load(tmp_out_ptr + seq * stride_tos + head * stride_toh + offs_p[:, None] * stride_top + offs_d[None, :],
-                  mask=p_mask[:, None] & d_mask[None, :], other=0.0)
-    o = tl.sum(acc * w[:, None], axis=0)
+    l_vec = tl.zeros([BLOCK_P], dtype=tl.float32)
+    o = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for p0 in range(0, n_parts, BLOCK_P):
+        p_mask = p0 + offs_p < n_parts
+        m = tl.load(tmp_m_ptr + tm_row + p0 + offs_p, mask=p_mask, other=float("-inf"))
+        w = tl.where(p_mask, tl.exp2(m - m_max), 0.0)
+        l_vec += w * tl.load(tmp_l_ptr + tm_row + p0 + offs_p, mask=p_mask, other=0.0)
+        acc = tl.load(to_row + (p0 + offs_p)[:, None] * stride_top + offs_d[None, :],
+                      mask=p_mask[:, None] & d_mask[None, :], other=0.0)
+        o += tl.sum(acc * w[:, None], axis=0)
+    l_tot = tl.sum(l_vec, axis=0)
     o = o / tl.where(l_tot > 0.0, l_tot, 1.0)
     tl.store(out_ptr + seq * stride_os + head * stride_oh + offs_d * stride_od,
              o.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Launch plans: the wrappers below and the ahead-of-time compile checks (pagedattn.kernels.compile_check) both build
+# their launches here, so the checks compile exactly the constexprs, warps and stages a real launch uses.
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: ``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``."""
+
+    kernel: object
+    grid: tuple
+    args: tuple
+    constexprs: dict
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __call__(self) -> None:
+        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tokens per tile and the launch's warps / pipeline stages for one (head dim, dtype, GQA group) case."""
+
+    tile_tokens: int
+    num_warps: int
+    num_stages: int
+
+
+def attention_tile_config(head_dim: int, dtype: torch.dtype, group: int, interpret: bool) -> TileConfig:
+    """The attention kernel's tile and launch shape, chosen per case so that no engine configuration spills
+    registers on sm_80 / sm_90 (§5.1; see ``make kernels-compile`` and results/02_attention_kernel/compile_table.csv).
+
+    The register footprint per thread grows with ``TILE_N x BLOCK_D`` (the K and V tiles, in fp32 on the MHA path)
+    over the number of threads; GQA programs also hold ``BLOCK_G`` query rows and their ``[BLOCK_G, TILE_N]``
+    scores.
+    """
+    if interpret:
+        return TileConfig(16, 4, 1)  # the interpreter's cost is per op, not per element: small tiles, cheap masks
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if group == 1:  # MHA: fp32 products of [TILE_N, BLOCK_D]
+        return TileConfig(64 if block_d <= 64 else 32, 4, 2)
+    if dtype == torch.float32:  # IEEE fp32 tl.dot: operands in fp32
+        return TileConfig(32, 4, 2)
+    return TileConfig(64 if block_d <= 128 else 32, 4, 2)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -193,41 +262,36 @@ def use_split_kv(num_seqs: int, num_kv_heads: int, max_context: int, device: tor
     return num_seqs * num_kv_heads < 2 * _num_sms(device)
 
 
-def _tile_tokens(head_dim: int, interpret: bool) -> int:
-    if interpret:
-        return 16  # the interpreter's cost is per op, not per element: small tiles keep masks cheap to test
-    return 64 if head_dim <= 128 else 32
+#: partitions the reduce kernel combines per loop iteration
+_REDUCE_CHUNK = 16
 
 
-def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
-                    context_lens: Tensor, scale: float, *, split_kv: Optional[bool] = None,
-                    partition_size: Optional[int] = None, max_context_len: Optional[int] = None,
-                    tile_tokens: Optional[int] = None, out: Optional[Tensor] = None) -> Tensor:
-    """Triton paged attention for decode; same contract as :func:`pagedattn.kernels.reference.paged_attention_ref`.
-
-    Extra keyword arguments (all optional): ``split_kv`` forces (True) or forbids (False) the split-KV path, else
-    :func:`use_split_kv` decides; ``partition_size`` (tokens per partition, a multiple of the tile, default 512);
-    ``max_context_len`` an upper bound on ``context_lens`` used to size the split grid (default: the block
-    table's capacity, which avoids a device->host sync); ``tile_tokens`` (power of two >= 16); ``out`` a
-    preallocated output.
-    """
+def plan_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+                         context_lens: Tensor, scale: float, out: Tensor, *, split_kv: Optional[bool] = None,
+                         partition_size: Optional[int] = None, max_context_len: Optional[int] = None,
+                         tile_tokens: Optional[int] = None) -> list[Launch]:
+    """The launches of :func:`paged_attention` (one, or the split pass and its reduce), allocating the split
+    path's partial results. Works on ``meta`` tensors (no memory, no device): the compile checks call it so."""
     num_seqs, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, head_dim_k = key_cache.shape
-    assert head_dim_k == head_dim and value_cache.shape == key_cache.shape, "cache shape mismatch"
-    assert num_heads % num_kv_heads == 0, f"num_heads={num_heads} not a multiple of num_kv_heads={num_kv_heads}"
-    assert block_size & (block_size - 1) == 0, f"block_size={block_size} must be a power of two"
+    if head_dim_k != head_dim or value_cache.shape != key_cache.shape:
+        raise ValueError(f"cache shape mismatch: query head_dim {head_dim}, key_cache {tuple(key_cache.shape)}, "
+                         f"value_cache {tuple(value_cache.shape)}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    if block_size & (block_size - 1):
+        raise ValueError(f"block_size={block_size} must be a power of two")
     group = num_heads // num_kv_heads
-    if out is None:
-        out = torch.empty_like(query)
-    if num_seqs == 0:
-        return out
-    if block_tables.dtype not in (torch.int32, torch.int64):
-        block_tables = block_tables.to(torch.int32)
-    context_lens = context_lens.to(torch.int32)
-
-    tile = tile_tokens or _tile_tokens(head_dim, INTERPRET)
+    cfg = attention_tile_config(head_dim, key_cache.dtype, group, INTERPRET)
+    tile = tile_tokens or cfg.tile_tokens
+    if partition_size and not tile_tokens:  # a small forced partition (tests): the largest tile that divides it
+        tile = math.gcd(tile, partition_size)
     part = partition_size or max(_DEFAULT_PARTITION, tile)
-    assert part % tile == 0, f"partition_size={part} must be a multiple of the tile ({tile} tokens)"
+    if tile < 16 or tile & (tile - 1):
+        raise ValueError(f"the tile must be a power of two >= 16 tokens, got {tile} (tile_tokens={tile_tokens}, "
+                         f"partition_size={partition_size})")
+    if part % tile:
+        raise ValueError(f"partition_size={part} must be a multiple of the tile ({tile} tokens)")
     max_ctx = max_context_len if max_context_len is not None else block_tables.shape[1] * block_size
     if split_kv is None:
         split_kv = use_split_kv(num_seqs, num_kv_heads, max_ctx, query.device, part)
@@ -239,23 +303,49 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
     qk_scale = float(scale) * _LOG2E
     common = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, BLOCK_G=block_g, BLOCK_SIZE=block_size,
                   TILE_N=tile, PARTITION=part, USE_DOT=use_dot, DOT_FP32=dot_fp32)
+    shape = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (query, key_cache, value_cache, block_tables, context_lens, qk_scale,
             *query.stride(), *key_cache.stride(), *value_cache.stride(), *block_tables.stride(), *out.stride())
-
     if not split_kv:
-        _paged_attn_kernel[(num_seqs, num_kv_heads, 1)](
-            out, out, out, out, *args, 0, 0, 0, 0, 0, SPLIT=False, **common)
-        return out
-
+        return [Launch(_paged_attn_kernel, (num_seqs, num_kv_heads, 1), (out, out, out, out, *args, 0, 0, 0, 0, 0),
+                       dict(common, SPLIT=False), **shape)]
     n_parts = triton.cdiv(max(int(max_ctx), 1), part)
     tmp_out = torch.empty((num_seqs, num_heads, n_parts, head_dim), dtype=torch.float32, device=query.device)
     tmp_m = torch.empty((num_seqs, num_heads, n_parts), dtype=torch.float32, device=query.device)
     tmp_l = torch.empty_like(tmp_m)
-    _paged_attn_kernel[(num_seqs, num_kv_heads, n_parts)](
-        out, tmp_out, tmp_m, tmp_l, *args, *tmp_out.stride()[:3], *tmp_m.stride()[:2], SPLIT=True, **common)
-    _paged_attn_reduce_kernel[(num_seqs, num_heads)](
-        out, tmp_out, tmp_m, tmp_l, context_lens, *out.stride(), *tmp_out.stride()[:3], *tmp_m.stride()[:2],
-        HEAD_DIM=head_dim, BLOCK_D=block_d, PARTITION=part, BLOCK_P=max(2, triton.next_power_of_2(n_parts)))
+    tmp_strides = (*tmp_out.stride()[:3], *tmp_m.stride()[:2])
+    return [
+        Launch(_paged_attn_kernel, (num_seqs, num_kv_heads, n_parts), (out, tmp_out, tmp_m, tmp_l, *args, *tmp_strides),
+               dict(common, SPLIT=True), **shape),
+        Launch(_paged_attn_reduce_kernel, (num_seqs, num_heads),
+               (out, tmp_out, tmp_m, tmp_l, context_lens, *out.stride(), *tmp_strides),
+               dict(HEAD_DIM=head_dim, BLOCK_D=block_d, PARTITION=part, BLOCK_P=_REDUCE_CHUNK),
+               num_warps=4, num_stages=1),
+    ]
+
+
+def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+                    context_lens: Tensor, scale: float, *, split_kv: Optional[bool] = None,
+                    partition_size: Optional[int] = None, max_context_len: Optional[int] = None,
+                    tile_tokens: Optional[int] = None, out: Optional[Tensor] = None) -> Tensor:
+    """Triton paged attention for decode; same contract as :func:`pagedattn.kernels.reference.paged_attention_ref`.
+
+    Extra keyword arguments (all optional): ``split_kv`` forces (True) or forbids (False) the split-KV path, else
+    :func:`use_split_kv` decides; ``partition_size`` (tokens per partition, a multiple of 16, default 512);
+    ``max_context_len`` an upper bound on ``context_lens`` used to size the split grid (default: the block
+    table's capacity, which avoids a device->host sync); ``tile_tokens`` (power of two >= 16, default
+    :func:`attention_tile_config`); ``out`` a preallocated output.
+    """
+    if out is None:
+        out = torch.empty_like(query)
+    if query.shape[0] == 0:
+        return out
+    if block_tables.dtype not in (torch.int32, torch.int64):
+        block_tables = block_tables.to(torch.int32)
+    for launch in plan_paged_attention(query, key_cache, value_cache, block_tables, context_lens.to(torch.int32),
+                                       scale, out, split_kv=split_kv, partition_size=partition_size,
+                                       max_context_len=max_context_len, tile_tokens=tile_tokens):
+        launch()
     return out
 
 
@@ -292,19 +382,26 @@ def _reshape_and_cache_kernel(
     tl.store(vc, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
+def plan_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                           slot_mapping: Tensor) -> Launch:
+    """The launch of :func:`reshape_and_cache`: one program per new token."""
+    num_tokens, num_kv_heads, head_dim = key.shape
+    block_size = key_cache.shape[1]
+    if block_size & (block_size - 1):
+        raise ValueError(f"block_size={block_size} must be a power of two")
+    return Launch(_reshape_and_cache_kernel, (num_tokens,),
+                  (key, value, key_cache, value_cache, slot_mapping,
+                   *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride()),
+                  dict(NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_kv_heads),
+                       BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size))
+
+
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                       slot_mapping: Tensor) -> None:
     """Triton KV-cache write (§4.1); same contract as :func:`reference.reshape_and_cache_ref`."""
-    num_tokens, num_kv_heads, head_dim = key.shape
-    if num_tokens == 0:
+    if key.shape[0] == 0:
         return
-    block_size = key_cache.shape[1]
-    assert block_size & (block_size - 1) == 0, f"block_size={block_size} must be a power of two"
-    _reshape_and_cache_kernel[(num_tokens,)](
-        key, value, key_cache, value_cache, slot_mapping,
-        *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride(),
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_kv_heads),
-        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size)
+    plan_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)()
 
 
 @triton.jit
@@ -322,6 +419,15 @@ def _copy_blocks_kernel(k_ptr, v_ptr, mapping_ptr, stride_kb, stride_vb,
     tl.store(v_ptr + dst * stride_vb + offs, tl.load(v_ptr + src * stride_vb + offs, mask=mask), mask=mask)
 
 
+def plan_copy_blocks(key_cache: Tensor, value_cache: Tensor, mapping: Tensor) -> Launch:
+    """The launch of :func:`copy_blocks` for one layer whose blocks are contiguous: grid ``(pairs, chunks)``."""
+    numel = key_cache[0].numel()
+    chunk = min(triton.next_power_of_2(numel), 4096 if not INTERPRET else 1 << 16)
+    return Launch(_copy_blocks_kernel, (mapping.shape[0], triton.cdiv(numel, chunk)),
+                  (key_cache, value_cache, mapping, key_cache.stride(0), value_cache.stride(0)),
+                  dict(BLOCK_NUMEL=numel, CHUNK=chunk))
+
+
 def copy_blocks(key_caches: list[Tensor], value_caches: list[Tensor], block_mapping) -> None:
     """Triton batched block copy for copy-on-write (§4.4); same contract as :func:`reference.copy_blocks_ref`.
 
@@ -331,18 +437,14 @@ def copy_blocks(key_caches: list[Tensor], value_caches: list[Tensor], block_mapp
     if not key_caches:
         return
     mapping = as_block_mapping(block_mapping, key_caches[0].device).contiguous()
-    n = mapping.shape[0]
-    if n == 0:
+    if mapping.shape[0] == 0:
         return
     for kc, vc in zip(key_caches, value_caches):
-        numel = kc[0].numel()
         if not (kc[0].is_contiguous() and vc[0].is_contiguous()):
             kc[mapping[:, 1]] = kc[mapping[:, 0]]
             vc[mapping[:, 1]] = vc[mapping[:, 0]]
             continue
-        chunk = min(triton.next_power_of_2(numel), 4096 if not INTERPRET else 1 << 16)
-        _copy_blocks_kernel[(n, triton.cdiv(numel, chunk))](
-            kc, vc, mapping, kc.stride(0), vc.stride(0), BLOCK_NUMEL=numel, CHUNK=chunk)
+        plan_copy_blocks(kc, vc, mapping)()
 
 
 def swap_blocks(src_cache: Tensor, dst_cache: Tensor, block_mapping) -> None:

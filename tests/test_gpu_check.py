@@ -1,0 +1,70 @@
+"""``python -m pagedattn.gpu_check`` (``make gpu``): its dry run on a machine without a GPU lists every step and
+exits 0, and its claim filling keeps a summary's other claims."""
+from __future__ import annotations
+
+import json
+
+from pagedattn import gpu_check
+from pagedattn.results import Claim
+
+
+def test_dry_run_lists_every_step(capsys, tmp_path):
+    assert gpu_check.main(["--dry-run", "--results-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for name in gpu_check.STEPS:
+        assert f". {name}:" in out
+    assert "paged_over_contiguous_latency.gpu" in out and "recompute_over_swap_latency.gpu" in out
+    assert not any(tmp_path.iterdir())  # a dry run writes nothing
+
+
+def test_unknown_step_is_refused(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--dry-run", "--only", "kernels,nope"])
+    assert "nope" in capsys.readouterr().err
+
+
+def test_fill_claims_replaces_by_name(tmp_path):
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"experiment": "x", "claims": [
+        {"name": "a.gpu", "ours": None, "note": "not measured"}, {"name": "b", "ours": 1.0}]}))
+    gpu_check.fill_claims(path, [Claim("a.gpu", 1.2, 1.05, "x", "ours <= 1.1", True, "measured")], "cuda: X")
+    doc = json.loads(path.read_text())
+    assert [c["name"] for c in doc["claims"]] == ["a.gpu", "b"]
+    assert doc["claims"][0]["ours"] == 1.05 and doc["claims"][1]["ours"] == 1.0
+    assert doc["extra"]["gpu_check"]["hardware"] == "cuda: X"
+
+
+def test_per_block_size_frame_is_relative_to_block16():
+    import pandas as pd
+
+    df = pd.DataFrame([{"batch": 8, "context": 256, "block_size": bs, "paged_ms": ms}
+                       for bs, ms in [(8, 2.0), (16, 1.0), (32, 0.9)]] +
+                      [{"batch": 32, "context": 256, "block_size": 16, "paged_ms": 5.0}])
+    out = gpu_check.kernel_per_block_size(df).set_index("block_size")
+    assert list(out.ratio_to_block16) == [2.0, 1.0, 0.9]
+    assert abs(out.loc[16, "ms_per_1k_tokens"] - 1.0 / 2.048) < 1e-12
+
+
+def test_gpu_results_fill_the_null_claims_of_02_and_06():
+    """The notebooks keep a GPU run's claims when rerun on a CPU: 02 from the newest GPU benchmark file, 06 from the
+    GPU microbenchmark table; without them the claims stay null."""
+    import pandas as pd
+
+    from pagedattn.experiments import attention_kernel as ak
+    from pagedattn.experiments import preemption as pe
+
+    nulls = [Claim("paged_over_contiguous_latency.gpu", None, None), Claim("bandwidth_fraction.gpu", None, None)]
+    assert ak.with_gpu_claims(nulls, {}) == nulls
+    rows = [{"batch": b, "context": c, "block_size": 16, "ratio": 1.05, "bw_fraction": 0.8}
+            for b in ak.FIG18A_BATCHES for c in (*ak.FIG18A_CONTEXTS, ak.BW_POINT["context"])]
+    meta = {"device": "cuda:0", "hardware": "cuda: X", "hardware_slug": "cuda-x", "timestamp": "t",
+            "copy_bandwidth_gbps": 3000.0}
+    filled = ak.with_gpu_claims(nulls, {"cuda-x": {"meta": meta, "df": pd.DataFrame(rows),
+                                                   "path": gpu_check.Path("bench_cuda-x.json")}})
+    assert [c.name for c in filled] == [c.name for c in nulls]
+    assert abs(filled[0].ours - 1.05) < 1e-12 and filled[0].holds and filled[1].ours == 0.8 and filled[1].holds
+    assert [c.ours for c in pe.gpu_claims(None)] == [None, None]
+    micro = pd.DataFrame({"block_size": [16, 64], "recompute_over_swap": [0.1, 1.0], "scale": "GPU", "tokens": 1024})
+    assert [(c.ours, c.holds) for c in pe.gpu_claims(micro)] == [(0.1, False), (1.0, True)]
