@@ -321,13 +321,17 @@ class LLMEngine:
         self._step += 1
 
     def _unstick(self) -> list[RequestOutput]:
-        """Nothing could be scheduled: with the pool empty, a swapped-out group that cannot come back never will."""
+        """Nothing could be scheduled: with the pool empty, a swapped-out group that cannot come back never will;
+        a waiting group that does not fit beside the pinned user-marked prefixes gets their unused blocks."""
         s = self.scheduler
         if s.swapped and not s.running:
             g = s.swapped[0]
             n = sum(len(self.kv.block_table(x.seq_id)) for x in g.get_seqs("swapped"))
             return [self._fail(g, f"request {g.request_id!r} grew to {n} blocks and cannot be swapped back into "
                                   f"the pool of num_gpu_blocks={cache_layout(self.kv)[0]} blocks")]
+        if s.waiting and not s.running and not s.swapped and getattr(self.kv, "pinned", None) \
+                and self.kv.unpin_unused():  # user-marked prefixes filled the idle pool: release unused ones
+            return []
         if s.has_unfinished():
             raise RuntimeError("the scheduler made no progress with requests left")
         return []
