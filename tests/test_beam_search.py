@@ -5,8 +5,8 @@ Per prompt, unbatched on the HF side and batched on ours: the ``k`` returned bea
 token-identical and in the same order, and ``n=1`` returns HF's best beam, for k = 2 and 4, with length penalties
 below, at and above 1 and ``early_stopping`` True / False / "never". The EOS id is set to a token these models
 produce often, so that hypotheses finish on EOS; one case disables EOS (``ignore_eos`` / ``eos_token_id=None``).
-Beam groups also survive all-or-nothing swapping (§4.5) unchanged, run on Orca's contiguous manager (where a fork
-copies the parent's K/V), and leave every block back in the pool.
+Beam groups also survive all-or-nothing swapping (§4.5) unchanged (also when they share cached prefix blocks), run
+on Orca's contiguous manager (where a fork copies the parent's K/V), and leave every block back in the pool.
 """
 from __future__ import annotations
 
@@ -154,6 +154,20 @@ def test_beam_groups_survive_swapping_unchanged():
     got = [[c.token_ids for c in o.outputs] for o in llm.generate(PROMPTS, sp, use_tqdm=False)]
     assert got == ref
     assert llm.engine.scheduler.num_preemptions["swap"] > 0
+    assert_pool_full(llm)
+
+
+def test_beams_match_hf_under_swap_and_prefix_caching():
+    """Issue 12 (1): beam groups whose prompts share cached prefix blocks, swapped out and in (several in one step),
+    still return HF's beams: a block shared between groups is swapped once and stays shared (§4.5)."""
+    hf = model("llama")
+    prompts_ = [list(range(10, 42)) + [100 + i] * 3 for i in range(4)]  # 4 shared blocks of 8
+    want = [hf_beams(hf, p, 2, 1.0, False, False, 2)[0] for p in prompts_]
+    llm = LLM(hf, block_size=8, num_gpu_blocks=10, preemption_mode="swap", num_cpu_blocks=128,
+              enable_prefix_caching=True)
+    got = llm.generate(prompts_, beam_params(2, 1.0, False, False, 2), use_tqdm=False)
+    assert [[c.token_ids for c in o.outputs] for o in got] == want
+    assert llm.engine.scheduler.num_preemptions["swap"] > 0 and llm.engine.kv.prefix_hits > 0
     assert_pool_full(llm)
 
 

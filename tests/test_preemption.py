@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import OPTConfig, OPTForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
 from pagedattn.engine import LLMEngine
 from pagedattn.memory import BlockManager
@@ -94,15 +94,32 @@ class SwapSpy:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine, self.kv, self.runner = engine, engine.kv, engine.runner
-        self.swap_outs = self.swap_ins = 0
+        self.swap_outs = self.swap_ins = self.shared = 0
         self._schedule, self._move = engine.scheduler.schedule, engine.runner.move_blocks
         engine.scheduler.schedule = self.schedule
         engine.runner.move_blocks = self.move_blocks
 
     def schedule(self):
-        self.before = {s: (list(t.blocks), t.device) for s, t in self.kv.tables.items()}
+        kv = self.kv
+        self.before = {s: (list(t.blocks), t.device, [kv._pool(t.device).block_hash.get(b) for b in t.blocks])
+                       for s, t in kv.tables.items()}
         self.out = self._schedule()
         return self.out
+
+    def check_moved(self, seqs: list[int], m: dict[int, int], dst, cow: dict[int, int]) -> None:
+        """Each table entry of the moved sequences names the copy of its old block, or a block of ``dst`` that
+        already held the same prefix digest (shared, not copied); the copies are exactly of their old blocks. On
+        swap-in, the last block may have been copied on write by the next token's append (forks)."""
+        assert set(m) <= {b for s in seqs for b in self.before[s][0]}
+        for s in seqs:
+            old, _, digests = self.before[s]
+            new = self.kv.block_table(s)
+            for i, b in enumerate(old):
+                if b in m:
+                    assert new[i] == m[b] or (i == len(old) - 1 and cow.get(m[b]) == new[i])
+                else:
+                    assert digests[i] is not None and dst.block_hash.get(new[i]) == digests[i]
+                    self.shared += 1
 
     def move_blocks(self, out):
         kv, r = self.kv, self.runner
@@ -110,26 +127,15 @@ class SwapSpy:
         src_cpu = [c.clone() for c in r.k_cpu + r.v_cpu]
         if out.blocks_to_swap_out:
             self.swap_outs += 1
-            seqs = [s for g in out.preempted if g.seqs[0].status == "swapped" for s in g.get_seqs("swapped")]
+            seqs = [s.seq_id for g in out.preempted if g.seqs[0].status == "swapped" for s in g.get_seqs("swapped")]
             assert seqs, "blocks were swapped out but no preempted group is swapped"
-            m = out.blocks_to_swap_out
-            # exactly the preempted groups' device blocks, each once, to the blocks their tables now name
-            assert set(m) == {b for s in seqs for b in self.before[s.seq_id][0]}
-            assert set(m.values()) == {b for s in seqs for b in kv.block_table(s.seq_id)}
-            for s in seqs:
-                assert self.before[s.seq_id][1] == "gpu" and kv.tables[s.seq_id].device == "cpu"
-                assert [m[b] for b in self.before[s.seq_id][0]] == kv.block_table(s.seq_id)
+            assert all(self.before[s][1] == "gpu" and kv.tables[s].device == "cpu" for s in seqs)
+            self.check_moved(seqs, out.blocks_to_swap_out, kv.cpu, {})
         if out.blocks_to_swap_in:
             self.swap_ins += 1
-            m = out.blocks_to_swap_in
-            back = [s for s, (_, dev) in self.before.items() if dev == "cpu" and kv.tables[s].device == "gpu"]
-            assert back and set(m) == {b for s in back for b in self.before[s][0]}
-            cow = dict(out.blocks_to_copy)
-            for s in back:
-                old, new = self.before[s][0], kv.block_table(s)
-                assert [m[b] for b in old[:-1]] == new[: len(old) - 1]
-                # the last block comes back too, unless the next token's append copied it on write (forks)
-                assert m[old[-1]] == new[len(old) - 1] or cow.get(m[old[-1]]) == new[len(old) - 1]
+            back = [s for s, (_, dev, _) in self.before.items() if dev == "cpu" and kv.tables[s].device == "gpu"]
+            assert back
+            self.check_moved(back, out.blocks_to_swap_in, kv.gpu, dict(out.blocks_to_copy))
         self._move(out)
         pairs = [(src_dev, r.k_cpu + r.v_cpu, out.blocks_to_swap_out), (src_cpu, r.k_caches + r.v_caches,
                                                                          out.blocks_to_swap_in)]
@@ -222,6 +228,27 @@ def test_hundred_swap_cycles_lose_no_block_and_no_byte(hf):
         for s in g.seqs:
             kv.free_seq(s)
     assert_pools_full(kv)
+
+
+# ------------------------------------------------------------------- swapping blocks shared between groups (§4.5)
+def test_groups_sharing_cached_prefix_blocks_swap_them_once_and_match_hf():
+    """Issue 12 (1), its reproduction: four prompts share 8 cached prefix blocks; groups swapped out in the same
+    step used to overwrite each other's ``{device block: cpu block}`` entries, and one came back reading zeros. A
+    shared block is now copied once, shared on the CPU, and shared again on the device."""
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)).eval()
+    prompts_ = [list(range(10, 74)) + [100 + i] * 7 for i in range(4)]  # equal lengths: HF needs no padding
+    with torch.inference_mode():
+        want = hf.generate(torch.tensor(prompts_), max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                           eos_token_id=None, pad_token_id=0)[:, 71:].tolist()
+    engine = LLMEngine(hf, block_size=8, num_gpu_blocks=13, preemption_mode="swap", num_cpu_blocks=64,
+                       enable_prefix_caching=True)
+    spy = SwapSpy(engine)
+    got = serve(engine, [(p, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)) for p in prompts_])
+    assert [got[str(i)][0] for i in range(4)] == want
+    assert engine.scheduler.num_preemptions["swap"] >= 2 and spy.swap_ins > 0 and spy.shared > 0
+    assert_pools_full(engine.kv)
 
 
 # ------------------------------------------------------------------------------ the paper-scale swap cost (Fig. 19)

@@ -1,9 +1,9 @@
 """Prefix caching in the block manager: hits on shared prefixes, LRU eviction of unreferenced blocks only, and a
-shadow-memory property test that no sequence ever reads another prefix's K/V."""
+shadow-memory property test that no sequence ever reads another prefix's K/V, also across swapping."""
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pagedattn.memory import AllocStatus, BlockManager
 
@@ -55,52 +55,58 @@ def test_user_marked_prefix_is_pinned_without_automatic_caching():
 
 
 class CachingMachine(RuleBasedStateMachine):
-    """Random allocate / append / fork / free with automatic prefix caching over a tiny alphabet (so prefixes
-    collide). A shadow memory records which token each physical slot holds; every table must read its own tokens."""
+    """Random allocate / append / fork / free / swap-out / swap-in with prefix caching (automatic, or a user-marked
+    prefix) over a tiny alphabet (so prefixes collide). A shadow memory records which token each physical slot of
+    each pool holds, and block moves copy it; every table must read its own tokens, also after its blocks were
+    swapped together with other tables' (a block shared between them is moved once, §4.5)."""
 
     BS = 2
 
-    def __init__(self):
-        super().__init__()
-        self.m = BlockManager(block_size=self.BS, num_gpu_blocks=14, watermark=0.0, enable_prefix_caching=True)
+    @initialize(automatic=st.booleans())
+    def make_manager(self, automatic):
+        self.m = BlockManager(block_size=self.BS, num_gpu_blocks=14, num_cpu_blocks=10, watermark=0.0,
+                              enable_prefix_caching=automatic)
         self.tokens: dict[int, list[int]] = {}
-        self.content: dict[int, dict[int, int]] = {}
+        self.content: dict[tuple[str, int], dict[int, int]] = {}  # (pool, block) -> {offset: token}
         self.next_id = 0
+
+    def _on(self, device):
+        return sorted(s for s, t in self.m.tables.items() if t.device == device)
 
     def _write(self, seq, lo, hi):
         t = self.m.tables[seq]
         for p in range(lo, hi):
-            self.content.setdefault(t.blocks[p // self.BS], {})[p % self.BS] = self.tokens[seq][p]
+            self.content.setdefault(("gpu", t.blocks[p // self.BS]), {})[p % self.BS] = self.tokens[seq][p]
 
-    @rule(prompt=st.lists(st.integers(1, 2), min_size=1, max_size=9))
-    def allocate(self, prompt):
-        if self.m.can_allocate_tokens(len(prompt), prompt) is not AllocStatus.OK:
+    @rule(prompt=st.lists(st.integers(1, 2), min_size=1, max_size=9), prefix_len=st.integers(0, 6))
+    def allocate(self, prompt, prefix_len):
+        if self.m.can_allocate_tokens(len(prompt), prompt, prefix_len) is not AllocStatus.OK:
             return
         referenced = {b for b, c in enumerate(self.m.gpu.ref_counts) if c > 0}
-        cached = self.m.allocate(self.next_id, len(prompt), prompt)
+        cached = self.m.allocate(self.next_id, len(prompt), prompt, prefix_len)
         for b in self.m.block_table(self.next_id)[cached // self.BS:]:
             assert b not in referenced, "a referenced block was handed out (evicted?)"
         self.tokens[self.next_id] = list(prompt)
         self._write(self.next_id, cached, len(prompt))  # only the uncached part is computed
         self.next_id += 1
 
-    @precondition(lambda self: self.m.tables)
+    @precondition(lambda self: self._on("gpu"))
     @rule(data=st.data(), tok=st.integers(1, 2))
     def append(self, data, tok):
-        s = data.draw(st.sampled_from(sorted(self.m.tables)))
+        s = data.draw(st.sampled_from(self._on("gpu")))
         if self.m.needs_new_block(s) and self.m.num_free_gpu_blocks == 0:
             return
         self.tokens[s].append(tok)
         copy = self.m.append_slot(s, self.tokens[s])
         if copy:
-            self.content[copy[1]] = dict(self.content.get(copy[0], {}))
+            self.content[("gpu", copy[1])] = dict(self.content.get(("gpu", copy[0]), {}))
         n = len(self.tokens[s])
         self._write(s, n - 1, n)
 
-    @precondition(lambda self: self.m.tables)
+    @precondition(lambda self: self._on("gpu"))
     @rule(data=st.data())
     def fork(self, data):
-        s = data.draw(st.sampled_from(sorted(self.m.tables)))
+        s = data.draw(st.sampled_from(self._on("gpu")))
         self.m.fork(s, self.next_id)
         self.tokens[self.next_id] = list(self.tokens[s])
         self.next_id += 1
@@ -112,19 +118,39 @@ class CachingMachine(RuleBasedStateMachine):
         self.m.free(s)
         del self.tokens[s]
 
+    def _move(self, data, src, dst):
+        seqs = data.draw(st.lists(st.sampled_from(self._on(src)), min_size=1, max_size=3, unique=True))
+        try:
+            copies = (self.m.swap_out if dst == "cpu" else self.m.swap_in)(seqs)
+        except ValueError:  # the destination pool is full
+            return
+        for a, b in copies.items():
+            self.content[(dst, b)] = dict(self.content.get((src, a), {}))
+
+    @precondition(lambda self: self._on("gpu"))
+    @rule(data=st.data())
+    def swap_out(self, data):
+        self._move(data, "gpu", "cpu")
+
+    @precondition(lambda self: self._on("cpu"))
+    @rule(data=st.data())
+    def swap_in(self, data):
+        self._move(data, "cpu", "gpu")
+
     @invariant()
     def every_sequence_reads_its_own_tokens(self):
         self.m.check_invariants()
         for s, toks in self.tokens.items():
             t = self.m.tables[s]
-            got = [self.content.get(t.blocks[p // self.BS], {}).get(p % self.BS) for p in range(len(toks))]
+            got = [self.content.get((t.device, t.blocks[p // self.BS]), {}).get(p % self.BS) for p in range(len(toks))]
             assert got == toks, f"sequence {s} would read {got}, wrote {toks}"
 
     def teardown(self):
         for s in list(self.m.tables):
             self.m.free(s)
-        assert self.m.num_free_gpu_blocks == self.m.num_gpu_blocks
-        assert all(c == 0 for c in self.m.gpu.ref_counts)
+        assert self.m.num_free_gpu_blocks == self.m.num_gpu_blocks - len(self.m.pinned)
+        assert self.m.cpu.num_free == self.m.cpu.num_blocks
+        assert all(c == (b in self.m.pinned) for b, c in enumerate(self.m.gpu.ref_counts))
 
 
 TestCachingMachine = CachingMachine.TestCase

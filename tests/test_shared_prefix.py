@@ -1,6 +1,6 @@
 """Shared prefixes through the real engine (paper §4.4 "Shared prefix", §6.4 Fig. 16) and automatic prefix caching:
 greedy outputs are the same with caching on and off (also for requests that arrive after the prefix is cached, and
-under preemption and eviction); cached blocks are reused (exact hit counts on a known prefix; fewer prefill tokens);
+under preemption and eviction; a user-marked prefix comes back from swap sharing its pinned blocks again); cached blocks are reused (exact hit counts on a known prefix; fewer prefill tokens);
 eviction never takes a referenced block, and every block returns to the pool after a run (the user-marked prefix
 stays pinned, and only it). Also the experiment module's workload, simulation driver and claims, on small inputs.
 """
@@ -110,6 +110,27 @@ def test_outputs_unchanged_under_preemption_and_eviction(model, reference):
     assert out == reference
     assert e.kv.gpu.num_evictions > 0 and e.scheduler.num_preemptions["recompute"] > 0
     assert e.kv.prefix_hits > 0
+    assert_all_returned(e)
+
+
+@pytest.mark.parametrize("num_gpu_blocks", [8, 12])
+def test_user_marked_prefix_comes_back_from_swap(model, reference, num_gpu_blocks):
+    """Issue 12 (2): groups over a user-marked (pinned) prefix are swapped out and come back sharing the pinned
+    blocks again, instead of needing private copies of them (which made requests that fitted fail, or, with the
+    shared blocks' swap maps overwritten, read wrong K/V); their tokens are the reference's."""
+    e = LLMEngine(model, block_size=BS, num_gpu_blocks=num_gpu_blocks, preemption_mode="swap", num_cpu_blocks=64,
+                  watermark=0.0)
+    step = e.step
+
+    def step_and_check_sharing():
+        outputs = step()
+        for t in e.kv.tables.values():  # every prompt starts with PREFIX; the bare one recomputes its last block
+            assert t.device == "cpu" or t.blocks[:2] == e.kv.pinned[:2]
+        return outputs
+
+    e.step = step_and_check_sharing
+    assert run_waves(e, [WAVE1, WAVE2], prefix_len=len(PREFIX)) == reference
+    assert e.scheduler.num_preemptions["swap"] > 0
     assert_all_returned(e)
 
 

@@ -179,7 +179,7 @@ class Scheduler:
             if num_seqs + n > self.config.max_num_seqs or not self.kv.can_swap_in_group(g):
                 break
             self.swapped.popleft()
-            out.blocks_to_swap_in.update(self.kv.swap_in_group(g))
+            _add_moves(out.blocks_to_swap_in, self.kv.swap_in_group(g))
             g.set_status("swapped", "running")
             out.blocks_to_copy += self.kv.append_slots(g)
             self.running.append(g)
@@ -203,7 +203,7 @@ class Scheduler:
             mode = "recompute"
         self.num_preemptions[mode] += 1
         if mode == "swap":
-            out.blocks_to_swap_out.update(self.kv.swap_out_group(g))
+            _add_moves(out.blocks_to_swap_out, self.kv.swap_out_group(g))
             g.set_status("running", "swapped")
             self.swapped.append(g)
         else:
@@ -213,3 +213,12 @@ class Scheduler:
             g.set_status("running", "waiting")
             self.waiting.appendleft(g)
         out.preempted.append(g)
+
+
+def _add_moves(moves: dict[int, int], new: dict[int, int]) -> None:
+    """Merge one group's block moves into the step's. The KV manager moves a shared block once (§4.5); a block
+    moved twice in one step would leave one copy unwritten, so it is an error here, not a silent overwrite."""
+    twice = moves.keys() & new.keys()
+    if twice:
+        raise RuntimeError(f"blocks {sorted(twice)} moved twice in one step")
+    moves.update(new)

@@ -5,7 +5,9 @@ on demand (a new one only when the last one is full), so a sequence wastes less 
 child share all of its parent's blocks (reference counts go up, nothing is copied); an append to a shared block
 triggers *copy-on-write*: the writer gets a fresh block and the manager returns the ``(src, dst)`` copy for the
 executor to perform (§4.4). Preemption moves a sequence group's blocks to a CPU pool and back (``swap_out`` /
-``swap_in``) or frees them for recomputation (§4.5).
+``swap_in``) or frees them for recomputation (§4.5). A group moves as a unit and each of its blocks once; a prefix
+block shared with other groups is identified in both pools by its prefix hash, so it is copied to the CPU once
+however many groups are swapped out, stays shared there, and shares the device's copy again on the way back.
 
 Invariants (checked by ``check_invariants`` and the property tests):
 - the reference count of every physical block equals the number of block-table entries that point at it;
@@ -276,31 +278,56 @@ class BlockManager:
             seen.update(dict.fromkeys(t.blocks))
         return list(seen)
 
+    @staticmethod
+    def _held(pool: BlockPool, h: int | None) -> int | None:
+        """The block of ``pool`` in use (referenced) that holds the K/V of prefix digest ``h``, if any."""
+        b = pool.lookup(h)
+        return b if b is not None and pool.ref_counts[b] > 0 else None
+
+    def _num_new_blocks(self, blocks: list[int], src: BlockPool, dst: BlockPool) -> int:
+        """Free blocks of ``dst`` that moving ``blocks`` there takes: one each, except a block whose K/V ``dst``
+        already holds for another table (same prefix digest), which is shared instead of copied."""
+        return sum(self._held(dst, src.block_hash.get(b)) is None for b in blocks)
+
     def swap_out(self, seq_ids: list[int]) -> dict[int, int]:
         """Move the sequences' blocks to the CPU pool; returns the ``{gpu_block: cpu_block}`` copies (§4.5).
 
-        Blocks shared between the sequences are moved once and stay shared on the CPU."""
+        Blocks shared between the sequences are moved once and stay shared on the CPU. A cached prefix block
+        (automatic or user-marked) whose K/V the CPU pool already holds, because a group sharing it was swapped out
+        before (in this step or earlier), is not copied again: the tables share the CPU copy."""
         blocks = self._unique_blocks(seq_ids, "gpu")
-        if len(blocks) > self.cpu.num_free:
-            raise ValueError(f"swap-out needs {len(blocks)} CPU blocks but only {self.cpu.num_free} of "
+        need = self._num_new_blocks(blocks, self.gpu, self.cpu)
+        if need > self.cpu.num_free:
+            raise ValueError(f"swap-out needs {need} CPU blocks but only {self.cpu.num_free} of "
                              f"num_cpu_blocks={self.cpu.num_blocks} are free")
         return self._move(seq_ids, blocks, self.gpu, self.cpu, "cpu")
 
-    def can_swap_in(self, seq_ids: list[int], reserve: int = 0) -> bool:
-        need = len(self._unique_blocks(seq_ids, "cpu")) + reserve
-        return self.gpu.num_free - need >= self.watermark_blocks
-
     def swap_in(self, seq_ids: list[int]) -> dict[int, int]:
-        """Bring swapped sequences back to the device pool; returns the ``{cpu_block: gpu_block}`` copies."""
+        """Bring swapped sequences back to the device pool; returns the ``{cpu_block: gpu_block}`` copies.
+
+        A prefix block that the device still holds (a pinned prefix, or a cached block another group uses) is
+        shared again instead of copied, so swapped groups regain their sharing."""
         blocks = self._unique_blocks(seq_ids, "cpu")
-        if len(blocks) > self.gpu.num_free:
-            raise ValueError(f"swap-in needs {len(blocks)} device blocks but only {self.gpu.num_free} of "
+        need = self._num_new_blocks(blocks, self.cpu, self.gpu)
+        if need > self.gpu.num_free:
+            raise ValueError(f"swap-in needs {need} device blocks but only {self.gpu.num_free} of "
                              f"num_gpu_blocks={self.gpu.num_blocks} are free")
         return self._move(seq_ids, blocks, self.cpu, self.gpu, "gpu")
 
     def _move(self, seq_ids: list[int], blocks: list[int], src: BlockPool, dst: BlockPool, device: str
               ) -> dict[int, int]:
-        mapping = {b: dst.allocate() for b in blocks}  # each destination block starts with one reference
+        """Re-point the tables from ``src`` to ``dst`` blocks; returns the block copies to perform, each source
+        block at most once. A block that ``dst`` caches under the same prefix digest is reused (no copy); a copied
+        block is registered under its digest in ``dst``, so that a later move of the same prefix shares it."""
+        digest = {b: src.block_hash.get(b) for b in blocks}
+        found = {b: d for b in blocks if (d := dst.lookup(digest[b])) is not None}
+        for d in found.values():  # revive reused blocks first, so that allocating cannot evict them
+            dst.touch(d)
+        copies = {b: dst.allocate() for b in blocks if b not in found}  # each destination starts with one reference
+        for b, d in copies.items():
+            if digest[b] is not None:
+                dst.register(d, digest[b])
+        mapping = found | copies
         refs = Counter(b for s in seq_ids for b in self.tables[s].blocks)
         for s in seq_ids:
             t = self.tables[s]
@@ -311,7 +338,7 @@ class BlockManager:
                 dst.incref(mapping[b])
             for _ in range(n):
                 src.decref(b)
-        return mapping
+        return copies
 
     # ------------------------------------------------------------------------------------------- invariants
     def check_invariants(self) -> None:
@@ -366,15 +393,16 @@ class BlockManager:
             self.free(seq.seq_id)
 
     def can_swap_out(self, group) -> bool:
-        return len(self._unique_blocks([s.seq_id for s in group.get_seqs(status="running")], "gpu")) \
-            <= self.cpu.num_free
+        blocks = self._unique_blocks([s.seq_id for s in group.get_seqs(status="running")], "gpu")
+        return self._num_new_blocks(blocks, self.gpu, self.cpu) <= self.cpu.num_free
 
     def swap_out_group(self, group) -> dict[int, int]:
         return self.swap_out([s.seq_id for s in group.get_seqs(status="running")])
 
     def can_swap_in_group(self, group) -> bool:
         seqs = [s.seq_id for s in group.get_seqs(status="swapped")]
-        return self.can_swap_in(seqs, reserve=len(seqs))  # room for each sequence's next token
+        need = self._num_new_blocks(self._unique_blocks(seqs, "cpu"), self.cpu, self.gpu)
+        return self.gpu.num_free - need - len(seqs) >= self.watermark_blocks  # room for each sequence's next token
 
     def swap_in_group(self, group) -> dict[int, int]:
         return self.swap_in([s.seq_id for s in group.get_seqs(status="swapped")])

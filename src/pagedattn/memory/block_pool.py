@@ -32,7 +32,8 @@ class BlockPool:
         # FIFO free list: a freed block goes to the back, so recently used physical ids are not reused at once,
         # which makes block tables visibly non-contiguous, as in the paper's Fig. 6.
         self._free: deque[int] = deque(range(num_blocks))
-        # Prefix cache: hash of (prefix, block tokens) <-> block; free cached blocks wait in LRU order.
+        # Prefix cache: hash of (prefix, block tokens) <-> block; free cached blocks wait in LRU order. The CPU pool
+        # keeps one too, so that a block shared by several swapped-out groups is copied and held once (§4.5).
         self.cached: dict[int, int] = {}
         self.block_hash: dict[int, int] = {}
         self._evictable: OrderedDict[int, None] = OrderedDict()
