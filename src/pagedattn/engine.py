@@ -267,8 +267,8 @@ class LLMEngine:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         outputs = [self._finish_with_error(g, g.error) for g in out.ignored]
-        if out.is_empty():  # nothing to run: a lone group preempted itself, or nothing fits any more
-            return outputs if out.preempted else outputs + self._unstick()
+        if out.is_empty():  # nothing ran: a lone group preempted itself or failed (progress), or nothing fits
+            return outputs if out.preempted or out.ignored else outputs + self._unstick()
         self.runner.move_blocks(out)
         if not out.scheduled_groups:  # only swap-outs this step (the last running group preempted itself)
             return outputs
