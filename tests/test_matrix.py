@@ -25,6 +25,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
+from pagedattn import kernels
 from pagedattn.beam_search import worst_case_blocks
 from pagedattn.config import blocks_needed
 from pagedattn.engine import LLM, LLMEngine
@@ -205,6 +206,15 @@ def test_bad_inputs_are_refused_and_isolated():
             llm.generate(top, greedy, use_tqdm=False)
     engine.check_invariants()
     assert not engine.requests and engine.kv.num_free_gpu_blocks == engine.kv.num_gpu_blocks
+
+
+def test_triton_block_size_must_be_a_power_of_two():
+    model, _ = reference("llama")
+    if "triton" not in kernels.available_backends():
+        pytest.skip("triton is not installed")
+    with pytest.raises(ValueError, match="block_size=12"):
+        LLMEngine(model, block_size=12, num_gpu_blocks=8, attention_backend="triton")
+    LLMEngine(model, block_size=12, num_gpu_blocks=8, attention_backend="torch")
 
 
 def test_blocks_needed_matches_the_prompt_design():

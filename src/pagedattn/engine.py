@@ -125,6 +125,10 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(args.max_num_seqs, max_tokens, self.max_model_len,
                                                    args.preemption_mode), self.kv)
         self.backend = kernels.get_backend(args.attention_backend)
+        bs = cache_layout(self.kv)[1]
+        if self.backend.name == "triton" and bs & (bs - 1):
+            raise ValueError(f"block_size={bs}: the Triton attention kernel needs a power of two "
+                             "(attention_backend='torch' takes any block size)")
         self.runner = ModelRunner(self.model, self.kv, self.backend, device, self.dtype)
         self.requests: dict[str, SequenceGroup] = {}  # unfinished requests
         self.generators: dict[str, torch.Generator | None] = {}
