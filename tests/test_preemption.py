@@ -251,6 +251,19 @@ def test_groups_sharing_cached_prefix_blocks_swap_them_once_and_match_hf():
     assert_pools_full(engine.kv)
 
 
+def test_issue19_group_with_room_in_its_last_blocks_comes_back(hf):
+    """Issue 19, its reproduction: 4 blocks of 4 tokens; B (n=2, a 4-token prompt, 3 new tokens) needs at most 3
+    blocks but was swapped out, and waited for 3 + 2 blocks that the pool never has. It now needs no new block
+    (its samples' last blocks have room), comes back when A finishes, and its outputs equal an unpressured run."""
+    requests = [([5, 6, 7], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)),
+                ([8, 9, 10, 11], SamplingParams(n=2, temperature=1.0, seed=0, max_tokens=3, ignore_eos=True))]
+    want = serve(LLMEngine(hf, block_size=4, num_gpu_blocks=64), requests)
+    tight = LLMEngine(hf, block_size=4, num_gpu_blocks=4, preemption_mode="swap", num_cpu_blocks=16, watermark=0.0)
+    assert serve(tight, requests) == want
+    assert tight.scheduler.num_preemptions["swap"] == 1
+    assert_pools_full(tight.kv)
+
+
 # ------------------------------------------------------------------------------ the paper-scale swap cost (Fig. 19)
 def test_swap_cost_model_counts_one_copy_per_block_layer_and_kv():
     from pagedattn.experiments.preemption import SwapCostModel

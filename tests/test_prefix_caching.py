@@ -1,11 +1,13 @@
 """Prefix caching in the block manager: hits on shared prefixes, LRU eviction of unreferenced blocks only, and a
-shadow-memory property test that no sequence ever reads another prefix's K/V, also across swapping."""
+shadow-memory property test that no sequence ever reads another prefix's K/V, also across swapping; blocks are
+identified by collision-resistant digests (prompts whose Python hashes collide never share a block)."""
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pagedattn.memory import AllocStatus, BlockManager
+from pagedattn.memory.block_manager import block_hashes
 
 
 def test_shared_prefix_hits_and_keeps_the_last_token_to_compute():
@@ -52,6 +54,40 @@ def test_user_marked_prefix_is_pinned_without_automatic_caching():
     assert m.allocate(2, 12, [1] * 12) == 0 and len(m.gpu.cached) == 2  # nothing else is cached
     assert m.can_allocate_tokens(9, prefix + [6], prefix_len=8) is AllocStatus.OK
     m.check_invariants()
+
+
+@pytest.mark.parametrize("a,b", [(-1, -2), (0, 2**61 - 1)])
+def test_prompts_whose_python_hashes_collide_do_not_share_blocks(a, b):
+    """Issue 12 (7): blocks are identified by a BLAKE2b digest, not Python's ``hash``, under which these token
+    tuples collide (CPython: ``hash(-1) == hash(-2)``, and integers hash modulo 2**61 - 1); a crafted prompt must not
+    read another request's K/V."""
+    bs = 4
+    assert hash((None, (a,) * bs)) == hash((None, (b,) * bs))  # the collision the old identity had
+    m = BlockManager(block_size=bs, num_gpu_blocks=8, watermark=0.0, enable_prefix_caching=True)
+    assert m.allocate(0, bs + 1, [a] * bs + [7]) == 0
+    assert m.allocate(1, bs + 1, [b] * bs + [7]) == 0  # nothing cached for it: computed, not read from seq 0
+    assert m.block_table(0)[0] != m.block_table(1)[0]
+    assert m.allocate(2, bs + 1, [a] * bs + [9]) == bs  # the same prefix still hits
+    m.check_invariants()
+
+
+TOKENS = st.sampled_from([-2, -1, 0, 1, 2, 2**61 - 1, 2**61, 2**62])  # values whose Python hashes collide
+
+
+@settings(max_examples=200, deadline=None)
+@given(bs=st.integers(1, 4), x=st.lists(TOKENS, min_size=1, max_size=12), y=st.lists(TOKENS, min_size=1, max_size=12))
+def test_two_prompts_share_a_block_only_if_their_prefixes_are_equal(bs, x, y):
+    """Digests: equal exactly when the whole token prefix up to the end of the block is equal; in the manager, the
+    second prompt maps to the first one's block ``i`` only then."""
+    hx, hy = block_hashes(x, bs, len(x) // bs), block_hashes(y, bs, len(y) // bs)
+    for i, (u, v) in enumerate(zip(hx, hy)):
+        assert (u == v) == (x[:(i + 1) * bs] == y[:(i + 1) * bs])
+    m = BlockManager(block_size=bs, num_gpu_blocks=24, watermark=0.0, enable_prefix_caching=True)
+    m.allocate(0, len(x), x)
+    m.allocate(1, len(y), y)
+    for i, (u, v) in enumerate(zip(m.block_table(0), m.block_table(1))):
+        if u == v:
+            assert x[:(i + 1) * bs] == y[:(i + 1) * bs]
 
 
 class CachingMachine(RuleBasedStateMachine):

@@ -1,8 +1,9 @@
 """Shared prefixes through the real engine (paper §4.4 "Shared prefix", §6.4 Fig. 16) and automatic prefix caching:
-greedy outputs are the same with caching on and off (also for requests that arrive after the prefix is cached, and
-under preemption and eviction; a user-marked prefix comes back from swap sharing its pinned blocks again); cached blocks are reused (exact hit counts on a known prefix; fewer prefill tokens);
-eviction never takes a referenced block, and every block returns to the pool after a run (the user-marked prefix
-stays pinned, and only it). Also the experiment module's workload, simulation driver and claims, on small inputs.
+greedy outputs are the same with caching on and off (also for requests that arrive after the prefix is cached,
+under preemption and eviction, and under swapping, where a user-marked prefix comes back sharing its pinned blocks);
+cached blocks are reused (exact hit counts on a known prefix; fewer prefill tokens); eviction never takes a
+referenced block, and every block returns to the pool after a run (the user-marked prefix stays pinned, and only it).
+Also the experiment module's workload, simulation driver and claims, on small inputs.
 """
 from __future__ import annotations
 

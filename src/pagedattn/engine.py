@@ -22,7 +22,7 @@ from torch import nn
 
 from pagedattn import beam_search, kernels
 from pagedattn.config import SchedulerConfig
-from pagedattn.executor import ModelRunner, cache_layout
+from pagedattn.executor import ModelRunner
 from pagedattn.memory.block_manager import AllocStatus, BlockManager
 from pagedattn.model.attention import PagedAttention
 from pagedattn.model.loader import _resolve_dtype, load_model
@@ -325,24 +325,16 @@ class LLMEngine:
         self._step += 1
 
     def _unstick(self) -> list[RequestOutput]:
-        """Nothing could be scheduled: with the pool empty, a swapped-out group that cannot come back never will;
-        a waiting group that does not fit beside the pinned user-marked prefixes gets their unused blocks."""
+        """Nothing could be scheduled. The scheduler refuses a request that can never fit (a swapped-out group
+        included); a waiting group that does not fit beside the pinned user-marked prefixes of an idle pool gets
+        their unused blocks. Otherwise, with requests left, this is a bug."""
         s = self.scheduler
-        if s.swapped and not s.running:
-            g = s.swapped[0]
-            n = sum(len(self.kv.block_table(x.seq_id)) for x in g.get_seqs("swapped"))
-            return [self._fail(g, f"request {g.request_id!r} grew to {n} blocks and cannot be swapped back into "
-                                  f"the pool of num_gpu_blocks={cache_layout(self.kv)[0]} blocks")]
         if s.waiting and not s.running and not s.swapped and getattr(self.kv, "pinned", None) \
-                and self.kv.unpin_unused():  # user-marked prefixes filled the idle pool: release unused ones
+                and self.kv.unpin_unused():
             return []
         if s.has_unfinished():
             raise RuntimeError("the scheduler made no progress with requests left")
         return []
-
-    def _fail(self, g: SequenceGroup, message: str) -> RequestOutput:
-        self.scheduler.abort(g.request_id)
-        return self._finish_with_error(g, message)
 
     def _finish_with_error(self, g: SequenceGroup, message: str | None) -> RequestOutput:
         g.error = message

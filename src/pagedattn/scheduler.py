@@ -6,7 +6,9 @@ Every step the scheduler decides which sequence groups run next:
 2. otherwise run one *decode* step for every running group; when a group cannot get a slot for its next token,
    the group that arrived last is preempted, all or nothing: its blocks are freed to recompute it later
    ("recompute") or moved to the CPU pool ("swap");
-3. swapped groups come back (before any new admission) as soon as their blocks fit again.
+3. swapped groups come back (before any new admission) as soon as their blocks fit again: their distinct blocks
+   plus the blocks their next tokens need (none for a sequence with room in its last block). A swapped group that
+   could not come back even into an empty pool is refused at once, with an error naming the limit.
 
 The scheduler talks to its KV manager only through the group-level API shared by ``memory.BlockManager`` (paged)
 and ``memory.contiguous.ContiguousKVManager`` (Orca), so the same loop serves the real engine and the simulation.
@@ -105,6 +107,9 @@ class Scheduler:
     # ------------------------------------------------------------------------------------------- scheduling
     def schedule(self) -> SchedulerOutputs:
         out = SchedulerOutputs()
+        while self.swapped and self.kv.swap_in_status(self.swapped[0]) is AllocStatus.NEVER:
+            g = self.swapped.popleft()  # it could not come back even into an empty pool: refused now, not left waiting
+            self._refuse(g, self._never_message(g), out)
         if not self.swapped and not (self.static_batching and self.running):
             self._schedule_prefills(out)
             if out.prefill_groups:
@@ -120,10 +125,7 @@ class Scheduler:
             status = self.kv.can_allocate(g)
             if status is AllocStatus.NEVER:
                 self.waiting.popleft()
-                g.error = self._never_message(g)
-                for s in g.seqs:
-                    s.finish("error")
-                out.ignored.append(g)
+                self._refuse(g, self._never_message(g), out)
                 continue
             if status is AllocStatus.LATER:
                 break
@@ -144,7 +146,9 @@ class Scheduler:
     def _never_message(self, g: SequenceGroup) -> str:
         try:
             if hasattr(self.kv, "check_request"):
-                if hasattr(self.kv, "reservation_size"):
+                if g.get_seqs("swapped"):
+                    self.kv.check_swap_in(g)
+                elif hasattr(self.kv, "reservation_size"):
                     self.kv.check_request(g.max_total_len, self.kv._size_of(g), len(g.get_seqs("waiting")))
                 else:
                     self.kv.check_request(g.get_seqs("waiting")[0].get_len())
@@ -172,6 +176,7 @@ class Scheduler:
         out.decode_groups = list(self.running)
 
     def _schedule_swap_ins(self, out: SchedulerOutputs) -> None:
+        """Swapped groups come back in FCFS order as soon as their blocks fit (§4.5)."""
         num_seqs = self.num_running_seqs()
         while self.swapped:
             g = self.swapped[0]
@@ -192,13 +197,9 @@ class Scheduler:
             mode = "swap"  # forked sequences would lose their sharing if recomputed separately
         if mode == "swap" and not self.kv.can_swap_out(g):
             if len(g.get_seqs("running")) > 1:  # cannot be preempted: fail this request alone, free its blocks
-                g.error = (f"request {g.request_id!r} had to be preempted, but its {len(g.get_seqs('running'))} "
-                           "sequences share blocks and do not fit in the CPU swap space (raise num_cpu_blocks)")
-                for s in g.seqs:
-                    self.kv.free_seq(s)
-                    if not s.is_finished():
-                        s.finish("error")
-                out.ignored.append(g)
+                self._refuse(g, f"request {g.request_id!r} had to be preempted, but its "
+                                f"{len(g.get_seqs('running'))} sequences share blocks and do not fit in the CPU swap "
+                                "space (raise num_cpu_blocks)", out)
                 return
             mode = "recompute"
         self.num_preemptions[mode] += 1
@@ -213,6 +214,15 @@ class Scheduler:
             g.set_status("running", "waiting")
             self.waiting.appendleft(g)
         out.preempted.append(g)
+
+    def _refuse(self, g: SequenceGroup, message: str, out: SchedulerOutputs) -> None:
+        """Fail one request that can never be served: free its blocks, finish its sequences with an error."""
+        g.error = message
+        for s in g.seqs:
+            self.kv.free_seq(s)
+            if not s.is_finished():
+                s.finish("error")
+        out.ignored.append(g)
 
 
 def _add_moves(moves: dict[int, int], new: dict[int, int]) -> None:

@@ -6,7 +6,7 @@ child share all of its parent's blocks (reference counts go up, nothing is copie
 triggers *copy-on-write*: the writer gets a fresh block and the manager returns the ``(src, dst)`` copy for the
 executor to perform (§4.4). Preemption moves a sequence group's blocks to a CPU pool and back (``swap_out`` /
 ``swap_in``) or frees them for recomputation (§4.5). A group moves as a unit and each of its blocks once; a prefix
-block shared with other groups is identified in both pools by its prefix hash, so it is copied to the CPU once
+block shared with other groups is identified in both pools by its prefix digest, so it is copied to the CPU once
 however many groups are swapped out, stays shared there, and shares the device's copy again on the way back.
 
 Invariants (checked by ``check_invariants`` and the property tests):
@@ -31,6 +31,8 @@ duck-typed sequence groups (``group.get_seqs(status)``, ``seq.seq_id``, ``seq.ge
 """
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
@@ -55,14 +57,22 @@ class BlockTable:
     blocks: list[int] = field(default_factory=list)
     num_tokens: int = 0
     device: str = "gpu"
-    hashes: list[int] = field(default_factory=list)  # prefix hashes of the full blocks (prefix caching only)
+    hashes: list[bytes] = field(default_factory=list)  # prefix digests of the full blocks (prefix caching only)
 
 
-def block_hashes(token_ids, block_size: int, num_blocks: int, parent: int | None = None) -> list[int]:
-    """Chained hashes of the first ``num_blocks`` full blocks: ``h_i = hash((h_{i-1}, tokens of block i))``."""
-    out = []
-    for i in range(num_blocks):
-        parent = hash((parent, tuple(token_ids[i * block_size:(i + 1) * block_size])))
+def block_hashes(token_ids, block_size: int, num_blocks: int, parent: bytes | None = None) -> list[bytes]:
+    """Chained digests of the first ``num_blocks`` full blocks: ``h_i = BLAKE2b(h_{i-1} || tokens of block i)``.
+
+    A 256-bit cryptographic digest, not Python's ``hash``: equal digests mean equal token prefixes (up to BLAKE2b's
+    collision resistance), so no prompt can be crafted to read another request's K/V. Token ids are encoded as
+    fixed-width little-endian 64-bit integers; the first block has no parent, and its message is shorter than every
+    later one's. Cost: ``benchmarks/prefix_hash.py`` (a few microseconds per block on a CPU)."""
+    n = num_blocks * block_size
+    if len(token_ids) < n:
+        raise ValueError(f"{num_blocks} full blocks of {block_size} need {n} token ids, got {len(token_ids)}")
+    data, step, out = struct.pack(f"<{n}q", *token_ids[:n]), 8 * block_size, []
+    for i in range(0, num_blocks * step, step):
+        parent = hashlib.blake2b((parent or b"") + data[i:i + step], digest_size=32).digest()
         out.append(parent)
     return out
 
@@ -279,7 +289,7 @@ class BlockManager:
         return list(seen)
 
     @staticmethod
-    def _held(pool: BlockPool, h: int | None) -> int | None:
+    def _held(pool: BlockPool, h: bytes | None) -> int | None:
         """The block of ``pool`` in use (referenced) that holds the K/V of prefix digest ``h``, if any."""
         b = pool.lookup(h)
         return b if b is not None and pool.ref_counts[b] > 0 else None
@@ -340,6 +350,13 @@ class BlockManager:
                 src.decref(b)
         return copies
 
+    def next_token_blocks(self, seq_ids: list[int]) -> int:
+        """Blocks that one more token of each sequence takes (§4.3, §4.4): one for a full last block; for a partly
+        filled last block shared by ``k`` of them, ``k - 1`` (copy-on-write; the last writer keeps the block)."""
+        bs, tables = self.block_size, [self.tables[s] for s in seq_ids]
+        partial = Counter(t.blocks[-1] for t in tables if t.num_tokens % bs)
+        return sum(t.num_tokens % bs == 0 for t in tables) + sum(k - 1 for k in partial.values())
+
     # ------------------------------------------------------------------------------------------- invariants
     def check_invariants(self) -> None:
         """Assert the invariants of the module docstring (used by tests)."""
@@ -399,10 +416,38 @@ class BlockManager:
     def swap_out_group(self, group) -> dict[int, int]:
         return self.swap_out([s.seq_id for s in group.get_seqs(status="running")])
 
-    def can_swap_in_group(self, group) -> bool:
+    def swap_in_status(self, group) -> AllocStatus:
+        """Whether a swapped-out group can come back now (OK), after others finish (LATER), or never (NEVER) (§4.5).
+
+        It takes its distinct blocks that the device does not already hold (a pinned or cached prefix in use is
+        shared again), plus the blocks its next tokens need (``next_token_blocks``: none for a sequence whose last
+        block has room), and leaves the watermark free."""
+        try:
+            self.check_swap_in(group)
+        except ValueError:
+            return AllocStatus.NEVER
         seqs = [s.seq_id for s in group.get_seqs(status="swapped")]
-        need = self._num_new_blocks(self._unique_blocks(seqs, "cpu"), self.cpu, self.gpu)
-        return self.gpu.num_free - need - len(seqs) >= self.watermark_blocks  # room for each sequence's next token
+        blocks = self._unique_blocks(seqs, "cpu")
+        need = self._num_new_blocks(blocks, self.cpu, self.gpu) + self.next_token_blocks(seqs)
+        return AllocStatus.OK if self.gpu.num_free - need >= self.watermark_blocks else AllocStatus.LATER
+
+    def can_swap_in_group(self, group) -> bool:
+        return self.swap_in_status(group) is AllocStatus.OK
+
+    def check_swap_in(self, group) -> None:
+        """Raise ValueError, naming the limit, for a swapped-out group that could not come back even when every
+        other request is gone: its distinct blocks plus its next tokens' blocks exceed the pool, less the
+        watermark and the pinned prefixes it does not share."""
+        seqs = [s.seq_id for s in group.get_seqs(status="swapped")]
+        blocks = self._unique_blocks(seqs, "cpu")
+        grow = self.next_token_blocks(seqs)
+        shared = {self.gpu.lookup(self.cpu.block_hash.get(b)) for b in blocks}
+        others = len(set(self.pinned) - shared)
+        if len(blocks) + grow > self.gpu.num_blocks - self.watermark_blocks - others:
+            raise ValueError(
+                f"request {group.request_id!r} grew to {len(blocks)} distinct blocks (its next tokens need {grow} "
+                f"more) and cannot be swapped back into the pool of num_gpu_blocks={self.gpu.num_blocks} blocks "
+                f"({self.watermark_blocks} kept free by the watermark, {others} held by other pinned prefixes)")
 
     def swap_in_group(self, group) -> dict[int, int]:
         return self.swap_in([s.seq_id for s in group.get_seqs(status="swapped")])

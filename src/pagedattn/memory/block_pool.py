@@ -32,10 +32,10 @@ class BlockPool:
         # FIFO free list: a freed block goes to the back, so recently used physical ids are not reused at once,
         # which makes block tables visibly non-contiguous, as in the paper's Fig. 6.
         self._free: deque[int] = deque(range(num_blocks))
-        # Prefix cache: hash of (prefix, block tokens) <-> block; free cached blocks wait in LRU order. The CPU pool
+        # Prefix cache: digest of (prefix, block tokens) <-> block; free cached blocks wait in LRU order. The CPU pool
         # keeps one too, so that a block shared by several swapped-out groups is copied and held once (§4.5).
-        self.cached: dict[int, int] = {}
-        self.block_hash: dict[int, int] = {}
+        self.cached: dict[bytes, int] = {}
+        self.block_hash: dict[int, bytes] = {}
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self.num_evictions = 0
 
@@ -80,7 +80,7 @@ class BlockPool:
         return False
 
     # ------------------------------------------------------------------------------------------ prefix cache
-    def lookup(self, h: int) -> int | None:
+    def lookup(self, h: bytes) -> int | None:
         return self.cached.get(h)
 
     def touch(self, block: int) -> None:
@@ -91,8 +91,8 @@ class BlockPool:
         else:
             self.incref(block)
 
-    def register(self, block: int, h: int) -> None:
-        """Remember that ``block`` holds the full block of tokens whose prefix hash is ``h`` (first writer wins)."""
+    def register(self, block: int, h: bytes) -> None:
+        """Remember that ``block`` holds the full block of tokens whose prefix digest is ``h`` (first writer wins)."""
         if h not in self.cached and block not in self.block_hash:
             self.cached[h] = block
             self.block_hash[block] = h
