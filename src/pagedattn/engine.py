@@ -22,7 +22,7 @@ from torch import nn
 
 from pagedattn import beam_search, kernels
 from pagedattn.config import SchedulerConfig
-from pagedattn.executor import ModelRunner
+from pagedattn.executor import ModelRunner, cache_layout
 from pagedattn.memory.block_manager import AllocStatus, BlockManager
 from pagedattn.model.attention import PagedAttention
 from pagedattn.model.loader import _resolve_dtype, load_model
