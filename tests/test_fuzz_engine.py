@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
 import torch
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -28,6 +29,7 @@ from pagedattn.engine import LLMEngine
 from pagedattn.model import load_model
 from pagedattn.sequence import SamplingParams
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 EXAMPLES = int(os.environ.get("PAGEDATTN_FUZZ_EXAMPLES", "200"))
 MAX_LEN = 96  # max_position_embeddings of the tiny model
 

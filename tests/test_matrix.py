@@ -49,13 +49,7 @@ PREEMPTION = ["none", "recompute", "swap"]
 PREFIX_MODES = ["off", "auto", "user"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny models run several times faster on one thread on a shared 2-core VM."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_hf(name: str):
