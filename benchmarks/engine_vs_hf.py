@@ -15,13 +15,15 @@ the least noisy estimate). Also reported: the share of our engine's step time sp
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
+from pathlib import Path
 
 import torch
 
 from pagedattn.engine import LLM
-from pagedattn.results import hardware_label, today, write_benchmark
+from pagedattn.results import REPO_ROOT, hardware_label, today
 from pagedattn.sequence import SamplingParams
 
 MODEL = dict(vocab_size=8192, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
@@ -220,7 +222,11 @@ def main(argv=None) -> dict:
                                      "note": "other processes share the CPU; ratios interleaved within a run are "
                                              "comparable, absolute tokens/s across runs are not"},
                "batch_sizes": a.batch_sizes, "rows": rows}
-    write_benchmark(summary, "engine_vs_hf", a.out, a.quick)
+    out = a.out or (None if a.quick else REPO_ROOT / "results" / "benchmarks" / "engine_vs_hf.json")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"wrote {out}")
     return summary
 
 

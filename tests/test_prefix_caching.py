@@ -56,6 +56,20 @@ def test_user_marked_prefix_is_pinned_without_automatic_caching():
     m.check_invariants()
 
 
+def test_request_that_fits_only_without_the_pinned_prefixes_is_refused():
+    """User-marked prefixes are held for good, so a request that needs more than the rest of the pool can never run:
+    it is refused (NEVER, a ValueError naming the limit), not left waiting; one that shares the prefix still fits."""
+    m = BlockManager(block_size=4, num_gpu_blocks=8, watermark=0.0)
+    prefix = list(range(10, 22))
+    m.allocate(0, 13, prefix + [1], prefix_len=12)  # pins 3 blocks
+    m.free(0)
+    assert m.can_allocate_tokens(30, list(range(100, 130))) is AllocStatus.NEVER  # 8 blocks, 3 of 8 pinned
+    with pytest.raises(ValueError, match="3 of the pool's num_gpu_blocks=8 hold user-marked prefixes"):
+        m.check_request(30, list(range(100, 130)))
+    assert m.can_allocate_tokens(20, list(range(100, 120))) is AllocStatus.OK  # 5 blocks
+    assert m.can_allocate_tokens(30, prefix + list(range(18)), prefix_len=12) is AllocStatus.OK  # shares all 3
+
+
 @pytest.mark.parametrize("a,b", [(-1, -2), (0, 2**61 - 1)])
 def test_prompts_whose_python_hashes_collide_do_not_share_blocks(a, b):
     """Issue 12 (7): blocks are identified by a BLAKE2b digest, not Python's ``hash``, under which these token

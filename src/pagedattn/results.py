@@ -72,6 +72,18 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def write_benchmark(summary: dict, name: str, out: str | os.PathLike | None = None, quick: bool = False
+                    ) -> Path | None:
+    """Write a benchmark's JSON to ``out``, by default ``results/benchmarks/<name>.json``; a quick run writes
+    nothing unless ``out`` is given. Returns the path written, if any."""
+    path = Path(out) if out else (None if quick else RESULTS_DIR / "benchmarks" / f"{name}.json")
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
+        print(f"wrote {path}")
+    return path
+
+
 def write_summary(out_dir: str | os.PathLike, experiment: str, hardware: str, model: str, quick: bool,
                   claims: list[Claim], extra: dict | None = None) -> Path:
     """Write ``<out_dir>/summary.json`` in the convention of DESIGN.md and return its path."""
@@ -83,18 +95,6 @@ def write_summary(out_dir: str | os.PathLike, experiment: str, hardware: str, mo
         doc["extra"] = _clean(extra)
     path = out / "summary.json"
     path.write_text(json.dumps(doc, indent=2) + "\n")
-    return path
-
-
-def write_benchmark(summary: dict, name: str, out: str | os.PathLike | None = None, quick: bool = False
-                    ) -> Path | None:
-    """Write a benchmark's JSON to ``out``, by default ``results/benchmarks/<name>.json``; a quick run writes
-    nothing unless ``out`` is given. Returns the path written, if any."""
-    path = Path(out) if out else (None if quick else RESULTS_DIR / "benchmarks" / f"{name}.json")
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
-        print(f"wrote {path}")
     return path
 
 

@@ -151,7 +151,8 @@ class Scheduler:
                 elif hasattr(self.kv, "reservation_size"):
                     self.kv.check_request(g.max_total_len, self.kv._size_of(g), len(g.get_seqs("waiting")))
                 else:
-                    self.kv.check_request(g.get_seqs("waiting")[0].get_len())
+                    s = g.get_seqs("waiting")[0]
+                    self.kv.check_request(s.get_len(), s.token_ids, getattr(g, "prefix_len", 0))
         except ValueError as e:
             return str(e)
         return "request can never fit in the KV cache (watermark)"

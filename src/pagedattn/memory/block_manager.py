@@ -145,8 +145,9 @@ class BlockManager:
         return sum(len(t.blocks) for t in self.tables.values() if t.device == "gpu")
 
     # -------------------------------------------------------------------------------- per-sequence operations
-    def check_request(self, num_tokens: int) -> None:
-        """Raise ValueError, naming the limit, for a request that could never be served."""
+    def check_request(self, num_tokens: int, token_ids=None, prefix_len: int = 0) -> None:
+        """Raise ValueError, naming the limit, for a request that could never be served. Given its ``token_ids``,
+        the user-marked prefixes that it does not share count as taken: the manager holds them for good."""
         if num_tokens < 1:
             raise ValueError(f"a request needs at least 1 token, got {num_tokens}")
         if self.max_model_len is not None and num_tokens > self.max_model_len:
@@ -156,6 +157,22 @@ class BlockManager:
         if need > self.gpu.num_blocks:
             raise ValueError(f"request of {num_tokens} tokens needs {need} blocks of {self.block_size} but the whole "
                              f"pool has only num_gpu_blocks={self.gpu.num_blocks}")
+        pinned = 0 if token_ids is None else self._pinned_elsewhere(self._hits(num_tokens, token_ids, prefix_len))
+        if need + pinned > self.gpu.num_blocks:
+            raise ValueError(f"request of {num_tokens} tokens needs {need} blocks of {self.block_size}, but "
+                             f"{pinned} of the pool's num_gpu_blocks={self.gpu.num_blocks} hold user-marked prefixes "
+                             "it does not share")
+
+    def _hits(self, num_tokens: int, token_ids, prefix_len: int) -> list[int]:
+        """Cached blocks of the prompt's longest cached prefix (none without token ids)."""
+        cacheable = self._cacheable(num_tokens, prefix_len) if token_ids is not None else 0
+        if cacheable < self.block_size:
+            return []
+        return self._match(block_hashes(token_ids, self.block_size, cacheable // self.block_size), num_tokens)
+
+    def _pinned_elsewhere(self, hits: list[int]) -> int:
+        """User-marked prefix blocks (held for good) that a request with these cache hits does not share."""
+        return len(set(self.pinned) - set(hits)) if self.pinned else 0
 
     def _cacheable(self, num_tokens: int, prefix_len: int) -> int:
         """Tokens whose full blocks may be cached: all (automatic caching) or the user-marked prefix."""
@@ -173,16 +190,14 @@ class BlockManager:
 
     def can_allocate_tokens(self, num_tokens: int, token_ids=None, prefix_len: int = 0) -> AllocStatus:
         try:
-            self.check_request(num_tokens)
+            self.check_request(num_tokens, token_ids, prefix_len)
         except ValueError:
             return AllocStatus.NEVER
+        hits = self._hits(num_tokens, token_ids, prefix_len)
         need = blocks_needed(num_tokens, self.block_size)
-        if self.gpu.num_blocks - need < self.watermark_blocks:
+        if self.gpu.num_blocks - self._pinned_elsewhere(hits) - need < self.watermark_blocks:
             return AllocStatus.NEVER
-        cacheable = self._cacheable(num_tokens, prefix_len) if token_ids is not None else 0
-        if cacheable >= self.block_size:  # blocks already held by others cost nothing new
-            hashes = block_hashes(token_ids, self.block_size, cacheable // self.block_size)
-            need -= sum(self.gpu.ref_counts[b] > 0 for b in self._match(hashes, num_tokens))
+        need -= sum(self.gpu.ref_counts[b] > 0 for b in hits)  # blocks already held by others cost nothing new
         return AllocStatus.OK if self.gpu.num_free - need >= self.watermark_blocks else AllocStatus.LATER
 
     def allocate(self, seq_id: int, num_tokens: int, token_ids=None, prefix_len: int = 0) -> int:
@@ -441,8 +456,7 @@ class BlockManager:
         seqs = [s.seq_id for s in group.get_seqs(status="swapped")]
         blocks = self._unique_blocks(seqs, "cpu")
         grow = self.next_token_blocks(seqs)
-        shared = {self.gpu.lookup(self.cpu.block_hash.get(b)) for b in blocks}
-        others = len(set(self.pinned) - shared)
+        others = self._pinned_elsewhere([self.gpu.lookup(self.cpu.block_hash.get(b)) for b in blocks])
         if len(blocks) + grow > self.gpu.num_blocks - self.watermark_blocks - others:
             raise ValueError(
                 f"request {group.request_id!r} grew to {len(blocks)} distinct blocks (its next tokens need {grow} "

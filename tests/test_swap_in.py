@@ -1,0 +1,117 @@
+"""Swap-in feasibility (paper §4.5; issue 19): a swapped-out group comes back as soon as its distinct blocks and the
+blocks its next tokens need fit, not one block per sequence more; a group that could not come back even into an
+empty pool is refused at once with an error naming the limit; the watermark stays free. Checked through the
+scheduler, against an unbounded pool (hypothesis), our counterpart of vLLM's ``test_swap_in_infeasible``, and the
+issue's reproduction in the simulator (the engine's is in tests/test_preemption.py)."""
+import copy
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from pagedattn.config import SchedulerConfig
+from pagedattn.memory import AllocStatus, BlockManager, BlockPool
+from pagedattn.scheduler import Scheduler
+from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+from pagedattn.sim import simulate
+from pagedattn.workloads import TraceRequest
+
+
+def group(i: int, prompt_len: int, n: int = 1) -> SequenceGroup:
+    seqs = [Sequence(i * 10 + k, [1] * prompt_len) for k in range(n)]
+    return SequenceGroup(f"r{i}", seqs, SamplingParams(n=n, max_tokens=8), arrival_time=float(i))
+
+
+def swap_out_grown(kv: BlockManager, g, lengths: list[int]) -> None:
+    """Allocate a group's prompt, grow sample ``k`` by ``lengths[k]`` tokens (while the pool has room), give every
+    sample the token sampled last (its K/V is the next step's to compute), and swap the group out."""
+    kv.allocate_group(g)
+    g.set_status("waiting", "running")
+    for q, extra in zip(g.seqs, lengths):
+        for _ in range(extra):
+            if kv.needs_new_block(q.seq_id) and kv.num_free_gpu_blocks == 0:
+                break
+            q.append_token(q.seq_id)  # the samples diverge
+            kv.append_slot(q.seq_id, q.token_ids)
+        q.append_token(q.seq_id)
+    kv.swap_out_group(g)
+    g.set_status("running", "swapped")
+
+
+@pytest.mark.parametrize("caching", [False, True])
+@pytest.mark.parametrize("n,num_gpu_blocks", [(1, 1), (2, 1), (2, 2)])
+@pytest.mark.parametrize("num_tokens", [5, 7, 8])
+def test_swap_in_is_refused_only_when_it_really_cannot_fit(caching, n, num_gpu_blocks, num_tokens):
+    """Our counterpart of vLLM's ``test_swap_in_infeasible``: blocks of 8; a group swapped out with ``num_tokens``
+    tokens per sample comes back into an empty pool iff its tokens plus each sample's next token fit (the samples
+    share their full blocks; each writes its own tail). Otherwise it is refused for good, with an error naming the
+    limit, and its blocks are freed."""
+    bs = 8
+    kv = BlockManager(block_size=bs, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=4, watermark=0.0,
+                      enable_prefix_caching=caching)
+    g = group(0, num_tokens, n=n)
+    swap_out_grown(kv, g, [0] * n)
+    need = num_tokens // bs + n * -(-(num_tokens % bs + 1) // bs)  # shared full blocks + each sample's own tail
+    s = Scheduler(SchedulerConfig(preemption_mode="swap"), kv)
+    s.swapped.append(g)
+    out = s.schedule()
+    if need <= num_gpu_blocks:
+        assert out.decode_groups == [g] and not out.ignored
+    else:
+        assert out.ignored == [g] and f"num_gpu_blocks={num_gpu_blocks}" in g.error
+        assert f"grew to {-(-num_tokens // bs)} distinct blocks" in g.error  # the samples' shared blocks once
+        assert not kv.tables and kv.cpu.num_free == kv.cpu.num_blocks
+    kv.check_invariants()
+
+
+def test_swap_in_waits_for_room_and_keeps_the_watermark_free():
+    """LATER, not NEVER, while others hold the room; and the watermark's blocks are never used to swap in."""
+    kv = BlockManager(block_size=4, num_gpu_blocks=10, num_cpu_blocks=10, watermark=0.1)  # 1 block kept free
+    g = group(0, 6, n=2)  # 2 blocks; the samples' next tokens copy the shared partial block once: 3 in all
+    swap_out_grown(kv, g, [0, 0])
+    kv.allocate(99, 4 * 6)  # 6 blocks held by another request: 4 free
+    assert kv.swap_in_status(g) is AllocStatus.OK  # 4 - 3 >= 1
+    kv.append_slot(99)  # 3 free: swapping in would eat the watermark's block
+    assert kv.swap_in_status(g) is AllocStatus.LATER and not kv.can_swap_in_group(g)
+    kv.free(99)
+    assert kv.can_swap_in_group(g)
+
+
+@settings(max_examples=150, deadline=None)
+@given(bs=st.integers(1, 6), num_gpu_blocks=st.integers(1, 10), watermark=st.sampled_from([0.0, 0.2]),
+       prompt_len=st.integers(1, 24), lengths=st.lists(st.integers(0, 9), min_size=1, max_size=4))
+def test_swapped_group_that_fits_the_empty_pool_always_comes_back(bs, num_gpu_blocks, watermark, prompt_len,
+                                                                   lengths):
+    """Whatever its samples' lengths and sharing, a swapped-out group comes back into the empty pool exactly when
+    its blocks after the next token (measured by doing it in an unbounded pool) fit the pool less the watermark;
+    otherwise it is refused at once with an error naming the limit, never left waiting."""
+    kv = BlockManager(block_size=bs, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=64, watermark=watermark)
+    g = group(0, prompt_len, n=len(lengths))
+    assume(kv.can_allocate(g) is AllocStatus.OK)
+    swap_out_grown(kv, g, lengths)
+    unbounded = copy.deepcopy(kv)
+    unbounded.gpu = BlockPool(1000, bs)
+    unbounded.swap_in_group(g)
+    g.set_status("swapped", "running")
+    unbounded.append_slots(g)
+    g.set_status("running", "swapped")
+    fits = unbounded.gpu.num_used <= num_gpu_blocks - kv.watermark_blocks
+    s = Scheduler(SchedulerConfig(preemption_mode="swap"), kv)
+    s.swapped.append(g)
+    out = s.schedule()  # runs the swap-in and the next token's append_slots, or refuses
+    if fits:
+        assert out.decode_groups == [g] and kv.num_used_gpu_blocks == unbounded.gpu.num_used
+    else:
+        assert out.ignored == [g] and f"num_gpu_blocks={num_gpu_blocks}" in g.error and not kv.tables
+    assert not s.swapped
+    kv.check_invariants()
+
+
+def test_simulator_replays_issue19_to_the_end():
+    """Issue 19 in the simulator: 4 blocks of 4 tokens, two n=2 requests; the swapped-out one needed one new block
+    per sample to come back, which the pool never had, and the replay stopped ("no progress")."""
+    trace = [TraceRequest("A", 0.0, 3, 1), TraceRequest("B", 0.0, 4, 3)]
+    r = simulate(trace, "paged", num_slots=16, block_size=4, preemption_mode="swap", num_cpu_blocks=16, n=2,
+                 seed=0, max_model_len=64)
+    assert r.num_preemptions["swap"] == 1
+    assert r.requests["finish_time"].notna().all() and r.requests["error"].isna().all()
