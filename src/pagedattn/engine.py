@@ -326,13 +326,8 @@ class LLMEngine:
 
     def _unstick(self) -> list[RequestOutput]:
         """Nothing could be scheduled. The scheduler refuses a request that can never fit (a swapped-out group
-        included); a waiting group that does not fit beside the pinned user-marked prefixes of an idle pool gets
-        their unused blocks. Otherwise, with requests left, this is a bug."""
-        s = self.scheduler
-        if s.waiting and not s.running and not s.swapped and getattr(self.kv, "pinned", None) \
-                and self.kv.unpin_unused():
-            return []
-        if s.has_unfinished():
+        included), so with requests left this is a bug."""
+        if self.scheduler.has_unfinished():
             raise RuntimeError("the scheduler made no progress with requests left")
         return []
 

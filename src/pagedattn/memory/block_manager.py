@@ -228,16 +228,6 @@ class BlockManager:
         self.tables[seq_id] = BlockTable(blocks, num_tokens, hashes=hashes if self.enable_prefix_caching else [])
         return len(hits) * bs
 
-    def unpin_unused(self) -> int:
-        """Release the pins of user-marked prefix blocks that no block table uses; they stay cached (evictable,
-        least recently used first) until a new block is needed. Returns how many were released. The engine calls
-        it when an idle pool cannot admit the next request: pinned prefixes must not block it forever."""
-        unused = [b for b in self.pinned if self.gpu.ref_counts[b] == 1]
-        for b in unused:
-            self.pinned.remove(b)
-            self.gpu.decref(b)
-        return len(unused)
-
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent; reference counts go up, nothing is copied (§4.4)."""
         if child_id in self.tables:
