@@ -3,7 +3,17 @@ and other modules (transformers, torch) may import it early, so on a machine wit
 on here, before any test module is collected."""
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """The tiny models run several times faster on one thread on a shared 2-core VM."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

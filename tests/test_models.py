@@ -80,15 +80,38 @@ def test_prefill_logits_match_hf(name):
         torch.testing.assert_close(row, hf_last_logits(hf, p), rtol=1e-4, atol=1e-4)
 
 
-def test_llama3_rope_scaling_matches_hf():
-    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+def tiny_llama_rope(rope: dict):
     try:
-        hf = tiny_llama(rope_parameters=rope)
+        return tiny_llama(rope_parameters={"rope_theta": 10000.0, **rope})
     except TypeError:  # transformers 4.x names it rope_scaling
-        hf = tiny_llama(rope_scaling=rope)
+        return tiny_llama(rope_scaling=rope)
+
+
+ROPES = {  # original_max_position_embeddings = 32: the 37-token prompt runs past it
+    "default": {"rope_type": "default"},
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},  # = default up to max_position_embeddings (max_model_len)
+    "yarn": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32},
+}
+
+
+@pytest.mark.parametrize("name", list(ROPES))
+def test_rope_types_match_hf(name):
+    hf = tiny_llama_rope(ROPES[name])
     got = paged_last_logits(load_model(hf), PROMPTS[2:3])
     torch.testing.assert_close(got[0], hf_last_logits(hf, PROMPTS[2]), rtol=1e-4, atol=1e-4)
+
+
+def test_longrope_is_refused_at_load_time():
+    """transformers picks longrope's short or long factors per forward call (by the largest position in it), so
+    cached K/V would depend on how a sequence was split into calls: refused, naming the rope type."""
+    half = 8  # head_dim 16 / 2
+    hf = tiny_llama_rope({"rope_type": "longrope", "short_factor": [1.0] * half, "long_factor": [4.0] * half,
+                          "original_max_position_embeddings": 32})
+    with pytest.raises(ValueError, match="'longrope' is not supported"):
+        load_model(hf)
 
 
 @pytest.mark.parametrize("make", [tiny_llama, tiny_opt])

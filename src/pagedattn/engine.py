@@ -22,13 +22,14 @@ from torch import nn
 
 from pagedattn import beam_search, kernels
 from pagedattn.config import SchedulerConfig
-from pagedattn.executor import ModelRunner
+from pagedattn.executor import ModelRunner, cache_layout
 from pagedattn.memory.block_manager import AllocStatus, BlockManager
 from pagedattn.model.attention import PagedAttention
 from pagedattn.model.loader import _resolve_dtype, load_model
 from pagedattn.sampling import SamplingRow, check_stop, make_generator, sample
 from pagedattn.scheduler import Scheduler
-from pagedattn.sequence import CompletionOutput, RequestOutput, SamplingParams, Sequence, SequenceGroup
+from pagedattn.sequence import (CompletionOutput, RequestOutput, SamplingParams, Sequence, SequenceGroup, as_int,
+                                as_token_ids)
 
 
 @dataclass
@@ -124,6 +125,10 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(args.max_num_seqs, max_tokens, self.max_model_len,
                                                    args.preemption_mode), self.kv)
         self.backend = kernels.get_backend(args.attention_backend)
+        bs = cache_layout(self.kv)[1]
+        if self.backend.name == "triton" and bs & (bs - 1):
+            raise ValueError(f"block_size={bs}: the Triton attention kernel needs a power of two "
+                             "(attention_backend='torch' takes any block size)")
         self.runner = ModelRunner(self.model, self.kv, self.backend, device, self.dtype)
         self.requests: dict[str, SequenceGroup] = {}  # unfinished requests
         self.generators: dict[str, torch.Generator | None] = {}
@@ -168,11 +173,13 @@ class LLMEngine:
         ``prefix_len`` marks the prompt's first tokens as a prefix shared with other requests (the paper's §4.4
         shared prefix, Fig. 16): its full blocks are computed once and kept. With ``enable_prefix_caching`` every
         prompt's cached prefix is found automatically."""
-        params = sampling_params or SamplingParams()
+        params = SamplingParams() if sampling_params is None else sampling_params
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids = self._tokenize(prompt)
         self._validate(token_ids, params)
+        if as_int(prefix_len) is None or prefix_len < 0:
+            raise ValueError(f"prefix_len must be an integer >= 0, got {prefix_len!r}")
         seqs = [Sequence(next(self._seq_ids), token_ids) for _ in range(params.num_seqs)]
         group = SequenceGroup(request_id, seqs, params, self.now() if arrival_time is None else arrival_time, text)
         group.prefix_len = max(0, min(int(prefix_len), len(token_ids)))
@@ -189,7 +196,7 @@ class LLMEngine:
             if self.tokenizer is None:
                 raise ValueError("a text prompt needs a tokenizer; pass token ids or LLMEngine(tokenizer=...)")
             return prompt, list(self.tokenizer(prompt)["input_ids"])
-        return None, [int(t) for t in prompt]
+        return None, as_token_ids(prompt)
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
         if not isinstance(params, SamplingParams):
@@ -198,6 +205,10 @@ class LLMEngine:
             raise ValueError("empty prompt: a request needs at least 1 prompt token")
         if params.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
+        if params.num_seqs > self.args.max_num_seqs:  # its sequences run together (§4.4): it would never start
+            kind = "beam_width" if params.use_beam_search else "best_of" if params.best_of else "n"
+            raise ValueError(f"{kind}={params.num_seqs} sequences of one request exceed max_num_seqs="
+                             f"{self.args.max_num_seqs}, the most the scheduler runs at once")
         if len(token_ids) > self.max_model_len:
             raise ValueError(f"prompt of {len(token_ids)} tokens exceeds the model maximum "
                              f"max_model_len={self.max_model_len}")
@@ -219,6 +230,35 @@ class LLMEngine:
 
     abort = abort_request
 
+    def check_invariants(self) -> None:
+        """Assert that the engine's bookkeeping agrees with its KV manager (tests call it after every step):
+        the block manager's own invariants (§4.2-§4.5); every unfinished request sits in exactly one scheduler
+        queue; a waiting sequence holds no blocks; a running (swapped) sequence has a device (CPU) block table
+        holding the K/V of all its tokens but the last sampled one; a finished sequence holds no blocks; at most
+        ``max_num_seqs`` sequences run."""
+        kv, s = self.kv, self.scheduler
+        kv.check_invariants()
+        queued = [(g, "waiting") for g in s.waiting] + [(g, "running") for g in s.running] + \
+                 [(g, "swapped") for g in s.swapped]
+        ids = [g.request_id for g, _ in queued]
+        assert len(ids) == len(set(ids)) and set(ids) == set(self.requests), "requests and scheduler queues disagree"
+        assert s.num_running_seqs() <= self.args.max_num_seqs, "more running sequences than max_num_seqs"
+        if not isinstance(kv, BlockManager):
+            return
+        for g, status in queued:
+            assert self.requests[g.request_id] is g and not g.is_finished(), f"{g} is finished but queued"
+            for q in g.seqs:
+                if q.is_finished():
+                    assert q.seq_id not in kv.tables, f"finished {q} still holds blocks"
+                    continue
+                assert q.status == status, f"{q} is {q.status} in the {status} queue"
+                if status == "waiting":
+                    assert q.seq_id not in kv.tables, f"waiting {q} holds blocks"
+                else:
+                    t = kv.tables[q.seq_id]
+                    assert t.device == ("gpu" if status == "running" else "cpu"), f"{q}: table on {t.device}"
+                    assert t.num_tokens == q.get_len() - 1, f"{q}: {t.num_tokens} tokens in its table"
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -231,8 +271,8 @@ class LLMEngine:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         outputs = [self._finish_with_error(g, g.error) for g in out.ignored]
-        if out.is_empty():  # nothing to run: a lone group preempted itself, or nothing fits any more
-            return outputs if out.preempted else outputs + self._unstick()
+        if out.is_empty():  # nothing ran: a lone group preempted itself or failed (progress), or nothing fits
+            return outputs if out.preempted or out.ignored else outputs + self._unstick()
         self.runner.move_blocks(out)
         if not out.scheduled_groups:  # only swap-outs this step (the last running group preempted itself)
             return outputs
@@ -334,9 +374,32 @@ def error_output(request_id: str, prompt, message: str) -> RequestOutput:
     from pagedattn.sequence import RequestMetrics
 
     now = LLMEngine.now()
-    ids = list(prompt) if isinstance(prompt, (list, tuple)) else []
+    try:
+        ids = as_token_ids(prompt)
+    except ValueError:
+        ids = []
     return RequestOutput(request_id, prompt if isinstance(prompt, str) else None, ids,
                          [CompletionOutput(0, None, [], 0.0, "error")], True, RequestMetrics(now, None, now), message)
+
+
+def _prompt_list(prompts) -> list:
+    """``generate``'s prompts as a list of per-request prompts: one string or one sequence of token ids is a single
+    prompt; a list (or tuple, or 2-d array) holds one prompt per request, each checked by ``add_request``."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, (bytes, dict, set)) or not hasattr(prompts, "__len__") or getattr(prompts, "ndim", 1) == 0:
+        raise ValueError(f"prompts must be a string, a sequence of integer token ids, or a list of those; got "
+                         f"{type(prompts).__name__}")
+    if len(prompts) and as_int(prompts[0]) is not None:  # one prompt of token ids
+        return [prompts]
+    return list(prompts)
+
+
+def _params_from_dict(sp: dict) -> SamplingParams:
+    try:
+        return SamplingParams(**sp)
+    except TypeError as e:  # an unknown key
+        raise ValueError(f"sampling_params: {e}") from None
 
 
 class LLM:
@@ -349,10 +412,12 @@ class LLM:
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate for every prompt (text, or token ids); outputs come back in input order. A prompt that can
         never be served gets an output with ``error`` set and finish reason ``"error"``; the others still run."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = _prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, (SamplingParams, dict)):
             sampling_params = [sampling_params] * len(prompts)
+        if not isinstance(sampling_params, (list, tuple)):
+            raise ValueError(f"sampling_params must be a SamplingParams, a dict, or a list of those; got "
+                             f"{type(sampling_params).__name__}")
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
         results: list[RequestOutput | None] = [None] * len(prompts)
@@ -361,7 +426,7 @@ class LLM:
             rid = str(next(self._counter))
             try:
                 if isinstance(sp, dict):
-                    sp = SamplingParams(**sp)
+                    sp = _params_from_dict(sp)
                 self.engine.add_request(rid, prompt, sp)
                 index[rid] = i
             except ValueError as e:

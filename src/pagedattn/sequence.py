@@ -5,11 +5,55 @@ No torch here: the simulated executor (``sim.py``) uses the same classes as the 
 """
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Literal
 
 Status = Literal["waiting", "running", "swapped", "finished"]
 FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+def as_int(value) -> int | None:
+    """``value`` as an ``int`` when it is an integer scalar (Python, NumPy, or a 0-d torch integer tensor), else None
+    (bools, floats such as 1.5, strings, sequences)."""
+    if isinstance(value, bool) or getattr(value, "ndim", 0) != 0 or "bool" in str(getattr(value, "dtype", "")):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _integer(name: str, value, minimum: int) -> int:
+    """``value`` as an ``int``, at least ``minimum``, or a ValueError naming the parameter."""
+    v = as_int(value)
+    if v is None or v < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return v
+
+
+def _finite(name: str, value) -> float:
+    """``value`` as a finite ``float``: NaN, infinity, bools and non-numbers are refused."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def as_token_ids(prompt) -> list[int]:
+    """A prompt of token ids as a list of ints: any sequence (list, tuple, 1-d array or tensor) of integer
+    scalars. Anything else (None, a bare int, nested lists, floats, bools, a string) is a ValueError."""
+    if isinstance(prompt, (str, bytes, dict, set)) or not hasattr(prompt, "__len__") \
+            or getattr(prompt, "ndim", 1) != 1:
+        raise ValueError(f"a prompt must be a string or a sequence of integer token ids, got "
+                         f"{type(prompt).__name__}")
+    ids = [as_int(t) for t in prompt]
+    if None in ids:
+        bad = next(t for t, i in zip(prompt, ids) if i is None)
+        raise ValueError(f"a prompt must be a string or a sequence of integer token ids; {bad!r} "
+                         f"({type(bad).__name__}) is not an integer")
+    return ids
 
 
 @dataclass
@@ -33,20 +77,34 @@ class SamplingParams:
     early_stopping: bool | str = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
-        if self.best_of is not None and self.best_of < self.n:
-            raise ValueError(f"best_of must be >= n={self.n}, got {self.best_of}")
+        """Reject a bad value with a ``ValueError`` naming the parameter (NaN and infinity included: a NaN
+        temperature would otherwise sample token 0 forever)."""
+        self.n = _integer("n", self.n, 1)
+        self.max_tokens = _integer("max_tokens", self.max_tokens, 1)
+        if self.best_of is not None:
+            self.best_of = _integer("best_of", self.best_of, self.n)
+        self.temperature = _finite("temperature", self.temperature)
+        self.top_p = _finite("top_p", self.top_p)
+        self.length_penalty = _finite("length_penalty", self.length_penalty)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k != -1 and self.top_k < 1:
-            raise ValueError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        self.top_k = _integer("top_k", self.top_k, -1)
+        if self.top_k == 0:
+            raise ValueError("top_k must be -1 (disabled) or >= 1, got 0")
+        if self.seed is not None:
+            self.seed = _integer("seed", self.seed, 0)
+        if not isinstance(self.stop_token_ids, (list, tuple)):
+            raise ValueError(f"stop_token_ids must be a list of non-negative integers, got {self.stop_token_ids!r}")
+        self.stop_token_ids = [_integer("stop_token_ids", t, 0) for t in self.stop_token_ids]
+        for name in ("ignore_eos", "use_beam_search"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.early_stopping not in (True, False, "never") or not isinstance(self.early_stopping, (bool, str)):
+            raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
+        if self.beam_width is not None:
+            self.beam_width = _integer("beam_width", self.beam_width, 1)
         if self.use_beam_search:
             width = self.beam_width if self.beam_width is not None else self.best_of or self.n
             if width < 2:

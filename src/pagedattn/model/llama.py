@@ -23,12 +23,28 @@ def rope_parameters(config) -> tuple[str, float]:
     return scaling.get("rope_type", scaling.get("type", "default")), float(getattr(config, "rope_theta", 10000.0))
 
 
+# RoPE variants whose frequencies are fixed at load time, as in transformers, over the positions the engine allows
+# (``max_model_len <= max_position_embeddings``, so "dynamic" never rescales). "longrope" is refused: transformers
+# switches between its short and long factors per forward call, by the largest position in that call, so a token's
+# cached K depends on how its sequence was cut into calls (prefill, decode, recompute, a cached prefix); a paged
+# cache that recomputes or shares prefixes cannot reproduce that.
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE as transformers computes it (rotate-half layout; inverse frequencies in fp32)."""
 
     def __init__(self, config, head_dim: int) -> None:
         super().__init__()
         rope_type, theta = rope_parameters(config)
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"RoPE type {rope_type!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+                             + ("; longrope's frequencies depend on how a sequence is split into forward calls"
+                                if rope_type == "longrope" else ""))
+        partial = (getattr(config, "rope_parameters", None) or {}).get(
+            "partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+        if partial != 1.0:
+            raise ValueError(f"partial_rotary_factor={partial} is not supported (RoPE over the whole head only)")
         if rope_type == "default":
             inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim)
             self.attention_scaling = 1.0
