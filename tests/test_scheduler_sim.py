@@ -104,6 +104,31 @@ def test_preemption_is_all_or_nothing_and_latest_first(mode):
     else:
         assert not out.blocks_to_swap_out and groups[2].seqs[0].seq_id not in kv.tables
         assert s.waiting[0] is groups[2]  # first in line to come back
+    for _ in range(4):  # r0 and r1 fill their third blocks; then r0 needs a fourth and r1, now the latest, goes
+        for g in out.decode_groups:
+            g.seqs[0].append_token(0)
+        out = s.schedule()
+        if out.preempted:
+            break
+    assert out.preempted == [groups[1]] and s.num_preemptions[mode] == 2
+    kv.check_invariants()
+
+
+def test_swap_preemption_leaves_finished_samples_finished():
+    """r1's two samples share their prompt's blocks; one has finished. When r1 is swapped out, only the running
+    sample moves to "swapped"; the finished one stays finished (its blocks were freed already)."""
+    kv = BlockManager(block_size=4, num_gpu_blocks=4, num_cpu_blocks=8, watermark=0.0)
+    s = Scheduler(SchedulerConfig(preemption_mode="swap"), kv)
+    g0, g1 = group(0, 8), group(1, 8, n=2)
+    s.add(g0)
+    s.add(g1)
+    s.schedule()
+    g1.seqs[1].finish("length")
+    s.free_finished()
+    for q in (g0.seqs[0], g1.seqs[0]):
+        q.append_token(0)
+    out = s.schedule()
+    assert out.preempted == [g1] and [q.status for q in g1.seqs] == ["swapped", "finished"]
     kv.check_invariants()
 
 
