@@ -114,11 +114,12 @@ def test_preemption_is_all_or_nothing_and_latest_first(mode):
     kv.check_invariants()
 
 
-def test_swap_preemption_leaves_finished_samples_finished():
-    """r1's two samples share their prompt's blocks; one has finished. When r1 is swapped out, only the running
-    sample moves to "swapped"; the finished one stays finished (its blocks were freed already)."""
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_leaves_finished_samples_finished(mode):
+    """r1's two samples share their prompt's blocks; one has finished. When r1 is preempted, only the running
+    sample moves (to "swapped", or back to "waiting" to be recomputed); the finished one stays finished."""
     kv = BlockManager(block_size=4, num_gpu_blocks=4, num_cpu_blocks=8, watermark=0.0)
-    s = Scheduler(SchedulerConfig(preemption_mode="swap"), kv)
+    s = Scheduler(SchedulerConfig(preemption_mode=mode), kv)
     g0, g1 = group(0, 8), group(1, 8, n=2)
     s.add(g0)
     s.add(g1)
@@ -128,7 +129,8 @@ def test_swap_preemption_leaves_finished_samples_finished():
     for q in (g0.seqs[0], g1.seqs[0]):
         q.append_token(0)
     out = s.schedule()
-    assert out.preempted == [g1] and [q.status for q in g1.seqs] == ["swapped", "finished"]
+    assert out.preempted == [g1] and [q.status for q in g1.seqs] == [
+        "swapped" if mode == "swap" else "waiting", "finished"]
     kv.check_invariants()
 
 
