@@ -55,3 +55,14 @@ def test_contiguous_pow2_reservations():
         for g in (a, b):
             m.append_slots(g)
     assert as_tuple(breakdown(m, final)) == (19, 3, 5, 37)
+
+
+def test_a_sequence_without_a_final_length_reserves_nothing():
+    """``final_len`` may omit a sequence (its end unknown): it is taken to end now, so its unfilled slots count as
+    internal fragmentation. Seq 0: 6 tokens in 2 blocks of 4 -> 6 / 0 / 2; with a fork sharing both blocks, the same
+    slots are counted once."""
+    m = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.0)
+    m.allocate(0, 6)
+    assert as_tuple(breakdown(m, {})) == (6, 0, 2, 32)
+    m.fork(0, 1)
+    assert as_tuple(breakdown(m, {})) == (6, 0, 2, 32)
