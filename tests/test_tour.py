@@ -166,6 +166,7 @@ def _executed_tour(tmp_path: Path) -> Path:
     return run_notebook(NOTEBOOKS_DIR / "00_tour.ipynb", quick=True, results_dir=tmp_path / "results")
 
 
+@pytest.mark.slow  # runs the tour notebook, then JupyterLab and Chromium
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install chromium)")
 def test_tour_widget_renders_in_jupyterlab(tmp_path):
     """Open the live-view cell of the executed tour notebook in JupyterLab (widget state restored from the notebook)
