@@ -34,6 +34,15 @@ def test_paged_with_copy_on_write_sharing():
     assert as_tuple(breakdown(m, {0: 7, 1: 7})) == (9, 1, 2, 28)
 
 
+def test_a_shared_block_is_reserved_for_its_longest_sharer():
+    """Seq 0 (6 tokens, blocks [a | b]) and its fork share both blocks. Seq 0 will reach 12 tokens, the fork only 7:
+    b's two empty slots are reserved (seq 0 fills them), not internal, whichever sharer is seen last."""
+    m = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.0)
+    m.allocate(0, 6)
+    m.fork(0, 1)
+    assert as_tuple(breakdown(m, {0: 12, 1: 7})) == (6, 2, 0, 32)
+
+
 def group(i: int, prompt_len: int, max_tokens: int) -> SequenceGroup:
     return SequenceGroup(f"r{i}", [Sequence(i, [1] * prompt_len)], SamplingParams(max_tokens=max_tokens))
 
