@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -112,6 +113,10 @@ def poisson_arrivals(num_requests: int, rate: float, seed: int = 0) -> np.ndarra
 
 def make_trace(name: str, num_requests: int, rate: float = math.inf, seed: int = 0) -> list[TraceRequest]:
     """A seeded trace: lengths from ``name`` ("sharegpt" or "alpaca"), Poisson arrivals at ``rate`` req/s."""
+    if isinstance(num_requests, bool) or not isinstance(num_requests, numbers.Integral) or num_requests < 1:
+        raise ValueError(f"make_trace({name!r}, num_requests={num_requests!r}): num_requests must be an integer >= 1")
+    if not rate > 0:  # also NaN
+        raise ValueError(f"make_trace({name!r}, rate={rate!r}): the request rate must be > 0 req/s (inf: offline)")
     p, o = sample_lengths(name, num_requests, seed)
     t = poisson_arrivals(num_requests, rate, seed)
     return [TraceRequest(f"{name}-{i}", float(t[i]), int(p[i]), int(o[i])) for i in range(num_requests)]

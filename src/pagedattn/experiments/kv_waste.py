@@ -21,6 +21,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from pagedattn.config import paper_slots
+from pagedattn.experiments import validated
 from pagedattn.paper import FIG2_SHARES, FIG13_MEAN_BATCH
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.sim import LABELS, SYSTEMS, CostModel, SimResult, simulate
@@ -32,6 +33,7 @@ KINDS = ["token_states", "reserved", "internal", "external"]
 
 
 @dataclass
+@validated
 class Params:
     quick: bool = False
     num_requests: int = 1500

@@ -39,6 +39,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pagedattn.config import paper_slots
+from pagedattn.experiments import validated
 from pagedattn.experiments.block_size import BLOCK_SIZES, CpuClock, engine_run, model_label, small_trace, tiny_opt
 from pagedattn.paper import FIG18B_BEST_BLOCK_SIZES, FIG19_RECOMPUTE_OVER_SWAP_MAX
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
@@ -76,6 +77,7 @@ class SwapCostModel(CostModel):
 
 
 @dataclass
+@validated
 class Params:
     quick: bool = False
     block_sizes: tuple[int, ...] = BLOCK_SIZES

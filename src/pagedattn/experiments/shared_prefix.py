@@ -44,6 +44,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from pagedattn.config import paper_slots
+from pagedattn.experiments import validated
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.paper import FIG16_PREFIX
@@ -228,6 +229,7 @@ def run_engine(engine, reqs: list[PrefixRequest], system: str) -> dict:
 
 # --------------------------------------------------------------------------------------------- the run
 @dataclass
+@validated
 class Params:
     quick: bool = False
     seed: int = 0

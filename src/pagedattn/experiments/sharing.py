@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 
 from pagedattn.config import paper_slots
 from pagedattn.engine import LLMEngine
+from pagedattn.experiments import validated
 from pagedattn.experiments.throughput import NL_THRESHOLD_S, sustainable_rate
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
@@ -57,6 +58,7 @@ WORKLOADS = ("alpaca", "sharegpt")
 
 
 @dataclass
+@validated
 class Params:
     quick: bool = False
     seed: int = 0
