@@ -122,7 +122,8 @@ def run_hf_cb(hf, prompts, out_len: int) -> tuple[Timer, int]:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 64])
-    ap.add_argument("--prompt-dist", default="sharegpt", choices=["sharegpt", "sharegpt_synthetic", "alpaca", "uniform"],
+    ap.add_argument("--prompt-dist", default="sharegpt",
+                    choices=["sharegpt", "sharegpt_synthetic", "alpaca", "uniform"],
                     help="prompt-length distribution (pagedattn.workloads), kept within --prompt-len")
     ap.add_argument("--prompt-len", type=int, nargs=2, default=[4, 256], metavar=("MIN", "MAX"))
     ap.add_argument("--output-len", type=int, default=64)
