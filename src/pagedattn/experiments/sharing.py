@@ -10,8 +10,9 @@ paper-scale simulation (``SimResult.sharing_saving``), *step-weighted* on the re
 Three parts:
 
 1. **Parallel sampling at paper scale** (simulated executor, OPT-13B / A100-40GB, 15.7K slots): the saving depends
-   only on lengths, so ``sim.simulate(..., n=n)`` gives it for Alpaca-like and ShareGPT-like traces at the Fig. 13
-   rates (a memory-bound load). The n samples share the prompt; the first generates the trace's output length,
+   only on lengths, so ``sim.simulate(..., n=n)`` gives it for the Alpaca-like trace (synthetic: no data set installs)
+   and real ShareGPT (cl100k, vLLM's pairing; the synthetic ShareGPT-like trace as a sensitivity row) at the Fig. 13
+   rates. The n samples share the prompt; the first generates the trace's output length,
    the others lengths drawn (seeded) from the trace's outputs, as if each sample met EOS on its own.
    **Agreement check**: the same requests (Alpaca-like lengths, same per-sample lengths, same pool) run on the real
    engine (``opt-stdlib`` on the CPU, temperature 1, seeded; the driver stops each sample at its drawn length) and
@@ -49,12 +50,14 @@ from pagedattn.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, today, write_summary
 from pagedattn.sequence import SamplingParams
 from pagedattn.sim import CostModel, simulate
-from pagedattn.workloads import TraceRequest, make_trace, trace_stats, with_rate
+from pagedattn.workloads import TraceRequest, describe_trace, make_trace, trace_stats, with_rate
 
 EXPERIMENT = "04_sharing"
 SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time)"
 REAL_MODEL = "opt-stdlib (4.3M-param OPT trained on the Python stdlib, fp32, CPU)"
 WORKLOADS = ("alpaca", "sharegpt")
+#: the synthetic ShareGPT-like trace: a sensitivity row of the paper-scale parallel savings (same size and rate)
+SENSITIVITY = "sharegpt_synthetic"
 
 
 @dataclass
@@ -107,14 +110,15 @@ class Params:
 def sim_parallel_savings(params: Params, progress: bool = True) -> pd.DataFrame:
     """Fig. 15 parallel rows: time-weighted saving of ``n`` samples at the Fig. 13 rate of each trace."""
     rows = []
-    for w in WORKLOADS:
-        trace = make_trace(w, params.sim_requests[w], params.sim_rates[w], params.seed)
+    for w in (*WORKLOADS, SENSITIVITY):
+        like = "sharegpt" if w == SENSITIVITY else w
+        trace = make_trace(w, params.sim_requests[like], params.sim_rates[like], params.seed)
         for n in tqdm(params.widths, desc=f"sim parallel {w}", disable=not progress, leave=False):
             r = simulate(trace, "paged", paper_slots(), params.block_size, CostModel(), n=n, seed=params.seed,
                          preemption_mode="swap", num_cpu_blocks=params.sim_cpu_blocks)
             d = r.steps
             rows.append({"scale": "paper (sim)", "trace": w, "method": "parallel", "width": n,
-                         "rate": params.sim_rates[w], "saving_pct": 100 * r.sharing_saving(),
+                         "rate": params.sim_rates[like], "saving_pct": 100 * r.sharing_saving(),
                          "saving_step_weighted_pct": 100 * (1 - d["physical_blocks"].sum() / d["logical_blocks"].sum()),
                          "mean_batch": r.mean_batch(), "preemptions": sum(r.num_preemptions.values())})
     return pd.DataFrame(rows)
@@ -315,11 +319,15 @@ def real_orca_gain(model, tokenizer, params: Params, progress: bool = True) -> p
 # ----------------------------------------------------------------------------------------------------- claims
 def claims(savings: pd.DataFrame, sim_gain: pd.DataFrame, orca: pd.DataFrame | None) -> list[Claim]:
     out = []
-    for w in WORKLOADS:
+    for w in (*WORKLOADS, SENSITIVITY):
         for method, key in (("parallel", "n"), ("beam", "w")):
-            paper = FIG15_SAVING[w][method]
+            if w == SENSITIVITY and method == "beam":
+                continue
+            paper = FIG15_SAVING["sharegpt" if w == SENSITIVITY else w][method]
             sub = savings[(savings.trace == w) & (savings.method == method)].set_index("width")
+            synth = savings[(savings.trace == SENSITIVITY) & (savings.method == method)].set_index("width")
             where = "paper-scale sim" if method == "parallel" else "real engine, opt-stdlib"
+            where += f"; {describe_trace(w)}"
             for k in (2, 4, 6):
                 ours = round(float(sub.loc[k, "saving_pct"]), 2) if k in sub.index else None
                 if isinstance(paper, dict):
@@ -332,7 +340,11 @@ def claims(savings: pd.DataFrame, sim_gain: pd.DataFrame, orca: pd.DataFrame | N
                     ref_lo, ref_hi = {2: (lo, lo), 4: (lo, hi), 6: (hi, hi)}[k]
                     holds = None if ours is None else bool(ref_lo - 5 <= ours <= ref_hi + 5)
                 note = where if ours is not None else "not run in this mode"
-                out.append(Claim(f"saving_pct.{w}.{method}_{key}{k}", p, ours, "%", tol, holds, note))
+                if w == "sharegpt" and k in synth.index:
+                    note += f"; synthetic trace: {synth.loc[k, 'saving_pct']:.2f}"
+                name = f"saving_pct.sharegpt.{method}_{key}{k}.synthetic" if w == SENSITIVITY else \
+                    f"saving_pct.{w}.{method}_{key}{k}"
+                out.append(Claim(name, p, ours, "%", tol, holds, note))
     g1 = sim_gain[sim_gain.width == 1]
     ours = round(float(g1["gain"].iloc[0]), 3) if len(g1) else None
     out.append(Claim("gain_over_orca_oracle.n1", FIG14_GAIN["n1"], ours, "x", "within 25%",
@@ -384,9 +396,9 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
         torch.set_num_threads(threads)
     savings = pd.concat([sim_sav, beam] if beam is not None else [sim_sav], ignore_index=True)
     paper_rows = []
-    for w in WORKLOADS:
+    for w in (*WORKLOADS, SENSITIVITY):
         for method in ("parallel", "beam"):
-            p = FIG15_SAVING[w][method]
+            p = FIG15_SAVING["sharegpt" if w == SENSITIVITY else w][method]
             for k in (2, 4, 6):
                 paper_rows.append({"trace": w, "method": method, "width": k,
                                    "paper_saving_pct": p[k] if isinstance(p, dict) else None,
