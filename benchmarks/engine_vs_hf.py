@@ -139,7 +139,7 @@ def run_ours(llm: LLM, prompts, out_lens: list[int]) -> dict:
     c0, w0 = time.process_time(), time.perf_counter()
     while engine.has_unfinished_requests():
         t = time.thread_time()
-        for o in engine.step():
+        for o in engine.step(finished_only=True):
             if o.finished:
                 outputs[o.request_id] = o.outputs[0].token_ids
         step_cpu.append(time.thread_time() - t)

@@ -224,14 +224,16 @@ def reshape_and_cache_ref(key: Tensor, value: Tensor, key_cache: Tensor, value_c
     ``key``/``value``: ``[num_tokens, num_kv_heads, head_dim]``; ``slot_mapping``: int ``[num_tokens]`` with
     ``slot = block_id * block_size + offset``; a negative slot marks a padding token and is skipped.
     """
-    block_size = key_cache.shape[1]
     slots = slot_mapping.to(device=key_cache.device, dtype=torch.long)
-    keep = slots >= 0
-    if not bool(keep.all()):
+    if slots.numel() and int(slots.min()) < 0:  # padding tokens: skip them
+        keep = slots >= 0
         slots, key, value = slots[keep], key[keep.to(key.device)], value[keep.to(value.device)]
-    blocks, offsets = slots // block_size, slots % block_size
-    key_cache[blocks, offsets] = key.to(device=key_cache.device, dtype=key_cache.dtype)
-    value_cache[blocks, offsets] = value.to(device=value_cache.device, dtype=value_cache.dtype)
+    for src, cache in ((key, key_cache), (value, value_cache)):
+        src = src.to(device=cache.device, dtype=cache.dtype)
+        if cache.is_contiguous():  # one flat copy by slot: no block / offset split
+            cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, src)
+        else:
+            cache[slots // cache.shape[1], slots % cache.shape[1]] = src
 
 
 def as_block_mapping(block_mapping, device: torch.device | str | None = None) -> Tensor:
