@@ -154,8 +154,8 @@ def main(argv=None) -> None:
           f"{roof['weight_bytes'] / 1e6:.1f} MB, K/V {roof['kv_bytes'] / 1e6:.1f} MB, {roof['flops'] / 1e9:.2f} "
           f"GFLOP) -> {step_ms / (1e3 * roof['seconds']):.2f}x the roofline")
     print(f"profiled step: {step_prof:.2f} ms, {ops} top-level torch ops per step\n")
-    print("| part | ms per step (profiled) | share of the profiled step |")
-    print("|---|---|---|")
+    print("| part | ms per step (profiled) | share of the profiled step | share x unprofiled step (ms) |")
+    print("|---|---|---|---|")
     fwd = parts.get("forward (total)", 0.0)
     rows = [(k, v) for k, v in parts.items() if k.startswith("attention:")]
     rows += [("KV-cache write (total)", parts.get("reshape_and_cache (total)", 0.0)),
@@ -167,7 +167,7 @@ def main(argv=None) -> None:
              ("engine outside forward and prepare input (schedule, sample, outputs)",
               step_prof - fwd - parts.get("prepare input (total)", 0.0))]
     for k, v in rows:
-        print(f"| {k} | {v:.2f} | {100 * v / step_prof:.0f} % |")
+        print(f"| {k} | {v:.2f} | {100 * v / step_prof:.0f} % | {step_ms * v / step_prof:.2f} |")
     mm = parts.get("matmuls (linear layers, LM head)", 0.0)
     print(f"\nlinear layers run alone on the same shapes: {alone:.2f} ms (in the step: {mm:.2f} ms profiled, "
           f"{mm / alone:.2f}x)")

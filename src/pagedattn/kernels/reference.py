@@ -99,9 +99,9 @@ class DecodePlan:
     has_empty: bool        # some sequence has context 0 (its output is zeros)
 
 
-# Cost of one more bucket, in gathered blocks: the fixed overhead of a bucket's ~8 torch calls (~60 us on a 2-core
-# Xeon VM) over the time to gather and attend one block of 16 tokens (~2.5 us for 4 KV heads x 32 dims in fp32).
-BUCKET_COST_BLOCKS = 24
+# Cost of one more bucket, in gathered blocks. Fitted on a 2-core Xeon VM (one thread, load average ~11; block 16,
+# 4 KV heads x 32 dims, fp32): one bucket costs ~61 us of fixed torch calls plus ~3.3 us per gathered block.
+BUCKET_COST_BLOCKS = 18
 
 
 def _choose_buckets(counts: list[tuple[int, int]]) -> list[int]:
