@@ -71,7 +71,8 @@ def random_prompts(lens: list[int], seed: int) -> list[list[int]]:
 
 
 # ------------------------------------------------------------------------------------------------ the limit
-def _median_time(fn, repeats: int) -> float:
+def median_thread_time(fn, repeats: int) -> float:
+    """Median thread CPU seconds of ``fn()`` over ``repeats`` calls, after one warm-up call."""
     fn()
     ts = []
     for _ in range(repeats):
@@ -87,9 +88,9 @@ def measure_machine(copy_mib: int = 64, repeats: int = 9) -> dict:
     compute-bound ``[256, 1024] x [1024, 1024]`` product."""
     n = copy_mib << 18  # float32 elements
     src, dst = torch.randn(n), torch.empty(n)
-    t_copy = _median_time(lambda: dst.copy_(src), repeats)
+    t_copy = median_thread_time(lambda: dst.copy_(src), repeats)
     x, w = torch.randn(256, 1024), torch.randn(1024, 1024)
-    t_mm = _median_time(lambda: torch.mm(x, w), repeats)
+    t_mm = median_thread_time(lambda: torch.mm(x, w), repeats)
     return {"copy_gb_per_s": 2 * n * 4 / t_copy / 1e9, "matmul_gflop_per_s": 2 * 256 * 1024 * 1024 / t_mm / 1e9,
             "copy_buffer_mib": copy_mib, "threads": torch.get_num_threads(), "timing": "thread CPU time, median"}
 

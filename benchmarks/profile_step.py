@@ -22,8 +22,8 @@ from dataclasses import replace
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from engine_vs_hf import (MODEL, TRACE, decode_roofline, length_pairs, make_model, measure_machine, model_costs,
-                          random_prompts)
+from engine_vs_hf import (MODEL, TRACE, decode_roofline, length_pairs, make_model, measure_machine,
+                          median_thread_time, model_costs, random_prompts)
 from pagedattn.engine import LLM
 from pagedattn.sequence import SamplingParams
 
@@ -96,13 +96,7 @@ def standalone_linears(model, batch: int, repeats: int = 20) -> float:
         for m, x in zip(layers, xs):
             m(x)
     with torch.inference_mode():
-        once()
-        ts = []
-        for _ in range(repeats):
-            t = time.thread_time()
-            once()
-            ts.append(time.thread_time() - t)
-    return 1e3 * statistics.median(ts)
+        return 1e3 * median_thread_time(once, repeats)
 
 
 def main(argv=None) -> None:
