@@ -305,6 +305,7 @@ def main(argv=None) -> dict:
     for batch in a.batch_sizes:
         row = bench_fixed(hf, costs, machine, batch, a, loads)
         rows.append(row)
+        write(a, machine, costs, loads, rows, None, complete=False)
         d = row.get("ours_full_batch_decode", {})
         print(f"fixed batch {batch:3d}: ours {fmt(row['tokens_per_cpu_s']['ours'], ' tok/cpu-s')} | speedup vs HF "
               f"generate {fmt(row['speedup_cpu']['vs_hf_generate'])} | vs HF continuous batching "
@@ -321,7 +322,37 @@ def main(argv=None) -> dict:
               f"{fmt(var['speedup_cpu'].get('vs_hf_continuous_batching'))} | run roofline multiple ours "
               f"{fmt(var['run_roofline_multiple']['ours'])} | tokens equal HF: "
               f"{100 * var['tokens_equal_hf_generate']:.0f}%", flush=True)
-    loads.append(load1())
+    return write(a, machine, costs, loads + [load1()], rows, var, complete=True)
+
+
+# Targets of issue 17, set before any run: (what, median must be at most / at least)
+TARGETS = {"decode_roofline_multiple.batch64": ("<=", 2.0), "decode_roofline_multiple.batch8": ("<=", 3.0),
+           "speedup_vs_hf_generate.batch8": (">=", 1.5), "speedup_vs_hf_generate.batch64": (">=", 1.5),
+           "speedup_vs_hf_continuous_batching.batch8": (">=", 3.0),
+           "speedup_vs_hf_continuous_batching.batch64": (">=", 3.0),
+           "variable.speedup_vs_hf_generate_static": (">=", 4.0), "tokens_equal_hf_generate": (">=", 1.0)}
+
+
+def headline(rows: list[dict], var: dict | None) -> dict:
+    """The figures the targets name (medians over repeats; CPU-time speedups)."""
+    h = {}
+    for r in rows:
+        b = r["batch_size"]
+        if "ours_full_batch_decode" in r:
+            h[f"decode_roofline_multiple.batch{b}"] = r["ours_full_batch_decode"]["roofline_multiple"]["median"]
+        for k, v in r["speedup_cpu"].items():
+            h[f"speedup_{k}.batch{b}"] = v["median"]
+    if var is not None:
+        h["variable.speedup_vs_hf_generate_static"] = var["speedup_cpu"]["vs_hf_generate"]["median"]
+        if "vs_hf_continuous_batching" in var["speedup_cpu"]:
+            h["variable.speedup_vs_hf_continuous_batching"] = var["speedup_cpu"]["vs_hf_continuous_batching"]["median"]
+        h["variable.run_roofline_multiple"] = var["run_roofline_multiple"]["ours"]["median"]
+    h["tokens_equal_hf_generate"] = min(r["tokens_equal_hf_generate"] for r in rows + ([var] if var else []))
+    return h
+
+
+def write(a, machine, costs, loads, rows, var, complete: bool) -> dict:
+    """The summary so far (written after every workload, so that a run cut short keeps what it measured)."""
     import transformers
 
     from pagedattn.workloads import describe_trace
@@ -343,6 +374,10 @@ def main(argv=None) -> dict:
                                      else None,
                                      "note": "other processes share the 2 cores; CPU-time ratios interleaved within a "
                                              "run are comparable, absolute rates across runs are not"},
+               "complete": complete, "headline": (h := headline(rows, var)),
+               "targets": {k: {"rule": f"{op} {x}", "ours": h.get(k),
+                               "met": None if h.get(k) is None else (h[k] <= x if op == "<=" else h[k] >= x)}
+                           for k, (op, x) in TARGETS.items()},
                "fixed": rows, "variable": var}
     out = a.out or (None if a.quick else REPO_ROOT / "results" / "benchmarks" / "engine_vs_hf.json")
     if out:
