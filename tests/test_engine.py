@@ -145,6 +145,19 @@ def test_step_by_step_engine_and_metrics(llama_and_ref):
     assert_all_blocks_free(engine)
 
 
+def test_step_finished_only_builds_only_finished_outputs(llama_and_ref):
+    hf, ref = llama_and_ref
+    engine = LLMEngine(hf, max_num_seqs=4)
+    for i, p in enumerate(PROMPTS[:3]):
+        engine.add_request(f"r{i}", p, GREEDY)
+    done = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step(finished_only=True):
+            assert o.finished and o.request_id not in done
+            done[o.request_id] = o.outputs[0].token_ids
+    assert [done[f"r{i}"] for i in range(3)] == ref[:3]
+
+
 def test_load_by_path_gives_same_tokens(tmp_path, llama_and_ref):
     hf, ref = llama_and_ref
     hf.save_pretrained(tmp_path)

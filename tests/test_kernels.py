@@ -114,6 +114,29 @@ def test_reference_empty_context_gives_zeros():
     assert rel_err(out, naive_attention_f64(q, kc, vc, table, ctx, 0.3)) < 1e-5
 
 
+@pytest.mark.parametrize("bucket_cost", [0, 10**9], ids=["bucket-per-length", "one-bucket"])
+def test_reference_buckets_are_exact_and_nan_safe(monkeypatch, bucket_cost):
+    """The decode plan groups sequences into buckets (one per block count, or all in one padded to the longest):
+    either way, in float64 and with every unused slot poisoned with NaN, the output equals the oracle."""
+    from pagedattn.kernels import reference
+
+    monkeypatch.setattr(reference, "BUCKET_COST_BLOCKS", bucket_cost)
+    gen = _gen("buckets", bucket_cost)
+    lens, bs = [37, 0, 5, 64, 16, 17, 3, 48], 8
+    q, kc, vc, table, ctx = make_paged(lens, 4, 2, 16, bs, torch.float64, gen)
+    used = torch.zeros(kc.shape[:2], dtype=torch.bool)
+    for s, n in enumerate(lens):
+        for t in range(n):
+            used[int(table[s, t // bs]), t % bs] = True
+    kc[~used], vc[~used] = float("nan"), float("nan")
+    plan = reference.plan_decode(table, ctx, bs)
+    assert len(plan.buckets) == (6 if bucket_cost == 0 else 1)  # block counts 5, 1, 8, 2, 3, 1, 6 -> 6 distinct
+    oracle = naive_attention_f64(q, kc, vc, table, ctx, 0.25)
+    out = paged_attention_ref(q, kc, vc, table, ctx, 0.25, plan=plan)
+    assert torch.isfinite(out).all() and (out[1] == 0).all()
+    assert rel_err(out, oracle) < 1e-12
+
+
 # ------------------------------------------------------------------------------------------ Triton attention
 
 

@@ -266,8 +266,9 @@ class LLMEngine:
         return len(self.requests)
 
     # ------------------------------------------------------------------------------------------- step
-    def step(self) -> list[RequestOutput]:
-        """One iteration: schedule, move blocks, forward, sample, free. Returns the scheduled requests' outputs."""
+    def step(self, finished_only: bool = False) -> list[RequestOutput]:
+        """One iteration: schedule, move blocks, forward, sample, free. Returns the scheduled requests' outputs
+        (``finished_only``: only those that finished this step, the others' outputs are not built)."""
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         outputs = [self._finish_with_error(g, g.error) for g in out.ignored]
@@ -306,7 +307,7 @@ class LLMEngine:
                 self.requests.pop(g.request_id, None)
                 self.generators.pop(g.request_id, None)
         self.scheduler.free_finished()
-        outputs += [self._output(g) for g in groups]
+        outputs += [self._output(g) for g in groups if not finished_only or g.is_finished()]
         self._record(out, inp, t0, forward_time, blocks_used)
         return outputs
 
@@ -435,7 +436,7 @@ class LLM:
 
         with tqdm(total=len(prompts), desc="generate", disable=not use_tqdm, initial=len(prompts) - len(index)) as bar:
             while self.engine.has_unfinished_requests():
-                for o in self.engine.step():
+                for o in self.engine.step(finished_only=True):
                     if o.finished and o.request_id in index:
                         results[index.pop(o.request_id)] = o
                         bar.update(1)

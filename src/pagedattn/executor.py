@@ -131,6 +131,8 @@ class ModelRunner:
                                  block_tables=block_tables,
                                  context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=dev),
                                  query_start_loc=loc, context_lens_list=ctx_lens)
+        if not out.is_prefill and self.backend.plan_decode is not None:  # once per step, shared by every layer
+            meta.decode_plan = self.backend.plan_decode(block_tables, meta.context_lens, bs, ctx_lens)
         return ModelInput(torch.tensor(ids, dtype=torch.long, device=dev),
                           torch.tensor(positions, dtype=torch.long, device=dev), meta, logits_indices, rows,
                           logits_rows)

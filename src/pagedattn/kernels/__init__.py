@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from pagedattn.kernels.reference import (copy_blocks_ref, paged_attention_ref, reshape_and_cache_ref,
+from pagedattn.kernels.reference import (copy_blocks_ref, paged_attention_ref, plan_decode, reshape_and_cache_ref,
                                          swap_blocks_ref)
 
 __all__ = ["KernelBackend", "get_backend", "available_backends", "enable_triton_interpreter",
@@ -44,7 +44,8 @@ _TRITON_MODULE = "pagedattn.kernels.paged_attention"
 
 @dataclass(frozen=True)
 class KernelBackend:
-    """The four cache operations of one backend (same signatures as the ``*_ref`` functions)."""
+    """The four cache operations of one backend (same signatures as the ``*_ref`` functions). ``plan_decode``, where
+    set, builds once per decode step what ``paged_attention(..., plan=...)`` would otherwise rebuild in every layer."""
 
     name: str
     paged_attention: Callable
@@ -52,6 +53,7 @@ class KernelBackend:
     copy_blocks: Callable
     swap_blocks: Callable
     interpreted: bool = False
+    plan_decode: Callable | None = None
 
 
 def _cuda_available() -> bool:
@@ -100,7 +102,8 @@ def get_backend(name: str | None = "auto") -> KernelBackend:
     if name == "auto":
         name = "triton" if _cuda_available() and "triton" in available_backends() else "torch"
     if name == "torch":
-        return KernelBackend("torch", paged_attention_ref, reshape_and_cache_ref, copy_blocks_ref, swap_blocks_ref)
+        return KernelBackend("torch", paged_attention_ref, reshape_and_cache_ref, copy_blocks_ref, swap_blocks_ref,
+                             plan_decode=plan_decode)
     if name == "triton":
         if not _cuda_available():
             enable_triton_interpreter()

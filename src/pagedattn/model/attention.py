@@ -38,6 +38,7 @@ class AttentionMetadata:
     context_lens: Tensor
     query_start_loc: list[int]
     context_lens_list: list[int]
+    decode_plan: object | None = None  # the backend's per-step decode layout (``KernelBackend.plan_decode``)
 
     @property
     def num_seqs(self) -> int:
@@ -67,7 +68,9 @@ class PagedAttention(torch.nn.Module):
         if meta.is_prefill:
             out = self._prefill(q, k, v, meta)
         else:
-            out = ops.paged_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens, self.scale)
+            kw = {} if meta.decode_plan is None else {"plan": meta.decode_plan}
+            out = ops.paged_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.context_lens, self.scale,
+                                      **kw)
         return out.reshape(T, self.num_heads * self.head_dim)
 
     def _prefill(self, q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tensor:
