@@ -103,8 +103,9 @@ def test_bad_input_raises_value_error_and_changes_nothing(call, match):
 
 def test_swap_in_keeps_the_watermark():
     """A swapped group comes back only if, after its blocks and one slot per sequence for the next token, the
-    watermark is still free: 10 blocks, watermark 0.2 -> 2 blocks. A 2-sequence group sharing 3 blocks needs
-    3 + 2 = 5, so it returns with 7 free blocks (7 - 5 = 2) and not with 6."""
+    watermark is still free: 10 blocks, watermark 0.2 -> 2 blocks. A 2-sequence group sharing 3 blocks, the last
+    one half full, needs 3 + 1 = 4 (one copy-on-write block for the second sample; issue 19), so it returns with
+    6 free blocks (6 - 4 = 2) and not with 5."""
     from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
 
     m = BlockManager(block_size=4, num_gpu_blocks=10, num_cpu_blocks=10, watermark=0.2)
@@ -115,7 +116,9 @@ def test_swap_in_keeps_the_watermark():
     m.allocate(7, 3 * 4)  # 3 blocks taken: 7 free
     assert m.num_free_gpu_blocks == 7 and m.can_swap_in_group(g)
     m.append_slot(7)  # a fourth block: 6 free
-    assert m.num_free_gpu_blocks == 6 and not m.can_swap_in_group(g)
+    assert m.num_free_gpu_blocks == 6 and m.can_swap_in_group(g)
+    m.allocate(8, 4)  # a fifth block: 5 free
+    assert m.num_free_gpu_blocks == 5 and not m.can_swap_in_group(g)
 
 
 def check_moved(before, m: BlockManager, seqs: list[int], mapping: dict[int, int], to_cpu: bool) -> None:
