@@ -17,9 +17,10 @@ What this module measures:
   "device" pool and the CPU pool are both in DRAM: a swap is a memcpy at DRAM bandwidth, not a PCIe transfer, and
   the torch swap gathers all blocks in one batched op instead of one ``cudaMemcpyAsync`` per block (vLLM v0), so
   small blocks cost little. Recomputation, on the other hand, runs on CPU FLOPs. Expect the paper's ratio inverted.
-- **the same at paper scale, modelled**: ``SwapCostModel`` adds to ``sim.CostModel`` a swap term of one copy per
-  block per layer for K and V, each costing a fixed latency plus bytes / PCIe bandwidth (stated constants: PCIe 4.0
-  x16, 32 GB/s x 0.8, 5 us per copy); recomputation is the roofline's prefill of the same tokens (OPT-13B, A100).
+- **the same at paper scale, modelled**: ``sim.CostModel.swap_time``, one copy per block per layer for K and V,
+  each costing a fixed latency plus bytes / PCIe bandwidth (assumed constants: PCIe 4.0 x16, 32 GB/s x 0.8, 5 us
+  per copy); recomputation is the roofline's prefill of the same tokens (OPT-13B, A100). At small blocks the ratio
+  is set by the assumed 5 us per copy: it is an output of that constant, not a finding.
 - **end to end**: normalized latency under memory pressure with each mode, at paper scale (the simulator with the
   swap term, ShareGPT at 2 req/s, 4 GiB of CPU swap space as vLLM's default) and on the CPU (a tiny random-weight
   OPT on our real engine with a small pool; its greedy outputs are compared with an unpressured run).
@@ -50,28 +51,6 @@ SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline + PCIe swap ter
 MODES = ("swap", "recompute")
 #: vLLM's default CPU swap space per GPU (``swap_space=4`` GiB)
 SWAP_SPACE_BYTES = 4 * 1024**3
-
-
-@dataclass
-class SwapCostModel(CostModel):
-    """``CostModel`` plus the cost of swapping (§4.5): vLLM v0 moves a swapped block with one ``cudaMemcpyAsync``
-    per layer for K and for V, so a swap of ``n`` blocks is ``2 x num_layers x n`` copies of
-    ``block_size x kv_bytes_per_token / (2 x num_layers)`` bytes, each costing ``copy_latency_s`` plus bytes over the
-    PCIe bandwidth. Constants: PCIe 4.0 x16 (32 GB/s) at 80 %, 5 us per copy (our assumptions, not fits)."""
-
-    block_size: int = 16
-    num_layers: int = 40
-    pcie_bytes_per_s: float = 32e9
-    pcie_efficiency: float = 0.8
-    copy_latency_s: float = 5e-6
-
-    def swap_time(self, num_blocks: int) -> float:
-        copies = 2 * self.num_layers * num_blocks
-        nbytes = self.block_size * self.kv_bytes_per_token / (2 * self.num_layers)
-        return copies * (self.copy_latency_s + nbytes / (self.pcie_bytes_per_s * self.pcie_efficiency))
-
-    def step_time(self, out: SchedulerOutputs) -> float:
-        return super().step_time(out) + self.swap_time(len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out))
 
 
 @dataclass
@@ -187,12 +166,12 @@ def microbenchmarks(params: Params, progress: bool = True) -> tuple[pd.DataFrame
 
 
 def paper_scale_micro(params: Params) -> pd.DataFrame:
-    """Fig. 19a at paper scale, modelled: ``SwapCostModel.swap_time`` out and in vs the roofline prefill."""
+    """Fig. 19a at paper scale, modelled: ``CostModel.swap_time`` out and in vs the roofline prefill."""
     rows = []
+    cost = CostModel()
     for bs in params.block_sizes:
-        cost = SwapCostModel(block_size=bs)
         n = -(-params.micro_tokens // bs)
-        t = cost.swap_time(n)
+        t = cost.swap_time(n, bs)
         rows.append({"scale": "paper (model)", "block_size": bs, "num_blocks": n, "tokens": params.micro_tokens,
                      "bytes": n * bs * cost.kv_bytes_per_token, "swap_out_ms": 1e3 * t, "swap_in_ms": 1e3 * t,
                      "swap_ms": 2e3 * t, "recompute_ms": 1e3 * cost.prefill_time(params.micro_tokens)})
@@ -210,8 +189,7 @@ def sim_end_to_end(params: Params, progress: bool = True) -> pd.DataFrame:
     rows = []
     jobs = [(bs, m) for bs in params.block_sizes for m in MODES]
     for bs, mode in tqdm(jobs, desc="preemption (sim)", disable=not progress, leave=False):
-        cost = SwapCostModel(block_size=bs)
-        r = simulate(trace, "paged", paper_slots(), bs, cost, preemption_mode=mode,
+        r = simulate(trace, "paged", paper_slots(), bs, CostModel(), preemption_mode=mode,
                      num_cpu_blocks=int(cpu_tokens // bs) if mode == "swap" else 0, record_steps=False)
         rows.append({"scale": "paper (sim)", "block_size": bs, "mode": mode,
                      "normalized_latency_s": r.normalized_latency(),
@@ -296,7 +274,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     hw = hardware_label("cpu")
     model = f"CPU microbenchmarks: {micro_model}; CPU engine: {engine_model}; {SIM_MODEL}"
     write_summary(out_dir, EXPERIMENT, f"{hw} + {hardware_label('sim')}", model, quick, claims(micro, paper_micro),
-                  extra={"params": asdict(params), "swap_cost_model": asdict(SwapCostModel()),
+                  extra={"params": asdict(params), "swap_cost_model": asdict(CostModel()),
                          "swap_space_bytes": SWAP_SPACE_BYTES,
                          "gpu": "not run: no GPU was lent to this task",
                          "runtime_s": time.perf_counter() - t0})
