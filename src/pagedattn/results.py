@@ -18,9 +18,18 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "results"
 
 
+KINDS = ("reproduction", "invariant", "tracking")
+
+
 @dataclass
 class Claim:
-    """One named, paper-vs-ours number. ``ours is None`` means the run could not measure it (``note`` says why)."""
+    """One named, paper-vs-ours number. ``ours is None`` means the run could not measure it (``note`` says why).
+
+    ``kind`` (DESIGN.md, results convention): ``"reproduction"`` compares with the paper; ``"invariant"`` is true by
+    construction (arithmetic, the block manager's waste bound) and is listed apart in SUMMARY.md; ``"tracking"`` is
+    recorded, not judged (CPU timings). ``band`` is ``None`` or ``{"min": x, "max": y, "over": "what was swept"}``
+    for a claim that rests on assumptions; ``holds`` is then true only if the claim holds across the band.
+    """
 
     name: str
     paper: Any
@@ -29,6 +38,16 @@ class Claim:
     tolerance: str = ""
     holds: bool | None = None
     note: str = ""
+    kind: str = "reproduction"
+    band: dict | None = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"Claim {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.band is not None:
+            missing = {"min", "max", "over"} - set(self.band)
+            if missing:
+                raise ValueError(f"Claim {self.name!r}: band needs keys min, max, over; missing {sorted(missing)}")
 
 
 def cpu_name() -> str:
@@ -86,13 +105,17 @@ def write_summary(out_dir: str | os.PathLike, experiment: str, hardware: str, mo
     return path
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "n/a"
+NOT_MEASURED = "not measured"
+
+
+def _fmt(v: Any, missing: str = NOT_MEASURED) -> str:
+    """A cell: ``missing`` for None or NaN (``ours``: "not measured"; ``paper``: the paper gives no number)."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return missing
     if isinstance(v, float):
         return f"{v:.4g}"
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+        return "[" + ", ".join(_fmt(x, missing) for x in v) + "]"
     return str(v)
 
 
@@ -108,18 +131,40 @@ def build_summary_md(results_dir: str | os.PathLike = RESULTS_DIR) -> Path:
         doc = json.loads(path.read_text())
         lines += [f"## {doc['experiment']}", "",
                   f"- hardware: {doc['hardware']}", f"- model: {doc['model']}",
-                  f"- date: {doc['date']}{' (quick mode)' if doc.get('quick') else ''}", "",
-                  "| claim | paper | ours | unit | tolerance | holds | note |",
-                  "|---|---|---|---|---|---|---|"]
-        for c in doc["claims"]:
-            holds = {True: "yes", False: "**no**", None: "n/a"}[c.get("holds")]
-            note = str(c.get("note", "")).replace("|", "/").replace("\n", " ")
-            lines.append(f"| `{c['name']}` | {_fmt(c['paper'])} | {_fmt(c['ours'])} | {c.get('unit', '')} | "
-                         f"{c.get('tolerance', '')} | {holds} | {note} |")
-        lines.append("")
+                  f"- date: {doc['date']}{' (quick mode)' if doc.get('quick') else ''}", ""]
+        by_kind = {k: [c for c in doc["claims"] if c.get("kind", "reproduction") == k] for k in KINDS}
+        for kind, title in zip(KINDS, _KIND_TITLES):
+            if by_kind[kind]:
+                lines += _claims_table(by_kind[kind], title)
     out = root / "SUMMARY.md"
     out.write_text("\n".join(lines))
     return out
+
+
+_KIND_TITLES = ("Reproduction claims (compared with the paper)",
+                "Invariants (true by construction; not evidence of reproduction)",
+                "Tracking (recorded, not judged)")
+
+
+def _fmt_ours(c: dict) -> str:
+    """The measured value, with its band across the swept assumptions when it has one."""
+    ours = _fmt(c.get("ours"))
+    band = c.get("band")
+    if band:
+        ours += f" [{_fmt(band.get('min'))} .. {_fmt(band.get('max'))} over {band.get('over', '?')}]"
+    return ours
+
+
+def _claims_table(claims: list[dict], title: str) -> list[str]:
+    lines = [f"{title}:", "", "| claim | paper | ours [band] | unit | tolerance | holds | note |",
+             "|---|---|---|---|---|---|---|"]
+    for c in claims:
+        holds = {True: "yes", False: "**no**", None: "n/a"}[c.get("holds")]
+        cells = [f"`{c['name']}`", _fmt(c["paper"], missing="-"), _fmt_ours(c), c.get("unit", ""), c.get("tolerance", ""), holds,
+                 c.get("note", "")]
+        lines.append("| " + " | ".join(str(x).replace("|", "/").replace("\n", " ") for x in cells) + " |")
+    lines.append("")
+    return lines
 
 
 if __name__ == "__main__":
