@@ -112,18 +112,41 @@ class SimResult:
     def duration(self) -> float:
         return float(self.requests["finish_time"].max())
 
-    def mean_batch(self, memory_bound_only: bool = False) -> float:
-        """Mean running requests per decode step (Fig. 13), time-weighted by step duration."""
-        d = self.steps[self.steps["kind"] == "decode"]
+    #: Ramp-up: the first fifth of the trace's arrivals (fixed before any result was seen).
+    RAMP_UP_FRACTION = 0.2
+
+    def steady_window(self) -> tuple[float, float]:
+        """The run's steady state, ``[start, end)`` in seconds, by a rule fixed in advance: from the arrival of the
+        request at ``RAMP_UP_FRACTION`` (a fifth) of the trace, when the batch has filled from empty, to the last
+        arrival, after which no request joins and the batch drains. Statistics over this window do not depend on
+        how long the trace is, so that two notebooks replaying the same model at the same rate agree (§6.2, Fig.
+        13). An offline trace (every request at t = 0) has no arrival period: its window is the whole run."""
+        arrivals = np.sort(self.requests["arrival_time"].to_numpy())
+        start, end = float(arrivals[int(self.RAMP_UP_FRACTION * len(arrivals))]), float(arrivals[-1])
+        return (start, end) if end > start else (0.0, math.inf)
+
+    def _steps(self, steady: bool) -> pd.DataFrame:
+        if not steady or self.steps.empty:
+            return self.steps
+        start, end = self.steady_window()
+        t = self.steps["time"]
+        return self.steps[(t >= start) & (t < end)]
+
+    def mean_batch(self, memory_bound_only: bool = False, steady: bool = True) -> float:
+        """Mean running requests per decode step (Fig. 13), time-weighted by step duration, over the steady-state
+        window (``steady_window``; ``steady=False``: the whole run, ramp-up and drain included)."""
+        d = self._steps(steady)
+        d = d[d["kind"] == "decode"]
         if memory_bound_only:
             d = d[d["memory_bound"]]
         return float((d["num_running"] * d["dt"]).sum() / d["dt"].sum()) if len(d) else float("nan")
 
-    def shares(self, memory_bound_only: bool = True) -> dict[str, float]:
-        """Fig. 2: time-weighted share of KV slots in each kind, over the memory-bound steps. With no memory-bound
-        step every share is NaN (the breakdown describes a full memory; there is none to describe), never an
-        average over all steps in disguise: ask for ``memory_bound_only=False`` to get that."""
-        d = self.steps
+    def shares(self, memory_bound_only: bool = True, steady: bool = True) -> dict[str, float]:
+        """Fig. 2: time-weighted share of KV slots in each kind, over the memory-bound steps of the steady-state
+        window. With no memory-bound step every share is NaN (the breakdown describes a full memory; there is none
+        to describe), never an average over all steps in disguise: ask for ``memory_bound_only=False`` to get
+        that."""
+        d = self._steps(steady)
         if memory_bound_only:
             d = d[d["memory_bound"]]
         cols = ["token_states", "reserved", "internal", "external"]
@@ -132,13 +155,19 @@ class SimResult:
         tot = (d[cols].sum(axis=1) * d["dt"]).sum()
         return {c: float(100 * (d[c] * d["dt"]).sum() / tot) for c in cols}
 
+    def memory_bound_share(self, steady: bool = True) -> float:
+        """Share of steps (in the steady-state window) that are memory-bound."""
+        d = self._steps(steady)
+        return float(d["memory_bound"].mean()) if len(d) else float("nan")
+
     def normalized_latency(self) -> float:
         r = self.requests
         return float(((r["finish_time"] - r["arrival_time"]) / r["output_len"]).mean())
 
-    def sharing_saving(self) -> float:
-        """Memory saved by sharing, ``1 - physical / logical`` blocks, time-weighted over the run (Fig. 15)."""
-        d = self.steps
+    def sharing_saving(self, steady: bool = True) -> float:
+        """Memory saved by sharing, ``1 - physical / logical`` blocks, time-weighted over the steady-state window
+        (Fig. 15)."""
+        d = self._steps(steady)
         return float(1 - (d["physical_blocks"] * d["dt"]).sum() / (d["logical_blocks"] * d["dt"]).sum())
 
     def throughput(self) -> float:
