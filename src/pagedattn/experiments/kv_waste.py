@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
+from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.paper import FIG2_SHARES, FIG13_MEAN_BATCH
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
@@ -50,9 +51,9 @@ class Params:
 
 
 def run_systems(trace, params: Params, systems=SYSTEMS, placement: str = "buddy",
-                progress: bool = True) -> dict[str, SimResult]:
+                progress: bool = True, cost: CostModel | None = None) -> dict[str, SimResult]:
     """Replay one trace through each system on the same KV budget and cost model."""
-    cost = CostModel()
+    cost = cost or CostModel()
     return {s: simulate(trace, s, paper_slots(), params.block_size, cost, placement=placement)
             for s in tqdm(systems, desc="systems", disable=not progress, leave=False)}
 
@@ -122,8 +123,21 @@ def claims(breakdown: pd.DataFrame, batches: pd.DataFrame, block_size: int) -> l
                          note=f"{row['trace']} at {row['rate']:g} req/s"))
     waste = int(breakdown.set_index("system").loc["paged", "max_request_waste_slots"])
     out.append(Claim("max_request_waste_slots.paged", f"< {block_size} (one block)", waste, "slots",
-                     f"< {block_size}", waste < block_size))
+                     f"< {block_size}", waste < block_size, "the block manager's bound: one partly filled block",
+                     kind="invariant"))
     return out
+
+
+def claims_at(point: sensitivity.Point, params: Params) -> list[Claim]:
+    """Fig. 2 and Fig. 13's claims under one point's assumptions (step time, rate, trace): the band's evaluation."""
+    cost = point.cost()
+    runs = {}
+    for w, rate in (("sharegpt", params.sharegpt_rate), ("alpaca", params.alpaca_rate)):
+        r = sensitivity.rate_at(point, w, rate, params.num_requests, params.seed)
+        runs[w] = run_systems(make_trace(point.trace_name(w), params.num_requests, r, params.seed), params,
+                              progress=False, cost=cost)
+    batches = pd.concat([mean_batch_table(runs[w], w) for w in runs], ignore_index=True)
+    return claims(breakdown_table(runs["sharegpt"]), batches, params.block_size)
 
 
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True, **kw) -> dict:
@@ -152,8 +166,13 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     for name, df in tables.items():
         df.to_csv(out_dir / f"{name}.csv", index=False)
     hw = hardware_label("sim")
-    write_summary(out_dir, EXPERIMENT, hw, MODEL, quick,
-                  claims(tables["fig2_breakdown"], tables["fig13_mean_batch"], params.block_size),
+    default = claims(tables["fig2_breakdown"], tables["fig13_mean_batch"], params.block_size)
+    pts = sensitivity.points(quick)
+    band = sensitivity.sweep(EXPERIMENT, lambda p: claims_at(p, params), pts, {"params": asdict(params)}, default,
+                             progress=progress)
+    tables["sensitivity"] = band
+    band.to_csv(out_dir / "sensitivity.csv", index=False)
+    write_summary(out_dir, EXPERIMENT, hw, MODEL, quick, sensitivity.with_bands(default, band, sensitivity.describe(pts)),
                   extra={"params": asdict(params), "cost_model": asdict(CostModel())})
     tables["label"] = f"{MODEL} | {hw} | {params.num_requests} requests/trace | quick={quick}"
     tables["out_dir"] = out_dir

@@ -1,0 +1,234 @@
+"""Sensitivity bands: how much of a simulator-based claim is the paper's mechanism and how much our assumptions.
+
+The simulator (``sim.py``) replays the paper's setting with a roofline step time whose efficiencies were chosen,
+not measured (``CostModel``: ``bandwidth_efficiency`` 0.7, ``flops_efficiency`` 0.5, a 4 ms step overhead), at
+request rates the paper chose for its hardware (§6.2, Fig. 13: ShareGPT 2 req/s, Alpaca 30 req/s), on a trace that
+is either the real ShareGPT conversations or a synthetic stand-in. A claim that holds at our defaults may hold only
+because of them. So every simulator-based claim is also computed at each point of a coarse grid of those
+assumptions, and it *holds* only if it holds at every point; its ``band`` (``results.Claim``) is the smallest and
+largest value across the grid (for a list, such as the best block sizes: the sizes best at every point, and those
+best at some point).
+
+The grid, fixed before any result was seen:
+
+- **step time**: the default, and the 8 corners of the box bandwidth efficiency 0.5-0.9 x FLOP efficiency 0.3-0.7 x
+  per-step overhead 0-8 ms (the step time is monotone in each, so the corners hold its extremes);
+- **request rate** (for a claim measured at a rate): the experiment's rate, and the rate at *equal relative load*:
+  the experiment's rate times the paged system's capacity at this point over its capacity at the default point,
+  where capacity is the paged system's offline throughput (requests/s with every request queued at t = 0) on the
+  same trace and cost model. A step 30 % faster then meets a load 30 % higher, as the paper's hardware would have
+  met the paper's rate; at the default point the two rates coincide;
+- **trace**: the default trace and the other one (real ShareGPT vs synthetic ShareGPT-like), at the default step
+  time, at both rates. Alpaca has no real trace (no data set can be installed), so it has no trace axis.
+
+A claim found by a search over rates (a sustainable rate, or the ratio of two) has no rate axis.
+
+Quick mode (CI) runs one corner besides the default: the fastest step (0.9, 0.7, 0 ms) at the experiment's rate.
+
+Each point is cached in ``<repo>/.cache/sensitivity/`` (ignored by git), keyed by the point, the experiment's
+parameters and a fingerprint of the simulator's source, so rerunning a notebook costs nothing and a code change
+recomputes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from pagedattn.results import REPO_ROOT, Claim
+from pagedattn.sim import CostModel
+
+BANDWIDTH_EFFICIENCY = (0.5, 0.9)
+FLOPS_EFFICIENCY = (0.3, 0.7)
+STEP_OVERHEAD_S = (0.0, 0.008)
+CACHE_DIR = REPO_ROOT / ".cache" / "sensitivity"
+#: The simulator's sources: a change to any of them invalidates the cache.
+_SOURCES = ("sim.py", "scheduler.py", "sequence.py", "workloads.py", "sharegpt.py", "config.py", "memory")
+#: The other trace of each workload with a real one (the trace axis).
+OTHER_TRACE = {"sharegpt": "sharegpt_synthetic", "sharegpt_synthetic": "sharegpt"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One set of assumptions: the step-time constants, which rate, which trace (``"default"`` or ``"other"``)."""
+
+    bandwidth_efficiency: float = CostModel.bandwidth_efficiency
+    flops_efficiency: float = CostModel.flops_efficiency
+    step_overhead_s: float = CostModel.step_overhead_s
+    rate: str = "experiment"  # "experiment" (the experiment's own rate) or "equal_load"
+    trace: str = "default"  # "default" or "other" (OTHER_TRACE)
+
+    def cost(self, base: CostModel | None = None) -> CostModel:
+        """``base`` (default: ``CostModel()``) with this point's step-time constants."""
+        return replace(base or CostModel(), bandwidth_efficiency=self.bandwidth_efficiency,
+                       flops_efficiency=self.flops_efficiency, step_overhead_s=self.step_overhead_s)
+
+    def trace_name(self, workload: str) -> str:
+        """The trace this point replays for ``workload`` (a workload without another trace keeps its own)."""
+        return OTHER_TRACE.get(workload, workload) if self.trace == "other" else workload
+
+    @property
+    def is_default(self) -> bool:
+        return self == DEFAULT
+
+    def label(self) -> str:
+        return (f"bw {self.bandwidth_efficiency:g}, flops {self.flops_efficiency:g}, "
+                f"overhead {1e3 * self.step_overhead_s:g} ms, {self.rate.replace('_', '-')} rate, {self.trace} trace")
+
+
+DEFAULT = Point()
+
+
+def points(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True) -> list[Point]:
+    """The grid of the module docstring, default first. ``quick``: the default and the fastest corner."""
+    fastest = Point(BANDWIDTH_EFFICIENCY[1], FLOPS_EFFICIENCY[1], STEP_OVERHEAD_S[0])
+    if quick:
+        return [DEFAULT, fastest]
+    corners = [Point(b, f, o) for b in BANDWIDTH_EFFICIENCY for f in FLOPS_EFFICIENCY for o in STEP_OVERHEAD_S]
+    rates = ("experiment", "equal_load") if rate_axis else ("experiment",)
+    out = [DEFAULT] + [replace(p, rate=r) for r in rates for p in corners]
+    if trace_axis:
+        out += [Point(trace="other", rate=r) for r in rates]
+    return out
+
+
+def describe(pts: list[Point]) -> str:
+    """The ``over`` of a band: what the points sweep, in words."""
+    corners = {(p.bandwidth_efficiency, p.flops_efficiency, p.step_overhead_s) for p in pts} - {
+        (DEFAULT.bandwidth_efficiency, DEFAULT.flops_efficiency, DEFAULT.step_overhead_s)}
+    bw = sorted({c[0] for c in corners})
+    fl = sorted({c[1] for c in corners})
+    ov = sorted({1e3 * c[2] for c in corners})
+    parts = [f"bw eff {'/'.join(f'{x:g}' for x in bw)} x FLOP eff {'/'.join(f'{x:g}' for x in fl)} x overhead "
+             f"{'/'.join(f'{x:g}' for x in ov)} ms ({len(corners)} corner{'s' * (len(corners) != 1)})"]
+    if any(p.rate == "equal_load" for p in pts):
+        parts.append("experiment's and equal-load rate")
+    if any(p.trace == "other" for p in pts):
+        parts.append("real and synthetic ShareGPT")
+    return "; ".join(parts) + f"; {len(pts)} points"
+
+
+# ------------------------------------------------------------------------------------------------------ cache
+def _fingerprint() -> str:
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for name in _SOURCES:
+        path = root / name
+        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            if f.exists():
+                h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cached(key: dict, fn: Callable[[], Any], cache: bool = True) -> Any:
+    """``fn()``, stored as JSON under ``CACHE_DIR`` by ``key`` (plus the simulator's fingerprint)."""
+    blob = json.dumps({**key, "_code": _fingerprint()}, sort_keys=True, default=str)
+    path = CACHE_DIR / f"{hashlib.sha256(blob.encode()).hexdigest()[:24]}.json"
+    if cache and path.exists():
+        return json.loads(path.read_text())["value"]
+    value = fn()
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": json.loads(blob), "value": value}, default=str))
+        tmp.replace(path)
+    return value
+
+
+def capacity(trace_name: str, num_requests: int, seed: int, cost: CostModel, block_size: int = 16,
+             cache: bool = True) -> float:
+    """The paged system's offline throughput (requests/s, every request queued at t = 0): the capacity that the
+    equal-load rate scales with."""
+    from pagedattn.sim import simulate
+    from pagedattn.workloads import make_trace
+
+    def run() -> float:
+        return simulate(make_trace(trace_name, num_requests, math.inf, seed), "paged", block_size=block_size,
+                        cost=cost, record_steps=False).throughput()
+
+    return cached({"fn": "capacity", "trace": trace_name, "n": num_requests, "seed": seed, "cost": asdict(cost),
+                   "block_size": block_size}, run, cache)
+
+
+def rate_at(point: Point, workload: str, rate: float, num_requests: int, seed: int = 0,
+            base: CostModel | None = None, cache: bool = True) -> float:
+    """The request rate a point replays ``workload`` at: ``rate`` itself, or ``rate`` at equal relative load
+    (scaled by the paged system's capacity at this point over that at the default point on the default trace)."""
+    if point.rate == "experiment":
+        return rate
+    here = capacity(point.trace_name(workload), num_requests, seed, point.cost(base), cache=cache)
+    there = capacity(workload, num_requests, seed, DEFAULT.cost(base), cache=cache)
+    return rate * here / there
+
+
+# ------------------------------------------------------------------------------------------------------ bands
+def _claims_to_json(claims: list[Claim]) -> list[dict]:
+    from pagedattn.results import _clean
+
+    return [_clean(asdict(c)) for c in claims]
+
+
+def sweep(experiment: str, claims_at: Callable[[Point], list[Claim]], pts: list[Point], key: dict,
+          default: list[Claim] | None = None, cache: bool = True, progress: bool = False) -> pd.DataFrame:
+    """Evaluate ``claims_at`` at every point (cached); one row per (point, claim): its value and whether it holds.
+
+    ``default``: the claims of the experiment's main run, used for the default point instead of recomputing it
+    (``claims_at(DEFAULT)`` must compute the same thing)."""
+    from tqdm.auto import tqdm
+
+    rows = []
+    for p in tqdm(pts, desc=f"sensitivity {experiment}", disable=not progress, leave=False):
+        if p.is_default and default is not None:
+            got = _claims_to_json(default)
+        else:
+            got = cached({"fn": "claims_at", "experiment": experiment, "point": asdict(p), **key},
+                         lambda p=p: _claims_to_json(claims_at(p)), cache)
+        for c in got:
+            if c.get("kind", "reproduction") == "reproduction":
+                rows.append({**asdict(p), "point": p.label(), "is_default": p.is_default, "claim": c["name"],
+                             "ours": c["ours"], "holds": c["holds"]})
+    return pd.DataFrame(rows)
+
+
+def _lo_hi(values: list) -> tuple[Any, Any]:
+    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return None, None
+    if isinstance(vals[0], (list, tuple)):  # a set of sizes: those in every value, those in some value
+        sets = [set(v) for v in vals]
+        return sorted(set.intersection(*sets)), sorted(set.union(*sets))
+    return min(vals), max(vals)
+
+
+def with_bands(claims: list[Claim], table: pd.DataFrame, over: str) -> list[Claim]:
+    """Each claim found in ``table`` (``sweep``'s) gains its band, holds only if it holds at every point, and its
+    note says where it breaks. Claims not in the table are returned unchanged."""
+    out = []
+    for c in claims:
+        d = table[table.claim == c.name] if len(table) else table
+        if not len(d) or c.kind != "reproduction":
+            out.append(c)
+            continue
+        lo, hi = _lo_hi(list(d.ours))
+        judged = d[d.holds.notna()]
+        fails = judged[~judged.holds.astype(bool)]
+        holds = None if c.holds is None else bool(c.holds and not len(fails))
+        note = c.note
+        if len(fails):
+            note += (f"{'; ' if note else ''}band: fails at {len(fails)} of {len(judged)} points, e.g. "
+                     + " | ".join(f"{r.point} -> {_short(r.ours)}" for r in fails.head(3).itertuples()))
+        elif len(judged) > 1:
+            note += f"{'; ' if note else ''}band: holds at all {len(judged)} points"
+        out.append(replace(c, band={"min": lo, "max": hi, "over": over}, holds=holds, note=note))
+    return out
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
