@@ -113,6 +113,15 @@ def describe(pts: list[Point]) -> str:
     return "; ".join(parts) + f"; {len(pts)} points"
 
 
+#: A rate ratio is judged two-sided: within the paper's range, each end moved out by this share (issue 13).
+WIDEN = 0.25
+
+
+def widened(lo: float, hi: float | None = None) -> tuple[float, float]:
+    """The paper's range ``[lo, hi]`` (or single value ``lo``) widened by ``WIDEN``: ``[lo x 0.75, hi x 1.25]``."""
+    return lo * (1 - WIDEN), (lo if hi is None else hi) * (1 + WIDEN)
+
+
 # ------------------------------------------------------------------------------------------------------ cache
 def _fingerprint() -> str:
     h = hashlib.sha256()

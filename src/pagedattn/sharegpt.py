@@ -228,7 +228,8 @@ PAIRINGS = {
 }
 
 
-def pair_lengths(tl: TurnLengths, pairing: str = "first_two", measure: str = "cl100k") -> tuple[np.ndarray, np.ndarray, Counter]:
+def pair_lengths(tl: TurnLengths, pairing: str = "first_two", measure: str = "cl100k"
+                 ) -> tuple[np.ndarray, np.ndarray, Counter]:
     """Unfiltered (prompt, output) lengths, one pair per conversation that has one; counts of those without."""
     if pairing not in PAIRINGS:
         raise ValueError(f"unknown pairing {pairing!r}; known: {sorted(PAIRINGS)}")
