@@ -220,19 +220,24 @@ def with_bands(claims: list[Claim], table: pd.DataFrame, over: str) -> list[Clai
     out = []
     for c in claims:
         d = table[table.claim == c.name] if len(table) else table
-        if not len(d) or c.kind != "reproduction":
+        if len(d) < 2 or c.kind != "reproduction":  # not swept (only the default point has it)
+            out.append(c)
+            continue
+        judged = d[d.holds.notna()]
+        if not len(judged):  # measured nowhere (e.g. not run in this mode)
             out.append(c)
             continue
         lo, hi = _lo_hi(list(d.ours))
-        judged = d[d.holds.notna()]
         fails = judged[~judged.holds.astype(bool)]
         holds = None if c.holds is None else bool(c.holds and not len(fails))
-        note = c.note
+        note = c.note + ("; " if c.note else "")
         if len(fails):
-            note += (f"{'; ' if note else ''}band: fails at {len(fails)} of {len(judged)} points, e.g. "
+            note += (f"band: fails at {len(fails)} of {len(judged)} points, e.g. "
                      + " | ".join(f"{r.point} -> {_short(r.ours)}" for r in fails.head(3).itertuples()))
-        elif len(judged) > 1:
-            note += f"{'; ' if note else ''}band: holds at all {len(judged)} points"
+        else:
+            note += f"band: holds at all {len(judged)} points"
+        if len(judged) < len(d):
+            note += f"; not measurable at {len(d) - len(judged)} of {len(d)} points"
         out.append(replace(c, band={"min": lo, "max": hi, "over": over}, holds=holds, note=note))
     return out
 
