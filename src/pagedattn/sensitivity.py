@@ -21,7 +21,10 @@ The grid, fixed before any result was seen:
 - **trace**: the default trace and the other one (real ShareGPT vs synthetic ShareGPT-like), at the default step
   time, at both rates. Alpaca has no real trace (no data set can be installed), so it has no trace axis.
 
-A claim found by a search over rates (a sustainable rate, or the ratio of two) has no rate axis.
+A claim found by a search over rates (a sustainable rate, or the ratio of two) has no rate axis. A claim whose
+verdict is known to move with the rate (Fig. 18b's best block sizes) also gets a rate sweep: the experiment's rate
+divided and multiplied by 1.2, at the default step time. A claim that rests on the PCIe model (Fig. 19's
+recompute/swap ratio) also gets half and twice the assumed 5 us per copy.
 
 Quick mode (CI) runs one corner besides the default: the fastest step (0.9, 0.7, 0 ms) at the experiment's rate.
 
@@ -62,11 +65,14 @@ class Point:
     step_overhead_s: float = CostModel.step_overhead_s
     rate: str = "experiment"  # "experiment" (the experiment's own rate) or "equal_load"
     trace: str = "default"  # "default" or "other" (OTHER_TRACE)
+    rate_scale: float = 1.0  # a rate sweep around the experiment's rate (``points(rate_scales=...)``)
+    copy_latency_s: float = CostModel.copy_latency_s  # per swap copy (``points(copy_latencies=...)``)
 
     def cost(self, base: CostModel | None = None) -> CostModel:
         """``base`` (default: ``CostModel()``) with this point's step-time constants."""
         return replace(base or CostModel(), bandwidth_efficiency=self.bandwidth_efficiency,
-                       flops_efficiency=self.flops_efficiency, step_overhead_s=self.step_overhead_s)
+                       flops_efficiency=self.flops_efficiency, step_overhead_s=self.step_overhead_s,
+                       copy_latency_s=self.copy_latency_s)
 
     def trace_name(self, workload: str) -> str:
         """The trace this point replays for ``workload`` (a workload without another trace keeps its own)."""
@@ -77,15 +83,22 @@ class Point:
         return self == DEFAULT
 
     def label(self) -> str:
-        return (f"bw {self.bandwidth_efficiency:g}, flops {self.flops_efficiency:g}, "
-                f"overhead {1e3 * self.step_overhead_s:g} ms, {self.rate.replace('_', '-')} rate, {self.trace} trace")
+        scale = f" x {self.rate_scale:.3g}" if self.rate_scale != 1 else ""
+        copy = f", {1e6 * self.copy_latency_s:g} us per copy" if self.copy_latency_s != DEFAULT.copy_latency_s else ""
+        rate = ", equal-load rate" if self.rate == "equal_load" else ""
+        trace = ", other trace" if self.trace == "other" else ""
+        return (f"bw {self.bandwidth_efficiency:g}, flops {self.flops_efficiency:g}, overhead "
+                f"{1e3 * self.step_overhead_s:g} ms{rate}{trace}{f', rate{scale}' if scale else ''}{copy}")
 
 
 DEFAULT = Point()
 
 
-def points(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True) -> list[Point]:
-    """The grid of the module docstring, default first. ``quick``: the default and the fastest corner."""
+def points(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True,
+           rate_scales: tuple[float, ...] = (), copy_latencies: tuple[float, ...] = ()) -> list[Point]:
+    """The grid of the module docstring, default first. ``quick``: the default and the fastest corner.
+    ``rate_scales``: also the experiment's rate times each of these, at the default step time (a rate sweep);
+    ``copy_latencies``: also each of these seconds per swap copy, at the default step time."""
     fastest = Point(BANDWIDTH_EFFICIENCY[1], FLOPS_EFFICIENCY[1], STEP_OVERHEAD_S[0])
     if quick:
         return [DEFAULT, fastest]
@@ -94,7 +107,7 @@ def points(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True)
     out = [DEFAULT] + [replace(p, rate=r) for r in rates for p in corners]
     if trace_axis:
         out += [Point(trace="other", rate=r) for r in rates]
-    return out
+    return out + [Point(rate_scale=x) for x in rate_scales] + [Point(copy_latency_s=x) for x in copy_latencies]
 
 
 def describe(pts: list[Point]) -> str:
@@ -110,6 +123,12 @@ def describe(pts: list[Point]) -> str:
         parts.append("experiment's and equal-load rate")
     if any(p.trace == "other" for p in pts):
         parts.append("real and synthetic ShareGPT")
+    scales = sorted({p.rate_scale for p in pts} - {1.0})
+    if scales:
+        parts.append(f"rate x {'/'.join(f'{x:.3g}' for x in scales)}")
+    copies = sorted({1e6 * p.copy_latency_s for p in pts})
+    if len(copies) > 1:
+        parts.append(f"{'/'.join(f'{x:g}' for x in copies)} us per swap copy")
     return "; ".join(parts) + f"; {len(pts)} points"
 
 
@@ -168,6 +187,7 @@ def rate_at(point: Point, workload: str, rate: float, num_requests: int, seed: i
             base: CostModel | None = None, cache: bool = True) -> float:
     """The request rate a point replays ``workload`` at: ``rate`` itself, or ``rate`` at equal relative load
     (scaled by the paged system's capacity at this point over that at the default point on the default trace)."""
+    rate *= point.rate_scale
     if point.rate == "experiment":
         return rate
     here = capacity(point.trace_name(workload), num_requests, seed, point.cost(base), cache=cache)

@@ -38,6 +38,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.experiments.block_size import BLOCK_SIZES, CpuClock, engine_run, model_label, small_trace, tiny_opt
 from pagedattn.paper import FIG18B_BEST_BLOCK_SIZES, FIG19_RECOMPUTE_OVER_SWAP_MAX
@@ -165,10 +166,10 @@ def microbenchmarks(params: Params, progress: bool = True) -> tuple[pd.DataFrame
     return df, model_label(hf)
 
 
-def paper_scale_micro(params: Params) -> pd.DataFrame:
+def paper_scale_micro(params: Params, cost: CostModel | None = None) -> pd.DataFrame:
     """Fig. 19a at paper scale, modelled: ``CostModel.swap_time`` out and in vs the roofline prefill."""
     rows = []
-    cost = CostModel()
+    cost = cost or CostModel()
     for bs in params.block_sizes:
         n = -(-params.micro_tokens // bs)
         t = cost.swap_time(n, bs)
@@ -230,32 +231,49 @@ def engine_end_to_end(params: Params, progress: bool = True) -> tuple[pd.DataFra
 
 
 # ------------------------------------------------------------------------------------------------ claims, run
-def claims(micro: pd.DataFrame, paper_micro: pd.DataFrame) -> list[Claim]:
-    """``recompute_over_swap_latency.block{16,64}`` (CPU, measured), the same modelled at paper scale, and the GPU
-    claims (not measured)."""
+def claims(micro: pd.DataFrame | None, paper_micro: pd.DataFrame) -> list[Claim]:
+    """Fig. 19a's recompute / swap latency ratio: at small blocks (block 1) the paper finds recomputation at most a
+    fifth of swapping; at blocks 16-64 the two comparable (we read "comparable" as a ratio of 0.5-2).
+
+    The ratio modelled at paper scale is a reproduction claim (with a band over the assumed constants, which set
+    it); the CPU microbenchmark is a timing of DRAM copies against CPU FLOPs, recorded (``kind="tracking"``), not
+    judged; the GPU claims were not measured."""
     out = []
-    paper = FIG19_RECOMPUTE_OVER_SWAP_MAX
-    cpu = micro.set_index("block_size")["recompute_over_swap"]
+    small = FIG19_RECOMPUTE_OVER_SWAP_MAX
+    expect = {1: (f"<= {small}", f"ours <= {small}", lambda r: r <= small),
+              16: ("comparable", "0.5-2 (comparable)", lambda r: 0.5 <= r <= 2),
+              64: ("comparable", "0.5-2 (comparable)", lambda r: 0.5 <= r <= 2)}
     sim = paper_micro.set_index("block_size")["recompute_over_swap"]
-    tokens = int(micro.tokens.iloc[0])
-    measured = (
-        ("recompute_over_swap_latency", cpu, "comparable (0.5-2) at 16-64; <= 0.2 at small blocks",
-         f"CPU, measured: engine prefill of {tokens} tokens / executor swap out + in of the same tokens. On a CPU "
-         "both pools are DRAM: a swap is a batched memcpy (~GB/s), not PCIe copies of one block each, while "
-         "recomputation runs on CPU FLOPs, so the ratio is far above the paper's."),
-        ("recompute_over_swap_latency.sim_a100", sim, "comparable (0.5-2) at 16-64",
-         f"modelled at paper scale: roofline prefill of {tokens} tokens (OPT-13B, A100) / PCIe swap out + in "
-         "(one 5 us + bytes/25.6 GB/s copy per block, layer, K/V); constants assumed, not measured"))
-    for name, series, tolerance, note in measured:
-        for bs in (16, 64):
-            ours = float(series[bs]) if bs in series.index else None
-            out.append(Claim(f"{name}.block{bs}", paper, None if ours is None else round(ours, 3), "x", tolerance,
-                             None if ours is None else bool(0.5 <= ours <= 2), note))
+    tokens = int(paper_micro.tokens.iloc[0])
+    for bs, (paper, tolerance, ok) in expect.items():
+        ours = float(sim[bs]) if bs in sim.index else None
+        out.append(Claim(f"recompute_over_swap_latency.sim_a100.block{bs}", paper,
+                         None if ours is None else round(ours, 3), "x", tolerance, None if ours is None else ok(ours),
+                         f"modelled at paper scale: roofline prefill of {tokens} tokens (OPT-13B, A100) / PCIe swap "
+                         "out + in (one 5 us + bytes/25.6 GB/s copy per block, layer, K/V); an output of these "
+                         "assumed constants (at small blocks, of the 5 us per copy), not a measurement"))
+    if micro is not None:
+        cpu = micro.set_index("block_size")["recompute_over_swap"]
+        for bs, (paper, _, ok) in expect.items():
+            ours = float(cpu[bs]) if bs in cpu.index else None
+            out.append(Claim(f"recompute_over_swap_latency.block{bs}", paper,
+                             None if ours is None else round(ours, 3), "x", "", None,
+                             f"CPU timing, recorded: engine prefill of {tokens} tokens / executor swap out + in of "
+                             "the same tokens. On a CPU both pools are DRAM: a swap is a batched memcpy (~GB/s), not "
+                             "PCIe copies of one block each, while recomputation runs on CPU FLOPs, so the ratio is "
+                             "far above the paper's" + ("" if ours is None else
+                                                        f"; the paper's reading would be {'met' if ok(ours) else 'missed'}"),
+                             kind="tracking"))
     for bs in (16, 64):
-        out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", paper, None, "x", "", None,
-                         "not measured: no GPU was lent to this task (the GPU swap path, pinned host memory over "
+        out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", "comparable", None, "x", "0.5-2 (comparable)",
+                         None, "not measured: no GPU was lent to this task (the GPU swap path, pinned host memory over "
                          "PCIe, was not run)"))
     return out
+
+
+def claims_at(point: sensitivity.Point, params: Params) -> list[Claim]:
+    """The modelled ratio's claims under one point's assumptions (step time, copy latency): the band's evaluation."""
+    return claims(None, paper_scale_micro(params, point.cost()))
 
 
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True, **kw) -> dict:
@@ -273,7 +291,14 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
         df.to_csv(out_dir / f"{name}.csv", index=False)
     hw = hardware_label("cpu")
     model = f"CPU microbenchmarks: {micro_model}; CPU engine: {engine_model}; {SIM_MODEL}"
-    write_summary(out_dir, EXPERIMENT, f"{hw} + {hardware_label('sim')}", model, quick, claims(micro, paper_micro),
+    default = claims(micro, paper_micro)
+    pts = sensitivity.points(quick, rate_axis=False, trace_axis=False,
+                             copy_latencies=() if quick else (CostModel.copy_latency_s / 2, 2 * CostModel.copy_latency_s))
+    band = sensitivity.sweep(EXPERIMENT, lambda p: claims_at(p, params), pts, {"params": asdict(params)}, default)
+    band.to_csv(out_dir / "sensitivity.csv", index=False)
+    tables["sensitivity"] = band
+    write_summary(out_dir, EXPERIMENT, f"{hw} + {hardware_label('sim')}", model, quick,
+                  sensitivity.with_bands(default, band, sensitivity.describe(pts)),
                   extra={"params": asdict(params), "swap_cost_model": asdict(CostModel()),
                          "swap_space_bytes": SWAP_SPACE_BYTES,
                          "gpu": "not run: no GPU was lent to this task",
