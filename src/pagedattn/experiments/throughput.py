@@ -393,26 +393,27 @@ def system_configs(params: RealParams) -> pd.DataFrame:
 
 
 def real_claims(offline: pd.DataFrame, sustainable: pd.DataFrame) -> list[Claim]:
+    """The CPU real engine's ratios: CPU timings of a tiny model, recorded (``kind="tracking"``), not judged
+    against the paper's GPU-scale numbers; each note says how it compares with the range it would be held to."""
     o = offline.set_index("system")["tokens_per_s"]
     out = []
-    for other, need in (("hf_generate", 3.0), ("hf_continuous_batching", None)):
+    for other in ("hf_generate", "hf_continuous_batching"):
         ratio = float(o["paged"] / o[other]) if other in o and math.isfinite(o[other]) else None
-        note = "CPU, tiny random-weight OPT, offline, same KV budget"
+        note = "CPU timing, tiny random-weight OPT, offline, same KV budget"
         if ratio is None:
             note += "; " + str(offline.set_index("system").loc[other, "note"]) if other in o else "; not run"
         out.append(Claim(f"throughput_ratio.paged_vs_{other}", "2-4x (vs FasterTransformer/Orca)",
-                         None if ratio is None else round(ratio, 2), "x",
-                         f">= {need}" if need else "", None if ratio is None or need is None else bool(ratio >= need),
-                         note, kind="reproduction" if need else "tracking"))
+                         None if ratio is None else round(ratio, 2), "x", "", None, note, kind="tracking"))
     s = sustainable[sustainable.trace == "sharegpt"].set_index("system")["sustainable_rate"]
     for name, other in (("paged_vs_orca_oracle", "orca_oracle"), ("paged_vs_orca_max", "orca_max")):
         if other in s:
             ratio = float(s["paged"] / s[other])
             lo, hi = FIG12_RATE_RATIO[name]
             a, b = widened(lo, hi)
-            out.append(Claim(f"rate_ratio_cpu.sharegpt.{name}", f"{lo}-{hi}", round(ratio, 2), "x",
-                             f"{a:.3g}-{b:.3g}", bool(a <= ratio <= b),
-                             note="real engine on the CPU, lengths and budget / 4"))
+            out.append(Claim(f"rate_ratio_cpu.sharegpt.{name}", f"{lo}-{hi}", round(ratio, 2), "x", "", None,
+                             f"CPU timing, real engine, lengths and budget / 4; "
+                             f"{'inside' if a <= ratio <= b else 'outside'} the paper's range widened by 25 % "
+                             f"({a:.3g}-{b:.3g})", kind="tracking"))
     return out
 
 
