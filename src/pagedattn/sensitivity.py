@@ -266,3 +266,63 @@ def _short(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3g}"
     return str(v)
+
+
+# ------------------------------------------------------------------------------------------------- reading it
+def breaks(table: pd.DataFrame) -> pd.DataFrame:
+    """Where each claim breaks: one row per claim with the points at which it fails (empty: holds everywhere)."""
+    rows = []
+    for name, d in table.groupby("claim", sort=False):
+        judged = d[d.holds.notna()]
+        fails = judged[~judged.holds.astype(bool)]
+        rows.append({"claim": name, "points": len(d), "fails_at": len(fails),
+                     "holds_at_default": bool(d[d.is_default].holds.all()) if d.is_default.any() else None,
+                     "failing_points": "; ".join(f"{r.point} ({_short(r.ours)})" for r in fails.itertuples())})
+    return pd.DataFrame(rows)
+
+
+def _reference(paper: Any) -> float | None:
+    """A claim's paper value as one number: the value itself, or the middle of a "lo-hi" range."""
+    if isinstance(paper, (int, float)) and not isinstance(paper, bool):
+        return float(paper)
+    if isinstance(paper, str):
+        try:
+            lo, hi = (float(x) for x in paper.replace("up to", "").split("-")) if "-" in paper else (None, None)
+        except ValueError:
+            return None
+        return math.sqrt(lo * hi) if lo and hi else None
+    return None
+
+
+def plot(table: pd.DataFrame, claims: list[dict], title: str = "", label: str = ""):
+    """Each numeric claim's band as ours / paper on a log axis: a grey dot per point of the grid (red where the
+    claim fails there), a black dot at the default, the paper at 1."""
+    import matplotlib.pyplot as plt
+
+    from pagedattn.plots import footnote
+
+    ref = {c["name"]: _reference(c["paper"]) for c in claims}
+    d = table[table.claim.map(lambda n: ref.get(n) is not None)
+              & table.ours.map(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))].copy()
+    d = d[d.ours.notna()]
+    d["ratio"] = d.ours.astype(float) / d.claim.map(ref)
+    d = d[d.ratio > 0]
+    names = list(dict.fromkeys(d.claim))
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(names) + 1.4))
+    for y, name in enumerate(names):
+        g = d[d.claim == name]
+        ax.plot([g.ratio.min(), g.ratio.max()], [y, y], color="#999999", lw=2, zorder=1)
+        bad = g.holds.notna() & ~g.holds.astype(bool)
+        ax.scatter(g[~bad].ratio, [y] * (~bad).sum(), s=12, color="#777777", zorder=2)
+        ax.scatter(g[bad].ratio, [y] * bad.sum(), s=14, color="#d62728", marker="x", zorder=3)
+        ax.scatter(g[g.is_default].ratio, [y] * int(g.is_default.sum()), s=36, color="black", zorder=4)
+    ax.axvline(1.0, color="#1f77b4", ls="--", lw=1)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("ours / paper (log): black = default assumptions, grey = other points, red x = fails there")
+    ax.set_title(title or "Sensitivity band of each simulator claim")
+    if label:
+        footnote(fig, label)
+    fig.tight_layout()
+    return fig
