@@ -120,7 +120,9 @@ class SimResult:
         request at ``RAMP_UP_FRACTION`` (a fifth) of the trace, when the batch has filled from empty, to the last
         arrival, after which no request joins and the batch drains. Statistics over this window do not depend on
         how long the trace is, so that two notebooks replaying the same model at the same rate agree (§6.2, Fig.
-        13). An offline trace (every request at t = 0) has no arrival period: its window is the whole run."""
+        13). It assumes that the ramp-up, about one request's lifetime, is shorter than a fifth of the arrival period
+        (true of the full runs; a quick run's short trace may still be filling its batch). An offline trace (every
+        request at t = 0) has no arrival period: its window is the whole run."""
         arrivals = np.sort(self.requests["arrival_time"].to_numpy())
         start, end = float(arrivals[int(self.RAMP_UP_FRACTION * len(arrivals))]), float(arrivals[-1])
         return (start, end) if end > start else (0.0, math.inf)
