@@ -1,5 +1,6 @@
 """Block manager: unit tests of the paper's mechanisms and a stateful property test of its invariants."""
 import copy
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -100,6 +101,42 @@ def test_bad_input_raises_value_error_and_changes_nothing(call, match):
     m.check_invariants()
 
 
+def test_swap_in_keeps_the_watermark():
+    """A swapped group comes back only if, after its blocks and one slot per sequence for the next token, the
+    watermark is still free: 10 blocks, watermark 0.2 -> 2 blocks. A 2-sequence group sharing 3 blocks needs
+    3 + 2 = 5, so it returns with 7 free blocks (7 - 5 = 2) and not with 6."""
+    from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+
+    m = BlockManager(block_size=4, num_gpu_blocks=10, num_cpu_blocks=10, watermark=0.2)
+    g = SequenceGroup("r", [Sequence(0, [1] * 10), Sequence(1, [1] * 10)], SamplingParams(n=2))
+    m.allocate_group(g)
+    g.set_status("waiting", "swapped")
+    m.swap_out([0, 1])
+    m.allocate(7, 3 * 4)  # 3 blocks taken: 7 free
+    assert m.num_free_gpu_blocks == 7 and m.can_swap_in_group(g)
+    m.append_slot(7)  # a fourth block: 6 free
+    assert m.num_free_gpu_blocks == 6 and not m.can_swap_in_group(g)
+
+
+def check_moved(before, m: BlockManager, seqs: list[int], mapping: dict[int, int], to_cpu: bool) -> None:
+    """A swap mapping agrees with the block tables before and after (§4.5): its keys are exactly the moved
+    sequences' distinct source blocks; its values are distinct blocks that were free in the destination pool and
+    now carry one reference per moved table entry; every moved table is its old table mapped through it; the source
+    blocks lose exactly those references; no other table changes."""
+    tables, src_refs, dst_refs = before[0], before[1 if to_cpu else 3], before[3 if to_cpu else 1]
+    src, dst = (m.gpu, m.cpu) if to_cpu else (m.cpu, m.gpu)
+    entries = Counter(b for s in seqs for b in tables[s].blocks)
+    assert set(mapping) == set(entries) and len(set(mapping.values())) == len(mapping)
+    for b, n in entries.items():
+        assert dst_refs[mapping[b]] == 0 and dst.ref_counts[mapping[b]] == n
+        assert src.ref_counts[b] == src_refs[b] - n
+    for s, t in m.tables.items():
+        if s in seqs:
+            assert t.blocks == [mapping[b] for b in tables[s].blocks] and t.num_tokens == tables[s].num_tokens
+        else:
+            assert t == tables[s]
+
+
 def test_block_size_must_be_positive():
     for bad in (0, -16):
         with pytest.raises(ValueError, match="block_size"):
@@ -190,7 +227,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         except ValueError:
             assert snapshot(self.m) == before
             return
-        assert len(mapping) == len({b for s in before[0] if s in seqs for b in before[0][s].blocks})
+        check_moved(before, self.m, seqs, mapping, to_cpu=True)
 
     @precondition(lambda self: self._seqs("cpu"))
     @rule(data=st.data())
@@ -198,9 +235,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
         seqs = data.draw(st.lists(st.sampled_from(self._seqs("cpu")), min_size=1, max_size=3, unique=True))
         before = snapshot(self.m)
         try:
-            self.m.swap_in(seqs)
+            mapping = self.m.swap_in(seqs)
         except ValueError:
             assert snapshot(self.m) == before
+            return
+        check_moved(before, self.m, seqs, mapping, to_cpu=False)
 
     @invariant()
     def invariants(self):

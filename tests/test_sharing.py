@@ -97,11 +97,28 @@ def test_parallel_samples_have_correct_kv_after_copy_on_write(hf):
                        use_tqdm=False)[0]
     assert any(m.num_blocks_copied for m in llm.engine.step_metrics)
     for o in out.outputs:
-        ids = torch.tensor([prompt + o.token_ids])
-        with torch.no_grad():
-            lp = torch.log_softmax(hf(ids).logits[0, len(prompt) - 1:-1].float(), dim=-1)
-        ref = lp.gather(-1, torch.tensor(o.token_ids)[:, None]).sum().item()
-        assert o.cumulative_logprob == pytest.approx(ref, abs=1e-3)
+        assert o.cumulative_logprob == pytest.approx(hf_logprob(hf, prompt, o.token_ids), abs=1e-3)
+    assert_pool_full(llm.engine.kv)
+
+
+def hf_logprob(hf, prompt: list[int], tokens: list[int]) -> float:
+    """HF's teacher-forced log-probability of ``tokens`` after ``prompt``, recomputed from scratch."""
+    with torch.no_grad():
+        lp = torch.log_softmax(hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float(), dim=-1)
+    return lp.gather(-1, torch.tensor(tokens)[:, None]).sum().item()
+
+
+def test_best_of_returns_the_most_likely_samples(hf):
+    """``best_of=4, n=2`` draws the same four samples as ``n=4`` (same seed, same group generator) and returns the
+    two with the highest log-probability, best first, ranked here by HF's teacher-forced log-probabilities."""
+    prompt = list(range(40, 49))
+    sp = dict(best_of=4, temperature=1.0, seed=13, max_tokens=6, ignore_eos=True)
+    llm = LLM(hf, block_size=4)
+    every = llm.generate([prompt], SamplingParams(n=4, **sp), use_tqdm=False)[0].outputs
+    ranked = sorted(every, key=lambda o: hf_logprob(hf, prompt, o.token_ids), reverse=True)
+    assert len({tuple(o.token_ids) for o in every}) == 4  # four distinct samples: the ranking decides
+    best = llm.generate([prompt], SamplingParams(n=2, **sp), use_tqdm=False)[0].outputs
+    assert [o.token_ids for o in best] == [o.token_ids for o in ranked[:2]]
     assert_pool_full(llm.engine.kv)
 
 

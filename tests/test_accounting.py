@@ -1,0 +1,57 @@
+"""Fig. 2's four-way classification of KV slots (``memory/accounting.py``, paper §3) against breakdowns computed by
+hand: the paged manager without sharing (its fast path) and with copy-on-write sharing, and Orca's contiguous
+reservations."""
+from pagedattn.memory import BlockManager
+from pagedattn.memory.accounting import breakdown
+from pagedattn.memory.contiguous import ContiguousKVManager
+from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+
+
+def as_tuple(b):
+    return b.token_states, b.reserved, b.internal, b.external
+
+
+def test_paged_without_sharing():
+    """Block size 4, 10 blocks (40 slots):
+    seq 0: 6 tokens, will end at 7: blocks [4 | 2 + 1 reserved + 1 internal];
+    seq 1: 3 tokens, will end at 10: one block [3 + 1 reserved] (the next block is not allocated yet);
+    seq 2: 8 tokens, done: [4 | 4].
+    5 blocks used: 17 token states, 2 reserved, 1 internal, 20 free."""
+    m = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.0)
+    for seq, n in ((0, 6), (1, 3), (2, 8)):
+        m.allocate(seq, n)
+    assert as_tuple(breakdown(m, {0: 7, 1: 10, 2: 8})) == (17, 2, 1, 20)
+
+
+def test_paged_with_copy_on_write_sharing():
+    """Seq 0 has 6 tokens in blocks [a | b]; seq 1 is its fork, and its 7th token copied b on write to c.
+    Both end at 7 tokens. a (shared): 4 states. b: 2 states + 1 reserved (seq 0's 7th token) + 1 internal.
+    c: 3 states + 1 internal. 3 blocks used: 9 / 1 / 2, and 28 free slots."""
+    m = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.0)
+    m.allocate(0, 6)
+    m.fork(0, 1)
+    assert m.append_slot(1) is not None  # copy-on-write
+    assert as_tuple(breakdown(m, {0: 7, 1: 7})) == (9, 1, 2, 28)
+
+
+def group(i: int, prompt_len: int, max_tokens: int) -> SequenceGroup:
+    return SequenceGroup(f"r{i}", [Sequence(i, [1] * prompt_len)], SamplingParams(max_tokens=max_tokens))
+
+
+def test_contiguous_pow2_reservations():
+    """Orca (Pow2) reserves prompt + next_pow2(max_tokens) in a 64-slot arena:
+    A: prompt 5, max 6 -> 5 + 8 = 13 slots; it will stop after 4 tokens (final 9): 5 states, 4 reserved, 4 internal.
+    B: prompt 10, max 3 -> 10 + 4 = 14 slots; final 13: 10 states, 3 reserved, 1 internal.
+    Everything else (64 - 27, including the buddy blocks' slack) is external: 15 / 7 / 5 / 37.
+    After two decode steps A holds 7 tokens and B 12: 19 / 3 / 5 / 37."""
+    m = ContiguousKVManager(64, "pow2", max_model_len=64)
+    a, b = group(0, 5, 6), group(1, 10, 3)
+    for g in (a, b):
+        m.allocate_group(g)
+        g.set_status("waiting", "running")
+    final = {0: 9, 1: 13}
+    assert as_tuple(breakdown(m, final)) == (15, 7, 5, 37)
+    for _ in range(2):
+        for g in (a, b):
+            m.append_slots(g)
+    assert as_tuple(breakdown(m, final)) == (19, 3, 5, 37)
