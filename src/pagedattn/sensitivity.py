@@ -21,7 +21,10 @@ The grid, fixed before any result was seen:
 - **trace**: the default trace and the other one (real ShareGPT vs synthetic ShareGPT-like), at the default step
   time, at both rates. Alpaca has no real trace (no data set can be installed), so it has no trace axis.
 
-A claim found by a search over rates (a sustainable rate, or the ratio of two) has no rate axis. A claim whose
+A claim found by a search over rates (a sustainable rate, or the ratio of two) has no rate axis, and, because each
+point costs a bisection (about ten replays per system), a smaller step-time grid (``extremes=True``): the fastest
+and the slowest corner, and the two where decode and prefill move apart (bandwidth 0.9 with FLOPs 0.3, bandwidth 0.5
+with FLOPs 0.7, both at 4 ms). A claim whose
 verdict is known to move with the rate (Fig. 18b's best block sizes) also gets a rate sweep: the experiment's rate
 divided and multiplied by 1.2, at the default step time. A claim that rests on the PCIe model (Fig. 19's
 recompute/swap ratio) also gets half and twice the assumed 5 us per copy.
@@ -95,14 +98,20 @@ DEFAULT = Point()
 
 
 def points(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True,
-           rate_scales: tuple[float, ...] = (), copy_latencies: tuple[float, ...] = ()) -> list[Point]:
+           rate_scales: tuple[float, ...] = (), copy_latencies: tuple[float, ...] = (),
+           extremes: bool = False) -> list[Point]:
     """The grid of the module docstring, default first. ``quick``: the default and the fastest corner.
     ``rate_scales``: also the experiment's rate times each of these, at the default step time (a rate sweep);
-    ``copy_latencies``: also each of these seconds per swap copy, at the default step time."""
-    fastest = Point(BANDWIDTH_EFFICIENCY[1], FLOPS_EFFICIENCY[1], STEP_OVERHEAD_S[0])
+    ``copy_latencies``: also each of these seconds per swap copy, at the default step time; ``extremes``: the four
+    step-time points of a search-based claim instead of the eight corners."""
+    (b0, b1), (f0, f1), (o0, o1) = BANDWIDTH_EFFICIENCY, FLOPS_EFFICIENCY, STEP_OVERHEAD_S
+    fastest = Point(b1, f1, o0)
     if quick:
         return [DEFAULT, fastest]
-    corners = [Point(b, f, o) for b in BANDWIDTH_EFFICIENCY for f in FLOPS_EFFICIENCY for o in STEP_OVERHEAD_S]
+    corners = [Point(b, f, o) for b in (b0, b1) for f in (f0, f1) for o in (o0, o1)]
+    if extremes:
+        mid = DEFAULT.step_overhead_s
+        corners = [fastest, Point(b0, f0, o1), Point(b1, f0, mid), Point(b0, f1, mid)]
     rates = ("experiment", "equal_load") if rate_axis else ("experiment",)
     out = [DEFAULT] + [replace(p, rate=r) for r in rates for p in corners]
     if trace_axis:
@@ -117,8 +126,12 @@ def describe(pts: list[Point]) -> str:
     bw = sorted({c[0] for c in corners})
     fl = sorted({c[1] for c in corners})
     ov = sorted({1e3 * c[2] for c in corners})
-    parts = [f"bw eff {'/'.join(f'{x:g}' for x in bw)} x FLOP eff {'/'.join(f'{x:g}' for x in fl)} x overhead "
-             f"{'/'.join(f'{x:g}' for x in ov)} ms ({len(corners)} corner{'s' * (len(corners) != 1)})"]
+    if len(corners) == 8 or len(corners) == 1:
+        parts = [f"bw eff {'/'.join(f'{x:g}' for x in bw)} x FLOP eff {'/'.join(f'{x:g}' for x in fl)} x overhead "
+                 f"{'/'.join(f'{x:g}' for x in ov)} ms ({len(corners)} corner{'s' * (len(corners) != 1)})"]
+    else:
+        parts = ["step time (bw eff, FLOP eff, overhead ms) at " + ", ".join(
+            f"({c[0]:g}, {c[1]:g}, {1e3 * c[2]:g})" for c in sorted(corners))]
     if any(p.rate == "equal_load" for p in pts):
         parts.append("experiment's and equal-load rate")
     if any(p.trace == "other" for p in pts):

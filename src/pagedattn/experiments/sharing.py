@@ -10,8 +10,9 @@ paper-scale simulation (``SimResult.sharing_saving``), *step-weighted* on the re
 Three parts:
 
 1. **Parallel sampling at paper scale** (simulated executor, OPT-13B / A100-40GB, 15.7K slots): the saving depends
-   only on lengths, so ``sim.simulate(..., n=n)`` gives it for Alpaca-like and ShareGPT-like traces at the Fig. 13
-   rates (a memory-bound load). The n samples share the prompt; the first generates the trace's output length,
+   only on lengths, so ``sim.simulate(..., n=n)`` gives it for the Alpaca-like trace (synthetic: no data set installs)
+   and real ShareGPT (cl100k, vLLM's pairing; the synthetic ShareGPT-like trace as a sensitivity row) at the Fig. 13
+   rates. The n samples share the prompt; the first generates the trace's output length,
    the others lengths drawn (seeded) from the trace's outputs, as if each sample met EOS on its own.
    **Agreement check**: the same requests (Alpaca-like lengths, same per-sample lengths, same pool) run on the real
    engine (``opt-stdlib`` on the CPU, temperature 1, seeded; the driver stops each sample at its drawn length) and
@@ -50,12 +51,14 @@ from pagedattn.results import RESULTS_DIR, Claim, hardware_label, today, write_s
 from pagedattn.sequence import SamplingParams
 from pagedattn.sensitivity import widened
 from pagedattn.sim import CostModel, simulate
-from pagedattn.workloads import TraceRequest, make_trace, trace_stats, with_rate
+from pagedattn.workloads import TraceRequest, describe_trace, make_trace, trace_stats, with_rate
 
 EXPERIMENT = "04_sharing"
 SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time)"
 REAL_MODEL = "opt-stdlib (4.3M-param OPT trained on the Python stdlib, fp32, CPU)"
 WORKLOADS = ("alpaca", "sharegpt")
+#: the synthetic ShareGPT-like trace: a sensitivity row of the paper-scale parallel savings (same size and rate)
+SENSITIVITY = "sharegpt_synthetic"
 
 
 @dataclass
@@ -110,10 +113,11 @@ def sim_parallel_savings(params: Params, progress: bool = True,
     point's assumptions, ``pagedattn.sensitivity``: step time, the rate itself or at equal load, the trace)."""
     rows = []
     cost = point.cost()
-    for w in WORKLOADS:
-        num = params.sim_requests[w]
-        rate = sensitivity.rate_at(point, w, params.sim_rates[w], num, params.seed)
-        trace = make_trace(point.trace_name(w), num, rate, params.seed)
+    for w in (*WORKLOADS, SENSITIVITY):
+        like = "sharegpt" if w == SENSITIVITY else w
+        num = params.sim_requests[like]
+        rate = sensitivity.rate_at(point, w, params.sim_rates[like], num, params.seed)
+        trace = make_trace(w, num, rate, params.seed)
         for n in tqdm(params.widths, desc=f"sim parallel {w}", disable=not progress, leave=False):
             r = simulate(trace, "paged", paper_slots(), params.block_size, cost, n=n, seed=params.seed,
                          preemption_mode="swap", num_cpu_blocks=params.sim_cpu_blocks)
@@ -174,7 +178,8 @@ def sim_claims_at(point: sensitivity.Point, params: Params, which: str) -> list[
 def sim_bands(params: Params, default: list[Claim], progress: bool = True) -> tuple[list[Claim], pd.DataFrame]:
     """04's simulator claims with their bands (``pagedattn.sensitivity``) and the per-point table."""
     tables = []
-    for which, axes in (("savings", {}), ("gain", {"rate_axis": False, "trace_axis": False})):
+    # the savings carry the synthetic ShareGPT trace as their own .synthetic claims (no trace axis)
+    for which, axes in (("savings", {"trace_axis": False}), ("gain", {"rate_axis": False, "trace_axis": False, "extremes": True})):
         pts = sensitivity.points(params.quick, **axes)
         t = sensitivity.sweep(f"{EXPERIMENT}.{which}", lambda p: sim_claims_at(p, params, which), pts,
                               {"params": asdict(params)}, default, progress=progress)
@@ -355,11 +360,15 @@ def real_orca_gain(model, tokenizer, params: Params, progress: bool = True) -> p
 # ----------------------------------------------------------------------------------------------------- claims
 def claims(savings: pd.DataFrame, sim_gain: pd.DataFrame, orca: pd.DataFrame | None) -> list[Claim]:
     out = []
-    for w in WORKLOADS:
+    for w in (*WORKLOADS, SENSITIVITY):
         for method, key in (("parallel", "n"), ("beam", "w")):
-            paper = FIG15_SAVING[w][method]
+            if w == SENSITIVITY and method == "beam":
+                continue
+            paper = FIG15_SAVING["sharegpt" if w == SENSITIVITY else w][method]
             sub = savings[(savings.trace == w) & (savings.method == method)].set_index("width")
+            synth = savings[(savings.trace == SENSITIVITY) & (savings.method == method)].set_index("width")
             where = "paper-scale sim" if method == "parallel" else "real engine, opt-stdlib"
+            where += f"; {describe_trace(w)}"
             for k in (2, 4, 6):
                 ours = round(float(sub.loc[k, "saving_pct"]), 2) if k in sub.index else None
                 # the paper gives a value per width, or (ShareGPT) the range over widths 2-6: 2 is compared with
@@ -375,7 +384,11 @@ def claims(savings: pd.DataFrame, sim_gain: pd.DataFrame, orca: pd.DataFrame | N
                     tol = "within 5 points" if lo == hi else "within the range +- 5 points"
                 holds = None if ours is None else bool(a <= ours <= b)
                 note = where if ours is not None else "not run in this mode"
-                out.append(Claim(f"saving_pct.{w}.{method}_{key}{k}", p, ours, "%", tol, holds, note))
+                if w == "sharegpt" and k in synth.index:
+                    note += f"; synthetic trace: {synth.loc[k, 'saving_pct']:.2f}"
+                name = f"saving_pct.sharegpt.{method}_{key}{k}.synthetic" if w == SENSITIVITY else \
+                    f"saving_pct.{w}.{method}_{key}{k}"
+                out.append(Claim(name, p, ours, "%", tol, holds, note))
     for mode, suffix in (("swap", ""), ("recompute", "_recompute")):
         g1 = sim_gain[(sim_gain.width == 1) & (sim_gain.preemption == mode)]
         ours = round(float(g1["gain"].iloc[0]), 3) if len(g1) else None
@@ -433,9 +446,9 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     summary_claims, bands = sim_bands(params, claims(savings, sim_gain, orca), progress)
     timings["sensitivity_s"] = time.perf_counter() - t
     paper_rows = []
-    for w in WORKLOADS:
+    for w in (*WORKLOADS, SENSITIVITY):
         for method in ("parallel", "beam"):
-            p = FIG15_SAVING[w][method]
+            p = FIG15_SAVING["sharegpt" if w == SENSITIVITY else w][method]
             for k in (2, 4, 6):
                 paper_rows.append({"trace": w, "method": method, "width": k,
                                    "paper_saving_pct": p[k] if isinstance(p, dict) else None,
