@@ -41,6 +41,7 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,8 +54,9 @@ BANDWIDTH_EFFICIENCY = (0.5, 0.9)
 FLOPS_EFFICIENCY = (0.3, 0.7)
 STEP_OVERHEAD_S = (0.0, 0.008)
 CACHE_DIR = REPO_ROOT / ".cache" / "sensitivity"
-#: The simulator's sources: a change to any of them invalidates the cache.
-_SOURCES = ("sim.py", "scheduler.py", "sequence.py", "workloads.py", "sharegpt.py", "config.py", "memory")
+#: The simulator's sources: a change to any of them invalidates the cache (and so does a change to the traces'
+#: contents, ``_traces_fingerprint``).
+_SOURCES = ("sim.py", "scheduler.py", "sequence.py", "config.py", "memory")
 #: The other trace of each workload with a real one (the trace axis).
 OTHER_TRACE = {"sharegpt": "sharegpt_synthetic", "sharegpt_synthetic": "sharegpt"}
 
@@ -155,6 +157,7 @@ def widened(lo: float, hi: float | None = None) -> tuple[float, float]:
 
 
 # ------------------------------------------------------------------------------------------------------ cache
+@lru_cache(maxsize=1)
 def _fingerprint() -> str:
     h = hashlib.sha256()
     root = Path(__file__).resolve().parent
@@ -163,7 +166,23 @@ def _fingerprint() -> str:
         for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
             if f.exists():
                 h.update(f.read_bytes())
+    h.update(_traces_fingerprint().encode())
     return h.hexdigest()[:16]
+
+
+def _traces_fingerprint() -> str:
+    """What the traces hold: the real ShareGPT pairs after the filters, a draw of each synthetic trace and a run of
+    Poisson arrivals (a change to the loader, the tokenizer, the filters or a length model changes it)."""
+    import numpy as np
+
+    from pagedattn.workloads import DISTS, poisson_arrivals, real_pool, sample_lengths
+
+    h = hashlib.sha256()
+    p, o, _ = real_pool("sharegpt")
+    parts = [p, o, poisson_arrivals(100, 1.0, 0)] + [x for name in DISTS for x in sample_lengths(name, 200, 0)]
+    for x in parts:
+        h.update(np.ascontiguousarray(x).tobytes())
+    return h.hexdigest()
 
 
 def cached(key: dict, fn: Callable[[], Any], cache: bool = True) -> Any:
