@@ -24,16 +24,17 @@ The grid, fixed before any result was seen:
 A claim found by a search over rates (a sustainable rate, or the ratio of two) has no rate axis, and, because each
 point costs a bisection (about ten replays per system), a smaller step-time grid (``extremes=True``): the fastest
 and the slowest corner, and the two where decode and prefill move apart (bandwidth 0.9 with FLOPs 0.3, bandwidth 0.5
-with FLOPs 0.7, both at 4 ms). A claim whose
-verdict is known to move with the rate (Fig. 18b's best block sizes) also gets a rate sweep: the experiment's rate
-divided and multiplied by 1.2, at the default step time. A claim that rests on the PCIe model (Fig. 19's
-recompute/swap ratio) also gets half and twice the assumed 5 us per copy.
+with FLOPs 0.7, both at 4 ms). A ShareGPT claim that has the synthetic trace's value as its own ``.synthetic`` claim
+has no trace axis (each point computes both). A claim whose verdict is known to move with the rate (Fig. 18b's best
+block sizes) also gets a rate sweep: the experiment's rate divided and multiplied by 1.2, at the default step time. A
+claim that rests on the PCIe model (Fig. 19's recompute/swap ratio) also gets half and twice the assumed 5 us per
+copy.
 
 Quick mode (CI) runs one corner besides the default: the fastest step (0.9, 0.7, 0 ms) at the experiment's rate.
 
 Each point is cached in ``<repo>/.cache/sensitivity/`` (ignored by git), keyed by the point, the experiment's
-parameters and a fingerprint of the simulator's source, so rerunning a notebook costs nothing and a code change
-recomputes.
+parameters and a fingerprint of the simulator's sources and of the traces' contents, so rerunning a notebook costs
+nothing and a change to the simulator or the data recomputes.
 """
 from __future__ import annotations
 
@@ -327,8 +328,8 @@ def _reference(paper: Any) -> float | None:
 
 
 def plot(table: pd.DataFrame, claims: list[dict], title: str = "", label: str = ""):
-    """Each numeric claim's band as ours / paper on a log axis: a grey dot per point of the grid (red where the
-    claim fails there), a black dot at the default, the paper at 1."""
+    """Each numeric claim's band as ours / paper on a log axis: a grey dot per point of the grid (a red x where the
+    claim fails there), a black dot at the default (ringed red if it fails there), the paper at 1."""
     import matplotlib.pyplot as plt
 
     from pagedattn.plots import footnote
@@ -347,12 +348,15 @@ def plot(table: pd.DataFrame, claims: list[dict], title: str = "", label: str = 
         bad = g.holds.notna() & ~g.holds.astype(bool)
         ax.scatter(g[~bad].ratio, [y] * (~bad).sum(), s=12, color="#777777", zorder=2)
         ax.scatter(g[bad].ratio, [y] * bad.sum(), s=14, color="#d62728", marker="x", zorder=3)
-        ax.scatter(g[g.is_default].ratio, [y] * int(g.is_default.sum()), s=36, color="black", zorder=4)
+        dflt = g[g.is_default]
+        ax.scatter(dflt.ratio, [y] * len(dflt), s=36, color="black", zorder=4,
+                   edgecolors=["#d62728" if h is False or h == 0 else "black" for h in dflt.holds], linewidths=1.5)
     ax.axvline(1.0, color="#1f77b4", ls="--", lw=1)
     ax.set_xscale("log")
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("ours / paper (log): black = default assumptions, grey = other points, red x = fails there")
+    ax.set_xlabel("ours / paper (log): black = default assumptions (red ring: fails), grey = other points, "
+                  "red x = fails there")
     ax.set_title(title or "Sensitivity band of each simulator claim")
     if label:
         footnote(fig, label)
