@@ -1,7 +1,7 @@
 """Generated tokens/s of our engine vs Hugging Face ``generate()`` and HF continuous batching, side by side.
 
 All three run the same random-weight tiny Llama (GQA) on the same prompts (random tokens; lengths from the
-ShareGPT-like trace of pagedattn.workloads, 4-256 tokens, by default) with greedy decoding of exactly
+real ShareGPT trace of pagedattn.workloads, cl100k tokens, 4-256 tokens, by default) with greedy decoding of exactly
 ``--output-len`` tokens per prompt (EOS ignored), at each batch size: our ``LLM`` with ``max_num_seqs = batch``;
 HF ``generate()`` on one left-padded static batch (its contiguous KV cache); HF's own continuous batching
 (``model.generate_batch`` with a ``ContinuousBatchingConfig`` sized like our KV pool). Every system is timed
@@ -38,7 +38,8 @@ def make_model():
 
 
 def make_prompts(n: int, min_len: int, max_len: int, seed: int = 0, dist: str = "sharegpt") -> list[list[int]]:
-    """``n`` random-token prompts whose lengths follow the ShareGPT-like trace (the paper's main workload, §6.1),
+    """``n`` random-token prompts whose lengths follow a trace of ``pagedattn.workloads`` (default: real ShareGPT, the
+    paper's main workload, §6.1; ``"sharegpt_synthetic"``: the log-normal trace matched to Fig. 11's means),
     kept within ``[min_len, max_len]``, or are uniform in that range (``dist="uniform"``)."""
     g = torch.Generator().manual_seed(seed)
     if dist == "uniform":
@@ -121,7 +122,8 @@ def run_hf_cb(hf, prompts, out_len: int) -> tuple[Timer, int]:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 64])
-    ap.add_argument("--prompt-dist", default="sharegpt", choices=["sharegpt", "alpaca", "uniform"],
+    ap.add_argument("--prompt-dist", default="sharegpt",
+                    choices=["sharegpt", "sharegpt_synthetic", "alpaca", "uniform"],
                     help="prompt-length distribution (pagedattn.workloads), kept within --prompt-len")
     ap.add_argument("--prompt-len", type=int, nargs=2, default=[4, 256], metavar=("MIN", "MAX"))
     ap.add_argument("--output-len", type=int, default=64)

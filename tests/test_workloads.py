@@ -91,7 +91,8 @@ def test_reader_drops_non_string_values_and_rejects_bad_files(tmp_path):
                            "record is not an object": 1}
     for bad, msg in (("", "empty file"), ("   \n", "empty file"), ('{"a": 1}', "not a JSON array"),
                      ("[", "cut off before its first record"),
-                     ("[" + _conv(0, ("human", "a")) + ", {oops}, " + _conv(1, ("human", "b")) + "]", "malformed JSON")):
+                     ("[" + _conv(0, ("human", "a")) + ", {oops}, " + _conv(1, ("human", "b")) + "]",
+                      "malformed JSON")):
         path = _write(tmp_path, bad)
         with pytest.raises(ValueError, match=msg) as e:
             list(sharegpt.read_conversations(path))
@@ -99,11 +100,12 @@ def test_reader_drops_non_string_values_and_rejects_bad_files(tmp_path):
 
 
 def test_pairings_filters_and_chatbot_rounds(tmp_path, monkeypatch):
-    from pagedattn import sharegpt, workloads
+    from pagedattn import sharegpt
 
     text = "[" + ",".join([
         _conv(0, ("human", "one two three four five"), ("gpt", "a b c d e f g")),
-        _conv(1, ("gpt", "stray reply first here"), ("human", "question with six words here"), ("gpt", "answer w x y z")),
+        _conv(1, ("gpt", "stray reply first here"), ("human", "question with six words here"),
+              ("gpt", "answer w x y z")),
         _conv(2, ("human", "lonely turn")),
         _conv(3, ("system", "be nice"), ("human", "hi there friend"), ("gpt", "hello"), ("human", "more please now"),
               ("gpt", "ok then here it is")),

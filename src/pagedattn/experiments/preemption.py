@@ -22,7 +22,9 @@ What this module measures:
   per copy); recomputation is the roofline's prefill of the same tokens (OPT-13B, A100). At small blocks the ratio
   is set by the assumed 5 us per copy: it is an output of that constant, not a finding.
 - **end to end**: normalized latency under memory pressure with each mode, at paper scale (the simulator with the
-  swap term, ShareGPT at 2 req/s, 4 GiB of CPU swap space as vLLM's default) and on the CPU (a tiny random-weight
+  swap term, 4 GiB of CPU swap space as vLLM's default; real ShareGPT, and the synthetic ShareGPT-like trace as a
+  sensitivity row, each at the rate notebook 01's rule picks: the lowest rate on its grid at which the paged system
+  is memory-bound in >= 90 % of steady-state steps, so that preemption happens) and on the CPU (a tiny random-weight
   OPT on our real engine with a small pool; its greedy outputs are compared with an unpressured run).
 
 The GPU path (Triton kernels, pinned-memory PCIe copies) was not run: no GPU was lent to this task.
@@ -67,7 +69,8 @@ class Params:
     micro_reps: int = 5
     # paper scale (sim)
     sim_trace: str = "sharegpt"
-    sim_rate: float = 2.0
+    sim_sensitivity: str = "sharegpt_synthetic"
+    sim_rate: float | None = None  # None: notebook 01's memory-bound rule picks it per trace
     sim_requests: int = 600
     # CPU engine end to end
     engine_block_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)
@@ -182,20 +185,33 @@ def paper_scale_micro(params: Params, cost: CostModel | None = None) -> pd.DataF
 
 
 # ------------------------------------------------------------------------------------------------- end to end
+def memory_bound_rate(trace, params: Params) -> float:
+    """Notebook 01's rule (``kv_waste.fig2_rate``): the lowest grid rate at which the paged system is memory-bound
+    in >= 90 % of steady-state steps (the grid's top rate if none is)."""
+    from pagedattn.experiments import kv_waste
+
+    kp = kv_waste.Params.make(params.quick, seed=params.seed)
+    rate, _ = kv_waste.fig2_rate(trace, kp, progress=False)
+    return rate if rate is not None else max(kp.fig2_rate_grid)
+
+
 def sim_end_to_end(params: Params, progress: bool = True) -> pd.DataFrame:
-    """Fig. 19b at paper scale: normalized latency with each preemption mode per block size (simulated)."""
-    trace = with_rate(make_trace(params.sim_trace, params.sim_requests, 1.0, params.seed), params.sim_rate,
-                      params.seed)
+    """Fig. 19b at paper scale: normalized latency with each preemption mode per block size (simulated), on the
+    real trace and the synthetic sensitivity row, each at its memory-bound rate."""
     cpu_tokens = SWAP_SPACE_BYTES // CostModel().kv_bytes_per_token
     rows = []
-    jobs = [(bs, m) for bs in params.block_sizes for m in MODES]
-    for bs, mode in tqdm(jobs, desc="preemption (sim)", disable=not progress, leave=False):
-        r = simulate(trace, "paged", paper_slots(), bs, CostModel(), preemption_mode=mode,
-                     num_cpu_blocks=int(cpu_tokens // bs) if mode == "swap" else 0, record_steps=False)
-        rows.append({"scale": "paper (sim)", "block_size": bs, "mode": mode,
-                     "normalized_latency_s": r.normalized_latency(),
-                     "preempted_by_swap": r.num_preemptions.get("swap", 0),
-                     "preempted_by_recompute": r.num_preemptions.get("recompute", 0)})
+    for name in (params.sim_trace, params.sim_sensitivity):
+        base = make_trace(name, params.sim_requests, 1.0, params.seed)
+        rate = params.sim_rate or memory_bound_rate(base, params)
+        trace = with_rate(base, rate, params.seed)
+        jobs = [(bs, m) for bs in params.block_sizes for m in MODES]
+        for bs, mode in tqdm(jobs, desc=f"preemption (sim, {name})", disable=not progress, leave=False):
+            r = simulate(trace, "paged", paper_slots(), bs, CostModel(), preemption_mode=mode,
+                         num_cpu_blocks=int(cpu_tokens // bs) if mode == "swap" else 0, record_steps=False)
+            rows.append({"scale": "paper (sim)", "trace": name, "rate": rate, "block_size": bs, "mode": mode,
+                         "normalized_latency_s": r.normalized_latency(),
+                         "preempted_by_swap": r.num_preemptions.get("swap", 0),
+                         "preempted_by_recompute": r.num_preemptions.get("recompute", 0)})
     return pd.DataFrame(rows)
 
 
