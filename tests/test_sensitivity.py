@@ -15,15 +15,19 @@ from pagedattn.workloads import TraceRequest, make_trace
 
 def test_grid_is_the_stated_one():
     full = S.points()
-    assert full[0] == S.DEFAULT and len(set(full)) == len(full) == 1 + 8 + 8 + 2
-    corners = {(p.bandwidth_efficiency, p.flops_efficiency, p.step_overhead_s) for p in full if not p.is_default}
-    assert corners == {(b, f, o) for b in (0.5, 0.9) for f in (0.3, 0.7) for o in (0.0, 0.008)} | {(0.7, 0.5, 0.004)}
+    assert full[0] == S.DEFAULT and len(set(full)) == len(full) == 1 + 4 + 4 + 2
+    steps = {(p.bandwidth_efficiency, p.flops_efficiency, p.step_overhead_s) for p in full}
+    assert steps == {(0.7, 0.5, 0.004), (0.9, 0.7, 0.0), (0.5, 0.3, 0.008), (0.9, 0.3, 0.004), (0.5, 0.7, 0.004)}
     assert {p.rate for p in full} == {"experiment", "equal_load"}
-    assert len(S.points(rate_axis=False, trace_axis=False)) == 9
+    assert len(S.points(rate_axis=False, trace_axis=False)) == 5
+    corners = S.points(rate_axis=False, trace_axis=False, extremes=False)[1:]
+    assert {(p.bandwidth_efficiency, p.flops_efficiency, p.step_overhead_s) for p in corners} == \
+        {(b, f, o) for b in (0.5, 0.9) for f in (0.3, 0.7) for o in (0.0, 0.008)}
     assert S.points(quick=True) == [S.DEFAULT, S.Point(0.9, 0.7, 0.0)]
     extra = S.points(rate_axis=False, trace_axis=False, rate_scales=(0.5,), copy_latencies=(1e-5,))
     assert S.Point(rate_scale=0.5) in extra and S.Point(copy_latency_s=1e-5) in extra
-    assert "8 corners" in S.describe(full) and "equal-load" in S.describe(full)
+    assert "equal-load" in S.describe(full) and "(0.9, 0.3, 4)" in S.describe(full)
+    assert "8 corners" in S.describe(corners)
 
 
 def test_point_sets_the_cost_model_and_trace():

@@ -11,8 +11,12 @@ best at some point).
 
 The grid, fixed before any result was seen:
 
-- **step time**: the default, and the 8 corners of the box bandwidth efficiency 0.5-0.9 x FLOP efficiency 0.3-0.7 x
-  per-step overhead 0-8 ms (the step time is monotone in each, so the corners hold its extremes);
+- **step time**: the default, and four points of the box bandwidth efficiency 0.5-0.9 x FLOP efficiency 0.3-0.7 x
+  per-step overhead 0-8 ms: its fastest and its slowest corner (the step time is monotone in each constant, so these
+  hold its extremes), and the two points where decode and prefill move apart (bandwidth 0.9 with FLOPs 0.3, and
+  bandwidth 0.5 with FLOPs 0.7, both at 4 ms). The grid is sized by the measured cost of one replay (1.5-2 s of CPU
+  for 1000 ShareGPT requests; a sustainable-rate search costs about ten replays per system) on a 2-core machine
+  shared by eight jobs: ``points(extremes=False)`` gives all eight corners;
 - **request rate** (for a claim measured at a rate): the experiment's rate, and the rate at *equal relative load*:
   the experiment's rate times the paged system's capacity at this point over its capacity at the default point,
   where capacity is the paged system's offline throughput (requests/s with every request queued at t = 0) on the
@@ -21,10 +25,7 @@ The grid, fixed before any result was seen:
 - **trace**: the default trace and the other one (real ShareGPT vs synthetic ShareGPT-like), at the default step
   time, at both rates. Alpaca has no real trace (no data set can be installed), so it has no trace axis.
 
-A claim found by a search over rates (a sustainable rate, or the ratio of two) has no rate axis, and, because each
-point costs a bisection (about ten replays per system), a smaller step-time grid (``extremes=True``): the fastest
-and the slowest corner, and the two where decode and prefill move apart (bandwidth 0.9 with FLOPs 0.3, bandwidth 0.5
-with FLOPs 0.7, both at 4 ms). A ShareGPT claim that has the synthetic trace's value as its own ``.synthetic`` claim
+A claim found by a search over rates (a sustainable rate, or the ratio of two) has no rate axis. A ShareGPT claim that has the synthetic trace's value as its own ``.synthetic`` claim
 has no trace axis (each point computes both). A claim whose verdict is known to move with the rate (Fig. 18b's best
 block sizes) also gets a rate sweep: the experiment's rate divided and multiplied by 1.2, at the default step time. A
 claim that rests on the PCIe model (Fig. 19's recompute/swap ratio) also gets half and twice the assumed 5 us per
@@ -102,11 +103,11 @@ DEFAULT = Point()
 
 def points(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True,
            rate_scales: tuple[float, ...] = (), copy_latencies: tuple[float, ...] = (),
-           extremes: bool = False) -> list[Point]:
+           extremes: bool = True) -> list[Point]:
     """The grid of the module docstring, default first. ``quick``: the default and the fastest corner.
     ``rate_scales``: also the experiment's rate times each of these, at the default step time (a rate sweep);
     ``copy_latencies``: also each of these seconds per swap copy, at the default step time; ``extremes``: the four
-    step-time points of a search-based claim instead of the eight corners."""
+    step-time points of the module docstring (``False``: all eight corners)."""
     (b0, b1), (f0, f1), (o0, o1) = BANDWIDTH_EFFICIENCY, FLOPS_EFFICIENCY, STEP_OVERHEAD_S
     fastest = Point(b1, f1, o0)
     if quick:

@@ -460,7 +460,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     model = (f"{SIM_MODEL}; cpu: random-weight OPT ({params.cpu_layers} layers, hidden {params.cpu_hidden}, "
              f"vocab {params.cpu_vocab}), {params.cpu_slots} token slots")
     default = claims(tables["sim_offline"], tables.get("cpu_offline"), tables["sim_rate_ratios"])
-    pts = sensitivity.points(quick, rate_axis=False, trace_axis=False, extremes=True)
+    pts = sensitivity.points(quick, rate_axis=False, trace_axis=False)
     tables["sensitivity"] = sensitivity.sweep(EXPERIMENT, lambda p: claims_at(p, params), pts,
                                               {"params": asdict(params)}, default, progress=progress)
     tables["sensitivity"].to_csv(out_dir / "sensitivity.csv", index=False)

@@ -179,7 +179,7 @@ def sim_bands(params: Params, default: list[Claim], progress: bool = True) -> tu
     """04's simulator claims with their bands (``pagedattn.sensitivity``) and the per-point table."""
     tables = []
     # the savings carry the synthetic ShareGPT trace as their own .synthetic claims (no trace axis)
-    for which, axes in (("savings", {"trace_axis": False}), ("gain", {"rate_axis": False, "trace_axis": False, "extremes": True})):
+    for which, axes in (("savings", {"trace_axis": False}), ("gain", {"rate_axis": False, "trace_axis": False})):
         pts = sensitivity.points(params.quick, **axes)
         t = sensitivity.sweep(f"{EXPERIMENT}.{which}", lambda p: sim_claims_at(p, params, which), pts,
                               {"params": asdict(params)}, default, progress=progress)

@@ -194,7 +194,7 @@ def sim_bands(params: SimParams, default: list[Claim], progress: bool = True) ->
     tables = []
     # the rate ratios are a search over rates (no rate axis, the smaller grid) and carry the synthetic trace as
     # their own .synthetic claims (no trace axis)
-    for which, axes in (("rates", {"rate_axis": False, "trace_axis": False, "extremes": True}), ("batches", {})):
+    for which, axes in (("rates", {"rate_axis": False, "trace_axis": False}), ("batches", {})):
         pts = sensitivity.points(params.quick, **axes)
         t = sensitivity.sweep(f"{EXPERIMENT}.{which}", lambda p: sim_claims_at(p, params, which), pts,
                               {"params": asdict(params)}, [c for c in default if c.name.startswith(
