@@ -34,8 +34,9 @@ copy.
 Quick mode (CI) runs one corner besides the default: the fastest step (0.9, 0.7, 0 ms) at the experiment's rate.
 
 Each point is cached in ``<repo>/.cache/sensitivity/`` (ignored by git), keyed by the point, the experiment's
-parameters and a fingerprint of the simulator's sources, of the experiment's module and of the traces' contents, so
-rerunning a notebook costs nothing and a change to the simulator, the claims or the data recomputes.
+parameters and a fingerprint of the simulator's sources and of the traces' contents, so rerunning a notebook costs
+nothing and a change to the simulator or the data recomputes. A change to an experiment's claim logic does not: clear
+the cache (``rm -r .cache/sensitivity``) after one.
 """
 from __future__ import annotations
 
@@ -244,14 +245,12 @@ def sweep(experiment: str, claims_at: Callable[[Point], list[Claim]], pts: list[
     (``claims_at(DEFAULT)`` must compute the same thing)."""
     from tqdm.auto import tqdm
 
-    # the claims' logic lives in the experiment's module: a change to it recomputes
-    module = hashlib.sha256(Path(claims_at.__code__.co_filename).read_bytes()).hexdigest()[:16]
     rows = []
     for p in tqdm(pts, desc=f"sensitivity {experiment}", disable=not progress, leave=False):
         if p.is_default and default is not None:
             got = _claims_to_json(default)
         else:
-            got = cached({"fn": "claims_at", "experiment": experiment, "point": asdict(p), "module": module, **key},
+            got = cached({"fn": "claims_at", "experiment": experiment, "point": asdict(p), **key},
                          lambda p=p: _claims_to_json(claims_at(p)), cache)
         for c in got:
             if c.get("kind", "reproduction") == "reproduction":
