@@ -266,15 +266,15 @@ def test_issue19_group_with_room_in_its_last_blocks_comes_back(hf):
 
 # ------------------------------------------------------------------------------ the paper-scale swap cost (Fig. 19)
 def test_swap_cost_model_counts_one_copy_per_block_layer_and_kv():
-    from pagedattn.experiments.preemption import SwapCostModel
     from pagedattn.scheduler import SchedulerOutputs
     from pagedattn.sim import CostModel
 
-    c = SwapCostModel(block_size=16, num_layers=40, copy_latency_s=5e-6, pcie_bytes_per_s=32e9, pcie_efficiency=0.8)
+    c = CostModel(num_layers=40, copy_latency_s=5e-6, pcie_bytes_per_s=32e9, pcie_efficiency=0.8)
     per_copy = 5e-6 + 16 * c.kv_bytes_per_token / 80 / 25.6e9
-    assert c.swap_time(3) == pytest.approx(3 * 80 * per_copy)
+    assert c.swap_time(3, 16) == pytest.approx(3 * 80 * per_copy)
     # the same bytes in smaller blocks cost more copies: swapping is dearer at small block sizes
-    small = SwapCostModel(block_size=1)
-    assert small.swap_time(16) > c.swap_time(1) > 0
+    assert c.swap_time(16, 1) > c.swap_time(1, 16) > 0
+    # the simulator charges a step's swaps on top of its roofline time (swaps are not free)
     out = SchedulerOutputs(blocks_to_swap_out={0: 1, 2: 3}, blocks_to_swap_in={4: 5})
-    assert c.step_time(out) == pytest.approx(CostModel().step_time(out) + c.swap_time(3))
+    no_swap = SchedulerOutputs()
+    assert c.step_time(out, 16) == pytest.approx(c.step_time(no_swap, 16) + c.swap_time(3, 16))

@@ -4,10 +4,13 @@ A trace replay runs the same ``Scheduler`` and ``BlockManager`` / ``ContiguousKV
 forward pass is replaced by a step-time model and each running sequence gains one (dummy) token per step. This is
 how OPT-13B on an A100-40GB (15.7K token slots, paper Table 1) is reproduced on a laptop.
 
-The step-time model is a roofline (``CostModel``), not a fit to the paper's figures: a decode step reads the weights
-and every running sequence's K/V from HBM; a prefill step is bound by the larger of the weight read and the prompt
-FLOPs; each step pays a fixed framework overhead. Its constants are the A100-40GB datasheet's (1.555 TB/s, 312
-TFLOP/s fp16) derated by stated efficiencies.
+The step-time model is a roofline (``CostModel``): a decode step reads the weights and every running sequence's K/V
+from HBM; a prefill step is bound by the larger of the weight read and the prompt FLOPs; each step pays a fixed
+framework overhead; a step that swaps (§4.5) also pays its PCIe copies. Its constants are the A100-40GB datasheet's
+(1.555 TB/s, 312 TFLOP/s fp16) derated by efficiencies we chose (``bandwidth_efficiency`` 0.7, ``flops_efficiency``
+0.5, a 4 ms step overhead) and a PCIe model we assumed (32 GB/s x 0.8, 5 us per copy). None of them is fitted to the
+paper's figures, but none is measured either: how far an agreement with the paper rests on them is what
+``pagedattn.sensitivity`` reports, as a band over 0.5-0.9, 0.3-0.7 and 0-8 ms.
 """
 from __future__ import annotations
 
@@ -35,17 +38,27 @@ LABELS = {"orca_max": "Orca (Max)", "orca_pow2": "Orca (Pow2)", "orca_oracle": "
 
 @dataclass
 class CostModel:
-    """Roofline step time of one iteration (seconds). Defaults: OPT-13B fp16 on one A100-40GB."""
+    """Roofline step time of one iteration (seconds). Defaults: OPT-13B fp16 on one A100-40GB.
+
+    Swapping (§4.5) is charged as vLLM v0 does it: one ``cudaMemcpyAsync`` per block, per layer, for K and for V, so
+    ``n`` swapped blocks cost ``2 x num_layers x n`` copies of ``block_size x kv_bytes_per_token / (2 x num_layers)``
+    bytes, each ``copy_latency_s`` plus its bytes over the PCIe bandwidth. Assumptions, not measurements: PCIe 4.0
+    x16 (32 GB/s per direction, the A100 datasheet's 64 GB/s bidirectional) at 80 % efficiency, and 5 us per copy
+    (the order of one small ``cudaMemcpyAsync`` between pinned host memory and the GPU)."""
 
     weight_bytes: float = 26e9  # paper Table 1: 26 GB of OPT-13B weights
     params: float = 13e9
     kv_bytes_per_token: float = OPT_13B.kv_bytes_per_token
-    hbm_bytes_per_s: float = 1.555e12
-    bandwidth_efficiency: float = 0.7
-    flops_per_s: float = 312e12
-    flops_efficiency: float = 0.5
-    step_overhead_s: float = 0.004  # scheduler, sampling, kernel launches
+    num_layers: int = OPT_13B.num_layers
+    hbm_bytes_per_s: float = 1.555e12  # A100-40GB datasheet
+    bandwidth_efficiency: float = 0.7  # assumed (band 0.5-0.9)
+    flops_per_s: float = 312e12  # A100 datasheet, fp16 tensor cores
+    flops_efficiency: float = 0.5  # assumed (band 0.3-0.7)
+    step_overhead_s: float = 0.004  # scheduler, sampling, kernel launches; assumed (band 0-8 ms)
     kernel_overhead: float = 1.0  # multiplier on the KV read time (block-size dependent, Fig. 18a/b)
+    pcie_bytes_per_s: float = 32e9  # PCIe 4.0 x16, one direction
+    pcie_efficiency: float = 0.8  # assumed
+    copy_latency_s: float = 5e-6  # per cudaMemcpyAsync; assumed
 
     def decode_time(self, num_seqs: int, context_tokens: int) -> float:
         bw = self.hbm_bytes_per_s * self.bandwidth_efficiency
@@ -58,12 +71,18 @@ class CostModel:
         compute = 2 * self.params * num_tokens / (self.flops_per_s * self.flops_efficiency)
         return self.step_overhead_s + max(self.weight_bytes / bw, compute)
 
-    def step_time(self, out: SchedulerOutputs) -> float:
+    def swap_time(self, num_blocks: int, block_size: int = 16) -> float:
+        """Seconds to move ``num_blocks`` blocks of ``block_size`` tokens one way over PCIe (§4.5, Fig. 19a)."""
+        copies = 2 * self.num_layers * num_blocks
+        nbytes = block_size * self.kv_bytes_per_token / (2 * self.num_layers)
+        return copies * (self.copy_latency_s + nbytes / (self.pcie_bytes_per_s * self.pcie_efficiency))
+
+    def step_time(self, out: SchedulerOutputs, block_size: int = 16) -> float:
+        swap = self.swap_time(len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out), block_size)
         if out.prefill_groups:
-            return self.prefill_time(out.num_batched_tokens)
+            return self.prefill_time(out.num_batched_tokens) + swap
         seqs = [s for g in out.decode_groups for s in g.get_seqs("running")]
-        swap = (len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out))
-        return self.decode_time(len(seqs), sum(s.get_len() for s in seqs)) + swap * 0.0
+        return self.decode_time(len(seqs), sum(s.get_len() for s in seqs)) + swap
 
 
 def make_kv_manager(system: str, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
@@ -93,18 +112,43 @@ class SimResult:
     def duration(self) -> float:
         return float(self.requests["finish_time"].max())
 
-    def mean_batch(self, memory_bound_only: bool = False) -> float:
-        """Mean running requests per decode step (Fig. 13), time-weighted by step duration."""
-        d = self.steps[self.steps["kind"] == "decode"]
+    #: Ramp-up: the first fifth of the trace's arrivals (fixed before any result was seen).
+    RAMP_UP_FRACTION = 0.2
+
+    def steady_window(self) -> tuple[float, float]:
+        """The run's steady state, ``[start, end)`` in seconds, by a rule fixed in advance: from the arrival of the
+        request at ``RAMP_UP_FRACTION`` (a fifth) of the trace, when the batch has filled from empty, to the last
+        arrival, after which no request joins and the batch drains. Statistics over this window do not depend on
+        how long the trace is, so that two notebooks replaying the same model at the same rate agree (§6.2, Fig.
+        13). It assumes that the ramp-up, about one request's lifetime, is shorter than a fifth of the arrival period
+        (true of the full runs; a quick run's short trace may still be filling its batch). An offline trace (every
+        request at t = 0) has no arrival period: its window is the whole run."""
+        arrivals = np.sort(self.requests["arrival_time"].to_numpy())
+        start, end = float(arrivals[int(self.RAMP_UP_FRACTION * len(arrivals))]), float(arrivals[-1])
+        return (start, end) if end > start else (0.0, math.inf)
+
+    def _steps(self, steady: bool) -> pd.DataFrame:
+        if not steady or self.steps.empty:
+            return self.steps
+        start, end = self.steady_window()
+        t = self.steps["time"]
+        return self.steps[(t >= start) & (t < end)]
+
+    def mean_batch(self, memory_bound_only: bool = False, steady: bool = True) -> float:
+        """Mean running requests per decode step (Fig. 13), time-weighted by step duration, over the steady-state
+        window (``steady_window``; ``steady=False``: the whole run, ramp-up and drain included)."""
+        d = self._steps(steady)
+        d = d[d["kind"] == "decode"]
         if memory_bound_only:
             d = d[d["memory_bound"]]
         return float((d["num_running"] * d["dt"]).sum() / d["dt"].sum()) if len(d) else float("nan")
 
-    def shares(self, memory_bound_only: bool = True) -> dict[str, float]:
-        """Fig. 2: time-weighted share of KV slots in each kind, over the memory-bound steps. With no memory-bound
-        step every share is NaN (the breakdown describes a full memory; there is none to describe), never an
-        average over all steps in disguise: ask for ``memory_bound_only=False`` to get that."""
-        d = self.steps
+    def shares(self, memory_bound_only: bool = True, steady: bool = True) -> dict[str, float]:
+        """Fig. 2: time-weighted share of KV slots in each kind, over the memory-bound steps of the steady-state
+        window. With no memory-bound step every share is NaN (the breakdown describes a full memory; there is none
+        to describe), never an average over all steps in disguise: ask for ``memory_bound_only=False`` to get
+        that."""
+        d = self._steps(steady)
         if memory_bound_only:
             d = d[d["memory_bound"]]
         cols = ["token_states", "reserved", "internal", "external"]
@@ -113,13 +157,19 @@ class SimResult:
         tot = (d[cols].sum(axis=1) * d["dt"]).sum()
         return {c: float(100 * (d[c] * d["dt"]).sum() / tot) for c in cols}
 
+    def memory_bound_share(self, steady: bool = True) -> float:
+        """Share of steps (in the steady-state window) that are memory-bound."""
+        d = self._steps(steady)
+        return float(d["memory_bound"].mean()) if len(d) else float("nan")
+
     def normalized_latency(self) -> float:
         r = self.requests
         return float(((r["finish_time"] - r["arrival_time"]) / r["output_len"]).mean())
 
-    def sharing_saving(self) -> float:
-        """Memory saved by sharing, ``1 - physical / logical`` blocks, time-weighted over the run (Fig. 15)."""
-        d = self.steps
+    def sharing_saving(self, steady: bool = True) -> float:
+        """Memory saved by sharing, ``1 - physical / logical`` blocks, time-weighted over the steady-state window
+        (Fig. 15)."""
+        d = self._steps(steady)
         return float(1 - (d["physical_blocks"] * d["dt"]).sum() / (d["logical_blocks"] * d["dt"]).sum())
 
     def throughput(self) -> float:
@@ -186,13 +236,13 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
             if sched.has_unfinished():
                 raise RuntimeError("scheduler made no progress with requests left (a request can never fit?)")
             break
-        dt = cost.step_time(out)
+        dt = cost.step_time(out, block_size)
         if out.is_prefill:  # prompt tokens charged (computed): the uncached ones, or all of them in the ablation
             charged = sum(g.get_seqs("running")[0].get_len() for g in out.prefill_groups) if charge_cached \
                 else out.num_batched_tokens
             computed += charged
             if charge_cached:
-                dt = cost.prefill_time(charged)
+                dt += cost.prefill_time(charged) - cost.prefill_time(out.num_batched_tokens)
         running = out.scheduled_groups
         if record_steps:
             b = breakdown(kv, final_len)

@@ -463,7 +463,7 @@ def claims(df: pd.DataFrame, meta: dict) -> list[Claim]:
     return [
         Claim(f"paged_over_contiguous_latency.{slug}", paper, ratio, "x", "not judged on CPU", None,
               f"CPU, no GPU: torch reference paged attention / torch SDPA on contiguous K/V, block 16, mean over "
-              f"{pts}; a different comparison from the paper's GPU kernels, recorded for tracking"),
+              f"{pts}; a different comparison from the paper's GPU kernels, recorded for tracking", kind="tracking"),
         Claim("paged_over_contiguous_latency.gpu", paper, None, "x", f"ours <= {GPU_TARGET_RATIO}", None,
               "not measured: no GPU in this run (target: Triton paged / Triton contiguous layout at block 16)"),
         Claim("bandwidth_fraction.gpu", None, None, "of copy bandwidth", f"ours >= {GPU_TARGET_BW_FRACTION}", None,

@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
+from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.experiments import validated
 from pagedattn.paper import FIG2_SHARES, FIG13_MEAN_BATCH
@@ -41,7 +42,7 @@ KINDS = ["token_states", "reserved", "internal", "external"]
 #: in at least MEMORY_BOUND_MIN_PCT % of its steady-state steps.
 FIG2_RATE_GRID = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
 MEMORY_BOUND_MIN_PCT = 90.0
-WARMUP_FRAC = 0.1
+WARMUP_FRAC = SimResult.RAMP_UP_FRACTION
 #: The ShareGPT traces: the real one (default) and the synthetic sensitivity row.
 SHAREGPT_TRACES = ("sharegpt", "sharegpt_synthetic")
 
@@ -72,20 +73,19 @@ class Params:
 
 
 def run_systems(trace, params: Params, systems=SYSTEMS, placement: str = "buddy",
-                progress: bool = True) -> dict[str, SimResult]:
+                progress: bool = True, cost: CostModel | None = None) -> dict[str, SimResult]:
     """Replay one trace through each system on the same KV budget and cost model."""
-    cost = CostModel()
+    cost = cost or CostModel()
     return {s: simulate(trace, s, paper_slots(), params.block_size, cost, placement=placement)
             for s in tqdm(systems, desc="systems", disable=not progress, leave=False)}
 
 
-def steady_state(r: SimResult, trace) -> SimResult:
-    """The run restricted to its steady state: steps from the arrival of the first ``WARMUP_FRAC`` of the requests
-    to the arrival of the last one."""
-    arrivals = sorted(q.arrival_time for q in trace)
-    t0, t1 = arrivals[int(WARMUP_FRAC * len(arrivals))], arrivals[-1]
+def steady_state(r: SimResult) -> SimResult:
+    """The run restricted to its steady state (``SimResult.steady_window``: from the arrival of the first
+    ``WARMUP_FRAC`` of the requests to the arrival of the last one)."""
+    start, end = r.steady_window()
     st = r.steps
-    return replace(r, steps=st[(st["time"] >= t0) & (st["time"] <= t1)])
+    return replace(r, steps=st[(st["time"] >= start) & (st["time"] < end)])
 
 
 def memory_bound_pct(r: SimResult) -> float:
@@ -98,20 +98,20 @@ def fig2_rate(trace, params: Params, progress: bool = True) -> tuple[float | Non
     rows = []
     for rate in tqdm(params.fig2_rate_grid, desc="Fig. 2 rate rule", disable=not progress, leave=False):
         t = with_rate(trace, rate, params.seed)
-        pct = memory_bound_pct(steady_state(simulate(t, "paged", paper_slots(), params.block_size, CostModel()), t))
+        pct = memory_bound_pct(steady_state(simulate(t, "paged", paper_slots(), params.block_size, CostModel())))
         rows.append({"rate": rate, "paged_memory_bound_pct": pct})
         if pct >= params.memory_bound_min_pct:
             return rate, pd.DataFrame(rows)
     return None, pd.DataFrame(rows)
 
 
-def breakdown_table(results: dict[str, SimResult], trace) -> pd.DataFrame:
+def breakdown_table(results: dict[str, SimResult]) -> pd.DataFrame:
     """Fig. 2: ours (memory-bound steady-state steps) and the paper's shares per system, one row each, with the
     share of memory-bound steady-state steps beside each."""
     rows = []
     for s, r in results.items():
         paper = FIG2_SHARES[s]
-        ss = steady_state(r, trace)
+        ss = steady_state(r)
         rows.append({"system": s, "label": LABELS[s], **ss.shares(),
                      **{f"paper_{k}": paper.get(k) for k in KINDS},
                      "memory_bound_steps_pct": memory_bound_pct(ss),
@@ -147,7 +147,7 @@ def block_size_waste(trace, params: Params, progress: bool = True) -> pd.DataFra
     runs = [("paged", bs) for bs in params.sweep_block_sizes] + [("orca_max", None), ("orca_oracle", None)]
     for system, bs in tqdm(runs, desc="exercise 6", disable=not progress, leave=False):
         r = simulate(trace, system, paper_slots(), bs or params.block_size, cost)
-        sh = steady_state(r, trace).shares()
+        sh = steady_state(r).shares()
         allocated = sh["token_states"] + sh["reserved"] + sh["internal"]
         rows.append({"system": system, "label": LABELS[system], "block_size": bs,
                      "allocated_pct": allocated, "token_states_pct": sh["token_states"],
@@ -199,8 +199,42 @@ def claims(breakdowns: pd.DataFrame, batches: pd.DataFrame, block_size: int,
                          bool(abs(ours / paper - 1) <= 0.25), note=note))
     waste = int(pd.concat([breakdowns, batches]).query("system == 'paged'")["max_request_waste_slots"].max())
     out.append(Claim("max_request_waste_slots.paged", f"< {block_size} (one block)", waste, "slots",
-                     f"< {block_size}", waste < block_size))
+                     f"< {block_size}", waste < block_size, "the block manager's bound: one partly filled block",
+                     kind="invariant"))
     return out
+
+
+def replay(params: Params, fig2_rates: dict, point: sensitivity.Point = sensitivity.DEFAULT,
+           progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Fig. 2's breakdowns (each ShareGPT trace at its rule's rate) and Fig. 13's mean batches (the paper's rates)
+    under one point's assumptions (``pagedattn.sensitivity``: step time, and the rate itself or at equal load);
+    also the Fig. 2 runs, by trace."""
+    cost, n, seed = point.cost(), params.num_requests, params.seed
+    breakdowns, batches, fig2_runs = [], [], {}
+    for w in SHAREGPT_TRACES:
+        base = make_trace(w, n, 1.0, seed)
+        at_paper = with_rate(base, sensitivity.rate_at(point, w, params.sharegpt_rate, n, seed), seed)
+        batches.append(mean_batch_table(run_systems(at_paper, params, progress=progress, cost=cost), w,
+                                        params.sharegpt_rate, "sharegpt"))
+        if fig2_rates[w] is None:  # no memory-bound rate on the grid: report that, not an average over all steps
+            breakdowns.append(pd.DataFrame([{"trace": w, "rate": math.nan, "system": s, "label": LABELS[s],
+                                             **{k: math.nan for k in KINDS}, "memory_bound_steps_pct": 0.0}
+                                            for s in SYSTEMS]))
+            continue
+        rate = sensitivity.rate_at(point, w, fig2_rates[w], n, seed)
+        t = with_rate(base, rate, seed)
+        fig2_runs[w] = (t, run_systems(t, params, progress=progress, cost=cost))
+        breakdowns.append(breakdown_table(fig2_runs[w][1]).assign(trace=w, rate=rate))
+    alpaca = make_trace("alpaca", n, sensitivity.rate_at(point, "alpaca", params.alpaca_rate, n, seed), seed)
+    batches.append(mean_batch_table(run_systems(alpaca, params, progress=progress, cost=cost), "alpaca",
+                                    params.alpaca_rate, "alpaca"))
+    return pd.concat(breakdowns, ignore_index=True), pd.concat(batches, ignore_index=True), fig2_runs
+
+
+def claims_at(point: sensitivity.Point, params: Params, fig2_rates: dict) -> list[Claim]:
+    """Fig. 2 and Fig. 13's claims under one point's assumptions: the band's evaluation."""
+    breakdowns, batches, _ = replay(params, fig2_rates, point, progress=False)
+    return claims(breakdowns, batches, params.block_size, params.memory_bound_min_pct)
 
 
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True, **kw) -> dict:
@@ -209,44 +243,35 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     out_dir = Path(results_dir) / EXPERIMENT
     out_dir.mkdir(parents=True, exist_ok=True)
     base = {w: make_trace(w, params.num_requests, 1.0, params.seed) for w in SHAREGPT_TRACES}
-    breakdowns, batches, rules, fig2_runs, traces = [], [], [], {}, []
+    rates, rules, traces = {}, [], []
     for w in SHAREGPT_TRACES:
-        rate, rule = fig2_rate(base[w], params, progress)
-        rules.append(rule.assign(trace=w, chosen=rule["rate"] == rate))
-        at_paper = with_rate(base[w], params.sharegpt_rate, params.seed)
-        batches.append(mean_batch_table(run_systems(at_paper, params, progress=progress), w, params.sharegpt_rate,
-                                        "sharegpt"))
-        traces.append({"trace": w, "source": describe_trace(w), "fig2_rate": rate, **trace_stats(base[w])})
-        if rate is None:  # no memory-bound rate on the grid: report that, not an average over all steps
-            breakdowns.append(pd.DataFrame([{"trace": w, "rate": math.nan, "system": s, "label": LABELS[s],
-                                             **{k: math.nan for k in KINDS}, "memory_bound_steps_pct": 0.0}
-                                            for s in SYSTEMS]))
-            continue
-        t = with_rate(base[w], rate, params.seed)
-        fig2_runs[w] = (t, run_systems(t, params, progress=progress))
-        breakdowns.append(breakdown_table(fig2_runs[w][1], t).assign(trace=w, rate=rate))
-    alpaca_trace = make_trace("alpaca", params.num_requests, params.alpaca_rate, params.seed)
-    batches.append(mean_batch_table(run_systems(alpaca_trace, params, progress=progress), "alpaca",
-                                    params.alpaca_rate, "alpaca"))
-    traces.append({"trace": "alpaca", "source": describe_trace("alpaca"), **trace_stats(alpaca_trace)})
-    tables = {"fig2_breakdown": pd.concat(breakdowns, ignore_index=True),
-              "fig2_rate_rule": pd.concat(rules, ignore_index=True),
-              "fig13_mean_batch": pd.concat(batches, ignore_index=True),
+        rates[w], rule = fig2_rate(base[w], params, progress)
+        rules.append(rule.assign(trace=w, chosen=rule["rate"] == rates[w]))
+        traces.append({"trace": w, "source": describe_trace(w), "fig2_rate": rates[w], **trace_stats(base[w])})
+    breakdowns, batches, fig2_runs = replay(params, rates, progress=progress)
+    traces.append({"trace": "alpaca", "source": describe_trace("alpaca"),
+                   **trace_stats(make_trace("alpaca", params.num_requests, params.alpaca_rate, params.seed))})
+    tables = {"fig2_breakdown": breakdowns, "fig2_rate_rule": pd.concat(rules, ignore_index=True),
+              "fig13_mean_batch": batches,
               "traces": pd.DataFrame(traces)}
     if "sharegpt" in fig2_runs:
         t, res = fig2_runs["sharegpt"]
         exact = run_systems(t, params, systems=("orca_pow2", "orca_oracle"), placement="exact", progress=progress)
         tables["placement_variant"] = pd.concat(
-            [breakdown_table(exact, t).assign(placement="exact"),
-             breakdown_table({k: res[k] for k in exact}, t).assign(placement="buddy")], ignore_index=True)
+            [breakdown_table(exact).assign(placement="exact"),
+             breakdown_table({k: res[k] for k in exact}).assign(placement="buddy")], ignore_index=True)
         tables["exercise6_block_size"] = block_size_waste(t, params, progress)
         tables["kv_usage_over_time"] = pd.concat([usage_over_time(r) for r in res.values()], ignore_index=True)
     for name, df in tables.items():
         df.to_csv(out_dir / f"{name}.csv", index=False)
     hw = hardware_label("sim")
+    default = claims(breakdowns, batches, params.block_size, params.memory_bound_min_pct)
+    pts = sensitivity.points(quick, trace_axis=False)  # both ShareGPT traces are in every point's claims
+    tables["sensitivity"] = sensitivity.sweep(EXPERIMENT, lambda p: claims_at(p, params, rates), pts,
+                                              {"params": asdict(params), "rates": rates}, default, progress=progress)
+    tables["sensitivity"].to_csv(out_dir / "sensitivity.csv", index=False)
     write_summary(out_dir, EXPERIMENT, hw, MODEL, quick,
-                  claims(tables["fig2_breakdown"], tables["fig13_mean_batch"], params.block_size,
-                         params.memory_bound_min_pct),
+                  sensitivity.with_bands(default, tables["sensitivity"], sensitivity.describe(pts)),
                   extra={"params": asdict(params), "cost_model": asdict(CostModel()),
                          "fig2_rule": {"grid": list(params.fig2_rate_grid), "warmup_frac": WARMUP_FRAC,
                                        "memory_bound_min_pct": params.memory_bound_min_pct},

@@ -17,9 +17,10 @@ What this module measures:
   "device" pool and the CPU pool are both in DRAM: a swap is a memcpy at DRAM bandwidth, not a PCIe transfer, and
   the torch swap gathers all blocks in one batched op instead of one ``cudaMemcpyAsync`` per block (vLLM v0), so
   small blocks cost little. Recomputation, on the other hand, runs on CPU FLOPs. Expect the paper's ratio inverted.
-- **the same at paper scale, modelled**: ``SwapCostModel`` adds to ``sim.CostModel`` a swap term of one copy per
-  block per layer for K and V, each costing a fixed latency plus bytes / PCIe bandwidth (stated constants: PCIe 4.0
-  x16, 32 GB/s x 0.8, 5 us per copy); recomputation is the roofline's prefill of the same tokens (OPT-13B, A100).
+- **the same at paper scale, modelled**: ``sim.CostModel.swap_time``, one copy per block per layer for K and V,
+  each costing a fixed latency plus bytes / PCIe bandwidth (assumed constants: PCIe 4.0 x16, 32 GB/s x 0.8, 5 us
+  per copy); recomputation is the roofline's prefill of the same tokens (OPT-13B, A100). At small blocks the ratio
+  is set by the assumed 5 us per copy: it is an output of that constant, not a finding.
 - **end to end**: normalized latency under memory pressure with each mode, at paper scale (the simulator with the
   swap term, 4 GiB of CPU swap space as vLLM's default; real ShareGPT, and the synthetic ShareGPT-like trace as a
   sensitivity row, each at the rate notebook 01's rule picks: the lowest rate on its grid at which the paged system
@@ -40,6 +41,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.experiments import validated
 from pagedattn.experiments.block_size import BLOCK_SIZES, CpuClock, engine_run, model_label, small_trace, tiny_opt
@@ -54,28 +56,6 @@ SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline + PCIe swap ter
 MODES = ("swap", "recompute")
 #: vLLM's default CPU swap space per GPU (``swap_space=4`` GiB)
 SWAP_SPACE_BYTES = 4 * 1024**3
-
-
-@dataclass
-class SwapCostModel(CostModel):
-    """``CostModel`` plus the cost of swapping (§4.5): vLLM v0 moves a swapped block with one ``cudaMemcpyAsync``
-    per layer for K and for V, so a swap of ``n`` blocks is ``2 x num_layers x n`` copies of
-    ``block_size x kv_bytes_per_token / (2 x num_layers)`` bytes, each costing ``copy_latency_s`` plus bytes over the
-    PCIe bandwidth. Constants: PCIe 4.0 x16 (32 GB/s) at 80 %, 5 us per copy (our assumptions, not fits)."""
-
-    block_size: int = 16
-    num_layers: int = 40
-    pcie_bytes_per_s: float = 32e9
-    pcie_efficiency: float = 0.8
-    copy_latency_s: float = 5e-6
-
-    def swap_time(self, num_blocks: int) -> float:
-        copies = 2 * self.num_layers * num_blocks
-        nbytes = self.block_size * self.kv_bytes_per_token / (2 * self.num_layers)
-        return copies * (self.copy_latency_s + nbytes / (self.pcie_bytes_per_s * self.pcie_efficiency))
-
-    def step_time(self, out: SchedulerOutputs) -> float:
-        return super().step_time(out) + self.swap_time(len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out))
 
 
 @dataclass
@@ -199,13 +179,13 @@ def microbenchmarks(params: Params, progress: bool = True) -> tuple[pd.DataFrame
     return df, model_label(hf)
 
 
-def paper_scale_micro(params: Params) -> pd.DataFrame:
-    """Fig. 19a at paper scale, modelled: ``SwapCostModel.swap_time`` out and in vs the roofline prefill."""
+def paper_scale_micro(params: Params, cost: CostModel | None = None) -> pd.DataFrame:
+    """Fig. 19a at paper scale, modelled: ``CostModel.swap_time`` out and in vs the roofline prefill."""
     rows = []
+    cost = cost or CostModel()
     for bs in params.block_sizes:
-        cost = SwapCostModel(block_size=bs)
         n = -(-params.micro_tokens // bs)
-        t = cost.swap_time(n)
+        t = cost.swap_time(n, bs)
         rows.append({"scale": "paper (model)", "block_size": bs, "num_blocks": n, "tokens": params.micro_tokens,
                      "bytes": n * bs * cost.kv_bytes_per_token, "swap_out_ms": 1e3 * t, "swap_in_ms": 1e3 * t,
                      "swap_ms": 2e3 * t, "recompute_ms": 1e3 * cost.prefill_time(params.micro_tokens)})
@@ -236,8 +216,7 @@ def sim_end_to_end(params: Params, progress: bool = True) -> pd.DataFrame:
         trace = with_rate(base, rate, params.seed)
         jobs = [(bs, m) for bs in params.block_sizes for m in MODES]
         for bs, mode in tqdm(jobs, desc=f"preemption (sim, {name})", disable=not progress, leave=False):
-            cost = SwapCostModel(block_size=bs)
-            r = simulate(trace, "paged", paper_slots(), bs, cost, preemption_mode=mode,
+            r = simulate(trace, "paged", paper_slots(), bs, CostModel(), preemption_mode=mode,
                          num_cpu_blocks=int(cpu_tokens // bs) if mode == "swap" else 0, record_steps=False)
             rows.append({"scale": "paper (sim)", "trace": name, "rate": rate, "block_size": bs, "mode": mode,
                          "normalized_latency_s": r.normalized_latency(),
@@ -278,27 +257,40 @@ def engine_end_to_end(params: Params, progress: bool = True) -> tuple[pd.DataFra
 
 
 # ------------------------------------------------------------------------------------------------ claims, run
-def claims(micro: pd.DataFrame, paper_micro: pd.DataFrame, gpu_micro: Optional[pd.DataFrame] = None) -> list[Claim]:
-    """``recompute_over_swap_latency.block{16,64}`` (CPU, measured), the same modelled at paper scale, and the GPU
-    claims (not measured)."""
+def claims(micro: pd.DataFrame | None, paper_micro: pd.DataFrame,
+           gpu_micro: Optional[pd.DataFrame] = None) -> list[Claim]:
+    """Fig. 19a's recompute / swap latency ratio: at small blocks (block 1) the paper finds recomputation at most a
+    fifth of swapping; at blocks 16-64 the two comparable (we read "comparable" as a ratio of 0.5-2).
+
+    The ratio modelled at paper scale is a reproduction claim (with a band over the assumed constants, which set
+    it); the CPU microbenchmark is a timing of DRAM copies against CPU FLOPs, recorded (``kind="tracking"``), not
+    judged; the GPU claims were not measured."""
     out = []
-    paper = FIG19_RECOMPUTE_OVER_SWAP_MAX
-    cpu = micro.set_index("block_size")["recompute_over_swap"]
+    small = FIG19_RECOMPUTE_OVER_SWAP_MAX
+    expect = {1: (f"<= {small}", f"ours <= {small}", lambda r: r <= small),
+              16: ("comparable", "0.5-2 (comparable)", lambda r: 0.5 <= r <= 2),
+              64: ("comparable", "0.5-2 (comparable)", lambda r: 0.5 <= r <= 2)}
     sim = paper_micro.set_index("block_size")["recompute_over_swap"]
-    tokens = int(micro.tokens.iloc[0])
-    measured = (
-        ("recompute_over_swap_latency", cpu, "comparable (0.5-2) at 16-64; <= 0.2 at small blocks",
-         f"CPU, measured: engine prefill of {tokens} tokens / executor swap out + in of the same tokens. On a CPU "
-         "both pools are DRAM: a swap is a batched memcpy (~GB/s), not PCIe copies of one block each, while "
-         "recomputation runs on CPU FLOPs, so the ratio is far above the paper's."),
-        ("recompute_over_swap_latency.sim_a100", sim, "comparable (0.5-2) at 16-64",
-         f"modelled at paper scale: roofline prefill of {tokens} tokens (OPT-13B, A100) / PCIe swap out + in "
-         "(one 5 us + bytes/25.6 GB/s copy per block, layer, K/V); constants assumed, not measured"))
-    for name, series, tolerance, note in measured:
-        for bs in (16, 64):
-            ours = float(series[bs]) if bs in series.index else None
-            out.append(Claim(f"{name}.block{bs}", paper, None if ours is None else round(ours, 3), "x", tolerance,
-                             None if ours is None else bool(0.5 <= ours <= 2), note))
+    tokens = int(paper_micro.tokens.iloc[0])
+    for bs, (paper, tolerance, ok) in expect.items():
+        ours = float(sim[bs]) if bs in sim.index else None
+        out.append(Claim(f"recompute_over_swap_latency.sim_a100.block{bs}", paper,
+                         None if ours is None else round(ours, 3), "x", tolerance, None if ours is None else ok(ours),
+                         f"modelled at paper scale: roofline prefill of {tokens} tokens (OPT-13B, A100) / PCIe swap "
+                         "out + in (one 5 us + bytes/25.6 GB/s copy per block, layer, K/V); an output of these "
+                         "assumed constants (at small blocks, of the 5 us per copy), not a measurement"))
+    if micro is not None:
+        cpu = micro.set_index("block_size")["recompute_over_swap"]
+        for bs, (paper, _, ok) in expect.items():
+            ours = float(cpu[bs]) if bs in cpu.index else None
+            out.append(Claim(f"recompute_over_swap_latency.block{bs}", paper,
+                             None if ours is None else round(ours, 3), "x", "", None,
+                             f"CPU timing, recorded: engine prefill of {tokens} tokens / executor swap out + in of "
+                             "the same tokens. On a CPU both pools are DRAM: a swap is a batched memcpy (~GB/s), not "
+                             "PCIe copies of one block each, while recomputation runs on CPU FLOPs, so the ratio is "
+                             "far above the paper's" + ("" if ours is None else
+                                                        f"; the paper's reading would be {'met' if ok(ours) else 'missed'}"),
+                             kind="tracking"))
     out += gpu_claims(gpu_micro)
     return out
 
@@ -309,13 +301,13 @@ def gpu_claims(gpu_micro: Optional[pd.DataFrame] = None) -> list[Claim]:
     out = []
     for bs in (16, 64):
         if gpu_micro is None:
-            out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", FIG19_RECOMPUTE_OVER_SWAP_MAX, None, "x",
-                             "", None, "not measured: no GPU was lent to this task (the GPU swap path, pinned host "
+            out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", "comparable", None, "x",
+                             "0.5-2 (comparable)", None, "not measured: no GPU was lent to this task (the GPU swap path, pinned host "
                              "memory over PCIe, was not run)"))
             continue
         r = gpu_micro.set_index("block_size").loc[bs]
-        out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", FIG19_RECOMPUTE_OVER_SWAP_MAX,
-                         round(float(r.recompute_over_swap), 3), "x", "comparable (0.5-2) at 16-64",
+        out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", "comparable",
+                         round(float(r.recompute_over_swap), 3), "x", "0.5-2 (comparable)",
                          bool(0.5 <= r.recompute_over_swap <= 2),
                          f"{r.scale}: engine prefill of {int(r.tokens)} tokens / swap out + in of the same tokens "
                          "between the GPU pool and pinned host memory, wall time to a device synchronisation"))
@@ -326,6 +318,11 @@ def load_gpu_micro(out_dir: Path) -> Optional[pd.DataFrame]:
     """The newest ``micro_cuda-*.csv`` in ``out_dir`` (a GPU run of the microbenchmark), or None."""
     files = sorted(Path(out_dir).glob("micro_cuda-*.csv"), key=lambda p: p.stat().st_mtime)
     return pd.read_csv(files[-1]) if files else None
+
+
+def claims_at(point: sensitivity.Point, params: Params) -> list[Claim]:
+    """The modelled ratio's claims under one point's assumptions (step time, copy latency): the band's evaluation."""
+    return claims(None, paper_scale_micro(params, point.cost()))
 
 
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True, **kw) -> dict:
@@ -343,9 +340,15 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
         df.to_csv(out_dir / f"{name}.csv", index=False)
     hw = hardware_label("cpu")
     model = f"CPU microbenchmarks: {micro_model}; CPU engine: {engine_model}; {SIM_MODEL}"
+    default = claims(micro, paper_micro, load_gpu_micro(out_dir))
+    pts = sensitivity.points(quick, rate_axis=False, trace_axis=False,
+                             copy_latencies=() if quick else (CostModel.copy_latency_s / 2, 2 * CostModel.copy_latency_s))
+    band = sensitivity.sweep(EXPERIMENT, lambda p: claims_at(p, params), pts, {"params": asdict(params)}, default)
+    band.to_csv(out_dir / "sensitivity.csv", index=False)
+    tables["sensitivity"] = band
     write_summary(out_dir, EXPERIMENT, f"{hw} + {hardware_label('sim')}", model, quick,
-                  claims(micro, paper_micro, load_gpu_micro(out_dir)),
-                  extra={"params": asdict(params), "swap_cost_model": asdict(SwapCostModel()),
+                  sensitivity.with_bands(default, band, sensitivity.describe(pts)),
+                  extra={"params": asdict(params), "swap_cost_model": asdict(CostModel()),
                          "swap_space_bytes": SWAP_SPACE_BYTES,
                          "gpu": "not run: no GPU was lent to this task",
                          "runtime_s": time.perf_counter() - t0})

@@ -27,8 +27,12 @@ Two scales, labelled in every table (``scale`` column):
   queued at t = 0), wall-clock requests/s. Orca (Oracle) runs on the same engine through ``ContiguousKVManager``.
 - **paper (sim)**: LLaMA-13B's KV (800 KB/token, like OPT-13B) on one A100-40GB (12 GB of KV = 15.7K token slots),
   the real scheduler and KV managers driven by ``sim.CostModel``'s roofline step time (``simulate_prefix`` below: a
-  prefill is charged only for its uncached tokens). Offline throughput (the claims) and normalized latency against
-  the Poisson request rate (the shape of Fig. 16), with each system's sustainable rate.
+  prefill is charged only for its uncached tokens). The claims use the paper's metric: each system's sustainable
+  request rate (normalized latency at or below ``NL_THRESHOLD_S`` = 0.1 s/token, about 3x the unloaded latency;
+  bisection over the rate) over Orca (Oracle)'s, with a band over the step-time constants
+  (``pagedattn.sensitivity``). Normalized latency against the Poisson request rate gives the shape of Fig. 16;
+  offline throughput (every request at t = 0) is shown beside, not claimed: it measures capacity, not the rate
+  served at equal latency.
 
 The hit rate is the block manager's: the share of full prompt blocks looked up in the prefix cache that were found.
 """
@@ -43,6 +47,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.experiments import validated
 from pagedattn.memory.block_manager import BlockManager
@@ -50,6 +55,7 @@ from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.paper import FIG16_PREFIX
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.sequence import SamplingParams
+from pagedattn.sensitivity import widened
 from pagedattn.sim import CostModel, simulate
 from pagedattn.workloads import TraceRequest
 
@@ -62,7 +68,8 @@ SYSTEMS = ("orca_oracle", "paged", "paged_user", "paged_auto")
 LABELS = {"orca_oracle": "Orca (Oracle)", "paged": "ours, no sharing", "paged_user": "ours, prefix marked by user",
           "paged_auto": "ours, automatic prefix caching"}
 #: Normalized latency (s/token) above which a rate is not sustainable: about 3x the unloaded latency (~0.033 s/token)
-#: of these short requests.
+#: of these short requests. Fig. 16's speedup is the ratio of sustainable request rates at this threshold (the
+#: paper's metric: request rate at equal normalized latency), found by bisection over the rate.
 NL_THRESHOLD_S = 0.1
 NL_THRESHOLDS_S = (0.1, 0.2)  # the table also reads the curves at experiment 03's threshold
 
@@ -245,6 +252,7 @@ class Params:
     cpu_hidden: int = 128
     cpu_layers: int = 4
     cpu_repeats: int = 3  # wall-clock runs per system; the fastest is kept
+    bisection_steps: int = 7  # sustainable-rate search (Fig. 16's metric)
 
     @classmethod
     def make(cls, quick: bool = False, **kw) -> "Params":
@@ -253,6 +261,7 @@ class Params:
             kw.setdefault("sim_rates", {"one_shot": [10, 30, 60], "five_shot": [5, 15, 40]})
             kw.setdefault("cpu_requests", 12)
             kw.setdefault("cpu_repeats", 1)
+            kw.setdefault("bisection_steps", 3)
         return cls(quick=quick, **kw)
 
 
@@ -314,6 +323,32 @@ def sim_online(params: Params, progress: bool = True) -> tuple[pd.DataFrame, pd.
     return online, sus
 
 
+def sim_rate_ratios(params: Params, cost: CostModel | None = None, thresholds=NL_THRESHOLDS_S,
+                    systems=("orca_oracle", "paged_user", "paged_auto"), progress: bool = True) -> pd.DataFrame:
+    """Fig. 16 on the paper's metric: each system's sustainable request rate (the highest rate whose normalized
+    latency stays at or below the threshold; bisection over the rate, ``throughput.sustainable_rate``) and its ratio
+    to Orca (Oracle)'s, per shot and threshold."""
+    from pagedattn.experiments.throughput import sustainable_rate
+
+    rows = []
+    jobs = [(shot, thr, s) for shot in SHOTS for thr in thresholds for s in systems]
+    base = {shot: make_requests(SHOTS[shot], params.sim_requests, seed=params.seed) for shot in SHOTS}
+    for shot, thr, s in tqdm(jobs, desc="sustainable rate (sim)", disable=not progress, leave=False):
+        rates = params.sim_rates[shot]
+        lo, hi = min(rates) / 4, max(rates) * 4
+
+        def nl(rate, shot=shot, s=s):
+            return simulate_prefix(with_rate(base[shot], rate, params.seed), s, block_size=params.block_size,
+                                   cost=cost).normalized_latency()
+        rate = sustainable_rate(nl, lo, hi, params.bisection_steps, thr)
+        rows.append({"scale": "paper (sim)", "shot": shot, "system": s, "label": LABELS[s], "threshold_s": thr,
+                     "sustainable_rate": rate, "at_upper_bound": rate >= hi})
+    df = pd.DataFrame(rows)
+    base_rate = df[df.system == "orca_oracle"].set_index(["shot", "threshold_s"])["sustainable_rate"]
+    df["speedup_vs_orca_oracle"] = df["sustainable_rate"] / [base_rate[(a, b)] for a, b in zip(df.shot, df.threshold_s)]
+    return df
+
+
 def cpu_offline(params: Params, progress: bool = True) -> pd.DataFrame:
     """CPU scale: the real engine on a small random-weight OPT, every request queued at t = 0, wall clock.
 
@@ -358,36 +393,53 @@ def _with_speedup(df: pd.DataFrame, col: str) -> pd.DataFrame:
     return df.assign(speedup_vs_orca_oracle=df[col] / df["shot"].map(base))
 
 
-def claims(sim: pd.DataFrame, cpu: pd.DataFrame | None, sustainable: pd.DataFrame) -> list[Claim]:
-    """Fig. 16's speedups (paper scale, offline throughput), automatic caching's, and the hit rates."""
+def claims(sim: pd.DataFrame, cpu: pd.DataFrame | None, ratios: pd.DataFrame) -> list[Claim]:
+    """Fig. 16's speedups on the paper's metric (sustainable request rate at ``NL_THRESHOLD_S``, paper scale),
+    judged two-sided (the paper's value widened by 25 %), automatic caching's, and the hit rates (offline runs)."""
     out = []
     s = sim.set_index(["shot", "system"])
-    sus = sustainable[sustainable.threshold_s == NL_THRESHOLD_S].set_index(["shot", "system"])
+    r = ratios.set_index(["shot", "threshold_s", "system"])
     c = cpu.set_index(["shot", "system"]) if cpu is not None else None
     for shot in SHOTS:
         paper = FIG16_PREFIX[shot]["speedup"]
-        user = float(s.loc[(shot, "paged_user"), "speedup_vs_orca_oracle"])
-        auto = float(s.loc[(shot, "paged_auto"), "speedup_vs_orca_oracle"])
-        rate_ratio = float(sus.loc[(shot, "paged_user"), "speedup_vs_orca_oracle"])
-        note = (f"paper scale (sim), offline throughput; {SHOTS[shot]}-token prefix; rate ratio at "
-                f"{NL_THRESHOLD_S} s/token: {rate_ratio:.2f}x"
-                + (" (ours at the top of the sweep: a lower bound)" if sus.loc[(shot, "paged_user"), "at_top_of_sweep"]
-                   else ""))
+        user = float(r.loc[(shot, NL_THRESHOLD_S, "paged_user"), "speedup_vs_orca_oracle"])
+        others = {t: float(r.loc[(shot, t, "paged_user"), "speedup_vs_orca_oracle"]) for t in NL_THRESHOLDS_S
+                  if t != NL_THRESHOLD_S and (shot, t, "paged_user") in r.index}
+        a, b = widened(paper)
+        note = (f"paper scale (sim), sustainable request rate at {NL_THRESHOLD_S} s/token (about 3x the unloaded "
+                f"latency), over Orca (Oracle); {SHOTS[shot]}-token prefix; "
+                + "".join(f"at {t} s/token: {v:.2f}x; " for t, v in others.items())
+                + f"offline throughput: {float(s.loc[(shot, 'paged_user'), 'speedup_vs_orca_oracle']):.2f}x")
+        if r.loc[(shot, NL_THRESHOLD_S, "paged_user"), "at_upper_bound"]:
+            note += " (ours at the top of the search: a lower bound)"
         if c is not None:
-            note += f"; cpu real engine {float(c.loc[(shot, 'paged_user'), 'speedup_vs_orca_oracle']):.2f}x"
-        out.append(Claim(f"prefix_speedup.{shot}", paper, round(user, 2), "x", "ours > 1 (paper's direction)",
-                         bool(user > 1), note))
-        note = "paper scale (sim), offline throughput, over Orca (Oracle)"
-        if c is not None:
-            note += f"; cpu real engine {float(c.loc[(shot, 'paged_auto'), 'speedup_vs_orca_oracle']):.2f}x"
-        out.append(Claim(f"prefix_speedup_auto.{shot}", f">= prefix_speedup.{shot}", round(auto, 2), "x",
-                         f">= user-marked ({user:.2f}x)", bool(auto >= user - 1e-9), note))
-        hit, ideal = s.loc[(shot, "paged_auto"), "hit_rate"], s.loc[(shot, "paged_auto"), "ideal_hit_rate"]
-        out.append(Claim(f"prefix_hit_rate.{shot}", None, round(100 * float(hit), 2), "%",
-                         f">= 0.99 x ideal ({100 * ideal:.1f} %)", bool(hit >= 0.99 * ideal),
-                         "automatic caching, paper scale (sim); ideal = every request but the first finds the "
-                         "prefix's full blocks, nothing else hits (suffixes are distinct); the paper gives no hit rate"))
+            note += f"; cpu real engine (offline): {float(c.loc[(shot, 'paged_user'), 'speedup_vs_orca_oracle']):.2f}x"
+        out.append(Claim(f"prefix_speedup.{shot}", paper, round(user, 2), "x", f"{a:.3g}-{b:.3g}",
+                         bool(a <= user <= b), note))
+        if (shot, NL_THRESHOLD_S, "paged_auto") in r.index:
+            auto = float(r.loc[(shot, NL_THRESHOLD_S, "paged_auto"), "speedup_vs_orca_oracle"])
+            note = f"paper scale (sim), sustainable request rate at {NL_THRESHOLD_S} s/token, over Orca (Oracle)"
+            if c is not None:
+                note += f"; cpu real engine (offline): {float(c.loc[(shot, 'paged_auto'), 'speedup_vs_orca_oracle']):.2f}x"
+            out.append(Claim(f"prefix_speedup_auto.{shot}", f">= prefix_speedup.{shot}", round(auto, 2), "x",
+                             f">= user-marked ({user:.2f}x)", bool(auto >= user - 1e-9), note))
+        if (shot, "paged_auto") in s.index:
+            hit, ideal = s.loc[(shot, "paged_auto"), "hit_rate"], s.loc[(shot, "paged_auto"), "ideal_hit_rate"]
+            out.append(Claim(f"prefix_hit_rate.{shot}", None, round(100 * float(hit), 2), "%",
+                             f">= 0.99 x ideal ({100 * ideal:.1f} %)", bool(hit >= 0.99 * ideal),
+                             "automatic caching, paper scale (sim), offline; ideal = every request but the first finds "
+                             "the prefix's full blocks, nothing else hits (suffixes are distinct, so this holds by "
+                             "construction of the workload); the paper gives no hit rate", kind="invariant"))
     return out
+
+
+def claims_at(point: sensitivity.Point, params: Params) -> list[Claim]:
+    """Fig. 16's speedup claims under one point's step-time assumptions: the band's evaluation (a search over rates,
+    so no rate axis; a synthetic workload, so no trace axis)."""
+    ratios = sim_rate_ratios(params, point.cost(), (NL_THRESHOLD_S,), ("orca_oracle", "paged_user"), False)
+    sim = pd.DataFrame([{"shot": shot, "system": "paged_user", "speedup_vs_orca_oracle": math.nan}
+                        for shot in SHOTS])
+    return [c for c in claims(sim, None, ratios) if c.name.startswith("prefix_speedup.")]
 
 
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True, cpu: bool = True,
@@ -399,6 +451,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     t0 = time.perf_counter()
     tables = {"sim_offline": sim_offline(params, progress), "sim_ablation": sim_ablation(params)}
     tables["sim_online"], tables["sim_sustainable"] = sim_online(params, progress)
+    tables["sim_rate_ratios"] = sim_rate_ratios(params, progress=progress)
     t_sim = time.perf_counter() - t0
     if cpu:
         tables["cpu_offline"] = cpu_offline(params, progress)
@@ -408,8 +461,13 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     hw = hardware_label("cpu")
     model = (f"{SIM_MODEL}; cpu: random-weight OPT ({params.cpu_layers} layers, hidden {params.cpu_hidden}, "
              f"vocab {params.cpu_vocab}), {params.cpu_slots} token slots")
+    default = claims(tables["sim_offline"], tables.get("cpu_offline"), tables["sim_rate_ratios"])
+    pts = sensitivity.points(quick, rate_axis=False, trace_axis=False)
+    tables["sensitivity"] = sensitivity.sweep(EXPERIMENT, lambda p: claims_at(p, params), pts,
+                                              {"params": asdict(params)}, default, progress=progress)
+    tables["sensitivity"].to_csv(out_dir / "sensitivity.csv", index=False)
     write_summary(out_dir, EXPERIMENT, hw, model, quick,
-                  claims(tables["sim_offline"], tables.get("cpu_offline"), tables["sim_sustainable"]),
+                  sensitivity.with_bands(default, tables["sensitivity"], sensitivity.describe(pts)),
                   extra={"params": asdict(params), "cost_model": asdict(CostModel()),
                          "suffix_range": SUFFIX_RANGE, "output_range": OUTPUT_RANGE,
                          "runtime_s": {"sim": round(t_sim, 1), "cpu": round(t_cpu, 1)}})

@@ -25,9 +25,11 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from pagedattn.config import paper_slots
+from pagedattn import sensitivity
 from pagedattn.experiments import validated
-from pagedattn.paper import FIG12_RATE_RATIO, FIG13_MEAN_BATCH
+from pagedattn.paper import FIG12_RATE_RATIO, FIG13_MEAN_BATCH, HEADLINE_THROUGHPUT_GAIN
 from pagedattn.results import RESULTS_DIR, Claim
+from pagedattn.sensitivity import widened
 from pagedattn.sim import LABELS, CostModel, SimResult, simulate
 from pagedattn.workloads import describe_trace, make_trace, with_rate
 
@@ -92,15 +94,18 @@ def sustainable_rate(latency_at, lo: float, hi: float, steps: int, threshold: fl
     return lo
 
 
-def sim_sustainable(params: SimParams, progress: bool = True) -> pd.DataFrame:
+def sim_sustainable(params: SimParams, progress: bool = True, cost: CostModel | None = None,
+                    traces: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """Each system's sustainable rate per trace (default: every workload and the sensitivity traces)."""
     rows = []
     ranges = {**params.rates, **{w: params.rates["sharegpt"] for w in params.sensitivity}}
     size = {**params.num_requests, **{w: params.num_requests["sharegpt"] for w in params.sensitivity}}
-    base = {w: make_trace(w, size[w], 1.0, params.seed) for w in ranges}
-    for w in ranges:
+    traces = traces or tuple(ranges)
+    base = {w: make_trace(w, size[w], 1.0, params.seed) for w in traces}
+    for w in traces:
         lo, hi = min(ranges[w]) / 4, max(ranges[w]) * 16
         for s in tqdm(SIM_SYSTEMS, desc=f"sustainable rate {w}", disable=not progress, leave=False):
-            rate = sustainable_rate(lambda r: sim_run(with_rate(base[w], r, params.seed), s, params,
+            rate = sustainable_rate(lambda r: sim_run(with_rate(base[w], r, params.seed), s, params, cost,
                                                       record_steps=False).normalized_latency(),
                                     lo, hi, params.bisection_steps)
             rows.append({"scale": "paper (sim)", "trace": w, "system": s, "label": LABELS[s],
@@ -123,24 +128,33 @@ def sim_offline(params: SimParams) -> pd.DataFrame:
 
 
 def rate_ratio_claims(sustainable: pd.DataFrame) -> list[Claim]:
-    """Figs. 12-13's rate ratios on the real ShareGPT trace, with the synthetic trace's beside them (in the note,
-    and as ``.synthetic`` claims with the same tolerance)."""
+    """Figs. 12-13's sustainable-rate ratios on the real ShareGPT trace, with the synthetic trace's beside them (in
+    the note, and as ``.synthetic`` claims with the same tolerance). Judged two-sided: within the paper's range (over
+    its three model sizes) widened by 25 % at each end. FasterTransformer: the paper gives "up to 22x" and, in its
+    headline, at least 2x over FasterTransformer and Orca; the range 2-22x is widened the same way."""
     def ratios(trace):
         s = sustainable[sustainable.trace == trace].set_index("system")["sustainable_rate"]
-        return {other: float(s["paged"] / s[other]) for other in ("orca_oracle", "orca_max")} if len(s) else {}
+        return {other: float(s["paged"] / s[other]) for other in ("orca_oracle", "orca_max", "ft") if other in s} \
+            if len(s) else {}
 
     real, synth = ratios("sharegpt"), ratios("sharegpt_synthetic")
     out = []
-    for name, other, need in (("paged_vs_orca_oracle", "orca_oracle", 1.7), ("paged_vs_orca_max", "orca_max", 2.7)):
+    for name, other in (("paged_vs_orca_oracle", "orca_oracle"), ("paged_vs_orca_max", "orca_max"),
+                        ("paged_vs_ft", "ft")):
+        if other not in real:
+            continue
         lo, hi = FIG12_RATE_RATIO[name]
+        paper = f"{lo}-{hi}" if lo is not None else f"up to {hi}"
+        a, b = widened(HEADLINE_THROUGHPUT_GAIN[0] if lo is None else lo, hi)
+        tol = f"{a:.3g}-{b:.3g}"
         note = f"sim at paper scale; NL threshold {NL_THRESHOLD_S} s/token; {describe_trace('sharegpt')}"
-        if synth:
+        if other in synth:
             note += f"; synthetic trace: {synth[other]:.2f}"
-        out.append(Claim(f"rate_ratio.sharegpt.{name}", f"{lo}-{hi}", round(real[other], 2), "x", f">= {need}",
-                         bool(real[other] >= need), note=note))
-        if synth:
-            out.append(Claim(f"rate_ratio.sharegpt.{name}.synthetic", f"{lo}-{hi}", round(synth[other], 2), "x",
-                             f">= {need}", bool(synth[other] >= need),
+        out.append(Claim(f"rate_ratio.sharegpt.{name}", paper, round(real[other], 2), "x", tol,
+                         bool(a <= real[other] <= b), note=note))
+        if other in synth:
+            out.append(Claim(f"rate_ratio.sharegpt.{name}.synthetic", paper, round(synth[other], 2), "x", tol,
+                             bool(a <= synth[other] <= b),
                              note=f"sensitivity row: {describe_trace('sharegpt_synthetic')}; real trace: "
                                   f"{real[other]:.2f}"))
     return out
@@ -157,6 +171,39 @@ def mean_batch_claims(online: pd.DataFrame) -> list[Claim]:
                                  bool(abs(ours / paper[s] - 1) <= 0.25),
                                  note=f"sim at {paper['rate']:g} req/s; {describe_trace(w)}"))
     return out
+
+
+def sim_claims_at(point: sensitivity.Point, params: SimParams, which: str) -> list[Claim]:
+    """The band's evaluation of 03's simulator claims under one point's assumptions: ``which`` is ``"rates"``
+    (sustainable-rate ratios: a search over rates, so no rate axis) or ``"batches"`` (Fig. 13's mean batch at the
+    paper's rate or at equal relative load)."""
+    cost = point.cost()
+    if which == "rates":
+        return rate_ratio_claims(sim_sustainable(params, False, cost, ("sharegpt", *params.sensitivity)))
+    rows = []
+    for w, paper in FIG13_MEAN_BATCH.items():
+        rate = sensitivity.rate_at(point, w, paper["rate"], params.num_requests[w], params.seed)
+        trace = with_rate(make_trace(point.trace_name(w), params.num_requests[w], 1.0, params.seed), rate,
+                          params.seed)
+        for s in ("orca_max", "orca_pow2", "orca_oracle", "paged"):
+            rows.append({"trace": w, "rate": paper["rate"], "system": s,
+                         "mean_batch": sim_run(trace, s, params, cost).mean_batch()})
+    return mean_batch_claims(pd.DataFrame(rows))
+
+
+def sim_bands(params: SimParams, default: list[Claim], progress: bool = True) -> tuple[list[Claim], pd.DataFrame]:
+    """03's simulator claims with their bands (``pagedattn.sensitivity``) and the per-point table."""
+    tables = []
+    # the rate ratios are a search over rates (no rate axis, the smaller grid) and carry the synthetic trace as
+    # their own .synthetic claims (no trace axis)
+    for which, axes in (("rates", {"rate_axis": False, "trace_axis": False}), ("batches", {})):
+        pts = sensitivity.points(params.quick, **axes)
+        t = sensitivity.sweep(f"{EXPERIMENT}.{which}", lambda p: sim_claims_at(p, params, which), pts,
+                              {"params": asdict(params)}, [c for c in default if c.name.startswith(
+                                  "rate_ratio." if which == "rates" else "mean_batch.")], progress=progress)
+        default = sensitivity.with_bands(default, t, sensitivity.describe(pts))
+        tables.append(t.assign(sweep=which))
+    return default, pd.concat(tables, ignore_index=True)
 
 
 def sim_params_dict(params: SimParams) -> dict:
@@ -372,24 +419,27 @@ def system_configs(params: RealParams) -> pd.DataFrame:
 
 
 def real_claims(offline: pd.DataFrame, sustainable: pd.DataFrame) -> list[Claim]:
+    """The CPU real engine's ratios: CPU timings of a tiny model, recorded (``kind="tracking"``), not judged
+    against the paper's GPU-scale numbers; each note says how it compares with the range it would be held to."""
     o = offline.set_index("system")["tokens_per_s"]
     out = []
-    for other, need in (("hf_generate", 3.0), ("hf_continuous_batching", None)):
+    for other in ("hf_generate", "hf_continuous_batching"):
         ratio = float(o["paged"] / o[other]) if other in o and math.isfinite(o[other]) else None
-        note = "CPU, tiny random-weight OPT, offline, same KV budget"
+        note = "CPU timing, tiny random-weight OPT, offline, same KV budget"
         if ratio is None:
             note += "; " + str(offline.set_index("system").loc[other, "note"]) if other in o else "; not run"
         out.append(Claim(f"throughput_ratio.paged_vs_{other}", "2-4x (vs FasterTransformer/Orca)",
-                         None if ratio is None else round(ratio, 2), "x",
-                         f">= {need}" if need else "", None if ratio is None or need is None else bool(ratio >= need),
-                         note))
+                         None if ratio is None else round(ratio, 2), "x", "", None, note, kind="tracking"))
     s = sustainable[sustainable.trace == "sharegpt"].set_index("system")["sustainable_rate"]
-    for name, other, need in (("paged_vs_orca_oracle", "orca_oracle", 1.7), ("paged_vs_orca_max", "orca_max", 2.7)):
+    for name, other in (("paged_vs_orca_oracle", "orca_oracle"), ("paged_vs_orca_max", "orca_max")):
         if other in s:
             ratio = float(s["paged"] / s[other])
             lo, hi = FIG12_RATE_RATIO[name]
-            out.append(Claim(f"rate_ratio_cpu.sharegpt.{name}", f"{lo}-{hi}", round(ratio, 2), "x", f">= {need}",
-                             bool(ratio >= need), note="real engine on the CPU, lengths and budget / 4"))
+            a, b = widened(lo, hi)
+            out.append(Claim(f"rate_ratio_cpu.sharegpt.{name}", f"{lo}-{hi}", round(ratio, 2), "x", "", None,
+                             f"CPU timing, real engine, lengths and budget / 4; "
+                             f"{'inside' if a <= ratio <= b else 'outside'} the paper's range widened by 25 % "
+                             f"({a:.3g}-{b:.3g})", kind="tracking"))
     return out
 
 
@@ -406,7 +456,8 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     out_dir.mkdir(parents=True, exist_ok=True)
     tables: dict = {"sim_online": sim_online(sp, progress), "sim_sustainable": sim_sustainable(sp, progress),
                     "sim_offline": sim_offline(sp)}
-    claims = rate_ratio_claims(tables["sim_sustainable"]) + mean_batch_claims(tables["sim_online"])
+    claims, tables["sensitivity"] = sim_bands(sp, rate_ratio_claims(tables["sim_sustainable"])
+                                              + mean_batch_claims(tables["sim_online"]), progress)
     if real:
         threads = torch.get_num_threads()
         torch.set_num_threads(rp.threads)

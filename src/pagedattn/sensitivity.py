@@ -1,0 +1,366 @@
+"""Sensitivity bands: how much of a simulator-based claim is the paper's mechanism and how much our assumptions.
+
+The simulator (``sim.py``) replays the paper's setting with a roofline step time whose efficiencies were chosen,
+not measured (``CostModel``: ``bandwidth_efficiency`` 0.7, ``flops_efficiency`` 0.5, a 4 ms step overhead), at
+request rates the paper chose for its hardware (§6.2, Fig. 13: ShareGPT 2 req/s, Alpaca 30 req/s), on a trace that
+is either the real ShareGPT conversations or a synthetic stand-in. A claim that holds at our defaults may hold only
+because of them. So every simulator-based claim is also computed at each point of a coarse grid of those
+assumptions, and it *holds* only if it holds at every point; its ``band`` (``results.Claim``) is the smallest and
+largest value across the grid (for a list, such as the best block sizes: the sizes best at every point, and those
+best at some point).
+
+The grid, fixed before any result was seen:
+
+- **step time**: the default, and four points of the box bandwidth efficiency 0.5-0.9 x FLOP efficiency 0.3-0.7 x
+  per-step overhead 0-8 ms: its fastest and its slowest corner (the step time is monotone in each constant, so these
+  hold its extremes), and the two points where decode and prefill move apart (bandwidth 0.9 with FLOPs 0.3, and
+  bandwidth 0.5 with FLOPs 0.7, both at 4 ms). The grid is sized by the measured cost of one replay (1.5-2 s of CPU
+  for 1000 ShareGPT requests; a sustainable-rate search costs about ten replays per system) on a 2-core machine
+  shared by eight jobs: ``points(extremes=False)`` gives all eight corners;
+- **request rate** (for a claim measured at a rate): the experiment's rate, and the rate at *equal relative load*:
+  the experiment's rate times the paged system's capacity at this point over its capacity at the default point,
+  where capacity is the paged system's offline throughput (requests/s with every request queued at t = 0) on the
+  same trace and cost model. A step 30 % faster then meets a load 30 % higher, as the paper's hardware would have
+  met the paper's rate; at the default point the two rates coincide;
+- **trace**: the default trace and the other one (real ShareGPT vs synthetic ShareGPT-like), at the default step
+  time, at both rates. Alpaca has no real trace (no data set can be installed), so it has no trace axis.
+
+A claim found by a search over rates (a sustainable rate, or the ratio of two) has no rate axis. A ShareGPT claim that has the synthetic trace's value as its own ``.synthetic`` claim
+has no trace axis (each point computes both). A claim whose verdict is known to move with the rate (Fig. 18b's best
+block sizes) also gets a rate sweep: the experiment's rate divided and multiplied by 1.2, at the default step time. A
+claim that rests on the PCIe model (Fig. 19's recompute/swap ratio) also gets half and twice the assumed 5 us per
+copy.
+
+Quick mode (CI) runs one corner besides the default: the fastest step (0.9, 0.7, 0 ms) at the experiment's rate.
+
+Each point is cached in ``<repo>/.cache/sensitivity/`` (ignored by git), keyed by the point, the experiment's
+parameters and a fingerprint of the simulator's sources and of the traces' contents, so rerunning a notebook costs
+nothing and a change to the simulator or the data recomputes. A change to an experiment's claim logic does not: clear
+the cache (``rm -r .cache/sensitivity``) after one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from pagedattn.results import REPO_ROOT, Claim
+from pagedattn.sim import CostModel
+
+BANDWIDTH_EFFICIENCY = (0.5, 0.9)
+FLOPS_EFFICIENCY = (0.3, 0.7)
+STEP_OVERHEAD_S = (0.0, 0.008)
+CACHE_DIR = REPO_ROOT / ".cache" / "sensitivity"
+#: The simulator's sources: a change to any of them invalidates the cache (and so does a change to the traces'
+#: contents, ``_traces_fingerprint``).
+_SOURCES = ("sim.py", "scheduler.py", "sequence.py", "config.py", "memory")
+#: The other trace of each workload with a real one (the trace axis).
+OTHER_TRACE = {"sharegpt": "sharegpt_synthetic", "sharegpt_synthetic": "sharegpt"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One set of assumptions: the step-time constants, which rate, which trace (``"default"`` or ``"other"``)."""
+
+    bandwidth_efficiency: float = CostModel.bandwidth_efficiency
+    flops_efficiency: float = CostModel.flops_efficiency
+    step_overhead_s: float = CostModel.step_overhead_s
+    rate: str = "experiment"  # "experiment" (the experiment's own rate) or "equal_load"
+    trace: str = "default"  # "default" or "other" (OTHER_TRACE)
+    rate_scale: float = 1.0  # a rate sweep around the experiment's rate (``points(rate_scales=...)``)
+    copy_latency_s: float = CostModel.copy_latency_s  # per swap copy (``points(copy_latencies=...)``)
+
+    def cost(self, base: CostModel | None = None) -> CostModel:
+        """``base`` (default: ``CostModel()``) with this point's step-time constants."""
+        return replace(base or CostModel(), bandwidth_efficiency=self.bandwidth_efficiency,
+                       flops_efficiency=self.flops_efficiency, step_overhead_s=self.step_overhead_s,
+                       copy_latency_s=self.copy_latency_s)
+
+    def trace_name(self, workload: str) -> str:
+        """The trace this point replays for ``workload`` (a workload without another trace keeps its own)."""
+        return OTHER_TRACE.get(workload, workload) if self.trace == "other" else workload
+
+    @property
+    def is_default(self) -> bool:
+        return self == DEFAULT
+
+    def label(self) -> str:
+        scale = f" x {self.rate_scale:.3g}" if self.rate_scale != 1 else ""
+        copy = f", {1e6 * self.copy_latency_s:g} us per copy" if self.copy_latency_s != DEFAULT.copy_latency_s else ""
+        rate = ", equal-load rate" if self.rate == "equal_load" else ""
+        trace = ", other trace" if self.trace == "other" else ""
+        return (f"bw {self.bandwidth_efficiency:g}, flops {self.flops_efficiency:g}, overhead "
+                f"{1e3 * self.step_overhead_s:g} ms{rate}{trace}{f', rate{scale}' if scale else ''}{copy}")
+
+
+DEFAULT = Point()
+
+
+def points(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True,
+           rate_scales: tuple[float, ...] = (), copy_latencies: tuple[float, ...] = (),
+           extremes: bool = True) -> list[Point]:
+    """The grid of the module docstring, default first. ``quick``: the default and the fastest corner.
+    ``rate_scales``: also the experiment's rate times each of these, at the default step time (a rate sweep);
+    ``copy_latencies``: also each of these seconds per swap copy, at the default step time; ``extremes``: the four
+    step-time points of the module docstring (``False``: all eight corners)."""
+    (b0, b1), (f0, f1), (o0, o1) = BANDWIDTH_EFFICIENCY, FLOPS_EFFICIENCY, STEP_OVERHEAD_S
+    fastest = Point(b1, f1, o0)
+    if quick:
+        return [DEFAULT, fastest]
+    corners = [Point(b, f, o) for b in (b0, b1) for f in (f0, f1) for o in (o0, o1)]
+    if extremes:
+        mid = DEFAULT.step_overhead_s
+        corners = [fastest, Point(b0, f0, o1), Point(b1, f0, mid), Point(b0, f1, mid)]
+    rates = ("experiment", "equal_load") if rate_axis else ("experiment",)
+    out = [DEFAULT] + [replace(p, rate=r) for r in rates for p in corners]
+    if trace_axis:
+        out += [Point(trace="other", rate=r) for r in rates]
+    return out + [Point(rate_scale=x) for x in rate_scales] + [Point(copy_latency_s=x) for x in copy_latencies]
+
+
+def describe(pts: list[Point]) -> str:
+    """The ``over`` of a band: what the points sweep, in words."""
+    corners = {(p.bandwidth_efficiency, p.flops_efficiency, p.step_overhead_s) for p in pts} - {
+        (DEFAULT.bandwidth_efficiency, DEFAULT.flops_efficiency, DEFAULT.step_overhead_s)}
+    bw = sorted({c[0] for c in corners})
+    fl = sorted({c[1] for c in corners})
+    ov = sorted({1e3 * c[2] for c in corners})
+    if len(corners) == 8 or len(corners) == 1:
+        parts = [f"bw eff {'/'.join(f'{x:g}' for x in bw)} x FLOP eff {'/'.join(f'{x:g}' for x in fl)} x overhead "
+                 f"{'/'.join(f'{x:g}' for x in ov)} ms ({len(corners)} corner{'s' * (len(corners) != 1)})"]
+    else:
+        parts = ["step time (bw eff, FLOP eff, overhead ms) at " + ", ".join(
+            f"({c[0]:g}, {c[1]:g}, {1e3 * c[2]:g})" for c in sorted(corners))]
+    if any(p.rate == "equal_load" for p in pts):
+        parts.append("experiment's and equal-load rate")
+    if any(p.trace == "other" for p in pts):
+        parts.append("real and synthetic ShareGPT")
+    scales = sorted({p.rate_scale for p in pts} - {1.0})
+    if scales:
+        parts.append(f"rate x {'/'.join(f'{x:.3g}' for x in scales)}")
+    copies = sorted({1e6 * p.copy_latency_s for p in pts})
+    if len(copies) > 1:
+        parts.append(f"{'/'.join(f'{x:g}' for x in copies)} us per swap copy")
+    return "; ".join(parts) + f"; {len(pts)} points"
+
+
+#: A rate ratio is judged two-sided: within the paper's range, each end moved out by this share (issue 13).
+WIDEN = 0.25
+
+
+def widened(lo: float, hi: float | None = None) -> tuple[float, float]:
+    """The paper's range ``[lo, hi]`` (or single value ``lo``) widened by ``WIDEN``: ``[lo x 0.75, hi x 1.25]``."""
+    return lo * (1 - WIDEN), (lo if hi is None else hi) * (1 + WIDEN)
+
+
+# ------------------------------------------------------------------------------------------------------ cache
+@lru_cache(maxsize=1)
+def _fingerprint() -> str:
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for name in _SOURCES:
+        path = root / name
+        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            if f.exists():
+                h.update(f.read_bytes())
+    h.update(_traces_fingerprint().encode())
+    return h.hexdigest()[:16]
+
+
+def _traces_fingerprint() -> str:
+    """What the traces hold: the real ShareGPT pairs after the filters, a draw of each synthetic trace and a run of
+    Poisson arrivals (a change to the loader, the tokenizer, the filters or a length model changes it)."""
+    import numpy as np
+
+    from pagedattn.workloads import DISTS, poisson_arrivals, real_pool, sample_lengths
+
+    h = hashlib.sha256()
+    p, o, _ = real_pool("sharegpt")
+    parts = [p, o, poisson_arrivals(100, 1.0, 0)] + [x for name in DISTS for x in sample_lengths(name, 200, 0)]
+    for x in parts:
+        h.update(np.ascontiguousarray(x).tobytes())
+    return h.hexdigest()
+
+
+def cached(key: dict, fn: Callable[[], Any], cache: bool = True) -> Any:
+    """``fn()``, stored as JSON under ``CACHE_DIR`` by ``key`` (plus the simulator's fingerprint)."""
+    blob = json.dumps({**key, "_code": _fingerprint()}, sort_keys=True, default=str)
+    path = CACHE_DIR / f"{hashlib.sha256(blob.encode()).hexdigest()[:24]}.json"
+    if cache and path.exists():
+        return json.loads(path.read_text())["value"]
+    value = fn()
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": json.loads(blob), "value": value}, default=str))
+        tmp.replace(path)
+    return value
+
+
+def capacity(trace_name: str, num_requests: int, seed: int, cost: CostModel, block_size: int = 16,
+             cache: bool = True) -> float:
+    """The paged system's offline throughput (requests/s, every request queued at t = 0): the capacity that the
+    equal-load rate scales with."""
+    from pagedattn.sim import simulate
+    from pagedattn.workloads import make_trace
+
+    def run() -> float:
+        return simulate(make_trace(trace_name, num_requests, math.inf, seed), "paged", block_size=block_size,
+                        cost=cost, record_steps=False).throughput()
+
+    return cached({"fn": "capacity", "trace": trace_name, "n": num_requests, "seed": seed, "cost": asdict(cost),
+                   "block_size": block_size}, run, cache)
+
+
+def rate_at(point: Point, workload: str, rate: float, num_requests: int, seed: int = 0,
+            base: CostModel | None = None, cache: bool = True) -> float:
+    """The request rate a point replays ``workload`` at: ``rate`` itself, or ``rate`` at equal relative load
+    (scaled by the paged system's capacity at this point over that at the default point on the default trace)."""
+    rate *= point.rate_scale
+    if point.rate == "experiment":
+        return rate
+    here = capacity(point.trace_name(workload), num_requests, seed, point.cost(base), cache=cache)
+    there = capacity(workload, num_requests, seed, DEFAULT.cost(base), cache=cache)
+    return rate * here / there
+
+
+# ------------------------------------------------------------------------------------------------------ bands
+def _claims_to_json(claims: list[Claim]) -> list[dict]:
+    from pagedattn.results import _clean
+
+    return [_clean(asdict(c)) for c in claims]
+
+
+def sweep(experiment: str, claims_at: Callable[[Point], list[Claim]], pts: list[Point], key: dict,
+          default: list[Claim] | None = None, cache: bool = True, progress: bool = False) -> pd.DataFrame:
+    """Evaluate ``claims_at`` at every point (cached); one row per (point, claim): its value and whether it holds.
+
+    ``default``: the claims of the experiment's main run, used for the default point instead of recomputing it
+    (``claims_at(DEFAULT)`` must compute the same thing)."""
+    from tqdm.auto import tqdm
+
+    rows = []
+    for p in tqdm(pts, desc=f"sensitivity {experiment}", disable=not progress, leave=False):
+        if p.is_default and default is not None:
+            got = _claims_to_json(default)
+        else:
+            got = cached({"fn": "claims_at", "experiment": experiment, "point": asdict(p), **key},
+                         lambda p=p: _claims_to_json(claims_at(p)), cache)
+        for c in got:
+            if c.get("kind", "reproduction") == "reproduction":
+                rows.append({**asdict(p), "point": p.label(), "is_default": p.is_default, "claim": c["name"],
+                             "ours": c["ours"], "holds": c["holds"]})
+    return pd.DataFrame(rows)
+
+
+def _lo_hi(values: list) -> tuple[Any, Any]:
+    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return None, None
+    if isinstance(vals[0], (list, tuple)):  # a set of sizes: those in every value, those in some value
+        sets = [set(v) for v in vals]
+        return sorted(set.intersection(*sets)), sorted(set.union(*sets))
+    return min(vals), max(vals)
+
+
+def with_bands(claims: list[Claim], table: pd.DataFrame, over: str) -> list[Claim]:
+    """Each claim found in ``table`` (``sweep``'s) gains its band, holds only if it holds at every point, and its
+    note says where it breaks. Claims not in the table are returned unchanged."""
+    out = []
+    for c in claims:
+        d = table[table.claim == c.name] if len(table) else table
+        if len(d) < 2 or c.kind != "reproduction":  # not swept (only the default point has it)
+            out.append(c)
+            continue
+        judged = d[d.holds.notna()]
+        if not len(judged):  # measured nowhere (e.g. not run in this mode)
+            out.append(c)
+            continue
+        lo, hi = _lo_hi(list(d.ours))
+        fails = judged[~judged.holds.astype(bool)]
+        holds = None if c.holds is None else bool(c.holds and not len(fails))
+        note = c.note + ("; " if c.note else "")
+        if len(fails):
+            note += (f"band: fails at {len(fails)} of {len(judged)} points, e.g. "
+                     + " | ".join(f"{r.point} -> {_short(r.ours)}" for r in fails.head(3).itertuples()))
+        else:
+            note += f"band: holds at all {len(judged)} points"
+        if len(judged) < len(d):
+            note += f"; not measurable at {len(d) - len(judged)} of {len(d)} points"
+        out.append(replace(c, band={"min": lo, "max": hi, "over": over}, holds=holds, note=note))
+    return out
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+# ------------------------------------------------------------------------------------------------- reading it
+def breaks(table: pd.DataFrame) -> pd.DataFrame:
+    """Where each claim breaks: one row per claim with the points at which it fails (empty: holds everywhere)."""
+    rows = []
+    for name, d in table.groupby("claim", sort=False):
+        judged = d[d.holds.notna()]
+        fails = judged[~judged.holds.astype(bool)]
+        rows.append({"claim": name, "points": len(d), "fails_at": len(fails),
+                     "holds_at_default": bool(d[d.is_default].holds.all()) if d.is_default.any() else None,
+                     "failing_points": "; ".join(f"{r.point} ({_short(r.ours)})" for r in fails.itertuples())})
+    return pd.DataFrame(rows)
+
+
+def _reference(paper: Any) -> float | None:
+    """A claim's paper value as one number: the value itself, or the middle of a "lo-hi" range."""
+    if isinstance(paper, (int, float)) and not isinstance(paper, bool):
+        return float(paper)
+    if isinstance(paper, str):
+        try:
+            lo, hi = (float(x) for x in paper.replace("up to", "").split("-")) if "-" in paper else (None, None)
+        except ValueError:
+            return None
+        return math.sqrt(lo * hi) if lo and hi else None
+    return None
+
+
+def plot(table: pd.DataFrame, claims: list[dict], title: str = "", label: str = ""):
+    """Each numeric claim's band as ours / paper on a log axis: a grey dot per point of the grid (a red x where the
+    claim fails there), a black dot at the default (ringed red if it fails there), the paper at 1."""
+    import matplotlib.pyplot as plt
+
+    from pagedattn.plots import footnote
+
+    ref = {c["name"]: _reference(c["paper"]) for c in claims}
+    d = table[table.claim.map(lambda n: ref.get(n) is not None)
+              & table.ours.map(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))].copy()
+    d = d[d.ours.notna()]
+    d["ratio"] = d.ours.astype(float) / d.claim.map(ref)
+    d = d[d.ratio > 0]
+    names = list(dict.fromkeys(d.claim))
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(names) + 1.4))
+    for y, name in enumerate(names):
+        g = d[d.claim == name]
+        ax.plot([g.ratio.min(), g.ratio.max()], [y, y], color="#999999", lw=2, zorder=1)
+        bad = g.holds.notna() & ~g.holds.astype(bool)
+        ax.scatter(g[~bad].ratio, [y] * (~bad).sum(), s=12, color="#777777", zorder=2)
+        ax.scatter(g[bad].ratio, [y] * bad.sum(), s=14, color="#d62728", marker="x", zorder=3)
+        dflt = g[g.is_default]
+        ax.scatter(dflt.ratio, [y] * len(dflt), s=36, color="black", zorder=4,
+                   edgecolors=["#d62728" if h is False or h == 0 else "black" for h in dflt.holds], linewidths=1.5)
+    ax.axvline(1.0, color="#1f77b4", ls="--", lw=1)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("ours / paper (log): black = default assumptions (red ring: fails), grey = other points, "
+                  "red x = fails there")
+    ax.set_title(title or "Sensitivity band of each simulator claim")
+    if label:
+        footnote(fig, label)
+    fig.tight_layout()
+    return fig

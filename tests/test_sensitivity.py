@@ -1,0 +1,120 @@
+"""Sensitivity bands (pagedattn.sensitivity), the simulator's swap charge and its steady-state window (issue 13)."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from pagedattn import sensitivity as S
+from pagedattn.results import Claim
+from pagedattn.sim import CostModel, SimResult, simulate
+from pagedattn.workloads import TraceRequest, make_trace
+
+
+def test_grid_is_the_stated_one():
+    full = S.points()
+    assert full[0] == S.DEFAULT and len(set(full)) == len(full) == 1 + 4 + 4 + 2
+    steps = {(p.bandwidth_efficiency, p.flops_efficiency, p.step_overhead_s) for p in full}
+    assert steps == {(0.7, 0.5, 0.004), (0.9, 0.7, 0.0), (0.5, 0.3, 0.008), (0.9, 0.3, 0.004), (0.5, 0.7, 0.004)}
+    assert {p.rate for p in full} == {"experiment", "equal_load"}
+    assert len(S.points(rate_axis=False, trace_axis=False)) == 5
+    corners = S.points(rate_axis=False, trace_axis=False, extremes=False)[1:]
+    assert {(p.bandwidth_efficiency, p.flops_efficiency, p.step_overhead_s) for p in corners} == \
+        {(b, f, o) for b in (0.5, 0.9) for f in (0.3, 0.7) for o in (0.0, 0.008)}
+    assert S.points(quick=True) == [S.DEFAULT, S.Point(0.9, 0.7, 0.0)]
+    extra = S.points(rate_axis=False, trace_axis=False, rate_scales=(0.5,), copy_latencies=(1e-5,))
+    assert S.Point(rate_scale=0.5) in extra and S.Point(copy_latency_s=1e-5) in extra
+    assert "equal-load" in S.describe(full) and "(0.9, 0.3, 4)" in S.describe(full)
+    assert "8 corners" in S.describe(corners)
+
+
+def test_point_sets_the_cost_model_and_trace():
+    p = S.Point(0.5, 0.3, 0.0, trace="other", copy_latency_s=1e-6)
+    c = p.cost(CostModel(kernel_overhead=2.0))
+    assert (c.bandwidth_efficiency, c.flops_efficiency, c.step_overhead_s, c.copy_latency_s, c.kernel_overhead) == \
+        (0.5, 0.3, 0.0, 1e-6, 2.0)
+    assert p.trace_name("sharegpt") == "sharegpt_synthetic" and p.trace_name("alpaca") == "alpaca"
+    assert S.DEFAULT.trace_name("sharegpt") == "sharegpt"
+
+
+def test_equal_load_rate_scales_with_capacity(monkeypatch, tmp_path):
+    monkeypatch.setattr(S, "CACHE_DIR", tmp_path)
+    fast = S.Point(0.9, 0.7, 0.0, rate="equal_load")
+    assert S.rate_at(S.Point(0.9, 0.7, 0.0), "alpaca", 30.0, 60) == 30.0  # the experiment's rate: untouched
+    assert S.rate_at(replace(S.DEFAULT, rate="equal_load"), "alpaca", 30.0, 60) == pytest.approx(30.0)
+    here = S.capacity("alpaca", 60, 0, fast.cost())
+    there = S.capacity("alpaca", 60, 0, CostModel())
+    assert here > there  # a faster step serves more
+    assert S.rate_at(fast, "alpaca", 30.0, 60) == pytest.approx(30.0 * here / there)
+
+
+def test_cache_returns_the_stored_value(monkeypatch, tmp_path):
+    monkeypatch.setattr(S, "CACHE_DIR", tmp_path)
+    calls = []
+    assert S.cached({"k": 1}, lambda: calls.append(1) or [1, 2]) == [1, 2]
+    assert S.cached({"k": 1}, lambda: calls.append(1) or [3]) == [1, 2]
+    assert S.cached({"k": 2}, lambda: calls.append(1) or [3]) == [3]
+    assert len(calls) == 2
+
+
+def _table(rows):
+    return pd.DataFrame([{"point": f"p{i}", "is_default": i == 0, "claim": n, "ours": v, "holds": h}
+                         for i, (n, v, h) in enumerate(rows)])
+
+
+def test_band_holds_only_where_every_point_holds():
+    claims = [Claim("a", 1.0, 1.1, holds=True), Claim("b", [16, 32], [1, 16, 32], holds=True),
+              Claim("c", 1.0, 3.0, holds=True, kind="invariant"), Claim("d", 1.0, 1.0, holds=True)]
+    table = _table([("a", 1.1, True), ("a", 0.7, False), ("a", 1.2, True),
+                    ("b", [1, 16, 32], True), ("b", [16, 32, 64], True),
+                    ("c", 3.0, True), ("c", 4.0, True), ("d", 1.0, True)])
+    a, b, c, d = S.with_bands(claims, table, "grid")
+    assert a.band == {"min": 0.7, "max": 1.2, "over": "grid"} and a.holds is False and "fails at 1 of 3" in a.note
+    assert b.band["min"] == [16, 32] and b.band["max"] == [1, 16, 32, 64] and b.holds is True
+    assert c.band is None  # an invariant gets no band
+    assert d.band is None  # only the default point: not swept
+    assert S.breaks(table).set_index("claim").loc["a", "fails_at"] == 1
+
+
+def test_ratio_tolerance_is_two_sided():
+    assert S.widened(1.7, 2.7) == pytest.approx((1.275, 3.375))
+    assert S.widened(1.3) == pytest.approx((0.975, 1.625))
+
+
+def test_simulator_charges_swaps():
+    """A swap-preempting run is slower when a copy costs more; with recomputation it does not care."""
+    trace = [TraceRequest(f"r{i}", 0.0, 200, 300) for i in range(12)]
+    slots = 6 * 16 * 40  # room for a few requests only: preemption is certain
+
+    def duration(mode, latency):
+        r = simulate(trace, "paged", slots, 16, CostModel(copy_latency_s=latency), preemption_mode=mode,
+                     num_cpu_blocks=4000 if mode == "swap" else 0)
+        return r.duration, sum(r.num_preemptions.values())
+
+    (cheap, n), (dear, _) = duration("swap", 0.0), duration("swap", 1e-3)
+    assert n > 0 and dear > cheap
+    assert duration("recompute", 0.0)[0] == duration("recompute", 1e-3)[0]
+
+
+def test_steady_window_leaves_out_ramp_up_and_drain():
+    reqs = pd.DataFrame({"arrival_time": [float(i) for i in range(10)], "finish_time": [20.0] * 10,
+                         "output_len": [1] * 10})
+    steps = pd.DataFrame({"time": [0.0, 1.0, 2.5, 5.0, 9.5, 15.0], "dt": [1.0] * 6,
+                          "kind": ["decode"] * 6, "num_running": [1, 2, 50, 50, 3, 1], "memory_bound": [False] * 6})
+    r = SimResult("paged", steps, reqs)
+    assert r.steady_window() == (2.0, 9.0)  # the arrival at a fifth of the trace, the last arrival
+    assert r.mean_batch() == 50 and r.mean_batch(steady=False) == pytest.approx(107 / 6)
+    offline = SimResult("paged", steps, reqs.assign(arrival_time=0.0))
+    assert offline.steady_window() == (0.0, math.inf)
+
+
+def test_steady_batch_does_not_depend_on_trace_length():
+    """The Fig. 13 statistic of one model at one rate: a trace twice as long gives about the same batch (as long as
+    a fifth of the arrivals outlasts the ramp-up: here 1000 Alpaca requests at 30 req/s, 6.7 s against a request
+    lifetime of about 5 s), while the average over all steps moves with the trace's length."""
+    short, long_ = (simulate(make_trace("alpaca", n, 30.0, 0), "paged") for n in (1000, 2000))
+    assert short.mean_batch() == pytest.approx(long_.mean_batch(), rel=0.1)
+    assert abs(short.mean_batch(steady=False) / long_.mean_batch(steady=False) - 1) > \
+        abs(short.mean_batch() / long_.mean_batch() - 1)
