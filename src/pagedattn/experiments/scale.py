@@ -145,11 +145,12 @@ class Params:
     @classmethod
     def make(cls, quick: bool = False, **kw) -> "Params":
         if quick:
-            kw.setdefault("models", ("OPT-13B", "OPT-66B"))
-            kw.setdefault("traces", ("sharegpt",))
-            kw.setdefault("num_requests", {m: {"sharegpt": 60, "alpaca": 150} for m in MODELS})
-            kw.setdefault("load_fractions", (0.2, 1.0))
-            kw.setdefault("bisection_steps", 3)
+            # CI: one tensor-parallel setup on the synthetic trace (loading real ShareGPT alone takes ~20 s)
+            kw.setdefault("models", ("OPT-66B",))
+            kw.setdefault("traces", ("alpaca",))
+            kw.setdefault("num_requests", {m: {"sharegpt": 60, "alpaca": 100} for m in MODELS})
+            kw.setdefault("load_fractions", (0.3, 1.0))
+            kw.setdefault("bisection_steps", 2)
             kw.setdefault("bands", False)
         return cls(quick=quick, **kw)
 
