@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 QUICK  ?= 0
 QUICK_FLAG := $(if $(filter 1 true yes,$(QUICK)),--quick,)
 
-.PHONY: venv test reproduce lab model summary clean-results
+.PHONY: venv test test-fast mutants reproduce lab model summary clean-results
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,18 @@ venv: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
+## The fast tier for local work: everything but notebook runs and model training (CI runs `make test`).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+## Mutation testing (mutmut, pinned in requirements-dev.txt) of memory/, scheduler, sampling and beam search
+## against the fast tests that cover them; not part of CI. MUTANTS="pagedattn.sampling*" runs one module.
+mutants: $(STAMP)
+	$(BIN)/pip install -q -r requirements-dev.txt
+	OMP_NUM_THREADS=1 $(BIN)/mutmut run --max-children $(or $(JOBS),2) $(MUTANTS); $(BIN)/mutmut results
+
 ## Run every notebook headlessly with papermill into results/<notebook>/ and regenerate results/SUMMARY.md.
+## QUICK=1: small parameters, written to results/quick/ (git-ignored), never over the committed results.
 reproduce: $(STAMP)
 	$(BIN)/python -m pagedattn.reproduce $(QUICK_FLAG)
 

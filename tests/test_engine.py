@@ -308,10 +308,9 @@ def test_text_prompts_with_a_tokenizer(llama_and_ref):
     assert_all_blocks_free(llm.engine)
 
 
-def test_triton_backend_matches(llama_and_ref):
+def test_triton_backend_matches(llama_and_ref, triton):
     """The Triton kernels plug in behind the same interface (on a CPU in Triton's interpreter, which
     tests/conftest.py switches on before collection; the interpreter is slow, so a short run)."""
-    pytest.importorskip("triton")
     hf, ref = llama_and_ref
     llm = LLM(hf, block_size=4, attention_backend="triton")
     assert llm.engine.backend.name == "triton"

@@ -31,8 +31,7 @@ BASE_SEED = int(os.environ.get("PAGEDATTN_TEST_SEED", "1234"))
 
 
 @pytest.fixture(scope="module")
-def triton_ops():
-    pytest.importorskip("triton")
+def triton_ops(triton):
     return kernels.get_backend("triton")
 
 

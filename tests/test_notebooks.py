@@ -1,26 +1,45 @@
-"""Every notebook runs headlessly (papermill) in quick mode and writes its results and summary.json."""
+"""Every notebook runs headlessly (papermill) in quick mode and writes its results and a summary.json in DESIGN.md's
+convention, with the claim names DESIGN.md promises (stable, so that a reader can track them over time)."""
 import json
 from pathlib import Path
 
 import pytest
+from test_results import check_convention
 
 from pagedattn.reproduce import NOTEBOOKS_DIR, run_notebook
 from pagedattn.results import build_summary_md
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 
+# DESIGN.md, "Results convention": the stable claim names of each notebook (02's is suffixed by the hardware)
+STABLE_CLAIMS = {
+    "01": [f"{m}.{s}" for m in ("token_states_pct", "mean_batch") for s in ("orca_max", "orca_pow2", "orca_oracle",
+                                                                             "paged")],
+    "02": ["paged_over_contiguous_latency."],
+    "03": ["rate_ratio.sharegpt.paged_vs_orca_oracle", "rate_ratio.sharegpt.paged_vs_orca_max",
+           "throughput_ratio.paged_vs_hf_generate", "throughput_ratio.paged_vs_hf_continuous_batching"],
+    "04": [f"saving_pct.{w}.{k}{i}" for w in ("alpaca", "sharegpt") for k in ("parallel_n", "beam_w")
+           for i in (2, 4, 6)] + ["gain_over_orca_oracle.n1", "gain_over_orca_oracle.beam_w6"],
+    "05": ["best_block_sizes.sharegpt", "best_block_sizes.alpaca"],
+    "06": ["recompute_over_swap_latency.block16", "recompute_over_swap_latency.block64"],
+    "07": [f"{m}.{s}" for m in ("prefix_speedup", "prefix_hit_rate") for s in ("one_shot", "five_shot")],
+}
 
+
+@pytest.mark.slow
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_in_quick_mode(path: Path, tmp_path: Path):
     out = run_notebook(path, quick=True, results_dir=tmp_path)
     assert out.exists()
-    summary = tmp_path / path.stem / "summary.json"
-    if summary.exists():  # result notebooks write one; a tour may not
-        doc = json.loads(summary.read_text())
-        assert doc["quick"] is True and doc["claims"] and doc["hardware"] and doc["model"]
-        assert list((tmp_path / path.stem).glob("*.png")), "a result notebook saves its figures"
-        assert doc["experiment"] in build_summary_md(tmp_path).read_text()
+    doc = json.loads((tmp_path / path.stem / "summary.json").read_text())
+    check_convention(doc)
+    assert doc["quick"] is True and doc["hardware"] and doc["model"]
+    names = [c["name"] for c in doc["claims"]]
+    for stable in STABLE_CLAIMS.get(path.stem[:2], []):
+        assert any(n == stable or (stable.endswith(".") and n.startswith(stable)) for n in names), stable
+    assert list((tmp_path / path.stem).glob("*.png")), "a result notebook saves its figures"
+    assert doc["experiment"] in build_summary_md(tmp_path).read_text()
 
 
 def test_source_notebooks_hold_no_outputs():
@@ -29,3 +48,7 @@ def test_source_notebooks_hold_no_outputs():
         for cell in nb["cells"]:
             assert not cell.get("outputs"), f"{path.name} holds cell outputs; keep sources clean"
         assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb["cells"]), path.name
+
+
+def test_every_result_notebook_has_stable_claims_listed():
+    assert {p.stem[:2] for p in NOTEBOOKS} - {"00"} == set(STABLE_CLAIMS)

@@ -5,6 +5,7 @@ import pytest
 from pagedattn.config import SchedulerConfig
 from pagedattn.memory import BlockManager
 from pagedattn.memory.accounting import breakdown
+from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.scheduler import Scheduler
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
 from pagedattn.sim import SYSTEMS, make_kv_manager, simulate
@@ -37,6 +38,48 @@ def test_impossible_request_is_ignored_with_a_message_and_others_run():
     assert [g.request_id for g in out.ignored] == ["r0", "r1"]
     assert "max_model_len=64" in out.ignored[0].error and "num_gpu_blocks=8" in out.ignored[1].error
     assert [g.request_id for g in out.prefill_groups] == ["r2"]
+
+
+def test_swap_without_cpu_space_falls_back_to_recompute_for_one_sequence():
+    """A single-sequence group that cannot be swapped out (no CPU blocks) is recomputed instead, not failed."""
+    kv = BlockManager(block_size=4, num_gpu_blocks=6, num_cpu_blocks=0, watermark=0.0)
+    s = Scheduler(SchedulerConfig(preemption_mode="swap"), kv)
+    groups = [group(i, 8) for i in range(3)]
+    for g in groups:
+        s.add(g)
+    s.schedule()
+    for g in groups:
+        g.seqs[0].append_token(0)
+    out = s.schedule()
+    assert out.preempted == [groups[2]] and not out.ignored and not out.blocks_to_swap_out
+    assert s.num_preemptions == {"recompute": 1, "swap": 0} and s.waiting[0] is groups[2]
+    assert groups[2].seqs[0].status == "waiting" and groups[2].error is None
+
+
+def test_never_fitting_requests_get_the_limit_they_break():
+    """Paged: 33 tokens need 9 of 10 blocks, but the watermark keeps 2 free. Orca (Max) reserves max_model_len=128
+    slots, more than its 64-slot arena holds."""
+    paged = Scheduler(SchedulerConfig(max_model_len=64), BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.2))
+    paged.add(group(0, 33))
+    assert paged.schedule().ignored[0].error == "request can never fit in the KV cache (watermark)"
+    orca = Scheduler(SchedulerConfig(max_model_len=128), ContiguousKVManager(64, "max", max_model_len=128))
+    orca.add(group(1, 10))
+    assert orca.schedule().ignored[0].error == ("request reserves 1 x 128 slots but the arena of 64 slots has no "
+                                                "such free space even when empty")
+
+
+def test_abort_finishes_only_unfinished_sequences_and_frees_their_blocks():
+    kv = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.0)
+    s = Scheduler(SchedulerConfig(), kv)
+    g, other = group(0, 6, n=2), group(1, 6)
+    s.add(g)
+    s.add(other)
+    s.schedule()
+    g.seqs[0].finish("length")  # one sample already done
+    assert s.abort("r0") is g and s.abort("nope") is None
+    assert [q.finish_reason for q in g.seqs] == ["length", "abort"]
+    assert s.running == [other] and set(kv.tables) == {other.seqs[0].seq_id}
+    kv.check_invariants()
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
@@ -149,7 +192,8 @@ def test_group_that_cannot_be_swapped_fails_alone_and_frees_its_blocks():
                 q.append_token(q.get_len())  # the samples diverge
         if failed:
             break
-    assert failed == [g1] and "num_cpu_blocks" in g1.error
+    assert failed == [g1] and g1.error == ("request 'r1' had to be preempted, but its 2 sequences share blocks and "
+                                           "do not fit in the CPU swap space (raise num_cpu_blocks)")
     assert all(q.finish_reason == "error" for q in g1.seqs) and g1.seqs[0].seq_id not in kv.tables
     assert s.running == [g0]
     kv.check_invariants()

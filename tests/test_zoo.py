@@ -30,6 +30,7 @@ def committed_dir():
     return path
 
 
+@pytest.mark.slow
 def test_quick_model_beats_unigram_and_reproduces_its_record(quick_dir):
     record = zoo.verify(quick_dir)
     ev = record["eval"]
@@ -45,6 +46,7 @@ def test_quick_model_beats_unigram_and_reproduces_its_record(quick_dir):
     assert zoo.perplexity(model, x, y) == pytest.approx(ev["val_ppl"], rel=1e-3)
 
 
+@pytest.mark.slow
 def test_quick_model_loads_as_a_plain_hf_checkpoint(quick_dir):
     model = OPTForCausalLM.from_pretrained(quick_dir, dtype=torch.float32)
     tok = PreTrainedTokenizerFast.from_pretrained(quick_dir)

@@ -2,7 +2,12 @@
 
 Each notebook has a ``parameters`` cell with at least ``quick`` (small parameters) and ``results_dir`` (the root
 under which it writes ``<notebook name>/``). The executed copy is saved beside its CSV/PNG/summary.json, and
-``results/SUMMARY.md`` is regenerated at the end.
+``<root>/SUMMARY.md`` is regenerated at the end.
+
+Full runs write the committed ``results/``; quick runs (``--quick``) write to ``results/quick/``, which git
+ignores, so a first try never overwrites the committed results. A notebook that fails does not stop the others; its
+folder gets a ``STALE`` file, so that SUMMARY.md marks whatever ``summary.json`` it holds as stale, and the command
+exits 1.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from pagedattn.results import REPO_ROOT, RESULTS_DIR, build_summary_md
+from pagedattn.results import QUICK_RESULTS_DIR, REPO_ROOT, RESULTS_DIR, STALE_FILE, build_summary_md
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 
@@ -47,27 +52,61 @@ def run_notebook(path: str | os.PathLike, quick: bool, results_dir: str | os.Pat
     return out
 
 
+def select(notebooks: list[Path], only: list[str] | None) -> list[Path]:
+    """The notebooks whose names start with one of ``only`` (all when ``only`` is None); ValueError naming the
+    prefix when one matches nothing, so that a typo never passes as a successful run of zero notebooks."""
+    if only is None:
+        return notebooks
+    if not only:
+        raise ValueError("--only needs at least one notebook name prefix, e.g. --only 01 03")
+    unmatched = [p for p in only if not any(nb.name.startswith(p) for nb in notebooks)]
+    if unmatched:
+        raise ValueError(f"--only {' '.join(unmatched)} matches no notebook; known: "
+                         f"{', '.join(nb.stem for nb in notebooks)}")
+    return [nb for nb in notebooks if any(nb.name.startswith(p) for p in only)]
+
+
+def mark_stale(summary: Path, mtime_before: int | None, error: Exception) -> None:
+    """Leave a ``STALE`` file beside the summary.json of a notebook whose run failed, saying which numbers remain."""
+    first_line = (str(error).strip().splitlines() or [""])[0][:200]
+    if not summary.exists():
+        return
+    if mtime_before is not None and summary.stat().st_mtime_ns == mtime_before:
+        origin = "the numbers below are from an earlier run"
+    else:
+        origin = "the numbers below were written by that run before it failed"
+    (summary.parent / STALE_FILE).write_text(f"the run of {time.strftime('%Y-%m-%d %H:%M')} failed "
+                                             f"({type(error).__name__}: {first_line}); {origin}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="small parameters (CI-sized)")
+    ap.add_argument("--quick", action="store_true", help="small parameters (CI-sized), written to results/quick/")
     ap.add_argument("--only", nargs="*", help="notebook name prefixes to run, e.g. 01 03")
-    ap.add_argument("--results-dir", default=str(RESULTS_DIR))
+    ap.add_argument("--results-dir", default=None,
+                    help=f"root to write to (default: {RESULTS_DIR}, or {QUICK_RESULTS_DIR} with --quick)")
     args = ap.parse_args(argv)
-    notebooks = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
-    if args.only:
-        notebooks = [nb for nb in notebooks if any(nb.name.startswith(p) for p in args.only)]
+    results_dir = Path(args.results_dir or (QUICK_RESULTS_DIR if args.quick else RESULTS_DIR))
+    try:
+        notebooks = select(sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")), args.only)
+    except ValueError as e:
+        ap.error(str(e))
     failed = []
     for nb in notebooks:
         t0 = time.perf_counter()
         print(f"[reproduce] {nb.name} (quick={args.quick}) ...", flush=True)
+        summary = results_dir / nb.stem / "summary.json"
+        before = summary.stat().st_mtime_ns if summary.exists() else None
         try:
-            out = run_notebook(nb, args.quick, args.results_dir)
+            out = run_notebook(nb, args.quick, results_dir)
+            (results_dir / nb.stem / STALE_FILE).unlink(missing_ok=True)
             print(f"[reproduce]   -> {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out} "
                   f"in {time.perf_counter() - t0:.0f} s", flush=True)
         except Exception as e:  # keep going: one broken notebook must not hide the others' results
             print(f"[reproduce]   FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             failed.append(nb.name)
-    print(f"[reproduce] wrote {build_summary_md(args.results_dir)}")
+            mark_stale(summary, before, e)
+    print(f"[reproduce] wrote {build_summary_md(results_dir)}")
     if failed:
         print(f"[reproduce] failed notebooks: {', '.join(failed)}", file=sys.stderr)
         return 1

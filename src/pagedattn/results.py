@@ -16,6 +16,8 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "results"
+QUICK_RESULTS_DIR = RESULTS_DIR / "quick"  # quick runs (git-ignored): never the committed results
+STALE_FILE = "STALE"  # written beside a summary.json whose notebook's last run failed (see reproduce.py)
 
 
 KINDS = ("reproduction", "invariant", "tracking")
@@ -129,8 +131,11 @@ def build_summary_md(results_dir: str | os.PathLike = RESULTS_DIR) -> Path:
         lines.append("No results yet: run `make reproduce`.")
     for path in summaries:
         doc = json.loads(path.read_text())
-        lines += [f"## {doc['experiment']}", "",
-                  f"- hardware: {doc['hardware']}", f"- model: {doc['model']}",
+        stale = path.parent / STALE_FILE
+        lines += [f"## {doc['experiment']}{' (STALE)' if stale.exists() else ''}", ""]
+        if stale.exists():
+            lines += [f"**Stale:** {stale.read_text().strip()}", ""]
+        lines += [f"- hardware: {doc['hardware']}", f"- model: {doc['model']}",
                   f"- date: {doc['date']}{' (quick mode)' if doc.get('quick') else ''}", ""]
         by_kind = {k: [c for c in doc["claims"] if c.get("kind", "reproduction") == k] for k in KINDS}
         for kind, title in zip(KINDS, _KIND_TITLES):

@@ -25,15 +25,18 @@ class SamplingRow:
 
 
 def _filter_top_k_top_p(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """Mask (to -inf) tokens outside each row's top-k and top-p; ``top_k <= 0`` / ``top_p >= 1`` disable a filter."""
+    """Mask (to -inf) tokens outside each row's top-k and top-p; ``top_k <= 0`` / ``top_p >= 1`` disable a filter.
+
+    Top-k first, then top-p over the renormalised survivors (vLLM's order). Top-p keeps the nucleus: the fewest most
+    likely tokens whose mass reaches ``top_p`` (a token is dropped once the mass before it is ``>= top_p``)."""
     sorted_logits, idx = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
     ranks = torch.arange(vocab, device=logits.device)[None, :]
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
     drop = ranks >= k[:, None]
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
-    cum = probs.cumsum(dim=-1) - probs  # mass strictly before each token: keep the token that crosses top_p
-    drop |= cum > top_p[:, None]
+    cum = probs.cumsum(dim=-1) - probs  # mass strictly before each token: keep the token that reaches top_p
+    drop |= (cum >= top_p[:, None]) & (top_p[:, None] < 1)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, idx, sorted_logits)
 

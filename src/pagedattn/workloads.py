@@ -14,6 +14,7 @@ Every trace passes vLLM's benchmark filters: prompt and output >= 4 tokens, prom
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -162,6 +163,10 @@ def poisson_arrivals(num_requests: int, rate: float, seed: int = 0) -> np.ndarra
 
 def make_trace(name: str, num_requests: int, rate: float = math.inf, seed: int = 0) -> list[TraceRequest]:
     """A seeded trace: lengths from ``name`` (one of ``TRACES``), Poisson arrivals at ``rate`` req/s."""
+    if isinstance(num_requests, bool) or not isinstance(num_requests, numbers.Integral) or num_requests < 1:
+        raise ValueError(f"make_trace({name!r}, num_requests={num_requests!r}): num_requests must be an integer >= 1")
+    if not rate > 0:  # also NaN
+        raise ValueError(f"make_trace({name!r}, rate={rate!r}): the request rate must be > 0 req/s (inf: offline)")
     p, o = sample_lengths(name, num_requests, seed)
     t = poisson_arrivals(num_requests, rate, seed)
     return [TraceRequest(f"{name}-{i}", float(t[i]), int(p[i]), int(o[i])) for i in range(num_requests)]

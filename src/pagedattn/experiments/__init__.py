@@ -1,1 +1,50 @@
-"""One module per paper result: ``run(...) -> pandas.DataFrame``, written to ``results/<notebook name>/``."""
+"""One module per paper result: ``run(...) -> pandas.DataFrame``, written to ``results/<notebook name>/``.
+
+Each experiment's parameters are a dataclass marked ``@validated``: a bad value (a count below 1, a rate that is not
+positive, an empty sweep) fails at once with a ValueError naming the parameter, not deep inside a simulation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+
+def check_params(params) -> None:
+    """Raise ValueError, naming the field, unless every numeric field of the dataclass ``params`` (and every number
+    inside its lists, tuples and dicts) is valid: ``seed`` an integer >= 0, other integers >= 1, other numbers > 0
+    (``inf`` allowed: an offline rate); lists and tuples not empty."""
+    where = f"{type(params).__module__.rsplit('.', 1)[-1]}.{type(params).__name__}"
+    for f in dataclasses.fields(params):
+        _check(f"{where}.{f.name}", f.name, getattr(params, f.name))
+
+
+def _check(label: str, name: str, value) -> None:
+    if value is None or isinstance(value, (bool, str)):
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check(f"{label}[{k!r}]", name, v)
+    elif isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError(f"{label} must not be empty")
+        for i, v in enumerate(value):
+            _check(f"{label}[{i}]", name, v)
+    elif isinstance(value, numbers.Integral):
+        low = 0 if name == "seed" else 1
+        if value < low:
+            raise ValueError(f"{label} must be an integer >= {low}, got {value}")
+    elif isinstance(value, numbers.Real) and not value > 0:  # also NaN
+        raise ValueError(f"{label} must be > 0, got {value}")
+
+
+def validated(cls):
+    """Class decorator, placed between ``@dataclass`` and the class: the dataclass checks its fields when made."""
+    own = cls.__dict__.get("__post_init__")
+
+    def __post_init__(self) -> None:
+        if own is not None:
+            own(self)
+        check_params(self)
+
+    cls.__post_init__ = __post_init__
+    return cls

@@ -28,6 +28,7 @@ from typing import Callable, Optional
 import pandas as pd
 import torch
 
+from pagedattn.experiments import validated
 from pagedattn.paper import DEFAULT_BLOCK_SIZE, FIG18A_PAGED_OVER_CONTIGUOUS
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label
 
@@ -163,6 +164,7 @@ def correctness_sweep(quick: bool = True, backends: tuple[str, ...] = ("torch", 
 
 
 @dataclass
+@validated
 class BenchConfig:
     """What :func:`benchmark` sweeps. Defaults depend on the device (see :func:`default_config`)."""
 

@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
+from pagedattn.experiments import validated
 from pagedattn.paper import DEFAULT_BLOCK_SIZE, FIG18B_BEST_BLOCK_SIZES
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.sim import CostModel, simulate
@@ -66,6 +67,7 @@ BEST_WITHIN = 1.10
 
 
 @dataclass
+@validated
 class Params:
     quick: bool = False
     block_sizes: tuple[int, ...] = BLOCK_SIZES

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
+from pagedattn.experiments import validated
 from pagedattn.paper import FIG2_SHARES, FIG13_MEAN_BATCH
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.sim import LABELS, SYSTEMS, CostModel, SimResult, simulate
@@ -47,6 +48,7 @@ SHAREGPT_TRACES = ("sharegpt", "sharegpt_synthetic")
 
 
 @dataclass
+@validated
 class Params:
     quick: bool = False
     num_requests: int = 1500

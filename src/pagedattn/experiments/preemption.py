@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
+from pagedattn.experiments import validated
 from pagedattn.experiments.block_size import BLOCK_SIZES, CpuClock, engine_run, model_label, small_trace, tiny_opt
 from pagedattn.paper import FIG18B_BEST_BLOCK_SIZES, FIG19_RECOMPUTE_OVER_SWAP_MAX
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
@@ -57,6 +58,7 @@ SWAP_SPACE_BYTES = 4 * 1024**3
 
 
 @dataclass
+@validated
 class Params:
     quick: bool = False
     block_sizes: tuple[int, ...] = BLOCK_SIZES

@@ -49,6 +49,7 @@ from tqdm.auto import tqdm
 
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
+from pagedattn.experiments import validated
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.paper import FIG16_PREFIX
@@ -235,6 +236,7 @@ def run_engine(engine, reqs: list[PrefixRequest], system: str) -> dict:
 
 # --------------------------------------------------------------------------------------------- the run
 @dataclass
+@validated
 class Params:
     quick: bool = False
     seed: int = 0

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.engine import LLMEngine
+from pagedattn.experiments import validated
 from pagedattn.experiments.throughput import NL_THRESHOLD_S, sustainable_rate
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
@@ -62,6 +63,7 @@ SENSITIVITY = "sharegpt_synthetic"
 
 
 @dataclass
+@validated
 class Params:
     quick: bool = False
     seed: int = 0

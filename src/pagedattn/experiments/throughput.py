@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from pagedattn.config import paper_slots
 from pagedattn import sensitivity
+from pagedattn.experiments import validated
 from pagedattn.paper import FIG12_RATE_RATIO, FIG13_MEAN_BATCH, HEADLINE_THROUGHPUT_GAIN
 from pagedattn.results import RESULTS_DIR, Claim
 from pagedattn.sensitivity import widened
@@ -41,6 +42,7 @@ NL_THRESHOLD_S = 0.2
 
 
 @dataclass
+@validated
 class SimParams:
     quick: bool = False
     # requests per trace: enough that an overloaded system's queue, not the trace's end, sets its latency
@@ -215,6 +217,7 @@ TINY_OPT = dict(vocab_size=2000, hidden_size=64, num_hidden_layers=2, ffn_dim=25
 
 
 @dataclass
+@validated
 class RealParams:
     """The real engine on this machine. Lengths and the KV budget are both divided by ``scale`` so that the batching
     arithmetic of the paper's setting (15.7K slots, max length 2048, ~30 ShareGPT requests batched) is kept while a

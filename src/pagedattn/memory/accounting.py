@@ -11,7 +11,7 @@ end: prompt + output tokens). Shared physical blocks (§4.4) are counted once.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
@@ -25,15 +25,6 @@ class SlotBreakdown:
     reserved: int
     internal: int
     external: int
-
-    @property
-    def total(self) -> int:
-        return self.token_states + self.reserved + self.internal + self.external
-
-    def shares(self) -> dict[str, float]:
-        """Percent of the KV budget in each kind."""
-        t = self.total or 1
-        return {k: 100.0 * v / t for k, v in asdict(self).items()}
 
 
 def breakdown(manager: BlockManager | ContiguousKVManager, final_len: dict[int, int]) -> SlotBreakdown:

@@ -56,6 +56,10 @@ def load_model(path_or_hf_model, dtype=None, device: str | torch.device = "cpu")
     from transformers import AutoConfig
 
     if isinstance(path_or_hf_model, (str, Path)):
+        if not (Path(path_or_hf_model) / "config.json").is_file():  # else transformers reads it as a hub repo id
+            what = "folder has no config.json" if Path(path_or_hf_model).is_dir() else "folder does not exist"
+            raise FileNotFoundError(f"load_model({str(path_or_hf_model)!r}): the checkpoint {what} (nothing is "
+                                    "downloaded: pass a local folder saved by save_pretrained, or a transformers model)")
         config = AutoConfig.from_pretrained(str(path_or_hf_model))
         state = read_state_dict(path_or_hf_model)
     else:
