@@ -20,7 +20,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from pagedattn.config import paper_slots
-from pagedattn.experiments import sharing
+from pagedattn.experiments import sharing, validated
 from pagedattn.experiments.throughput import NL_THRESHOLD_S
 from pagedattn.paper import FIG14_GAIN
 from pagedattn.results import RESULTS_DIR, Claim
@@ -33,6 +33,7 @@ SYSTEMS = ("orca_oracle", "paged")
 
 
 @dataclass
+@validated
 class Params:
     quick: bool = False
     #: fractions of our sustainable rate at each width (the curves' rate grid)

@@ -37,6 +37,7 @@ import pandas as pd
 import torch
 
 from pagedattn.experiments.throughput import RealParams, make_engine, scaled_trace, tiny_opt
+from pagedattn.experiments import validated
 from pagedattn.results import RESULTS_DIR, Claim
 from pagedattn.workloads import describe_trace, synthetic_prompt
 
@@ -47,6 +48,7 @@ SYSTEMS = {"hf_dynamic": "HF generate() (dynamic cache)", "hf_static": "HF gener
 
 
 @dataclass
+@validated
 class Params:
     quick: bool = False
     num_requests: int = 150

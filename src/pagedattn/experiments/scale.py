@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from pagedattn import sensitivity
 from pagedattn.config import ModelSpec
+from pagedattn.experiments import validated
 from pagedattn.experiments.throughput import NL_THRESHOLD_S, SIM_SYSTEMS, sustainable_rate
 from pagedattn.paper import FIG12_RATE_RATIO, GPUS, KV_GB, KV_SLOTS, PARAM_GB
 from pagedattn.results import RESULTS_DIR, Claim
@@ -134,6 +135,7 @@ def num_slots(model: str) -> int:
 
 
 @dataclass
+@validated
 class Params:
     quick: bool = False
     seed: int = 0
