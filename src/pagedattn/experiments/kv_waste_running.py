@@ -28,8 +28,6 @@ random token ids of the real lengths (a random-weight model: only lengths matter
 """
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -133,51 +131,34 @@ def _bytes_per_token(model) -> int:
 
 
 # ------------------------------------------------------------------------------------ HF continuous batching
-def _hf_continuous_rows(model, prompts, out_lens, params: Params, timeout_s: float = 900.0) -> list[dict]:
-    """HF's continuous batching on the budget's pages; its paged cache sampled after every forward pass (from the
-    background thread that runs the model)."""
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+def _hf_continuous_rows(model, prompts, out_lens, params: Params) -> list[dict]:
+    """HF's continuous batching on the budget's pages (``baselines.hf.continuous_batching``, without its prefix
+    cache, so that a finished request's pages return to the free pool); its paged cache sampled after every forward
+    pass (from the background thread that runs the model)."""
+    from pagedattn.baselines import hf
 
     page = params.real.block_size
-    gc = GenerationConfig(max_new_tokens=max(out_lens), do_sample=False, eos_token_id=-1, pad_token_id=0)
-    # no prefix cache: a finished request's pages go back to the free pool (else they stay held as cached prefixes)
-    cfg = ContinuousBatchingConfig(page_size=page, num_blocks=max(1, params.real.num_slots // page),
-                                   max_batch_tokens=2048, max_requests_per_batch=256, allow_block_sharing=False)
     rows: list[dict] = []
     holder: dict = {}
-    lock = threading.Lock()
 
     def hook(module, args, kwargs, output):
+        if "manager" not in holder:  # a warm-up pass before any request
+            return
         bp = holder["manager"].batch_processor
         cache = bp.cache
         allocated = cache.cache_tensor.numel() * cache.cache_tensor.element_size()
         data = cache.num_sectors * cache.bytes_per_sector  # the pages (the tensor less its two trash sectors)
         per_slot = data / (cache.num_blocks * page)
         held = data - cache.compute_free_capacity(relative=False)
-        active = list(bp.scheduler.active_requests.values())
-        tokens = sum(s.position_offset for s in active)
-        with lock:
-            rows.append(_row("hf_continuous", len(rows), data, allocated, held, per_slot * tokens,
-                             waiting=len(bp.scheduler.waiting_requests) > 0))
+        tokens = sum(s.position_offset for s in list(bp.scheduler.active_requests.values()))
+        rows.append(_row("hf_continuous", len(rows), data, allocated, held, per_slot * tokens,
+                         waiting=len(bp.scheduler.waiting_requests) > 0))
 
     handle = model.register_forward_hook(hook, with_kwargs=True)
-    results = {}
-    t0 = time.perf_counter()
     try:
-        with model.continuous_batching_context_manager(generation_config=gc, continuous_batching_config=cfg,
-                                                       block=True, timeout=5) as manager:
-            holder["manager"] = manager
-            for i, (p, n) in enumerate(zip(prompts, out_lens)):
-                manager.add_request(list(p), request_id=f"r{i}", max_new_tokens=int(n), eos_token_id=-1)
-            while len(results) < len(prompts):
-                if time.perf_counter() - t0 > timeout_s:
-                    raise TimeoutError(f"HF continuous batching did not finish in {timeout_s} s")
-                r = manager.get_result(timeout=1)
-                if r is not None and r.is_finished():
-                    results[r.request_id] = r
-                elif r is None and not manager.is_running():
-                    raise RuntimeError("HF continuous batching stopped before finishing")
+        hf.continuous_batching(model, prompts, out_lens, params.real.num_slots, max_requests=256, page_size=page,
+                               timeout_s=900.0, allow_block_sharing=False,
+                               on_start=lambda m: holder.__setitem__("manager", m))
     finally:
         handle.remove()
     return rows
