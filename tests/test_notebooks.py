@@ -23,6 +23,9 @@ STABLE_CLAIMS = {
     "05": ["best_block_sizes.sharegpt", "best_block_sizes.alpaca"],
     "06": ["recompute_over_swap_latency.block16", "recompute_over_swap_latency.block64"],
     "07": [f"{m}.{s}" for m in ("prefix_speedup", "prefix_hit_rate") for s in ("one_shot", "five_shot")],
+    "10": ["table1.param_gb.", "table1.slots_from_paper_kv.", "table1.kv_gb_at_utilisation."],
+    "11": ["gain_at_fixed_latency.n1", "gain_grows_with_n.parallel", "gain_at_fixed_latency.beam_w6"],
+    "12": [f"token_states_pct_running.{s}" for s in ("paged", "hf_dynamic", "hf_static", "hf_continuous")],
 }
 
 

@@ -16,6 +16,9 @@ FIG2_SHARES = {
 # Table 1: KV token slots per setup, and the maximum sequence length.
 KV_SLOTS = {"OPT-13B": 15_700, "OPT-66B": 9_700, "OPT-175B": 60_100}
 KV_GB = {"OPT-13B": 12, "OPT-66B": 21, "OPT-175B": 264}
+#: Table 1: parameter size (GB) and the GPUs of each setup (count, GB of memory each).
+PARAM_GB = {"OPT-13B": 26, "OPT-66B": 132, "OPT-175B": 346}
+GPUS = {"OPT-13B": (1, 40), "OPT-66B": (4, 40), "OPT-175B": (8, 80)}
 MAX_SEQ_LEN = 2048
 
 # Fig. 11: trace means (tokens) after vLLM's benchmark filters.

@@ -59,17 +59,34 @@ class CostModel:
     pcie_bytes_per_s: float = 32e9  # PCIe 4.0 x16, one direction
     pcie_efficiency: float = 0.8  # assumed
     copy_latency_s: float = 5e-6  # per cudaMemcpyAsync; assumed
+    # Tensor parallelism (Megatron-LM style, §6.1: OPT-66B on 4 GPUs, OPT-175B on 8). ``tp_size`` GPUs each hold
+    # 1/tp of the weights and of every token's K/V, so each reads 1/tp of the bytes and does 1/tp of the FLOPs
+    # (``weight_bytes`` and ``kv_bytes_per_token`` stay the model's totals); each layer then pays one all-reduce of
+    # the step's activations (``tokens x hidden_size x 2 B``) as a ring: ``2 (tp - 1) / tp`` of them over
+    # ``allreduce_bytes_per_s`` plus ``allreduce_latency_s``. Assumptions: NVLink 3 at 300 GB/s per direction x 0.5
+    # efficiency, 10 us per all-reduce (NCCL's small-message latency on one A100 node). tp_size 1: no term at all.
+    tp_size: int = 1
+    hidden_size: int = OPT_13B.num_kv_heads * OPT_13B.head_dim
+    allreduce_bytes_per_s: float = 150e9  # assumed: 300 GB/s NVLink x 0.5
+    allreduce_latency_s: float = 10e-6  # assumed, per all-reduce
+
+    def allreduce_time(self, num_tokens: int) -> float:
+        """One all-reduce per layer of ``num_tokens`` activations across ``tp_size`` GPUs (0 on one GPU)."""
+        if self.tp_size <= 1:
+            return 0.0
+        nbytes = 2 * (self.tp_size - 1) / self.tp_size * num_tokens * self.hidden_size * 2
+        return self.num_layers * (self.allreduce_latency_s + nbytes / self.allreduce_bytes_per_s)
 
     def decode_time(self, num_seqs: int, context_tokens: int) -> float:
-        bw = self.hbm_bytes_per_s * self.bandwidth_efficiency
+        bw = self.hbm_bytes_per_s * self.bandwidth_efficiency * self.tp_size
         mem = (self.weight_bytes + self.kernel_overhead * context_tokens * self.kv_bytes_per_token) / bw
-        compute = 2 * self.params * num_seqs / (self.flops_per_s * self.flops_efficiency)
-        return self.step_overhead_s + max(mem, compute)
+        compute = 2 * self.params * num_seqs / (self.flops_per_s * self.flops_efficiency * self.tp_size)
+        return self.step_overhead_s + max(mem, compute) + self.allreduce_time(num_seqs)
 
     def prefill_time(self, num_tokens: int) -> float:
-        bw = self.hbm_bytes_per_s * self.bandwidth_efficiency
-        compute = 2 * self.params * num_tokens / (self.flops_per_s * self.flops_efficiency)
-        return self.step_overhead_s + max(self.weight_bytes / bw, compute)
+        bw = self.hbm_bytes_per_s * self.bandwidth_efficiency * self.tp_size
+        compute = 2 * self.params * num_tokens / (self.flops_per_s * self.flops_efficiency * self.tp_size)
+        return self.step_overhead_s + max(self.weight_bytes / bw, compute) + self.allreduce_time(num_tokens)
 
     def swap_time(self, num_blocks: int, block_size: int = 16) -> float:
         """Seconds to move ``num_blocks`` blocks of ``block_size`` tokens one way over PCIe (§4.5, Fig. 19a)."""

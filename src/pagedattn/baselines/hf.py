@@ -40,20 +40,26 @@ def generate_static(hf_model, prompts: list[list[int]], output_lens: list[int], 
 
 
 def continuous_batching(hf_model, prompts: list[list[int]], output_lens: list[int], num_slots: int,
-                        max_requests: int, page_size: int = 16, timeout_s: float = 600.0) -> dict:
+                        max_requests: int, page_size: int = 16, timeout_s: float = 600.0,
+                        allow_block_sharing: bool = True, on_start=None) -> dict:
     """HF's continuous batching (``transformers.generation.continuous_batching``) with ``num_slots`` token slots of
     paged KV cache (``num_slots / page_size`` pages), each request generating exactly its own output length.
-    (Not under ``inference_mode``: HF's manager updates its tensors from a background thread.)"""
+    (Not under ``inference_mode``: HF's manager updates its tensors from a background thread.)
+    ``allow_block_sharing``: HF's prefix cache (a finished request's pages stay held as cached prefixes);
+    ``on_start(manager)`` is called once the manager runs, before any request is added (to watch its cache)."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     gc = GenerationConfig(max_new_tokens=max(output_lens), do_sample=False, eos_token_id=-1, pad_token_id=0)
     cfg = ContinuousBatchingConfig(page_size=page_size, num_blocks=max(1, num_slots // page_size),
-                                   max_batch_tokens=2048, max_requests_per_batch=max_requests)
+                                   max_batch_tokens=2048, max_requests_per_batch=max_requests,
+                                   allow_block_sharing=allow_block_sharing)
     t0, w0 = time.process_time(), time.perf_counter()
     results = {}
     with hf_model.continuous_batching_context_manager(generation_config=gc, continuous_batching_config=cfg,
                                                       block=True, timeout=5) as manager:
+        if on_start is not None:
+            on_start(manager)
         for i, (p, n) in enumerate(zip(prompts, output_lens)):
             manager.add_request(list(p), request_id=f"r{i}", max_new_tokens=int(n), eos_token_id=-1)
         while len(results) < len(prompts):
