@@ -14,11 +14,9 @@ from pagedattn.sequence import SamplingParams
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _single_thread(one_thread):
+    """Every test here runs on one thread (conftest's ``one_thread``)."""
     yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
