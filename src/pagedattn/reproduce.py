@@ -27,8 +27,8 @@ def kernel_name() -> str:
     try:
         from jupyter_client.kernelspec import KernelSpecManager
 
-        if "pagedattn" in KernelSpecManager().find_kernel_specs():
-            return "pagedattn"
+        if KERNEL_NAME in KernelSpecManager().find_kernel_specs():
+            return KERNEL_NAME
     except Exception:  # pragma: no cover - jupyter_client is a papermill dependency
         pass
     return "python3"
