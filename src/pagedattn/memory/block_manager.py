@@ -148,6 +148,10 @@ class BlockManager:
     def check_request(self, num_tokens: int, token_ids=None, prefix_len: int = 0) -> None:
         """Raise ValueError, naming the limit, for a request that could never be served. Given its ``token_ids``,
         the user-marked prefixes that it does not share count as taken: the manager holds them for good."""
+        self._check_request(num_tokens, None if token_ids is None else self._hits(num_tokens, token_ids, prefix_len))
+
+    def _check_request(self, num_tokens: int, hits: list[int] | None) -> None:
+        """``check_request`` given the prompt's cache ``hits`` (None: its tokens are unknown)."""
         if num_tokens < 1:
             raise ValueError(f"a request needs at least 1 token, got {num_tokens}")
         if self.max_model_len is not None and num_tokens > self.max_model_len:
@@ -157,7 +161,7 @@ class BlockManager:
         if need > self.gpu.num_blocks:
             raise ValueError(f"request of {num_tokens} tokens needs {need} blocks of {self.block_size} but the whole "
                              f"pool has only num_gpu_blocks={self.gpu.num_blocks}")
-        pinned = 0 if token_ids is None else self._pinned_elsewhere(self._hits(num_tokens, token_ids, prefix_len))
+        pinned = 0 if hits is None else self._pinned_elsewhere(hits)
         if need + pinned > self.gpu.num_blocks:
             raise ValueError(f"request of {num_tokens} tokens needs {need} blocks of {self.block_size}, but "
                              f"{pinned} of the pool's num_gpu_blocks={self.gpu.num_blocks} hold user-marked prefixes "
@@ -189,11 +193,11 @@ class BlockManager:
         return hits
 
     def can_allocate_tokens(self, num_tokens: int, token_ids=None, prefix_len: int = 0) -> AllocStatus:
+        hits = self._hits(num_tokens, token_ids, prefix_len)  # the prompt's digests, computed once per check
         try:
-            self.check_request(num_tokens, token_ids, prefix_len)
+            self._check_request(num_tokens, None if token_ids is None else hits)
         except ValueError:
             return AllocStatus.NEVER
-        hits = self._hits(num_tokens, token_ids, prefix_len)
         need = blocks_needed(num_tokens, self.block_size)
         if self.gpu.num_blocks - self._pinned_elsewhere(hits) - need < self.watermark_blocks:
             return AllocStatus.NEVER
@@ -427,13 +431,13 @@ class BlockManager:
         It takes its distinct blocks that the device does not already hold (a pinned or cached prefix in use is
         shared again), plus the blocks its next tokens need (``next_token_blocks``: none for a sequence whose last
         block has room), and leaves the watermark free."""
+        seqs = [s.seq_id for s in group.get_seqs(status="swapped")]
+        blocks, grow = self._unique_blocks(seqs, "cpu"), self.next_token_blocks(seqs)
         try:
-            self.check_swap_in(group)
+            self._check_swap_in(group, blocks, grow)
         except ValueError:
             return AllocStatus.NEVER
-        seqs = [s.seq_id for s in group.get_seqs(status="swapped")]
-        blocks = self._unique_blocks(seqs, "cpu")
-        need = self._num_new_blocks(blocks, self.cpu, self.gpu) + self.next_token_blocks(seqs)
+        need = self._num_new_blocks(blocks, self.cpu, self.gpu) + grow
         return AllocStatus.OK if self.gpu.num_free - need >= self.watermark_blocks else AllocStatus.LATER
 
     def can_swap_in_group(self, group) -> bool:
@@ -444,8 +448,10 @@ class BlockManager:
         other request is gone: its distinct blocks plus its next tokens' blocks exceed the pool, less the
         watermark and the pinned prefixes it does not share."""
         seqs = [s.seq_id for s in group.get_seqs(status="swapped")]
-        blocks = self._unique_blocks(seqs, "cpu")
-        grow = self.next_token_blocks(seqs)
+        self._check_swap_in(group, self._unique_blocks(seqs, "cpu"), self.next_token_blocks(seqs))
+
+    def _check_swap_in(self, group, blocks: list[int], grow: int) -> None:
+        """``check_swap_in`` given the group's distinct CPU ``blocks`` and its next tokens' ``grow``."""
         others = self._pinned_elsewhere([self.gpu.lookup(self.cpu.block_hash.get(b)) for b in blocks])
         if len(blocks) + grow > self.gpu.num_blocks - self.watermark_blocks - others:
             raise ValueError(
