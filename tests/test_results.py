@@ -75,7 +75,7 @@ def fake_notebooks(tmp_path, monkeypatch):
     monkeypatch.setattr(reproduce, "NOTEBOOKS_DIR", nbs)
     ran = []
 
-    def fake_run(path, quick, results_dir, parameters=None, timeout_s=3600):
+    def fake_run(path, quick, results_dir, parameters=None, timeout_s=None):
         ran.append((Path(path).stem, quick, Path(results_dir)))
         if Path(path).stem == "02_b" and fake_run.fail:
             raise RuntimeError("cell 7 raised KeyError")

@@ -35,10 +35,15 @@ def kernel_name() -> str:
 
 
 def run_notebook(path: str | os.PathLike, quick: bool, results_dir: str | os.PathLike = RESULTS_DIR,
-                 parameters: dict | None = None, timeout_s: int = 3600) -> Path:
-    """Execute one notebook; return the executed copy's path (``<results_dir>/<name>/<name>.ipynb``)."""
+                 parameters: dict | None = None, timeout_s: int | None = None) -> Path:
+    """Execute one notebook; return the executed copy's path (``<results_dir>/<name>/<name>.ipynb``).
+
+    ``timeout_s`` bounds each cell: by default an hour in quick mode and six hours in a full run, whose sensitivity
+    bands (``sensitivity.py``) replay the simulator a few hundred times in one cell on a 2-core machine."""
     import papermill as pm
 
+    if timeout_s is None:
+        timeout_s = 3600 if quick else 6 * 3600
     path = Path(path)
     out_dir = Path(results_dir) / path.stem
     out_dir.mkdir(parents=True, exist_ok=True)
