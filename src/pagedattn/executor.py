@@ -82,8 +82,9 @@ class ModelRunner:
         self._bind_caches()
 
     def _bind_caches(self) -> None:
-        """Point every attention layer at its K/V cache and the kernel backend (once; again only when another
-        runner over the same model bound its own caches in between)."""
+        """Point every attention layer at its K/V cache and the kernel backend: once, and again only when another
+        runner over the same model bound its own caches in between, or ``backend`` was replaced (profiling wraps
+        it)."""
         for layer, k, v in zip(self.attn_layers, self.k_caches, self.v_caches):
             layer.k_cache, layer.v_cache, layer.backend = k, v, self.backend
 
@@ -180,7 +181,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inp: ModelInput) -> tuple[Tensor, float]:
         """Run the model; returns the logits (one row per computed sequence) and the forward time in seconds."""
-        if self.attn_layers[0].k_cache is not self.k_caches[0]:
+        first = self.attn_layers[0]
+        if first.k_cache is not self.k_caches[0] or first.backend is not self.backend:
             self._bind_caches()
         t0 = time.perf_counter()
         hidden = self.model(inp.input_ids, inp.positions, inp.meta)
