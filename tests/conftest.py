@@ -1,13 +1,14 @@
 """Test-wide set-up. Triton decides interpreted vs compiled when it is first imported and when a kernel is defined,
-and other modules (transformers, torch) may import it early, so on a machine without CUDA the interpreter is switched
-on here, before any test module is collected."""
+and other modules (transformers, torch) may import it early, so ``kernels.use_triton_interpreter`` (the one place
+that decides: the interpreter on a machine without CUDA) runs here, before any test module is collected."""
 import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from pagedattn.kernels import use_triton_interpreter
+
+use_triton_interpreter()
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 import pytest
 from transformers import LlamaConfig, OPTConfig
 
-from pagedattn.config import (LLAMA2_70B, LLAMA_7B, OPT_13B, CacheConfig, ModelSpec, SchedulerConfig, block_fills,
+from pagedattn.config import (LLAMA2_70B, LLAMA_7B, OPT_13B, ModelSpec, SchedulerConfig, block_fills,
                               blocks_needed, format_bytes, last_block_fill, paper_slots)
 
 
@@ -41,12 +41,8 @@ def test_spec_from_hf_configs():
 def test_bad_block_size(bad):
     with pytest.raises(ValueError, match="block_size"):
         blocks_needed(10, bad)
-    with pytest.raises(ValueError, match="block_size"):
-        CacheConfig(block_size=bad)
 
 
 def test_bad_configs():
     with pytest.raises(ValueError, match="preemption_mode"):
         SchedulerConfig(preemption_mode="drop")
-    with pytest.raises(ValueError, match="num_gpu_blocks"):
-        CacheConfig(num_gpu_blocks=0)

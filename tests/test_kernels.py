@@ -1,7 +1,8 @@
 """Paged KV-cache kernels (§4.1, §5.1): the Triton kernels and the torch reference against a float64 oracle.
 
 Without CUDA the Triton kernels run in Triton's interpreter, which ``triton.jit`` selects when a kernel is defined,
-so ``TRITON_INTERPRET=1`` is set here before anything imports the kernel module. Shapes stay small (the interpreter
+so ``kernels.use_triton_interpreter`` decides here (as in tests/conftest.py) before anything imports the kernel
+module. Shapes stay small (the interpreter
 costs ~0.2 ms per Triton op). Every case draws fresh random inputs (seeded per case, override the base seed with
 ``PAGEDATTN_TEST_SEED``), ragged context lengths, a shuffled block table whose physical blocks are out of order and
 partly shared between sequences (as after fork, §4.4), and NaN-poisoned outputs.
@@ -13,14 +14,14 @@ import zlib
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+from pagedattn import kernels
+
+kernels.use_triton_interpreter()
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from pagedattn import kernels  # noqa: E402
 from pagedattn.experiments.attention_kernel import make_paged_inputs  # noqa: E402
 from pagedattn.kernels import (copy_blocks_ref, paged_attention_ref, reshape_and_cache_ref,  # noqa: E402
                                swap_blocks_ref)

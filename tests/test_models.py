@@ -56,7 +56,7 @@ def paged_last_logits(model, prompts: list[list[int]], block_size: int = 4, spli
             s = g.seqs[0]
             s.num_computed_tokens = s.get_len()
             for t in p[split:]:
-                s.prompt_token_ids.append(t)
+                s.append_token(t)
                 bm.append_slot(s.seq_id)
     logits, _ = runner.forward(runner.prepare_input(SchedulerOutputs(prefill_groups=groups)))
     return logits

@@ -28,8 +28,9 @@ copies as one batched ``copy_blocks``. Blocks whose last beam died return to the
 common history, and the sharing shrinks and grows as candidates branch and die, as in Fig. 9.
 
 On a KV manager without block tables (Orca's ``ContiguousKVManager``, one contiguous reservation per beam), a fork
-must copy the parent's whole K/V into the child's reservation, as HF's ``_reorder_cache`` does; those slot copies are
-executed right away through the runner's ``copy_blocks`` (block size 1).
+must copy the parent's whole K/V into the child's reservation, as HF's ``_reorder_cache`` does; the scheduler hands
+those slot copies (block size 1) to the runner with the next step's ``blocks_to_copy``, so only the runner touches
+the caches.
 """
 from __future__ import annotations
 
@@ -173,15 +174,9 @@ def worst_case_blocks(prompt_len: int, max_new: int, beam_width: int, block_size
 
 def check_fits(kv, prompt_len: int, params: SamplingParams, max_model_len: int) -> None:
     """Raise ValueError when a beam group could never fit in the device pool, even alone."""
-    if not hasattr(kv, "gpu"):
-        return  # a contiguous manager checks its k reservations at admission
     k, new = params.beam_width, max_new_tokens(params, prompt_len, max_model_len)
-    need = worst_case_blocks(prompt_len, new, k, kv.block_size)
-    room = kv.gpu.num_blocks - kv.watermark_blocks
-    if need > room:
-        raise ValueError(f"beam search with beam_width={k} over a {prompt_len}-token prompt and max_tokens={new} "
-                         f"may need {need} blocks of {kv.block_size}, but the pool has only num_gpu_blocks="
-                         f"{kv.gpu.num_blocks} ({kv.watermark_blocks} kept free)")
+    kv.check_group_blocks(worst_case_blocks(prompt_len, new, k, kv.block_size),
+                          f"beam search with beam_width={k} over a {prompt_len}-token prompt and max_tokens={new}")
 
 
 def init_group(group: SequenceGroup, eos_token_ids: frozenset[int], max_model_len: int) -> BeamSearchState:
@@ -198,50 +193,31 @@ def is_beam_group(g: SequenceGroup) -> bool:
     return getattr(g, "beam_state", None) is not None
 
 
-def _fork_into(kv, runner, parent: Sequence, child: Sequence) -> list[tuple[int, int]]:
-    """Make ``child`` (a dead beam's slot) a copy of ``parent`` in the KV manager. Paged: free + fork, nothing
-    copied. Contiguous: the parent's filled slots are copied into the child's reservation; returns those copies."""
-    n = kv.num_tokens(parent.seq_id)
-    if hasattr(kv, "fork"):
-        kv.free(child.seq_id)
-        kv.fork(parent.seq_id, child.seq_id)
-        return []
-    src, dst = kv.block_table(parent.seq_id)[:n], kv.block_table(child.seq_id)[:n]
-    kv.tables[child.seq_id].num_tokens = n
-    return list(zip(src, dst))
-
-
-def step_groups(engine, logits: Tensor, rows: list[tuple[Sequence, SequenceGroup]]) -> None:
+def step_groups(scheduler, logits: Tensor, rows: list[tuple[Sequence, SequenceGroup]]) -> None:
     """Advance every beam group among this step's ``rows`` (one logits row each) by one token: select the next
-    beams (HF semantics), fork surviving parents' block tables into the slots of dead beams, append the tokens,
-    and finish groups whose search is over (their blocks are freed by the scheduler's ``free_finished``)."""
+    beams (HF semantics), fork surviving parents into the sequences of dead beams (``scheduler.fork``), append the
+    tokens, and finish groups whose search is over (their blocks are freed by the scheduler's ``free_finished``)."""
     by_group: dict[int, tuple[SequenceGroup, dict[int, int]]] = {}
     for i, (s, g) in enumerate(rows):
         if is_beam_group(g):
             by_group.setdefault(id(g), (g, {}))[1][s.seq_id] = i
-    copies: list[tuple[int, int]] = []
     for g, row_of in by_group.values():
         st: BeamSearchState = g.beam_state
         idx = torch.tensor([row_of[b.seq_id] for b in st.beams], device=logits.device)
-        log_probs = torch.log_softmax(logits[idx].float(), dim=-1)
-        nxt = st.select(log_probs)
-        for b in st.beams:
-            b.num_computed_tokens = b.get_len()
+        nxt = st.select(torch.log_softmax(logits[idx].float(), dim=-1))
         if nxt is None:
             for b in st.beams:
                 b.finish("length" if st.num_generated >= st.max_new_tokens else "stop")
             continue
-        copies += _reassign(engine.kv, engine.runner, st, nxt)
-    if copies:
-        r = engine.runner
-        r.backend.copy_blocks(r.k_caches, r.v_caches, torch.tensor(copies, dtype=torch.long, device=r.device))
+        _reassign(scheduler, st, nxt)
 
 
-def _reassign(kv, runner, st: BeamSearchState, nxt: list[tuple[int, int, float]]) -> list[tuple[int, int]]:
+def _reassign(scheduler, st: BeamSearchState, nxt: list[tuple[int, int, float]]) -> None:
     """Map the next beams onto the ``k`` sequences: a parent's first child keeps the parent's sequence, further
-    children take over dead beams' sequences (free + fork). Returns the contiguous manager's slot copies."""
+    children take over dead beams' sequences (``scheduler.fork``: free + fork, or a copy on a contiguous manager).
+    Every beam has the same length, so a child's computed tokens are its parent's."""
     old = st.beams
-    snapshot = [(list(b.output_token_ids), b.cumulative_logprob, b.num_computed_tokens) for b in old]
+    snapshot = [(b.output_token_ids, b.cumulative_logprob) for b in old]
     taken: set[int] = set()
     slot_of: list[int | None] = [None] * len(nxt)
     for j, (p, _, _) in enumerate(nxt):
@@ -249,23 +225,19 @@ def _reassign(kv, runner, st: BeamSearchState, nxt: list[tuple[int, int, float]]
             taken.add(p)
             slot_of[j] = p
     free_slots = [i for i in range(len(old)) if i not in taken]
-    copies: list[tuple[int, int]] = []
     for j, (p, _, _) in enumerate(nxt):
         if slot_of[j] is None:
             d = free_slots.pop(0)
             slot_of[j] = d
-            copies += _fork_into(kv, runner, old[p], old[d])
+            scheduler.fork(old[p], old[d])
             st.num_forks += 1
     new_beams = []
     for j, (p, tok, score) in enumerate(nxt):
         s = old[slot_of[j]]
-        out, _, computed = snapshot[p]
-        s.output_token_ids = out + [tok]
+        s.output_token_ids = snapshot[p][0] + [tok]
         s.cumulative_logprob = score
-        s.num_computed_tokens = computed
         new_beams.append(s)
     st.beams = new_beams
-    return copies
 
 
 def outputs(g: SequenceGroup, tokenizer=None) -> list[CompletionOutput]:
@@ -280,5 +252,5 @@ def outputs(g: SequenceGroup, tokenizer=None) -> list[CompletionOutput]:
     if st.done:
         return [CompletionOutput(i, text(h.token_ids), list(h.token_ids), h.logprob, h.finish_reason)
                 for i, h in enumerate(st.results(n))]
-    return [CompletionOutput(i, text(b.output_token_ids), list(b.output_token_ids), b.cumulative_logprob, None)
+    return [CompletionOutput(i, text(b.output_token_ids), b.output_token_ids, b.cumulative_logprob, None)
             for i, b in enumerate(st.beams[:n])]

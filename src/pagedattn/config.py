@@ -54,7 +54,6 @@ class ModelSpec:
 
 # The paper's and the study note's examples.
 OPT_13B = ModelSpec("OPT-13B", num_layers=40, num_kv_heads=40, head_dim=128, max_model_len=2048)
-OPT_66B = ModelSpec("OPT-66B", num_layers=64, num_kv_heads=72, head_dim=128, max_model_len=2048)
 OPT_175B = ModelSpec("OPT-175B", num_layers=96, num_kv_heads=96, head_dim=128, max_model_len=2048)
 LLAMA_7B = ModelSpec("LLaMA-7B", num_layers=32, num_kv_heads=32, head_dim=128, max_model_len=2048)
 LLAMA2_70B = ModelSpec("LLaMA-2-70B", num_layers=80, num_kv_heads=8, head_dim=128, max_model_len=4096)
@@ -94,30 +93,6 @@ def format_bytes(n: float) -> str:
             return f"{n:.1f}".rstrip("0").rstrip(".") + f" {unit}"
         n /= 1024
     raise AssertionError
-
-
-@dataclass
-class CacheConfig:
-    """The KV cache: block size, blocks on the device and in CPU memory (for swapping, §4.5)."""
-
-    block_size: int = 16
-    num_gpu_blocks: int = 1024
-    num_cpu_blocks: int = 0
-    watermark: float = 0.01
-    enable_prefix_caching: bool = False
-
-    def __post_init__(self) -> None:
-        check_block_size(self.block_size)
-        if self.num_gpu_blocks <= 0:
-            raise ValueError(f"num_gpu_blocks must be > 0, got {self.num_gpu_blocks}")
-        if self.num_cpu_blocks < 0:
-            raise ValueError(f"num_cpu_blocks must be >= 0, got {self.num_cpu_blocks}")
-        if not 0 <= self.watermark < 1:
-            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
-
-    @property
-    def num_gpu_slots(self) -> int:
-        return self.num_gpu_blocks * self.block_size
 
 
 @dataclass

@@ -1,35 +1,33 @@
-"""The serving engine (paper §4, Fig. 4): ``LLMEngine`` (add_request / step / abort) and the ``LLM`` facade.
+"""The serving engine (paper §4, Fig. 4): ``LLMEngine`` (add_request / step / abort).
 
-One ``step()`` is one iteration of iteration-level batching (§4.5): the scheduler picks the groups to run and the
-block moves (swap, copy-on-write); the ``ModelRunner`` performs the moves and one forward pass through the paged KV
-cache (§4.1); the sampler picks one token per sequence (§4.4 for n > 1); finished sequences free their blocks.
-Prefill and decode steps never mix (vLLM v0). Names and behaviour follow vLLM.
+One ``step()`` is one iteration of iteration-level batching (§4.5), in three parts: the ``Scheduler`` picks the groups
+to run and the block moves (swap, copy-on-write); the ``ModelRunner`` performs the moves and one forward pass through
+the paged KV cache (§4.1); the ``OutputProcessor`` samples one token per sequence (§4.4 for n > 1 and beams), checks
+stops, has finished sequences' blocks freed and builds the outputs. Prefill and decode steps never mix (vLLM v0).
+Names and behaviour follow vLLM. The KV manager is any ``memory.KVManager`` (paged by default; Orca's contiguous one
+for the baselines). The ``LLM`` facade is in ``pagedattn.llm``; model loading in ``pagedattn.model.loader``.
 
 Bad input is isolated per request: ``add_request`` raises ``ValueError`` naming the limit (empty prompt, prompt over
-``max_model_len``, more blocks than the whole pool, unknown token or stop id, ...); ``LLM.generate`` turns that
-into a ``RequestOutput`` with ``error`` and finish reason ``"error"`` while the other requests run normally.
+``max_model_len``, more blocks than the whole pool, unknown token or stop id, ...).
 """
 from __future__ import annotations
 
 import itertools
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Iterable
 
 import torch
-from torch import nn
 
 from pagedattn import beam_search, kernels
 from pagedattn.config import SchedulerConfig
-from pagedattn.executor import ModelRunner, cache_layout
-from pagedattn.memory.block_manager import AllocStatus, BlockManager
-from pagedattn.model.attention import PagedAttention
-from pagedattn.model.loader import _resolve_dtype, load_model
-from pagedattn.sampling import SamplingRow, check_stop, make_generator, sample
-from pagedattn.scheduler import Scheduler
-from pagedattn.sequence import (CompletionOutput, RequestOutput, SamplingParams, Sequence, SequenceGroup, as_int,
-                                as_token_ids)
+from pagedattn.executor import ModelRunner, StepResult
+from pagedattn.memory import AllocStatus, BlockManager, KVManager
+from pagedattn.model.loader import eos_token_ids, load_for_engine
+from pagedattn.output_processor import OutputProcessor
+from pagedattn.sampling import make_generator
+from pagedattn.scheduler import Scheduler, SchedulerOutputs
+from pagedattn.sequence import RequestOutput, SamplingParams, Sequence, SequenceGroup, as_int, as_token_ids
 
 
 @dataclass
@@ -80,90 +78,105 @@ class StepMetrics:
         return self.step_time - self.forward_time
 
 
-def _eos_ids(model: nn.Module, tokenizer) -> frozenset[int]:
-    ids: set[int] = set()
-    for src in (getattr(model.config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
-        if isinstance(src, int):
-            ids.add(src)
-        elif src:
-            ids.update(src)
-    return frozenset(ids)
+def make_block_manager(args: EngineArgs, config, dtype: torch.dtype, device: torch.device, max_model_len: int
+                       ) -> BlockManager:
+    """The default paged KV manager: ``num_gpu_blocks``, or as many blocks as ``kv_cache_memory`` bytes hold (80 %
+    of free GPU memory on CUDA, 256 MiB on the CPU), at most ``max_num_seqs`` full-length sequences."""
+    num_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    elem = torch.empty((), dtype=dtype).element_size()
+    block_bytes = 2 * config.num_hidden_layers * num_kv * head_dim * args.block_size * elem
+    blocks = args.num_gpu_blocks
+    if blocks is None:
+        budget = args.kv_cache_memory
+        if budget is None:
+            budget = int(0.8 * torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" else 256 << 20
+        cap = args.max_num_seqs * -(-max_model_len // args.block_size)
+        blocks = max(1, min(budget // block_bytes, cap))
+    cpu = args.num_cpu_blocks
+    if cpu is None:
+        cpu = blocks if args.preemption_mode == "swap" else 0
+    return BlockManager(args.block_size, blocks, cpu, args.watermark, max_model_len, args.enable_prefix_caching)
+
+
+def tokenize(prompt, tokenizer) -> tuple[str | None, list[int]]:
+    """A prompt's text (None for token ids) and token ids."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("a text prompt needs a tokenizer; pass token ids or LLMEngine(tokenizer=...)")
+        return prompt, list(tokenizer(prompt)["input_ids"])
+    return None, as_token_ids(prompt)
+
+
+def check_request(token_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int,
+                  max_num_seqs: int) -> None:
+    """Raise ``ValueError``, naming the limit, for a request that the engine could never serve."""
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+    if not token_ids:
+        raise ValueError("empty prompt: a request needs at least 1 prompt token")
+    if params.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
+    if params.num_seqs > max_num_seqs:  # its sequences run together (§4.4): it would never start
+        kind = "beam_width" if params.use_beam_search else "best_of" if params.best_of else "n"
+        raise ValueError(f"{kind}={params.num_seqs} sequences of one request exceed max_num_seqs={max_num_seqs}, "
+                         "the most the scheduler runs at once")
+    if len(token_ids) > max_model_len:
+        raise ValueError(f"prompt of {len(token_ids)} tokens exceeds the model maximum max_model_len={max_model_len}")
+    bad = [t for t in token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (vocab_size={vocab_size})")
+    bad = [t for t in params.stop_token_ids if t >= vocab_size]
+    if bad:
+        raise ValueError(f"stop token id {bad[0]} is outside the vocabulary (vocab_size={vocab_size})")
 
 
 class LLMEngine:
-    """Continuous batching over a paged KV cache (or any KV manager with the scheduler's group API)."""
+    """Continuous batching over a paged KV cache (or any ``KVManager``)."""
 
-    def __init__(self, model, tokenizer=None, kv_manager=None, **kwargs) -> None:
-        args = EngineArgs(**kwargs)
-        self.args = args
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if isinstance(model, nn.Module) and any(isinstance(m, PagedAttention) for m in model.modules()):
-            if args.dtype is not None or args.device is not None:  # one of ours: move it only when asked
-                model = model.to(device, _resolve_dtype(args.dtype, model.config) if args.dtype is not None
-                                 else next(model.parameters()).dtype)
-            self.model = model
-            device = next(self.model.parameters()).device
-        else:
-            is_path = isinstance(model, (str, Path))
-            if is_path and tokenizer is None:
-                tokenizer = _try_tokenizer(str(model))
-            dtype = args.dtype
-            if dtype is None:  # a model object keeps its dtype; a checkpoint runs in fp32 on the CPU
-                dtype = (torch.float32 if device.type == "cpu" else None) if is_path else next(model.parameters()).dtype
-            self.model = load_model(model, dtype, device)
-        self.tokenizer = tokenizer
-        self.device = device
-        self.dtype = next(self.model.parameters()).dtype
+    def __init__(self, model, tokenizer=None, kv_manager: KVManager | None = None, **kwargs) -> None:
+        self.args = args = EngineArgs(**kwargs)
+        self.model, self.tokenizer = load_for_engine(model, tokenizer, args.dtype,
+                                                     torch.device(args.device) if args.device else None)
+        param = next(self.model.parameters())
+        self.device, self.dtype = param.device, param.dtype
         config = self.model.config
         self.vocab_size = config.vocab_size
         self.max_model_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
-        self.eos_token_ids = _eos_ids(self.model, tokenizer)
-        if kv_manager is None:
-            kv_manager = self._make_block_manager(args)
-        self.kv = kv_manager
+        self.kv: KVManager = kv_manager if kv_manager is not None else \
+            make_block_manager(args, config, self.dtype, self.device, self.max_model_len)
         max_tokens = args.max_num_batched_tokens or max(self.max_model_len, 2048)
         self.scheduler = Scheduler(SchedulerConfig(args.max_num_seqs, max_tokens, self.max_model_len,
                                                    args.preemption_mode), self.kv)
         self.backend = kernels.get_backend(args.attention_backend)
-        bs = cache_layout(self.kv)[1]
-        if self.backend.name == "triton" and bs & (bs - 1):
-            raise ValueError(f"block_size={bs}: the Triton attention kernel needs a power of two "
-                             "(attention_backend='torch' takes any block size)")
-        self.runner = ModelRunner(self.model, self.kv, self.backend, device, self.dtype)
-        self.requests: dict[str, SequenceGroup] = {}  # unfinished requests
-        self.generators: dict[str, torch.Generator | None] = {}
+        self.runner = ModelRunner(self.model, self.kv, self.backend, self.device, self.dtype)
+        self.processor = OutputProcessor(self.scheduler, self.tokenizer, eos_token_ids(self.model, self.tokenizer),
+                                         self.max_model_len)
         self.step_metrics: list[StepMetrics] = []
         self._seq_ids = itertools.count()
-        self._step = 0
 
     @classmethod
     def from_engine_args(cls, model, engine_args: EngineArgs, tokenizer=None, kv_manager=None) -> "LLMEngine":
         return cls(model, tokenizer, kv_manager, **asdict(engine_args))
 
-    # ----------------------------------------------------------------------------------------- setup
-    def _make_block_manager(self, args: EngineArgs) -> BlockManager:
-        a = self.model.config
-        num_kv = getattr(a, "num_key_value_heads", None) or a.num_attention_heads
-        head_dim = getattr(a, "head_dim", None) or a.hidden_size // a.num_attention_heads
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        block_bytes = 2 * a.num_hidden_layers * num_kv * head_dim * args.block_size * elem
-        blocks = args.num_gpu_blocks
-        if blocks is None:
-            budget = args.kv_cache_memory
-            if budget is None:
-                budget = int(0.8 * torch.cuda.mem_get_info(self.device)[0]) if self.device.type == "cuda" else 256 << 20
-            cap = args.max_num_seqs * -(-self.max_model_len // args.block_size)
-            blocks = max(1, min(budget // block_bytes, cap))
-        cpu = args.num_cpu_blocks
-        if cpu is None:
-            cpu = blocks if args.preemption_mode == "swap" else 0
-        return BlockManager(args.block_size, blocks, cpu, args.watermark, self.max_model_len,
-                            args.enable_prefix_caching)
-
     @staticmethod
     def now() -> float:
         """The engine's clock (``time.perf_counter``); pass arrival times on it."""
         return time.perf_counter()
+
+    @property
+    def requests(self) -> dict[str, SequenceGroup]:
+        """The unfinished requests, by id."""
+        return self.processor.requests
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Tokens that end a sequence (unless ``ignore_eos``): the model config's and the tokenizer's."""
+        return self.processor.eos_token_ids
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, ids: frozenset[int]) -> None:
+        self.processor.eos_token_ids = frozenset(ids)
 
     # -------------------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams | None = None,
@@ -176,8 +189,10 @@ class LLMEngine:
         params = SamplingParams() if sampling_params is None else sampling_params
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        text, token_ids = self._tokenize(prompt)
-        self._validate(token_ids, params)
+        text, token_ids = tokenize(prompt, self.tokenizer)
+        check_request(token_ids, params, self.vocab_size, self.max_model_len, self.args.max_num_seqs)
+        if params.use_beam_search:  # its k beams must fit in the pool together, even alone (§4.4)
+            beam_search.check_fits(self.kv, len(token_ids), params, self.max_model_len)
         if as_int(prefix_len) is None or prefix_len < 0:
             raise ValueError(f"prefix_len must be an integer >= 0, got {prefix_len!r}")
         seqs = [Sequence(next(self._seq_ids), token_ids) for _ in range(params.num_seqs)]
@@ -186,78 +201,23 @@ class LLMEngine:
         if params.use_beam_search:
             beam_search.init_group(group, self.eos_token_ids, self.max_model_len)
         if self.kv.can_allocate(group) is AllocStatus.NEVER:
-            raise ValueError(self.scheduler._never_message(group))
-        self.requests[request_id] = group
-        self.generators[request_id] = make_generator(params.seed, self.device)
+            raise ValueError(self.kv.never_reason(group))
+        self.processor.add(group, make_generator(params.seed, self.device))
         self.scheduler.add(group)
-
-    def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("a text prompt needs a tokenizer; pass token ids or LLMEngine(tokenizer=...)")
-            return prompt, list(self.tokenizer(prompt)["input_ids"])
-        return None, as_token_ids(prompt)
-
-    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        if not token_ids:
-            raise ValueError("empty prompt: a request needs at least 1 prompt token")
-        if params.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
-        if params.num_seqs > self.args.max_num_seqs:  # its sequences run together (§4.4): it would never start
-            kind = "beam_width" if params.use_beam_search else "best_of" if params.best_of else "n"
-            raise ValueError(f"{kind}={params.num_seqs} sequences of one request exceed max_num_seqs="
-                             f"{self.args.max_num_seqs}, the most the scheduler runs at once")
-        if len(token_ids) > self.max_model_len:
-            raise ValueError(f"prompt of {len(token_ids)} tokens exceeds the model maximum "
-                             f"max_model_len={self.max_model_len}")
-        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (vocab_size={self.vocab_size})")
-        bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
-        if bad:
-            raise ValueError(f"stop token id {bad[0]} is outside the vocabulary (vocab_size={self.vocab_size})")
-        if params.use_beam_search:  # its k beams must fit in the pool together, even alone (§4.4)
-            beam_search.check_fits(self.kv, len(token_ids), params, self.max_model_len)
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Stop requests wherever they are (waiting, running or swapped) and free their blocks."""
         for rid in [request_id] if isinstance(request_id, str) else list(request_id):
             if self.scheduler.abort(rid) is not None:
-                self.requests.pop(rid, None)
-                self.generators.pop(rid, None)
+                self.processor.forget(rid)
 
     abort = abort_request
 
-    def check_invariants(self) -> None:
-        """Assert that the engine's bookkeeping agrees with its KV manager (tests call it after every step):
-        the block manager's own invariants (§4.2-§4.5); every unfinished request sits in exactly one scheduler
-        queue; a waiting sequence holds no blocks; a running (swapped) sequence has a device (CPU) block table
-        holding the K/V of all its tokens but the last sampled one; a finished sequence holds no blocks; at most
-        ``max_num_seqs`` sequences run."""
-        kv, s = self.kv, self.scheduler
-        kv.check_invariants()
-        queued = [(g, "waiting") for g in s.waiting] + [(g, "running") for g in s.running] + \
-                 [(g, "swapped") for g in s.swapped]
-        ids = [g.request_id for g, _ in queued]
-        assert len(ids) == len(set(ids)) and set(ids) == set(self.requests), "requests and scheduler queues disagree"
-        assert s.num_running_seqs() <= self.args.max_num_seqs, "more running sequences than max_num_seqs"
-        if not isinstance(kv, BlockManager):
-            return
-        for g, status in queued:
-            assert self.requests[g.request_id] is g and not g.is_finished(), f"{g} is finished but queued"
-            for q in g.seqs:
-                if q.is_finished():
-                    assert q.seq_id not in kv.tables, f"finished {q} still holds blocks"
-                    continue
-                assert q.status == status, f"{q} is {q.status} in the {status} queue"
-                if status == "waiting":
-                    assert q.seq_id not in kv.tables, f"waiting {q} holds blocks"
-                else:
-                    t = kv.tables[q.seq_id]
-                    assert t.device == ("gpu" if status == "running" else "cpu"), f"{q}: table on {t.device}"
-                    assert t.num_tokens == q.get_len() - 1, f"{q}: {t.num_tokens} tokens in its table"
+    def free_finished(self) -> None:
+        """Free the blocks of sequences finished outside ``step`` (a caller that stops samples itself, as EOS
+        would) and forget the requests that are then done."""
+        for g in self.scheduler.free_finished():
+            self.processor.forget(g.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -267,177 +227,62 @@ class LLMEngine:
 
     # ------------------------------------------------------------------------------------------- step
     def step(self, finished_only: bool = False) -> list[RequestOutput]:
-        """One iteration: schedule, move blocks, forward, sample, free. Returns the scheduled requests' outputs
-        (``finished_only``: only those that finished this step, the others' outputs are not built)."""
+        """One iteration: schedule, execute (block moves, forward), postprocess (sample, stop, free, outputs).
+        Returns the scheduled requests' outputs (``finished_only``: only those that finished this step)."""
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
-        outputs = [self._finish_with_error(g, g.error) for g in out.ignored]
-        if out.is_empty():  # nothing ran: a lone group preempted itself or failed (progress), or nothing fits
-            return outputs if out.preempted or out.ignored else outputs + self._unstick()
-        self.runner.move_blocks(out)
-        if not out.scheduled_groups:  # only swap-outs this step (the last running group preempted itself)
-            return outputs
-        inp = self.runner.prepare_input(out)
-        blocks_used = self._blocks_used()
-        logits, forward_time = self.runner.forward(inp)
-        if len(inp.logits_rows) != logits.shape[0]:  # forks sample from their shared prompt's row
-            logits = logits[torch.tensor(inp.logits_rows, device=logits.device)]
-        # log-probabilities only rank the samples of n > 1 / best_of requests; greedy n = 1 skips them
-        want_logprobs = any(len(g.seqs) > 1 for g in out.scheduled_groups)
-        rows = inp.rows
-        if any(beam_search.is_beam_group(g) for _, g in rows):  # beam groups pick their tokens together (§4.4)
-            beam_search.step_groups(self, logits, rows)
-            keep = [i for i, (_, g) in enumerate(rows) if not beam_search.is_beam_group(g)]
-            rows, logits = [rows[i] for i in keep], logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
-        tokens, logprobs = sample(logits, [SamplingRow(g.sampling_params, self.generators[g.request_id])
-                                           for _, g in rows], want_logprobs) if rows else ([], None)
-        now = self.now()
-        for (s, g), tok, lp in zip(rows, tokens, logprobs or [0.0] * len(tokens)):
-            s.num_computed_tokens = s.get_len()
-            s.append_token(tok, lp)
-            reason = check_stop(s, g.sampling_params, self.eos_token_ids, self.max_model_len)
-            if reason is not None:
-                s.finish(reason)
-        groups = out.scheduled_groups
-        for g in groups:
-            if g.metrics.first_token_time is None:
-                g.metrics.first_token_time = now
-            if g.is_finished():
-                g.metrics.finish_time = now
-                self.requests.pop(g.request_id, None)
-                self.generators.pop(g.request_id, None)
-        self.scheduler.free_finished()
-        outputs += [self._output(g) for g in groups if not finished_only or g.is_finished()]
-        self._record(out, inp, t0, forward_time, blocks_used)
+        result = self.runner.execute(out)
+        blocks_used = self.kv.num_used_gpu_blocks
+        outputs = self.processor.process(out, result, finished_only)
+        if result is not None:
+            self._record(out, result, time.perf_counter() - t0, blocks_used)
         return outputs
 
-    def _blocks_used(self) -> int:
-        kv = self.kv
-        return kv.num_used_gpu_blocks if hasattr(kv, "num_used_gpu_blocks") else kv.arena.total - kv.arena.num_free
-
-    def _record(self, out, inp, t0: float, forward_time: float, used: int) -> None:
+    def _record(self, out: SchedulerOutputs, result: StepResult, step_time: float, blocks_used: int) -> None:
+        inp, sched = result.inp, self.scheduler
         n_tokens = int(inp.input_ids.shape[0])
         self.step_metrics.append(StepMetrics(
-            self._step, "prefill" if out.is_prefill else "decode", len(inp.meta.context_lens_list),
-            n_tokens if out.is_prefill else 0, n_tokens, used, sum(inp.meta.context_lens_list), len(out.preempted),
-            len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out), len(out.blocks_to_copy),
-            time.perf_counter() - t0, forward_time, len(self.scheduler.running), len(self.scheduler.waiting),
-            len(self.scheduler.swapped)))
-        self._step += 1
+            len(self.step_metrics), "prefill" if out.is_prefill else "decode", len(inp.meta.context_lens_list),
+            n_tokens if out.is_prefill else 0, n_tokens, blocks_used, sum(inp.meta.context_lens_list),
+            len(out.preempted), len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out), len(out.blocks_to_copy),
+            step_time, result.forward_time, len(sched.running), len(sched.waiting), len(sched.swapped)))
 
-    def _unstick(self) -> list[RequestOutput]:
-        """Nothing could be scheduled. The scheduler refuses a request that can never fit (a swapped-out group
-        included), so with requests left this is a bug."""
-        if self.scheduler.has_unfinished():
-            raise RuntimeError("the scheduler made no progress with requests left")
-        return []
-
-    def _finish_with_error(self, g: SequenceGroup, message: str | None) -> RequestOutput:
-        g.error = message
-        for s in g.seqs:
-            s.status, s.finish_reason = "finished", "error"
-        g.metrics.finish_time = self.now()
-        self.requests.pop(g.request_id, None)
-        self.generators.pop(g.request_id, None)
-        return self._output(g)
-
-    def _output(self, g: SequenceGroup) -> RequestOutput:
-        if beam_search.is_beam_group(g):  # the best beams, best first
-            return RequestOutput(g.request_id, g.prompt, g.prompt_token_ids, beam_search.outputs(g, self.tokenizer),
-                                 g.is_finished(), g.metrics, g.error)
-        seqs = g.seqs
-        if g.is_finished() and len(seqs) > g.sampling_params.n:  # best_of: keep the n most likely
-            seqs = sorted(seqs, key=lambda s: s.cumulative_logprob, reverse=True)[: g.sampling_params.n]
-        tok = self.tokenizer
-        outs = [CompletionOutput(i, tok.decode(s.output_token_ids, skip_special_tokens=True) if tok else None,
-                                 list(s.output_token_ids), s.cumulative_logprob, s.finish_reason)
-                for i, s in enumerate(seqs)]
-        return RequestOutput(g.request_id, g.prompt, g.prompt_token_ids, outs, g.is_finished(), g.metrics, g.error)
-
-    # --------------------------------------------------------------------------------------- metrics
     def step_metrics_frame(self):
         import pandas as pd
 
         return pd.DataFrame([{**asdict(m), "overhead_time": m.overhead_time} for m in self.step_metrics])
 
-
-def _try_tokenizer(path: str):
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path)
-    except Exception:  # no tokenizer files next to the weights: token-id prompts only
-        return None
-
-
-def error_output(request_id: str, prompt, message: str) -> RequestOutput:
-    """The output of a request rejected before it reached the scheduler."""
-    from pagedattn.sequence import RequestMetrics
-
-    now = LLMEngine.now()
-    try:
-        ids = as_token_ids(prompt)
-    except ValueError:
-        ids = []
-    return RequestOutput(request_id, prompt if isinstance(prompt, str) else None, ids,
-                         [CompletionOutput(0, None, [], 0.0, "error")], True, RequestMetrics(now, None, now), message)
-
-
-def _prompt_list(prompts) -> list:
-    """``generate``'s prompts as a list of per-request prompts: one string or one sequence of token ids is a single
-    prompt; a list (or tuple, or 2-d array) holds one prompt per request, each checked by ``add_request``."""
-    if isinstance(prompts, str):
-        return [prompts]
-    if isinstance(prompts, (bytes, dict, set)) or not hasattr(prompts, "__len__") or getattr(prompts, "ndim", 1) == 0:
-        raise ValueError(f"prompts must be a string, a sequence of integer token ids, or a list of those; got "
-                         f"{type(prompts).__name__}")
-    if len(prompts) and as_int(prompts[0]) is not None:  # one prompt of token ids
-        return [prompts]
-    return list(prompts)
+    # ------------------------------------------------------------------------------------- invariants
+    def check_invariants(self) -> None:
+        """Assert that the engine's bookkeeping agrees with its KV manager (tests call it after every step):
+        the manager's own invariants (§4.2-§4.5); every unfinished request sits in exactly one scheduler queue; a
+        waiting sequence holds no blocks; a running (swapped) sequence's blocks are on the device (CPU) and hold
+        the K/V of all its tokens but the last sampled one; a finished sequence holds no blocks; at most
+        ``max_num_seqs`` sequences run."""
+        s = self.scheduler
+        self.kv.check_invariants()
+        queued = [(g, q) for q in ("waiting", "running", "swapped") for g in getattr(s, q)]
+        ids = [g.request_id for g, _ in queued]
+        assert len(ids) == len(set(ids)) and set(ids) == set(self.requests), "requests and scheduler queues disagree"
+        assert s.num_running_seqs() <= self.args.max_num_seqs, "more running sequences than max_num_seqs"
+        for g, status in queued:
+            assert self.requests[g.request_id] is g and not g.is_finished(), f"{g} is finished but queued"
+            for q in g.seqs:
+                where = self.kv.location(q.seq_id)
+                if q.is_finished():
+                    assert where is None, f"finished {q} still holds blocks"
+                    continue
+                assert q.status == status, f"{q} is {q.status} in the {status} queue"
+                if status == "waiting":
+                    assert where is None, f"waiting {q} holds blocks"
+                else:
+                    assert where == ("gpu" if status == "running" else "cpu", q.get_len() - 1), f"{q}: {where}"
 
 
-def _params_from_dict(sp: dict) -> SamplingParams:
-    try:
-        return SamplingParams(**sp)
-    except TypeError as e:  # an unknown key
-        raise ValueError(f"sampling_params: {e}") from None
+def __getattr__(name: str):
+    """``LLM`` and ``error_output`` moved to ``pagedattn.llm``; ``from pagedattn.engine import LLM`` still works."""
+    if name in ("LLM", "error_output"):
+        from pagedattn import llm
 
-
-class LLM:
-    """Offline batched generation (vLLM's ``LLM``): ``LLM(model).generate(prompts, sampling_params)``."""
-
-    def __init__(self, model, tokenizer=None, **engine_kwargs) -> None:
-        self.engine = LLMEngine(model, tokenizer, **engine_kwargs)
-        self._counter = itertools.count()
-
-    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for every prompt (text, or token ids); outputs come back in input order. A prompt that can
-        never be served gets an output with ``error`` set and finish reason ``"error"``; the others still run."""
-        prompts = _prompt_list(prompts)
-        if sampling_params is None or isinstance(sampling_params, (SamplingParams, dict)):
-            sampling_params = [sampling_params] * len(prompts)
-        if not isinstance(sampling_params, (list, tuple)):
-            raise ValueError(f"sampling_params must be a SamplingParams, a dict, or a list of those; got "
-                             f"{type(sampling_params).__name__}")
-        if len(sampling_params) != len(prompts):
-            raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
-        results: list[RequestOutput | None] = [None] * len(prompts)
-        index: dict[str, int] = {}
-        for i, (prompt, sp) in enumerate(zip(prompts, sampling_params)):
-            rid = str(next(self._counter))
-            try:
-                if isinstance(sp, dict):
-                    sp = _params_from_dict(sp)
-                self.engine.add_request(rid, prompt, sp)
-                index[rid] = i
-            except ValueError as e:
-                results[i] = error_output(rid, prompt, str(e))
-        from tqdm.auto import tqdm
-
-        with tqdm(total=len(prompts), desc="generate", disable=not use_tqdm, initial=len(prompts) - len(index)) as bar:
-            while self.engine.has_unfinished_requests():
-                for o in self.engine.step(finished_only=True):
-                    if o.finished and o.request_id in index:
-                        results[index.pop(o.request_id)] = o
-                        bar.update(1)
-        return results
+        return getattr(llm, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

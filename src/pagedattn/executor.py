@@ -1,12 +1,16 @@
 """The model runner: owns the KV cache tensors, performs the scheduler's block moves, runs the forward pass.
 
-Per step (paper §4.5 and §5): first the block swaps (``swap_out`` device -> CPU, ``swap_in`` CPU -> device) and the
-copy-on-write copies (§4.4) that the scheduler decided, each as one batched tensor op with the mapping as a tensor;
-then one forward pass over the flat batch of the step's new tokens; then the LM head on each sequence's last token.
+Per step (paper §4.5 and §5), ``execute``: first the block swaps (``swap_out`` device -> CPU, ``swap_in`` CPU ->
+device) and the copy-on-write copies (§4.4) that the scheduler decided, each as one batched tensor op with the mapping
+as a tensor; then one forward pass over the flat batch of the step's new tokens; then the LM head on each sequence's
+last token. The runner is the only code that touches the cache tensors.
 
-The caches are built from the KV manager's layout, so the same runner serves the paged ``BlockManager`` (block size
-16) and Orca's ``ContiguousKVManager`` (block size 1, one slot per "block"). Per layer: a K and a V tensor of
-``[num_blocks, block_size, num_kv_heads, head_dim]`` on the device and, for swapping, the same on the CPU.
+The caches are built from the KV manager's layout (``KVManager.cache_layout``), so the same runner serves the paged
+``BlockManager`` (block size 16) and Orca's ``ContiguousKVManager`` (block size 1, one slot per "block"). Per layer: a
+K and a V tensor of
+``[num_blocks, block_size, num_kv_heads, head_dim]`` on the device and, for swapping, the same on the CPU. Where each
+token's K/V goes (the slot mapping) and which blocks hold a sequence's context (its block table) come from the KV
+manager; the runner only flattens them into tensors.
 """
 from __future__ import annotations
 
@@ -17,16 +21,18 @@ import torch
 from torch import Tensor, nn
 
 from pagedattn.kernels import KernelBackend
+from pagedattn.memory.interface import KVManager
 from pagedattn.model.attention import AttentionMetadata, PagedAttention
 from pagedattn.scheduler import SchedulerOutputs
 from pagedattn.sequence import Sequence, SequenceGroup
 
 
-def cache_layout(kv) -> tuple[int, int, int]:
-    """``(num_device_blocks, block_size, num_cpu_blocks)`` of a KV manager (paged or contiguous)."""
-    if hasattr(kv, "gpu"):
-        return kv.gpu.num_blocks, kv.block_size, kv.cpu.num_blocks
-    return kv.total_slots // kv.block_size, kv.block_size, 0
+def context_blocks(table: list[int], num_tokens: int, block_size: int) -> list[int]:
+    """The blocks of ``table`` that hold a sequence's first ``num_tokens`` tokens: the block table the attention
+    kernel reads. A paged table holds exactly those; a contiguous reservation's table (block size 1) runs to the end
+    of the reservation, whose unfilled tail is not context."""
+    need = -(-num_tokens // block_size)
+    return table if len(table) <= need else table[:need]
 
 
 @dataclass
@@ -41,16 +47,30 @@ class ModelInput:
     logits_rows: list[int]  # for each entry of ``rows``, its row in the logits (forks share their prompt's row)
 
 
+@dataclass
+class StepResult:
+    """What one executed step hands to the output processor: its input and one logits row per entry of
+    ``inp.rows``."""
+
+    inp: ModelInput
+    logits: Tensor
+    forward_time: float  # seconds in the model forward (the rest of the step is overhead)
+
+
 class ModelRunner:
     """Executes ``SchedulerOutputs`` on a model with a paged KV cache."""
 
-    def __init__(self, model: nn.Module, kv, backend: KernelBackend, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, model: nn.Module, kv: KVManager, backend: KernelBackend, device: torch.device,
+                 dtype: torch.dtype) -> None:
         self.model, self.kv, self.backend, self.device, self.dtype = model, kv, backend, device, dtype
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
         if not self.attn_layers:
             raise ValueError("the model has no PagedAttention layers")
         a = self.attn_layers[0]
-        self.num_blocks, self.block_size, num_cpu_blocks = cache_layout(kv)
+        self.num_blocks, self.block_size, num_cpu_blocks = kv.cache_layout()
+        if backend.name == "triton" and self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size={self.block_size}: the Triton attention kernel needs a power of two "
+                             "(attention_backend='torch' takes any block size)")
         shape = (self.num_blocks, self.block_size, a.num_kv_heads, a.head_dim)
         cpu_shape = (num_cpu_blocks, self.block_size, a.num_kv_heads, a.head_dim)
         pin = device.type == "cuda"
@@ -59,10 +79,32 @@ class ModelRunner:
         self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.attn_layers]
         self.k_cpu = [torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) for _ in self.attn_layers]
         self.v_cpu = [torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) for _ in self.attn_layers]
+        self._bind_caches()
+
+    def _bind_caches(self) -> None:
+        """Point every attention layer at its K/V cache and the kernel backend: once, and again only when another
+        runner over the same model bound its own caches in between, or ``backend`` was replaced (profiling wraps
+        it)."""
+        for layer, k, v in zip(self.attn_layers, self.k_caches, self.v_caches):
+            layer.k_cache, layer.v_cache, layer.backend = k, v, self.backend
 
     @property
     def kv_cache_bytes(self) -> int:
         return sum(c.numel() * c.element_size() for c in self.k_caches + self.v_caches)
+
+    def execute(self, out: SchedulerOutputs) -> StepResult | None:
+        """One step's work on the device: the block moves, then, when groups run, the forward pass. Returns None
+        when no forward pass ran (nothing scheduled, or only swap-outs)."""
+        if out.is_empty():
+            return None
+        self.move_blocks(out)
+        if not out.scheduled_groups:
+            return None
+        inp = self.prepare_input(out)
+        logits, forward_time = self.forward(inp)
+        if len(inp.logits_rows) != logits.shape[0]:  # forks sample from their shared prompt's row
+            logits = logits[torch.tensor(inp.logits_rows, device=logits.device)]
+        return StepResult(inp, logits, forward_time)
 
     # --------------------------------------------------------------------------------------- block moves
     def move_blocks(self, out: SchedulerOutputs) -> None:
@@ -98,11 +140,10 @@ class ModelRunner:
                 seqs = g.get_seqs("running")
                 s = seqs[0]
                 start, n = s.num_computed_tokens, s.get_len()
-                table = kv.block_table(s.seq_id)
                 ids += s.token_ids[start:]
                 positions += range(start, n)
-                slots += [table[p // bs] * bs + p % bs for p in range(start, n)]
-                tables.append(table[: -(-n // bs)])
+                slots += kv.slot_mapping(s.seq_id, start, n)
+                tables.append(context_blocks(kv.block_table(s.seq_id), n, bs))
                 ctx_lens.append(n)
                 loc.append(loc[-1] + n - start)
                 logits_rows += [len(ctx_lens) - 1] * len(seqs)
@@ -113,11 +154,10 @@ class ModelRunner:
             for g in out.decode_groups:
                 for s in g.get_seqs("running"):
                     n = s.get_len()
-                    table = kv.block_table(s.seq_id)
-                    ids.append(s.output_token_ids[-1] if s.output_token_ids else s.prompt_token_ids[-1])
+                    ids.append(s.last_token_id)
                     positions.append(n - 1)
-                    slots.append(table[(n - 1) // bs] * bs + (n - 1) % bs)
-                    tables.append(table if len(table) * bs < n + bs else table[: -(-n // bs)])
+                    slots += kv.slot_mapping(s.seq_id, n - 1, n)
+                    tables.append(context_blocks(kv.block_table(s.seq_id), n, bs))
                     ctx_lens.append(n)
                     rows.append((s, g))
             logits_indices = None
@@ -141,8 +181,9 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inp: ModelInput) -> tuple[Tensor, float]:
         """Run the model; returns the logits (one row per computed sequence) and the forward time in seconds."""
-        for layer, k, v in zip(self.attn_layers, self.k_caches, self.v_caches):
-            layer.k_cache, layer.v_cache, layer.backend = k, v, self.backend
+        first = self.attn_layers[0]
+        if first.k_cache is not self.k_caches[0] or first.backend is not self.backend:
+            self._bind_caches()
         t0 = time.perf_counter()
         hidden = self.model(inp.input_ids, inp.positions, inp.meta)
         if inp.logits_indices is not None:

@@ -132,7 +132,7 @@ def engine_models(device: str = "cpu"):
 def step_engine_vs_hf(ctx: Context) -> dict:
     import torch
 
-    from pagedattn.engine import LLM
+    from pagedattn.llm import LLM
     from pagedattn.results import Claim
     from pagedattn.sequence import SamplingParams
 
@@ -214,10 +214,10 @@ def steps() -> list[Step]:
 def fill_claims(summary: Path, claims: list, hardware: str) -> None:
     """Replace the claims of the same name in an experiment's ``summary.json`` (or add them), and record the GPU
     run under ``extra.gpu_check``; the file's other claims and fields stay as they are."""
-    from pagedattn.results import _clean, today
+    from pagedattn.results import json_safe, today
 
     doc = json.loads(summary.read_text())
-    new = {c.name: _clean(asdict(c)) for c in claims}
+    new = {c.name: json_safe(asdict(c)) for c in claims}
     doc["claims"] = [new.pop(c["name"], c) for c in doc["claims"]] + list(new.values())
     doc.setdefault("extra", {})["gpu_check"] = {"hardware": hardware, "date": today(),
                                                 "claims": sorted(c.name for c in claims)}

@@ -77,12 +77,12 @@ def today() -> str:
     return _dt.date.today().isoformat()
 
 
-def _clean(x: Any) -> Any:
+def json_safe(x: Any) -> Any:
     """JSON-safe: NaN/inf become None, numpy scalars become Python numbers."""
     if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
+        return {str(k): json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
+        return [json_safe(v) for v in x]
     if hasattr(x, "item") and not isinstance(x, (str, bytes)):
         try:
             x = x.item()
@@ -100,7 +100,7 @@ def write_benchmark(summary: dict, name: str, out: str | os.PathLike | None = No
     path = Path(out) if out else (None if quick else RESULTS_DIR / "benchmarks" / f"{name}.json")
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
+        path.write_text(json.dumps(json_safe(summary), indent=2) + "\n")
         print(f"wrote {path}")
     return path
 
@@ -111,9 +111,9 @@ def write_summary(out_dir: str | os.PathLike, experiment: str, hardware: str, mo
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"experiment": experiment, "hardware": hardware, "model": model, "date": today(), "quick": bool(quick),
-           "claims": [_clean(asdict(c)) for c in claims]}
+           "claims": [json_safe(asdict(c)) for c in claims]}
     if extra:
-        doc["extra"] = _clean(extra)
+        doc["extra"] = json_safe(extra)
     path = out / "summary.json"
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return path

@@ -85,7 +85,7 @@ def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torc
 def check_stop(seq: Sequence, params: SamplingParams, eos_token_ids: frozenset[int], max_model_len: int
                ) -> FinishReason | None:
     """Why ``seq`` stops after its last token, or None (vLLM's order: stop tokens, then length limits)."""
-    last = seq.output_token_ids[-1]
+    last = seq.last_token_id
     if not params.ignore_eos and last in eos_token_ids:
         return "stop"
     if last in params.stop_token_ids:

@@ -10,9 +10,11 @@ Every step the scheduler decides which sequence groups run next:
    plus the blocks their next tokens need (none for a sequence with room in its last block). A swapped group that
    could not come back even into an empty pool is refused at once, with an error naming the limit.
 
-The scheduler talks to its KV manager only through the group-level API shared by ``memory.BlockManager`` (paged)
-and ``memory.contiguous.ContiguousKVManager`` (Orca), so the same loop serves the real engine and the simulation.
-It never touches tensors.
+The scheduler talks to its KV manager only through ``memory.KVManager``, the protocol that ``memory.BlockManager``
+(paged) and ``memory.contiguous.ContiguousKVManager`` (Orca) implement, so the same loop serves the real engine and
+the simulation. It never touches tensors: the block moves it decides travel to the executor in ``SchedulerOutputs``.
+It owns ``Sequence.num_computed_tokens``: the cached prefix at admission, 0 when preempted by recomputation, the
+whole sequence after each step that computed it (``mark_computed``).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from pagedattn.config import SchedulerConfig
-from pagedattn.memory.block_manager import AllocStatus
+from pagedattn.memory.interface import AllocStatus, BlockCopies, KVManager
 from pagedattn.sequence import SequenceGroup
 
 
@@ -58,7 +60,7 @@ class SchedulerOutputs:
 class Scheduler:
     """FCFS iteration-level scheduler over a KV manager (paged or contiguous)."""
 
-    def __init__(self, config: SchedulerConfig, kv_manager, static_batching: bool = False) -> None:
+    def __init__(self, config: SchedulerConfig, kv_manager: KVManager, static_batching: bool = False) -> None:
         self.config = config
         self.kv = kv_manager
         # FasterTransformer-style static batching: a new batch starts only when the previous one has finished.
@@ -67,6 +69,7 @@ class Scheduler:
         self.running: list[SequenceGroup] = []
         self.swapped: deque[SequenceGroup] = deque()
         self.num_preemptions = {"recompute": 0, "swap": 0}
+        self.pending_copies: BlockCopies = []  # decided between steps (beam search forks), run with the next step
 
     # ----------------------------------------------------------------------------------------------- queues
     def add(self, group: SequenceGroup) -> None:
@@ -91,6 +94,18 @@ class Scheduler:
                     return g
         return None
 
+    def fork(self, parent, child) -> None:
+        """Make ``child`` a copy of ``parent`` in the KV manager (a beam taking over a dead beam's sequence, §4.4);
+        block copies that this takes run before the next step's forward pass, with its ``blocks_to_copy``."""
+        self.pending_copies += self.kv.fork_into(parent.seq_id, child.seq_id)
+
+    @staticmethod
+    def mark_computed(out: SchedulerOutputs) -> None:
+        """After the step's forward pass: the K/V of every token of the step's sequences are in the cache."""
+        for g in out.scheduled_groups:
+            for s in g.get_seqs("running"):
+                s.num_computed_tokens = s.get_len()
+
     def free_finished(self) -> list[SequenceGroup]:
         """Free the blocks of finished sequences; drop and return the groups that are done."""
         done = []
@@ -106,10 +121,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------------------- scheduling
     def schedule(self) -> SchedulerOutputs:
-        out = SchedulerOutputs()
+        out = SchedulerOutputs(blocks_to_copy=self.pending_copies)
+        self.pending_copies = []
         while self.swapped and self.kv.swap_in_status(self.swapped[0]) is AllocStatus.NEVER:
             g = self.swapped.popleft()  # it could not come back even into an empty pool: refused now, not left waiting
-            self._refuse(g, self._never_message(g), out)
+            self._refuse(g, self.kv.never_reason(g), out)
         if not self.swapped and not (self.static_batching and self.running):
             self._schedule_prefills(out)
             if out.prefill_groups:
@@ -125,7 +141,7 @@ class Scheduler:
             status = self.kv.can_allocate(g)
             if status is AllocStatus.NEVER:
                 self.waiting.popleft()
-                self._refuse(g, self._never_message(g), out)
+                self._refuse(g, self.kv.never_reason(g), out)
                 continue
             if status is AllocStatus.LATER:
                 break
@@ -136,26 +152,14 @@ class Scheduler:
             if num_seqs + len(seqs) > self.config.max_num_seqs:
                 break
             self.waiting.popleft()
-            self.kv.allocate_group(g)
+            cached = self.kv.allocate_group(g)
+            for s in seqs:
+                s.num_computed_tokens = cached
             g.set_status("waiting", "running")
             self.running.append(g)
             out.prefill_groups.append(g)
             num_tokens += tokens
             num_seqs += len(seqs)
-
-    def _never_message(self, g: SequenceGroup) -> str:
-        try:
-            if hasattr(self.kv, "check_request"):
-                if g.get_seqs("swapped"):
-                    self.kv.check_swap_in(g)
-                elif hasattr(self.kv, "reservation_size"):
-                    self.kv.check_request(g.max_total_len, self.kv._size_of(g), len(g.get_seqs("waiting")))
-                else:
-                    s = g.get_seqs("waiting")[0]
-                    self.kv.check_request(s.get_len(), s.token_ids, getattr(g, "prefix_len", 0))
-        except ValueError as e:
-            return str(e)
-        return "request can never fit in the KV cache (watermark)"
 
     def _schedule_decodes(self, out: SchedulerOutputs) -> None:
         queue = deque(self.running)  # FCFS priority: earliest arrival first

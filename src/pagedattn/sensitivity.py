@@ -232,9 +232,9 @@ def rate_at(point: Point, workload: str, rate: float, num_requests: int, seed: i
 
 # ------------------------------------------------------------------------------------------------------ bands
 def _claims_to_json(claims: list[Claim]) -> list[dict]:
-    from pagedattn.results import _clean
+    from pagedattn.results import json_safe
 
-    return [_clean(asdict(c)) for c in claims]
+    return [json_safe(asdict(c)) for c in claims]
 
 
 def sweep(experiment: str, claims_at: Callable[[Point], list[Claim]], pts: list[Point], key: dict,

@@ -130,32 +130,48 @@ class SamplingParams:
 
 
 class Sequence:
-    """One token sequence (prompt + generated tokens) and where it is in its life."""
+    """One token sequence (prompt + generated tokens) and where it is in its life. The tokens live in one list,
+    ``token_ids`` (the prompt, then the output), which grows by one per step and is never rebuilt."""
 
     def __init__(self, seq_id: int, prompt_token_ids: list[int]) -> None:
         self.seq_id = seq_id
-        self.prompt_token_ids = list(prompt_token_ids)
-        self.output_token_ids: list[int] = []
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
         self.status: Status = "waiting"
         self.finish_reason: FinishReason | None = None
         self.cumulative_logprob = 0.0
-        self.num_computed_tokens = 0  # tokens whose K/V are in the cache (the executor advances it)
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache (the scheduler keeps it)
 
     def get_len(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.token_ids)
 
     def get_prompt_len(self) -> int:
-        return len(self.prompt_token_ids)
+        return self.num_prompt_tokens
 
     def get_output_len(self) -> int:
-        return len(self.output_token_ids)
+        return len(self.token_ids) - self.num_prompt_tokens
 
     @property
-    def token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+    def prompt_token_ids(self) -> list[int]:
+        """A copy of the prompt's tokens."""
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """A copy of the generated tokens."""
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @output_token_ids.setter
+    def output_token_ids(self, ids: list[int]) -> None:
+        """Replace the generated tokens (a beam taking over another beam's history, §4.4)."""
+        self.token_ids[self.num_prompt_tokens:] = ids
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
 
     def append_token(self, token_id: int, logprob: float = 0.0) -> None:
-        self.output_token_ids.append(token_id)
+        self.token_ids.append(token_id)
         self.cumulative_logprob += logprob
 
     def is_finished(self) -> bool:
@@ -194,10 +210,7 @@ class SequenceGroup:
         self.prompt = prompt
         self.error: str | None = None
         self.prefix_len = 0  # tokens of the prompt marked as a shared prefix (paper §4.4, Fig. 16)
-
-    @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.seqs[0].prompt_token_ids
+        self.prompt_token_ids: list[int] = seqs[0].prompt_token_ids  # copied once, for the request's outputs
 
     @property
     def max_total_len(self) -> int:
@@ -206,9 +219,6 @@ class SequenceGroup:
 
     def get_seqs(self, status: Status | None = None) -> list[Sequence]:
         return self.seqs if status is None else [s for s in self.seqs if s.status == status]
-
-    def num_unfinished_seqs(self) -> int:
-        return sum(not s.is_finished() for s in self.seqs)
 
     def is_finished(self) -> bool:
         return all(s.is_finished() for s in self.seqs)

@@ -272,7 +272,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                          and len(sched.running) < max_num_seqs,
                          "max_request_waste": max_request_waste(kv), **asdict(b),
                          **({"physical_blocks": kv.num_used_gpu_blocks - len(kv.pinned),
-                             "logical_blocks": kv.num_logical_blocks()} if isinstance(kv, BlockManager) else {})})
+                             "logical_blocks": kv.num_logical_blocks()} if system == "paged" else {})})
         now += dt
         step += 1
         for g in running:
@@ -294,5 +294,5 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                           "prompt_len": g.seqs[0].get_prompt_len(), "output_len": target[g.seqs[0].seq_id],
                           "total_output_len": sum(target[s.seq_id] for s in g.seqs),
                           "error": g.error} for g in groups])
-    hit = kv.prefix_hit_rate if isinstance(kv, BlockManager) and kv.prefix_queries else None
+    hit = kv.prefix_hit_rate if system == "paged" and kv.prefix_queries else None
     return SimResult(system, pd.DataFrame(rows), reqs, dict(sched.num_preemptions), hit, computed)

@@ -242,9 +242,7 @@ def _saving_driver(engine: LLMEngine, targets: dict[int, int] | None = None) -> 
                         s.finish("length")
                         stopped = True
             if stopped:
-                for g in engine.scheduler.free_finished():
-                    engine.requests.pop(g.request_id, None)
-                    engine.generators.pop(g.request_id, None)
+                engine.free_finished()
         if kv.tables:
             phys.append(kv.num_used_gpu_blocks - len(kv.pinned))
             logical.append(kv.num_logical_blocks())

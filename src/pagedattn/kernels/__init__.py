@@ -17,10 +17,12 @@ Usage (what the engine calls)::
 
 Triton on a CPU needs its interpreter, and ``triton.jit`` decides interpreted vs compiled *when a kernel is defined*,
 i.e. when :mod:`pagedattn.kernels.paged_attention` is first imported (importing ``triton`` itself earlier is fine:
-it reads ``TRITON_INTERPRET`` lazily). So that module sets ``TRITON_INTERPRET=1`` itself when CUDA is unavailable
-and the variable is unset, and ``get_backend("triton")`` does the same before importing it; it raises only if the
-module was already imported in compiled mode (``TRITON_INTERPRET=0`` forced on a CPU). The interpreter is slow
-(~0.2 ms per Triton op): use it for tests on small shapes, not for serving.
+it reads ``TRITON_INTERPRET`` lazily). One function decides, ``use_triton_interpreter``: the interpreter exactly
+when CUDA is unavailable, unless ``TRITON_INTERPRET`` is set already. The kernel module calls it before defining its
+kernels and ``tests/conftest.py`` before collecting; ``get_backend("triton")`` without CUDA insists on the
+interpreter (``enable_triton_interpreter``) and raises only if the module was already imported in compiled mode
+(``TRITON_INTERPRET=0`` forced on a CPU). The interpreter is slow (~0.2 ms per Triton op): use it for tests on
+small shapes, not for serving.
 
 The interpreter accepts code the real compiler rejects or makes slow, so :mod:`pagedattn.kernels.compile_check`
 also compiles every kernel for sm_80 / sm_90 without a GPU (:mod:`pagedattn.kernels.aot`) and checks registers,
@@ -36,7 +38,7 @@ from typing import Callable
 from pagedattn.kernels.reference import (copy_blocks_ref, paged_attention_ref, plan_decode, reshape_and_cache_ref,
                                          swap_blocks_ref)
 
-__all__ = ["KernelBackend", "get_backend", "available_backends", "enable_triton_interpreter",
+__all__ = ["KernelBackend", "get_backend", "available_backends", "enable_triton_interpreter", "use_triton_interpreter",
            "paged_attention_ref", "reshape_and_cache_ref", "copy_blocks_ref", "swap_blocks_ref"]
 
 _TRITON_MODULE = "pagedattn.kernels.paged_attention"
@@ -60,6 +62,15 @@ def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def use_triton_interpreter() -> bool:
+    """Whether Triton kernels defined from now on run in the CPU interpreter: the one place that decides. Compiled
+    Triton needs CUDA, so without it ``TRITON_INTERPRET=1`` is set, unless the environment chose already
+    (``compile_check`` sets 0 to compile for a GPU this machine does not have)."""
+    if not _cuda_available() and not os.environ.get("TRITON_INTERPRET"):
+        os.environ["TRITON_INTERPRET"] = "1"
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def enable_triton_interpreter() -> None:

@@ -30,16 +30,16 @@ own dtype (fp32 accumulation) and fp32 caches use ``input_precision="ieee"`` (no
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-if not torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET"):
-    # compiled Triton needs a GPU; on a CPU only the interpreter can run these kernels, and triton.jit decides
-    # which one when the kernels below are defined, so decide before that
-    os.environ["TRITON_INTERPRET"] = "1"
+from pagedattn.kernels import use_triton_interpreter
+
+#: True when the kernels were defined under Triton's CPU interpreter: triton.jit reads the choice when the kernels
+#: below are defined, so it is made (``use_triton_interpreter``) before that.
+INTERPRET = use_triton_interpreter()
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -50,9 +50,6 @@ from pagedattn.kernels.reference import as_block_mapping, swap_blocks_ref  # noq
 __all__ = ["paged_attention", "reshape_and_cache", "copy_blocks", "swap_blocks", "use_split_kv", "INTERPRET",
            "Launch", "TileConfig", "attention_tile_config", "plan_paged_attention", "plan_reshape_and_cache",
            "plan_copy_blocks"]
-
-#: True when the kernels were defined under Triton's CPU interpreter (decided at import time by triton.jit).
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 _LOG2E = 1.4426950408889634
 _DEFAULT_PARTITION = 512

@@ -1,6 +1,8 @@
 """The paper's memory management (§4.2-§4.5), in pure Python: no torch here, so the same code drives a real model
-and a simulation at the paper's scale."""
+and a simulation at the paper's scale. ``KVManager`` (``interface.py``) is what the rest of the engine may ask of a KV
+manager; ``BlockManager`` (paged) and ``contiguous.ContiguousKVManager`` (Orca) implement it."""
 from pagedattn.memory.block_pool import BlockPool, NoFreeBlocksError
-from pagedattn.memory.block_manager import AllocStatus, BlockManager
+from pagedattn.memory.block_manager import BlockManager
+from pagedattn.memory.interface import AllocStatus, KVManager
 
-__all__ = ["AllocStatus", "BlockManager", "BlockPool", "NoFreeBlocksError"]
+__all__ = ["AllocStatus", "BlockManager", "BlockPool", "KVManager", "NoFreeBlocksError"]

@@ -26,8 +26,9 @@ With ``enable_prefix_caching=False`` a request may still mark its first ``prefix
 (the paper's mode, Fig. 16): those full blocks are cached and pinned (the manager holds one reference) so that every
 request with the same marked prefix maps to them.
 
-This module is pure Python. The scheduler talks to it through the group-level methods at the bottom, which take
-duck-typed sequence groups (``group.get_seqs(status)``, ``seq.seq_id``, ``seq.get_len()``).
+This module is pure Python. The scheduler talks to it through the group-level methods at the bottom, the
+``memory.interface.KVManager`` protocol, which take duck-typed sequence groups (``group.get_seqs(status)``,
+``seq.seq_id``, ``seq.get_len()``).
 """
 from __future__ import annotations
 
@@ -35,19 +36,13 @@ import hashlib
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Iterable
 
 from pagedattn.config import blocks_needed, check_block_size
 from pagedattn.memory.block_pool import BlockPool, NoFreeBlocksError
+from pagedattn.memory.interface import AllocStatus, BlockCopies
 
-
-class AllocStatus(Enum):
-    """Whether a request's blocks can be allocated now (OK), after others finish (LATER), or never (NEVER)."""
-
-    OK = "ok"
-    LATER = "later"
-    NEVER = "never"
+__all__ = ["AllocStatus", "BlockManager", "BlockTable", "block_hashes"]
 
 
 @dataclass
@@ -121,8 +116,16 @@ class BlockManager:
         return self.tables[seq_id].blocks[pos // self.block_size] * self.block_size + pos % self.block_size
 
     def slot_mapping(self, seq_id: int, start: int, end: int) -> list[int]:
+        """Flat slots of the sequence's tokens ``start .. end - 1``: where the executor writes their K/V (§4.1)."""
         blocks, bs = self.tables[seq_id].blocks, self.block_size
         return [blocks[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def location(self, seq_id: int) -> tuple[str, int] | None:
+        t = self.tables.get(seq_id)
+        return None if t is None else (t.device, t.num_tokens)
+
+    def cache_layout(self) -> tuple[int, int, int]:
+        return self.gpu.num_blocks, self.block_size, self.cpu.num_blocks
 
     def num_filled_slots(self) -> int:
         """Device slots holding a token's K/V, each physical slot counted once however many tables share it."""
@@ -389,15 +392,38 @@ class BlockManager:
         s = group.get_seqs(status="waiting")[0]
         return self.can_allocate_tokens(s.get_len(), s.token_ids, getattr(group, "prefix_len", 0))
 
-    def allocate_group(self, group) -> None:
-        """Allocate the prompt once and share it across the group's sequences (parallel sampling, §4.4); cached
-        prefix tokens are marked computed."""
+    def never_reason(self, group) -> str:
+        """Why a waiting group (its prompt) or a swapped group (its blocks) can never be served."""
+        try:
+            if group.get_seqs("swapped"):
+                self.check_swap_in(group)
+            else:
+                s = group.get_seqs("waiting")[0]
+                self.check_request(s.get_len(), s.token_ids, getattr(group, "prefix_len", 0))
+        except ValueError as e:
+            return str(e)
+        return "request can never fit in the KV cache (watermark)"
+
+    def check_group_blocks(self, num_blocks: int, what: str) -> None:
+        room = self.gpu.num_blocks - self.watermark_blocks
+        if num_blocks > room:
+            raise ValueError(f"{what} may need {num_blocks} blocks of {self.block_size}, but the pool has only "
+                             f"num_gpu_blocks={self.gpu.num_blocks} ({self.watermark_blocks} kept free)")
+
+    def allocate_group(self, group) -> int:
+        """Allocate the prompt once and share it across the group's sequences (parallel sampling, §4.4); returns
+        the number of prompt tokens already cached."""
         seqs = group.get_seqs(status="waiting")
         cached = self.allocate(seqs[0].seq_id, seqs[0].get_len(), seqs[0].token_ids, getattr(group, "prefix_len", 0))
-        for s in seqs:
-            s.num_computed_tokens = cached
         for s in seqs[1:]:
             self.fork(seqs[0].seq_id, s.seq_id)
+        return cached
+
+    def fork_into(self, parent_id: int, child_id: int) -> BlockCopies:
+        """The child drops its blocks and shares the parent's: nothing is copied (beam search, §4.4, Fig. 9)."""
+        self.free(child_id)
+        self.fork(parent_id, child_id)
+        return []
 
     def can_append_slots(self, group) -> bool:
         need = sum(self.needs_new_block(s.seq_id) for s in group.get_seqs(status="running"))
@@ -405,11 +431,8 @@ class BlockManager:
 
     def append_slots(self, group) -> list[tuple[int, int]]:
         copies = []
-        caching, bs = self.enable_prefix_caching, self.block_size
         for s in group.get_seqs(status="running"):
-            # token ids only when this token fills a block (building them is O(length), the decode step is hot)
-            fills = caching and (self.tables[s.seq_id].num_tokens + 1) % bs == 0
-            c = self.append_slot(s.seq_id, s.token_ids if fills else None)
+            c = self.append_slot(s.seq_id, s.token_ids)
             if c is not None:
                 copies.append(c)
         return copies

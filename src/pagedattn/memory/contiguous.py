@@ -17,10 +17,10 @@ pieces that cover the reservation, give the tail back), so the slack can serve o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from pagedattn.memory.block_manager import AllocStatus
+from pagedattn.memory.interface import AllocStatus, BlockCopies, BlockMoves
 
 Policy = Literal["max", "pow2", "oracle"]
 
@@ -127,14 +127,14 @@ class Reservation:
     pieces: list[int]
     reserved: int  # slots reserved (contiguous, starting at pieces[0])
     num_tokens: int = 0
-    slots: list[int] = field(default_factory=list)
 
 
 class ContiguousKVManager:
     """Orca's memory manager: a contiguous reservation per sequence, decided at admission (§2.3).
 
-    It offers the scheduler the same group-level API as ``BlockManager``; its "block table" is the list of the
-    reservation's slots (block size 1). Reservations never grow, so Orca never preempts."""
+    It implements the same ``memory.interface.KVManager`` protocol as ``BlockManager``; its "block table" is the
+    list of the reservation's slots (block size 1). Reservations never grow, so Orca never preempts: it has no CPU
+    pool, and the swap methods refuse."""
 
     block_size = 1
 
@@ -167,6 +167,11 @@ class ContiguousKVManager:
     def _size_of(self, group) -> int:
         return self.reservation_size(group.seqs[0].get_prompt_len(), group.sampling_params.max_tokens)
 
+    @property
+    def num_used_gpu_blocks(self) -> int:
+        """Slots held by reservations (the buddy blocks' slack included)."""
+        return self.arena.total - self.arena.num_free
+
     def check_request(self, final_len: int, size: int, n: int = 1) -> None:
         """Raise ValueError, naming the limit, for a request that could never be reserved."""
         if final_len < 1:
@@ -179,6 +184,16 @@ class ContiguousKVManager:
                              "has no such free space even when empty")
 
     # ------------------------------------------------------------------------------------------ group API
+    def never_reason(self, group) -> str:
+        try:
+            self.check_request(group.max_total_len, self._size_of(group), len(group.get_seqs("waiting")))
+        except ValueError as e:
+            return str(e)
+        return "request can never fit in the KV cache"
+
+    def check_group_blocks(self, num_blocks: int, what: str) -> None:
+        """Nothing to check: admission already checks a group's whole reservation (``check_request``)."""
+
     def can_allocate(self, group) -> AllocStatus:
         seqs = group.get_seqs(status="waiting")
         size = self._size_of(group)
@@ -210,19 +225,43 @@ class ContiguousKVManager:
         for p in r.pieces:
             self.arena.free(p)
 
-    def allocate_group(self, group) -> None:
+    def allocate_group(self, group) -> int:
+        """One reservation per sequence (no sharing, no prefix cache: nothing is cached, returns 0)."""
         size = self._size_of(group)
         for s in group.get_seqs(status="waiting"):
             r = self._reserve(size)
             r.num_tokens = s.get_len()
             self.tables[s.seq_id] = r
+        return 0
 
     def block_table(self, seq_id: int) -> list[int]:
         r = self.tables[seq_id]
         return list(range(r.pieces[0], r.pieces[0] + r.reserved))
 
+    def slot_mapping(self, seq_id: int, start: int, end: int) -> list[int]:
+        first = self.tables[seq_id].pieces[0]
+        return list(range(first + start, first + end))
+
     def num_tokens(self, seq_id: int) -> int:
         return self.tables[seq_id].num_tokens
+
+    def location(self, seq_id: int) -> tuple[str, int] | None:
+        r = self.tables.get(seq_id)
+        return None if r is None else ("gpu", r.num_tokens)
+
+    def cache_layout(self) -> tuple[int, int, int]:
+        return self.total_slots, self.block_size, 0
+
+    def num_filled_slots(self) -> int:
+        return sum(r.num_tokens for r in self.tables.values())
+
+    def fork_into(self, parent_id: int, child_id: int) -> BlockCopies:
+        """No block tables to share: the parent's filled slots are copied into the child's reservation, as HF's
+        ``_reorder_cache`` does; returns those slot copies (block size 1)."""
+        n = self.tables[parent_id].num_tokens
+        copies = list(zip(self.block_table(parent_id)[:n], self.block_table(child_id)[:n]))
+        self.tables[child_id].num_tokens = n
+        return copies
 
     def can_append_slots(self, group) -> bool:
         return all(self.tables[s.seq_id].num_tokens < self.tables[s.seq_id].reserved
@@ -243,6 +282,18 @@ class ContiguousKVManager:
 
     def can_swap_out(self, group) -> bool:
         return False  # Orca reserves up front and never preempts
+
+    def swap_out_group(self, group) -> BlockMoves:
+        raise ValueError("a contiguous KV manager has no CPU pool: Orca never preempts")
+
+    def swap_in_status(self, group) -> AllocStatus:
+        return AllocStatus.NEVER  # nothing is ever swapped out
+
+    def can_swap_in_group(self, group) -> bool:
+        return False
+
+    def swap_in_group(self, group) -> BlockMoves:
+        raise ValueError("a contiguous KV manager has no CPU pool: Orca never preempts")
 
     def check_invariants(self) -> None:
         a = self.arena

@@ -82,3 +82,44 @@ def load_model(path_or_hf_model, dtype=None, device: str | torch.device = "cpu")
     if tied:
         model.tie_weights()
     return model.to(device=device, dtype=dtype).eval()
+
+
+def load_for_engine(model, tokenizer=None, dtype=None, device: torch.device | None = None
+                    ) -> tuple[nn.Module, object]:
+    """The engine's model and tokenizer. One of our paged models is used as it is (moved only when ``dtype`` or
+    ``device`` is given); a transformers model or a checkpoint folder is loaded with ``load_model``: a model object
+    keeps its dtype, a checkpoint runs in fp32 on the CPU. A folder's tokenizer is loaded when none is given."""
+    from pagedattn.model.attention import PagedAttention
+
+    target = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(model, nn.Module) and any(isinstance(m, PagedAttention) for m in model.modules()):
+        if dtype is not None or device is not None:
+            model = model.to(target, _resolve_dtype(dtype, model.config) if dtype is not None
+                             else next(model.parameters()).dtype)
+        return model, tokenizer
+    is_path = isinstance(model, (str, Path))
+    if is_path and tokenizer is None:
+        tokenizer = _try_tokenizer(str(model))
+    if dtype is None:
+        dtype = (torch.float32 if target.type == "cpu" else None) if is_path else next(model.parameters()).dtype
+    return load_model(model, dtype, target), tokenizer
+
+
+def _try_tokenizer(path: str):
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    except Exception:  # no tokenizer files next to the weights: token-id prompts only
+        return None
+
+
+def eos_token_ids(model: nn.Module, tokenizer) -> frozenset[int]:
+    """End-of-sequence ids named by the model's config and by the tokenizer."""
+    ids: set[int] = set()
+    for src in (getattr(model.config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(src, int):
+            ids.add(src)
+        elif src:
+            ids.update(src)
+    return frozenset(ids)

@@ -1,0 +1,100 @@
+"""The KV-manager interface: what the scheduler, the engine and the executor may ask of a KV manager (paper §4).
+
+Two managers implement it: ``BlockManager`` (paged: block tables over a pool of fixed-size blocks, §4.2-§4.5) and
+``ContiguousKVManager`` (Orca: one contiguous reservation per sequence, block size 1, §2.3). Everything outside
+``memory/`` talks to them only through ``KVManager``, so the same scheduler loop serves the real engine and the
+simulator, and a caller never asks which manager it holds.
+
+Sequence groups and sequences are duck-typed (``group.get_seqs(status)``, ``group.request_id``, ``seq.seq_id``,
+``seq.get_len()``, ``seq.token_ids``): this package imports neither ``sequence.py`` nor torch.
+"""
+from __future__ import annotations
+
+from enum import Enum
+from typing import Protocol
+
+BlockCopies = list[tuple[int, int]]  # (src, dst) device blocks the executor copies before the forward pass
+BlockMoves = dict[int, int]  # {src block: dst block} between the device and the CPU pool
+
+
+class AllocStatus(Enum):
+    """Whether a request's blocks can be allocated now (OK), after others finish (LATER), or never (NEVER)."""
+
+    OK = "ok"
+    LATER = "later"
+    NEVER = "never"
+
+
+class KVManager(Protocol):
+    """The group-level API of a KV manager. A method that raises leaves the manager unchanged."""
+
+    block_size: int
+
+    # ------------------------------------------------------------------------------ admission (§4.3, §4.5)
+    def can_allocate(self, group) -> AllocStatus:
+        """Whether a waiting group's prompt (all its tokens, when recomputing) fits now, later, or never."""
+
+    def never_reason(self, group) -> str:
+        """Why a group that ``can_allocate`` (waiting) or ``swap_in_status`` (swapped) calls NEVER can never be
+        served: the limit it exceeds, for the request's error."""
+
+    def check_group_blocks(self, num_blocks: int, what: str) -> None:
+        """Raise ValueError when one group that may grow to ``num_blocks`` blocks could never fit, even alone
+        (beam search's worst case, §4.4); ``what`` describes the request in the message."""
+
+    # ---------------------------------------------------------------------------- a group's life (§4.3-§4.5)
+    def allocate_group(self, group) -> int:
+        """Allocate a waiting group's prompt; returns how many of its tokens are already cached (prefix caching)."""
+
+    def can_append_slots(self, group) -> bool:
+        """Whether every running sequence of the group can get a slot for one more token now."""
+
+    def append_slots(self, group) -> BlockCopies:
+        """Make room for one more token per running sequence; returns the copy-on-write copies (§4.4)."""
+
+    def fork_into(self, parent_id: int, child_id: int) -> BlockCopies:
+        """Make sequence ``child_id`` (which holds blocks) a copy of ``parent_id`` (beam search, §4.4); returns the
+        block copies that the executor must perform (none where the child shares the parent's blocks)."""
+
+    def free_seq(self, seq) -> None:
+        """Release a sequence's blocks, if it holds any."""
+
+    def can_swap_out(self, group) -> bool: ...
+
+    def swap_out_group(self, group) -> BlockMoves:
+        """Move a running group's blocks to the CPU pool; returns ``{device block: CPU block}`` (§4.5)."""
+
+    def swap_in_status(self, group) -> AllocStatus:
+        """Whether a swapped-out group can come back now, later, or never."""
+
+    def can_swap_in_group(self, group) -> bool: ...
+
+    def swap_in_group(self, group) -> BlockMoves:
+        """Bring a swapped group back; returns ``{CPU block: device block}``."""
+
+    # --------------------------------------------------------------------------------- the executor's view
+    def cache_layout(self) -> tuple[int, int, int]:
+        """``(num_device_blocks, block_size, num_cpu_blocks)``: the shape of the KV cache tensors."""
+
+    def block_table(self, seq_id: int) -> list[int]:
+        """The sequence's physical blocks, in logical order."""
+
+    def slot_mapping(self, seq_id: int, start: int, end: int) -> list[int]:
+        """Flat slots (``block * block_size + offset``) of the sequence's tokens ``start .. end - 1``."""
+
+    def num_tokens(self, seq_id: int) -> int:
+        """Tokens the sequence's blocks hold (its K/V slots in use)."""
+
+    def location(self, seq_id: int) -> tuple[str, int] | None:
+        """``(pool, num_tokens)`` of the sequence's blocks, pool ``"gpu"`` or ``"cpu"``; None when it holds none."""
+
+    # ------------------------------------------------------------------------------------------ metrics
+    @property
+    def num_used_gpu_blocks(self) -> int:
+        """Device blocks in use (slots, for block size 1)."""
+
+    def num_filled_slots(self) -> int:
+        """Device slots holding a token's K/V, a shared slot counted once."""
+
+    def check_invariants(self) -> None:
+        """Assert the manager's own invariants (tests call it after every step)."""

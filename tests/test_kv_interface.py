@@ -1,0 +1,81 @@
+"""The KV-manager interface (``memory.interface.KVManager``): both managers implement it, and what the scheduler,
+engine and runner ask through it agrees with each manager's own bookkeeping (paper §4.2-§4.5, Orca §2.3)."""
+import pytest
+
+from pagedattn.memory import AllocStatus, BlockManager, KVManager
+from pagedattn.memory.contiguous import ContiguousKVManager
+from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+
+MEMBERS = sorted(n for n in [*vars(KVManager), *KVManager.__annotations__] if not n.startswith("_"))
+
+
+def group(rid: str, seq_ids: list[int], prompt_len: int, max_tokens: int = 8) -> SequenceGroup:
+    return SequenceGroup(rid, [Sequence(i, list(range(1, prompt_len + 1))) for i in seq_ids],
+                         SamplingParams(n=len(seq_ids), max_tokens=max_tokens))
+
+
+def admit(kv, g: SequenceGroup) -> int:
+    cached = kv.allocate_group(g)
+    g.set_status("waiting", "running")
+    return cached
+
+
+@pytest.mark.parametrize("kv", [BlockManager(4, 16), ContiguousKVManager(64, "oracle", max_model_len=64)])
+def test_both_managers_implement_every_member(kv):
+    assert "block_size" in MEMBERS and "never_reason" in MEMBERS and "fork_into" in MEMBERS
+    missing = [n for n in MEMBERS if not hasattr(kv, n)]
+    assert not missing
+
+
+@pytest.mark.parametrize("kv", [BlockManager(4, 16), ContiguousKVManager(64, "oracle", max_model_len=64)])
+def test_slots_tables_and_location_agree(kv):
+    g = group("r", [0], 6)
+    assert kv.location(0) is None
+    assert admit(kv, g) == 0  # nothing cached without prefix caching
+    assert kv.location(0) == ("gpu", 6) and kv.num_tokens(0) == 6
+    bs = kv.cache_layout()[1]
+    table = kv.block_table(0)
+    assert kv.slot_mapping(0, 0, 6) == [table[p // bs] * bs + p % bs for p in range(6)]
+    assert kv.num_filled_slots() == 6 and kv.num_used_gpu_blocks >= 6 // bs
+    kv.free_seq(g.seqs[0])
+    assert kv.location(0) is None and kv.num_used_gpu_blocks == 0
+    kv.check_invariants()
+
+
+def test_fork_into_shares_blocks_when_paged_and_copies_slots_when_contiguous():
+    paged = BlockManager(4, 16)
+    admit(paged, group("r", [0, 1], 6))
+    assert paged.fork_into(0, 1) == [] and paged.block_table(1) == paged.block_table(0)
+    paged.check_invariants()
+    orca = ContiguousKVManager(64, "oracle", max_model_len=64)
+    g = group("r", [0, 1], 6)
+    admit(orca, g)
+    copies = orca.fork_into(0, 1)
+    assert copies == list(zip(orca.block_table(0)[:6], orca.block_table(1)[:6])) and orca.num_tokens(1) == 6
+
+
+def test_never_reason_names_the_limit():
+    paged = BlockManager(4, 4, max_model_len=64)
+    big = group("big", [0], 20)
+    assert paged.can_allocate(big) is AllocStatus.NEVER
+    assert "num_gpu_blocks=4" in paged.never_reason(big)
+    orca = ContiguousKVManager(16, "max", max_model_len=64)
+    assert orca.can_allocate(group("o", [1], 4)) is AllocStatus.NEVER
+    assert "arena of 16 slots" in orca.never_reason(group("o", [1], 4))
+
+
+def test_beam_worst_case_is_checked_by_the_paged_manager_only():
+    with pytest.raises(ValueError, match="beam search may need 9 blocks of 4, but the pool has only "
+                                         r"num_gpu_blocks=8 \(0 kept free\)"):
+        BlockManager(4, 8).check_group_blocks(9, "beam search")
+    ContiguousKVManager(16, "oracle").check_group_blocks(10 ** 6, "beam search")  # admission checks reservations
+
+
+def test_contiguous_manager_never_swaps():
+    orca = ContiguousKVManager(64, "oracle", max_model_len=64)
+    g = group("r", [0], 4)
+    admit(orca, g)
+    assert not orca.can_swap_out(g) and orca.cache_layout() == (64, 1, 0)
+    with pytest.raises(ValueError, match="no CPU pool"):
+        orca.swap_out_group(g)
+    assert orca.swap_in_status(g) is AllocStatus.NEVER and not orca.can_swap_in_group(g)
