@@ -10,7 +10,9 @@ The paper (OPT-13B on one A100-40GB) reports that ours sustains 2x the request r
 which perform alike: the long prompts leave every system the same few slots, and the buddy allocator rounds most
 Oracle and Pow2 reservations to the same power of two. We replay that setting with the simulated executor
 (``sim.py``, 15.7K token slots) and find each system's sustainable rate with the same rule as notebook 03 (the
-highest rate whose normalized latency stays at or below ``NL_THRESHOLD_S``, by bisection).
+highest rate whose normalized latency stays at or below ``NL_THRESHOLD_S``, by bisection). The ratios carry
+sensitivity bands over the step-time constants (``pagedattn.sensitivity``): they come from a search over rates, so
+there is no rate axis, and the chatbot rounds exist only as real conversations, so there is no trace axis.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
+from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.experiments.throughput import NL_THRESHOLD_S, sustainable_rate
 from pagedattn.paper import FIG17_RATE_RATIO
@@ -53,8 +56,9 @@ class Params:
         return cls(quick=quick, **kw)
 
 
-def run_at(base, rate: float, system: str, params: Params, record_steps: bool = True):
-    return simulate(with_rate(base, rate, params.seed), system, paper_slots(), params.block_size, CostModel(),
+def run_at(base, rate: float, system: str, params: Params, record_steps: bool = True,
+           cost: CostModel | None = None):
+    return simulate(with_rate(base, rate, params.seed), system, paper_slots(), params.block_size, cost or CostModel(),
                     record_steps=record_steps)
 
 
@@ -69,11 +73,11 @@ def latency_curves(base, params: Params, progress: bool = True) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def sustainable(base, params: Params, progress: bool = True) -> pd.DataFrame:
+def sustainable(base, params: Params, progress: bool = True, cost: CostModel | None = None) -> pd.DataFrame:
     lo, hi = min(params.rates) / 4, max(params.rates) * 8
     rows = []
     for s in tqdm(SYSTEMS, desc="sustainable rate", disable=not progress, leave=False):
-        rate = sustainable_rate(lambda r: run_at(base, r, s, params, record_steps=False).normalized_latency(),
+        rate = sustainable_rate(lambda r: run_at(base, r, s, params, False, cost).normalized_latency(),
                                 lo, hi, params.bisection_steps)
         rows.append({"system": s, "label": LABELS[s], "sustainable_rate": rate, "threshold_s": NL_THRESHOLD_S,
                      "at_upper_bound": rate >= hi})
@@ -96,6 +100,11 @@ def claims(sus: pd.DataFrame) -> list[Claim]:
     return out
 
 
+def claims_at(point: sensitivity.Point, base, params: Params) -> list[Claim]:
+    """Fig. 17's claims under one point's step-time assumptions (the band's evaluation)."""
+    return claims(sustainable(base, params, progress=False, cost=point.cost()))
+
+
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True, **kw) -> dict:
     """Run Fig. 17, write CSVs and ``summary.json`` to ``<results_dir>/09_chatbot/``; return the tables."""
     params = Params.make(quick, **kw)
@@ -108,7 +117,13 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     for name, df in tables.items():
         df.to_csv(out_dir / f"{name}.csv", index=False)
     hw = hardware_label("sim")
-    write_summary(out_dir, EXPERIMENT, hw, MODEL, quick, claims(tables["sustainable"]),
+    pts = sensitivity.points(quick, rate_axis=False, trace_axis=False)
+    tables["sensitivity"] = sensitivity.sweep(EXPERIMENT, lambda p: claims_at(p, base, params), pts,
+                                              {"params": asdict(params)}, claims(tables["sustainable"]),
+                                              progress=progress)
+    tables["sensitivity"].to_csv(out_dir / "sensitivity.csv", index=False)
+    bands = sensitivity.with_bands(claims(tables["sustainable"]), tables["sensitivity"], sensitivity.describe(pts))
+    write_summary(out_dir, EXPERIMENT, hw, MODEL, quick, bands,
                   extra={"params": asdict(params), "cost_model": asdict(CostModel()), "trace": describe_trace(TRACE),
                          "nl_threshold_s": NL_THRESHOLD_S})
     tables["label"] = f"{MODEL} | {hw} | {params.num_requests} rounds | quick={quick}"
