@@ -51,8 +51,10 @@ FIG18A_PAGED_OVER_CONTIGUOUS = (1.20, 1.26)
 FIG18B_BEST_BLOCK_SIZES = {"sharegpt": [16, 32, 64, 128], "alpaca": [16, 32]}
 DEFAULT_BLOCK_SIZE = 16
 
-# Fig. 19: recomputation's latency is at most this share of swapping's at small block sizes.
+# Fig. 19: recomputation's latency is at most this share of swapping's at small block sizes; the two are comparable
+# for block sizes 16-64 (Fig. 19b).
 FIG19_RECOMPUTE_OVER_SWAP_MAX = 0.20
+FIG19_COMPARABLE_BLOCK_SIZES = (16, 64)
 
 # Fig. 17 (§6.5, chatbot on multi-round ShareGPT, OPT-13B): ours sustains 2x the rate of the three Orca variants,
 # which perform alike.

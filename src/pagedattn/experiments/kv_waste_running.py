@@ -34,8 +34,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from pagedattn.experiments.throughput import RealParams, make_engine, scaled_trace, tiny_opt
 from pagedattn.experiments import validated
+from pagedattn.experiments.common import tiny_opt
+from pagedattn.experiments.throughput import RealParams
 from pagedattn.results import RESULTS_DIR, Claim
 from pagedattn.workloads import describe_trace, synthetic_prompt
 
@@ -63,7 +64,7 @@ class Params:
 
 def requests(params: Params) -> tuple[list[list[int]], list[int]]:
     """The real ShareGPT requests (lengths / ``scale``) as prompts of random ids and output lengths."""
-    trace = scaled_trace("sharegpt", params.num_requests, float("inf"), params.real)
+    trace = params.real.trace("sharegpt", params.num_requests, float("inf"))
     vocab = params.real.model["vocab_size"]
     return [synthetic_prompt(r.prompt_len, vocab, seed=i) for i, r in enumerate(trace)], [r.output_len for r in trace]
 
@@ -168,7 +169,7 @@ def _hf_continuous_rows(model, prompts, out_lens, params: Params) -> list[dict]:
 def _paged_rows(model, prompts, out_lens, params: Params) -> list[dict]:
     from pagedattn.sequence import SamplingParams
 
-    engine = make_engine("paged", model, params.real)
+    engine = params.real.engine("paged", model)
     for i, (p, n) in enumerate(zip(prompts, out_lens)):
         engine.add_request(f"r{i}", p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
     runner, kv = engine.runner, engine.kv
@@ -188,7 +189,7 @@ def measure(params: Params, progress: bool = True) -> pd.DataFrame:
     threads = torch.get_num_threads()
     torch.set_num_threads(params.real.threads)
     try:
-        model = tiny_opt(params.real.model, params.real.seed)
+        model = tiny_opt(params.real.seed, **params.real.model)
         prompts, out_lens = requests(params)
         runs = {"hf_dynamic": lambda: _padded_cache_rows("hf_dynamic", model, prompts, out_lens, params, False),
                 "hf_static": lambda: _padded_cache_rows("hf_static", model, prompts, out_lens, params, True),
