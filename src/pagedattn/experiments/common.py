@@ -205,7 +205,8 @@ def fastest(fns: dict[str, Callable[[], object]], reps: int, clock: Callable[[],
             sync()
             best[keys[i]] = min(best[keys[i]], clock() - t)
         n += 1
-        if budget_s is not None and n >= (min_reps or reps) and time.perf_counter() - start >= budget_s:
+        if budget_s is not None and n >= (reps if min_reps is None else min_reps) \
+                and time.perf_counter() - start >= budget_s:
             break
     return best, n
 
