@@ -97,11 +97,14 @@ def make_engine(model, system: str, num_slots: int, block_size: int = 16, max_mo
 
 # ------------------------------------------------------------------------------------------------ replay
 class Clock:
-    """Replay time in seconds: a timer (``time.thread_time`` by default: this thread's CPU time, which other
-    processes on a shared machine do not stretch; ``time.process_time``; ``time.perf_counter`` for wall time), plus
-    jumps over idle gaps (``advance_to``: no request in the system before the next arrival costs nothing).
+    """Replay time in seconds: a timer plus jumps over idle gaps (``advance_to``: when no request is in the system
+    before the next arrival, the clock jumps to it, as if the engine had waited).
 
-    ``steps_only``: only the time inside ``step`` counts (the engine's own work, not the driver's between steps)."""
+    The timer is ``time.thread_time`` by default: this thread's CPU time. On a shared machine other processes
+    stretch wall time by whatever they run (we saw the load average at 5-7 on 2 cores); the CPU time the engine
+    spends does not depend on them (beyond cache effects). ``time.process_time`` counts every thread of the process,
+    ``time.perf_counter`` is wall time. ``steps_only``: only the time inside ``step`` counts (the engine's own work,
+    not the driver's between steps)."""
 
     def __init__(self, timer: Callable[[], float] = time.thread_time, steps_only: bool = False) -> None:
         self.timer, self.steps_only = timer, steps_only

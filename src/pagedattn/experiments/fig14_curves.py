@@ -84,7 +84,7 @@ def claims(gain: pd.DataFrame) -> list[Claim]:
                          f"{a:.3g}-{b:.3g}", bool(a <= g[1] <= b), note))
     for n in (2, 4, 6):
         if n in g:
-            out.append(Claim(f"gain_at_fixed_latency.parallel_n{n}", "grows from 1.3x with n", round(float(g[n]), 3),
+            out.append(Claim(f"gain_at_fixed_latency.parallel_n{n}", f"grows from {FIG14_GAIN['n1']}x with n", round(float(g[n]), 3),
                              "x", "", None, note + "; the paper gives no value per width", kind="tracking"))
     if len(g) > 1:
         vals = [round(float(g[n]), 3) for n in sorted(g.index)]
