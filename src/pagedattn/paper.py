@@ -18,8 +18,8 @@ FIG2_SHARES = {
 KV_KB_PER_TOKEN = {"OPT-13B": 800, "LLaMA-2-70B": 320, "LLaMA-7B": 512}
 KV_GB_2048_TOKENS_OPT13B = 1.6
 
-# §4.2, Fig. 6 (the note's §9.2 and exercise 1): at block size 16, a 40-token request fills its blocks 16 + 16 + 8, and
-# 1000 tokens need 63 blocks, the last one half full.
+# §4.2, Fig. 6 (the note's §9.2 and exercise 1): at block size 16, a 40-token request fills its blocks 16 + 16 + 8,
+# and 1000 tokens need 63 blocks, the last one half full.
 BLOCK_FILLS_40_TOKENS = [16, 16, 8]
 BLOCKS_FOR_1000_TOKENS = 63
 

@@ -96,8 +96,8 @@ def measure_kernel(block_sizes=BLOCK_SIZES, batch: int = 8, contexts=(256, 1024)
                    num_heads: int = 8, head_dim: int = 64, seed: int = 0, reps: int = 6) -> pd.DataFrame:
     """Decode attention latency of the torch reference paged kernel (``kernels.get_backend("torch")``) per block
     size, on a shuffled block table, one thread, fp32, in CPU time (``common.fastest``). Every block size is timed
-    round-robin, in a new random order each rep, and keeps its fastest run of the round; ``ratio_to_block16`` is the median over
-    ``rounds`` rounds of that round's time / block 16's (``ratio_min``/``ratio_max``: the spread, i.e. the noise of a
+    round-robin, in a new random order each rep, and keeps its fastest run of the round; ``ratio_to_block16`` is the
+    median over ``rounds`` rounds of that round's time / block 16's (``ratio_min``/``ratio_max``: the spread, i.e. the noise of a
     shared machine). Contexts are multiples of 256, so no block is partly filled: this isolates ``g(bs)``."""
     from pagedattn import kernels
     from pagedattn.experiments.attention_kernel import make_paged_inputs

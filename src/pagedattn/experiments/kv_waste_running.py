@@ -246,7 +246,8 @@ def claims(samples: pd.DataFrame) -> list[Claim]:
         if s in allsteps.index:
             v = float((bound if s == "hf_continuous" and s in bound.index and bound.loc[s, "steps"] > 0
                        else allsteps).loc[s, "token_states"])
-            out.append(Claim(f"token_states_pct_running.{s}", f"{min(orca)}-{max(orca)} (Orca)" if s != "hf_continuous" else "",
+            paper = f"{min(orca)}-{max(orca)} (Orca)" if s != "hf_continuous" else ""
+            out.append(Claim(f"token_states_pct_running.{s}", paper,
                              round(v, 1), "%", "", None, note + ("; steps with a request waiting"
                                                                 if s == "hf_continuous" else "; all steps"),
                              kind="tracking"))

@@ -302,8 +302,8 @@ def gpu_claims(gpu_micro: Optional[pd.DataFrame] = None) -> list[Claim]:
     for bs in FIG19_COMPARABLE_BLOCK_SIZES:
         if gpu_micro is None:
             out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", "comparable", None, "x",
-                             COMPARABLE_TOLERANCE, None, "not measured: no GPU was lent to this task (the GPU swap path, pinned host "
-                             "memory over PCIe, was not run)"))
+                             COMPARABLE_TOLERANCE, None, "not measured: no GPU was lent to this task (the GPU swap path, "
+                             "pinned host memory over PCIe, was not run)"))
             continue
         r = gpu_micro.set_index("block_size").loc[bs]
         out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", "comparable",

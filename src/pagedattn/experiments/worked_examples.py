@@ -1,4 +1,4 @@
-"""Experiment 00: the tour's worked examples (paper §3-§4; the study note's §9, exercises 1 and 4), computed and checked.
+"""Experiment 00: the tour's worked examples (paper §3-§4; the study note's §9, exercises 1 and 4), computed, checked.
 
 Every number the tour (``notebooks/00_tour.ipynb``) shows comes from the real code, none is typed in:
 
