@@ -173,11 +173,9 @@ def step_swap(ctx: Context) -> dict:
     import torch
 
     from pagedattn.experiments import preemption as pe
-    from pagedattn.experiments.block_size import tiny_opt
 
     p = pe.Params()
-    hf = tiny_opt(p.seed, hidden=p.micro_hidden, layers=p.micro_layers, heads=p.micro_heads,
-                  max_len=SWAP_TOKENS + 16).to(ctx.device, torch.float16)
+    hf = pe.micro_model(p, SWAP_TOKENS + 16).to(ctx.device, torch.float16)
     recompute = pe.micro_recompute(hf, SWAP_TOKENS, p.micro_reps, p.seed, device=ctx.device)
     rows = [pe.micro_swap(hf, bs, SWAP_TOKENS, p.micro_reps, p.seed, device=ctx.device) for bs in BLOCK_SIZES]
     df = pd.DataFrame(rows).assign(scale=f"GPU (measured): {ctx.hardware}", tokens=SWAP_TOKENS, recompute_ms=recompute)

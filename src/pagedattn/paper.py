@@ -13,6 +13,20 @@ FIG2_SHARES = {
     "paged":       {"token_states": 96.3, "reserved": None, "internal": None, "external": None, "waste": 3.7},
 }
 
+# §3 and the study note (§9.1, exercise 1): KV cache per token (KB: 1024 B) of OPT-13B, LLaMA-2-70B (GQA-8) and the
+# note's 7B model; one 2048-token OPT-13B request holds 1.6 GB (800 KB x 2048 = 1600 MB).
+KV_KB_PER_TOKEN = {"OPT-13B": 800, "LLaMA-2-70B": 320, "LLaMA-7B": 512}
+KV_GB_2048_TOKENS_OPT13B = 1.6
+
+# §4.2, Fig. 6 (the note's §9.2 and exercise 1): at block size 16, a 40-token request fills its blocks 16 + 16 + 8,
+# and 1000 tokens need 63 blocks, the last one half full.
+BLOCK_FILLS_40_TOKENS = [16, 16, 8]
+BLOCKS_FOR_1000_TOKENS = 63
+
+# §4.4, Fig. 8 (the note's exercise 4): four samples share a block (reference count 4); when one writes to it,
+# copy-on-write leaves it with 3.
+COW_REF_COUNTS = (4, 3)
+
 # Table 1: KV token slots per setup, and the maximum sequence length.
 KV_SLOTS = {"OPT-13B": 15_700, "OPT-66B": 9_700, "OPT-175B": 60_100}
 KV_GB = {"OPT-13B": 12, "OPT-66B": 21, "OPT-175B": 264}
@@ -51,8 +65,10 @@ FIG18A_PAGED_OVER_CONTIGUOUS = (1.20, 1.26)
 FIG18B_BEST_BLOCK_SIZES = {"sharegpt": [16, 32, 64, 128], "alpaca": [16, 32]}
 DEFAULT_BLOCK_SIZE = 16
 
-# Fig. 19: recomputation's latency is at most this share of swapping's at small block sizes.
+# Fig. 19: recomputation's latency is at most this share of swapping's at small block sizes; the two are comparable
+# for block sizes 16-64 (Fig. 19b).
 FIG19_RECOMPUTE_OVER_SWAP_MAX = 0.20
+FIG19_COMPARABLE_BLOCK_SIZES = (16, 64)
 
 # Fig. 17 (§6.5, chatbot on multi-round ShareGPT, OPT-13B): ours sustains 2x the rate of the three Orca variants,
 # which perform alike.

@@ -116,6 +116,11 @@ def make_kv_manager(system: str, num_slots: int, block_size: int = 16, max_model
     raise ValueError(f"unknown system {system!r}; known: {list(LABELS)}")
 
 
+def normalized_latency(requests: pd.DataFrame) -> float:
+    """Normalized latency (§6.1): the mean over requests of end-to-end latency / output length, in s/token."""
+    return float(((requests["finish_time"] - requests["arrival_time"]) / requests["output_len"]).mean())
+
+
 @dataclass
 class SimResult:
     system: str
@@ -180,8 +185,7 @@ class SimResult:
         return float(d["memory_bound"].mean()) if len(d) else float("nan")
 
     def normalized_latency(self) -> float:
-        r = self.requests
-        return float(((r["finish_time"] - r["arrival_time"]) / r["output_len"]).mean())
+        return normalized_latency(self.requests)
 
     def sharing_saving(self, steady: bool = True) -> float:
         """Memory saved by sharing, ``1 - physical / logical`` blocks, time-weighted over the steady-state window

@@ -234,11 +234,6 @@ class BlockPoolView:
 
 
 # ---------------------------------------------------------------------------------------- the tour's run
-#: The paper's (§3) and the study note's KV sizes per token, for the tour's checks. (paper.py is the home of paper
-#: numbers; these belong there and are kept here only until it has them.)
-PAPER_KV_KB_PER_TOKEN = {"OPT-13B": 800, "LLaMA-2-70B": 320, "LLaMA-7B": 512}
-PAPER_OPT13B_2048_GB = 1.6
-
 TOUR_PREFIX = 'import os\nimport sys\n\n\ndef read_config(path):\n    """Read a configuration file."""\n'
 TOUR_SUFFIXES = {"A": "    with open(path) as f:\n", "B": "    if not os.path.exists(path):\n",
                  "C": "    result = {}\n"}

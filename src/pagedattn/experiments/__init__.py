@@ -2,6 +2,11 @@
 
 Each experiment's parameters are a dataclass marked ``@validated``: a bad value (a count below 1, a rate that is not
 positive, an empty sweep) fails at once with a ValueError naming the parameter, not deep inside a simulation.
+
+What the experiments share lives once in ``common``: the parameters' base classes (``ExperimentParams``,
+``ServingParams``, with the quick run's values), the CPU-scale model (``tiny_opt``), scaled traces, the engine of a
+system (``make_engine``), replaying a trace on a real engine against a clock (``replay``, ``Clock``) and timing by
+the fastest run (``fastest``). Each ``run()`` writes its own ``summary.json``; notebooks plot what it returns.
 """
 from __future__ import annotations
 

@@ -29,8 +29,9 @@ import pandas as pd
 import torch
 
 from pagedattn.experiments import validated
+from pagedattn.experiments.common import fastest
 from pagedattn.paper import DEFAULT_BLOCK_SIZE, FIG18A_PAGED_OVER_CONTIGUOUS
-from pagedattn.results import RESULTS_DIR, Claim, hardware_label
+from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 
 EXPERIMENT = "02_attention_kernel"
 #: Fig. 18a's configurations: the headline ratio is the mean over these at block size 16.
@@ -211,24 +212,12 @@ def _cpu_clock(cfg: BenchConfig) -> Callable[[], float]:
 
 
 def _time_interleaved(fns: dict[str, Callable[[], object]], cfg: BenchConfig) -> dict[str, float]:
-    """CPU timing: run the paths round-robin (so load from other processes hits all of them alike) and keep each
+    """CPU timing (``common.fastest``): run the paths round-robin (so load from other processes hits all of them
+    alike) until ``cfg.max_reps`` rounds, or ``cfg.min_reps`` once ``cfg.budget_s`` per path has passed, and keep each
     path's *fastest* run in ms: on a shared machine the minimum is the run least disturbed by other processes
     (medians moved by 2-4x between identical configurations in our first runs on 2 shared cores)."""
-    clock = _cpu_clock(cfg)
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    t_start = time.perf_counter()
-    while True:
-        for k, fn in fns.items():
-            t0 = clock()
-            fn()
-            times[k].append(clock() - t0)
-        n = len(next(iter(times.values())))
-        spent = time.perf_counter() - t_start
-        if n >= cfg.max_reps or (n >= cfg.min_reps and spent >= cfg.budget_s * len(fns)):
-            break
-    return {k: 1e3 * min(v) for k, v in times.items()} | {"reps": n}
+    best, n = fastest(fns, cfg.max_reps, _cpu_clock(cfg), min_reps=cfg.min_reps, budget_s=cfg.budget_s * len(fns))
+    return {k: 1e3 * v for k, v in best.items()} | {"reps": n}
 
 
 def _time_cuda(fns: dict[str, Callable[[], object]], quick: bool) -> dict[str, float]:
@@ -396,13 +385,46 @@ def save_benchmark(df: pd.DataFrame, meta: dict, results_dir=RESULTS_DIR) -> Pat
 
 
 def run(quick: bool = False, results_dir=RESULTS_DIR, device: Optional[str] = None, cfg: Optional[BenchConfig] = None,
-        progress: bool = False) -> pd.DataFrame:
-    """Run the benchmark, save it under ``<results_dir>/02_attention_kernel/``, return its rows (plus hardware)."""
+        progress: bool = False) -> dict:
+    """The whole experiment: the correctness sweep (it must pass before anything is timed), the benchmark (saved as
+    ``bench_<hardware>[_quick].json``), and ``summary.json`` with the claims of the newest benchmark of this hardware
+    (the ``.gpu`` claims from the newest GPU benchmark file present), all under ``<results_dir>/02_attention_kernel/``.
+    Returns the tables: ``correctness`` (every case) and ``correctness_worst`` (per backend, path and dtype),
+    ``bench`` (this run's rows), ``benchmarks`` (``load_benchmarks``), ``mine`` (this hardware's), ``claims``,
+    ``paper_vs_ours`` and ``fig18a`` (the paper's points at block 16)."""
+    out_dir = Path(results_dir) / EXPERIMENT
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sweep = correctness_sweep(quick=quick)
+    sweep.to_csv(out_dir / "correctness.csv", index=False)
+    if not sweep.ok.all():
+        raise RuntimeError(f"a kernel disagrees with the float64 oracle:\n{sweep[~sweep.ok]}")
     df, meta = benchmark(quick=quick, device=device, cfg=cfg, progress=progress)
     path = save_benchmark(df, meta, results_dir)
     if progress:
         print(f"wrote {path}")
-    return df.assign(hardware=meta["hardware"], hardware_slug=meta["hardware_slug"], backend=meta["backend"])
+    benchmarks = load_benchmarks(results_dir)
+    mine = benchmarks[meta["hardware_slug"]]
+    meta = mine["meta"]
+    cl = with_gpu_claims(claims(mine["df"], meta), benchmarks)  # .gpu: newest GPU run, if any
+    table = pd.DataFrame([{"claim": c.name, "paper": c.paper, "ours": c.ours, "tolerance": c.tolerance,
+                           "holds": c.holds, "note": c.note} for c in cl])
+    table.to_csv(out_dir / "paper_vs_ours.csv", index=False)
+    fig18a = mine["df"][(mine["df"].block_size == DEFAULT_BLOCK_SIZE) & mine["df"].batch.isin(FIG18A_BATCHES)
+                        & mine["df"].context.isin(FIG18A_CONTEXTS)]
+    worst_by_dtype = sweep.groupby(["backend", "dtype"]).max_rel_err.max().unstack().to_dict(orient="index")
+    summary = write_summary(out_dir, EXPERIMENT, meta["hardware"], summary_model(meta), quick, cl,
+                            extra={"benchmark_file": mine["path"].name, "paths": meta["paths"],
+                                   "max_rel_err": worst_by_dtype, "correctness_all_ok": bool(sweep.ok.all()),
+                                   "ratio_same_code_fig18a_points": float(fig18a.ratio_same_code.mean()),
+                                   "paper_fig18a": list(FIG18A_PAGED_OVER_CONTIGUOUS)})
+    worst = (sweep.groupby(["backend", "interpreted", "path", "dtype"])
+             .agg(cases=("ok", "size"), max_rel_err=("max_rel_err", "max"), tolerance=("tolerance", "first"),
+                  all_ok=("ok", "all"))
+             .reset_index())
+    return {"correctness": sweep, "correctness_worst": worst,
+            "bench": df.assign(hardware=meta["hardware"], hardware_slug=meta["hardware_slug"], backend=meta["backend"]),
+            "benchmarks": benchmarks, "mine": mine, "claims": cl, "paper_vs_ours": table, "fig18a": fig18a,
+            "out_dir": out_dir, "summary": summary}
 
 
 def load_benchmarks(results_dir=RESULTS_DIR) -> dict[str, dict]:
@@ -454,7 +476,7 @@ def claims(df: pd.DataFrame, meta: dict) -> list[Claim]:
             Claim(f"paged_over_contiguous_latency.{slug}", paper, ratio, "x", f"ours <= {GPU_TARGET_RATIO}",
                   None if ratio is None else ratio <= GPU_TARGET_RATIO,
                   f"Triton paged (shuffled table) / same kernel on identity table, block 16, mean over {pts}; "
-                  "the paper's 1.20-1.26 is against FasterTransformer's kernel"),
+                  f"the paper's {paper[0]:.2f}-{paper[1]:.2f} is against FasterTransformer's kernel"),
             Claim(f"bandwidth_fraction.{slug}", None, bw, "of copy bandwidth", f"ours >= {GPU_TARGET_BW_FRACTION}",
                   None if bw is None else bw >= GPU_TARGET_BW_FRACTION,
                   "K/V bytes / paged latency at batch 32, context 4096, block 16, vs a "

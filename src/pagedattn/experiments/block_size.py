@@ -42,6 +42,8 @@ from tqdm.auto import tqdm
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.experiments import validated
+from pagedattn.experiments.common import (TINY_OPT_SHAPE, Arrival, Clock, ExperimentParams, fastest, greedy, replay,
+                                          requests_frame, scaled_trace, tiny_opt)
 from pagedattn.paper import DEFAULT_BLOCK_SIZE, FIG18B_BEST_BLOCK_SIZES
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.sim import CostModel, simulate
@@ -68,10 +70,8 @@ BEST_WITHIN = 1.10
 
 @dataclass
 @validated
-class Params:
-    quick: bool = False
+class Params(ExperimentParams):
     block_sizes: tuple[int, ...] = BLOCK_SIZES
-    seed: int = 0
     # paper scale (simulated)
     num_requests: int = 1000
     rates: dict = field(default_factory=lambda: {"alpaca": RATES["alpaca"]})  # ShareGPT: set by the knee rule
@@ -87,44 +87,17 @@ class Params:
     engine_slots: int = 1024  # small enough that memory binds (~8 scaled ShareGPT requests)
     engine_load: float = 0.85  # Poisson rate = this x offline throughput at block 16
 
-    @classmethod
-    def make(cls, quick: bool = False, **kw) -> "Params":
-        if quick:
-            kw.setdefault("num_requests", 200)
-            kw.setdefault("knee_bisection_steps", 3)
-            kw.setdefault("block_sizes", (1, 16, 64, 256))
-            kw.setdefault("kernel_contexts", (256,))
-            kw.setdefault("kernel_rounds", 2)
-            kw.setdefault("engine_block_sizes", (16, 256))
-            kw.setdefault("engine_requests", 8)
-        return cls(quick=quick, **kw)
+    QUICK = dict(num_requests=200, knee_bisection_steps=3, block_sizes=(1, 16, 64, 256), kernel_contexts=(256,),
+                 kernel_rounds=2, engine_block_sizes=(16, 256), engine_requests=8)
 
 
 # ------------------------------------------------------------------------------------------- kernel multiplier
-def time_round_robin(fns: dict, reps: int, seed: int = 0) -> dict:
-    """Each function's fastest of ``reps`` runs in ms of this thread's CPU time (``time.thread_time``: other
-    processes on a shared machine do not count), the functions run round-robin, in a new random order each rep
-    (no position bias), after one warm-up each."""
-    for fn in fns.values():
-        fn()
-    best = {k: float("inf") for k in fns}
-    rng = np.random.default_rng(seed)
-    keys = list(fns)
-    for _ in range(reps):
-        for i in rng.permutation(len(keys)):
-            k, fn = keys[i], fns[keys[i]]
-            t = time.thread_time()
-            fn()
-            best[k] = min(best[k], time.thread_time() - t)
-    return {k: 1e3 * v for k, v in best.items()}
-
-
 def measure_kernel(block_sizes=BLOCK_SIZES, batch: int = 8, contexts=(256, 1024), rounds: int = 3,
                    num_heads: int = 8, head_dim: int = 64, seed: int = 0, reps: int = 6) -> pd.DataFrame:
     """Decode attention latency of the torch reference paged kernel (``kernels.get_backend("torch")``) per block
-    size, on a shuffled block table, one thread, fp32, in CPU time (:func:`time_round_robin`). Every block size is timed
-    round-robin and keeps its fastest run of the round; ``ratio_to_block16`` is the median over
-    ``rounds`` rounds of that round's time / block 16's (``ratio_min``/``ratio_max``: the spread, i.e. the noise of a
+    size, on a shuffled block table, one thread, fp32, in CPU time (``common.fastest``). Every block size is timed
+    round-robin, in a new random order each rep, and keeps its fastest run of the round; ``ratio_to_block16`` is the
+    median over ``rounds`` rounds of that round's time / block 16's (``ratio_min``/``ratio_max``: the spread, i.e. the noise of a
     shared machine). Contexts are multiples of 256, so no block is partly filled: this isolates ``g(bs)``."""
     from pagedattn import kernels
     from pagedattn.experiments.attention_kernel import make_paged_inputs
@@ -141,7 +114,8 @@ def measure_kernel(block_sizes=BLOCK_SIZES, batch: int = 8, contexts=(256, 1024)
                                                            torch.float32, "cpu", seed, share=False)
                 fns[bs] = (lambda q=q, kc=kc, vc=vc, t=table, n=lens:
                            ops.paged_attention(q, kc, vc, t, n, head_dim ** -0.5))
-            per_round = [time_round_robin(fns, reps, seed + r) for r in range(rounds)]
+            per_round = [{bs: 1e3 * t for bs, t in fastest(fns, reps, order_seed=seed + r)[0].items()}
+                         for r in range(rounds)]
             for bs in block_sizes:
                 ratios = [t[bs] / t[DEFAULT_BLOCK_SIZE] for t in per_round]
                 ms = min(t[bs] for t in per_round)
@@ -243,16 +217,8 @@ def clearly_worse(df: pd.DataFrame, factor: float = 2.0) -> dict[str, list[int]]
 
 
 # ---------------------------------------------------------------------------------------------- CPU, real engine
-def tiny_opt(seed: int = 0, hidden: int = 128, layers: int = 4, heads: int = 4, max_len: int = 512,
-             vocab: int = 512):
-    """A random-weight OPT (``init_std=0.2``: logits far from uniform, so greedy decoding is deterministic)."""
-    from transformers import OPTConfig, OPTForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = OPTConfig(vocab_size=vocab, hidden_size=hidden, ffn_dim=2 * hidden, num_hidden_layers=layers,
-                    num_attention_heads=heads, max_position_embeddings=max_len, init_std=0.2,
-                    word_embed_proj_dim=hidden)
-    return OPTForCausalLM(cfg).eval()
+#: The CPU engine's model (``common.tiny_opt``): the common small OPT with an FFN of 2 x hidden.
+ENGINE_SHAPE = dict(ffn_dim=2 * TINY_OPT_SHAPE["hidden_size"])
 
 
 def model_label(hf) -> str:
@@ -261,72 +227,24 @@ def model_label(hf) -> str:
             f"vocab {c.vocab_size}, fp32, torch kernels")
 
 
-def small_trace(name: str, num_requests: int, scale: int, rate: float = float("inf"), seed: int = 0
-                ) -> list[TraceRequest]:
-    """The named trace with prompt and output lengths divided by ``scale`` (at least 1 token each)."""
-    return [replace(r, prompt_len=max(1, round(r.prompt_len / scale)), output_len=max(1, round(r.output_len / scale)))
-            for r in make_trace(name, num_requests, rate, seed)]
-
-
-class CpuClock:
-    """A clock that advances with this thread's CPU time (``time.thread_time``), plus explicit idle jumps.
-
-    On a shared machine, other processes stretch wall time by whatever they run (we saw the load average at 5-7 on
-    2 cores); the CPU time our engine spends does not depend on them (beyond cache effects). Idle periods (no
-    request in the system before the next arrival) cost no CPU time: the clock jumps to the arrival."""
-
-    def __init__(self) -> None:
-        self._t0, self._offset = time.thread_time(), 0.0
-
-    def __call__(self) -> float:
-        return self._offset + time.thread_time() - self._t0
-
-    def advance_to(self, t: float) -> None:
-        self._offset += max(0.0, t - self())
-
-
-def replay(engine, trace: list[TraceRequest], seed: int = 0) -> pd.DataFrame:
-    """Serve a trace on a real engine: each request is added once its arrival time has passed, with random prompt
-    tokens, greedy decoding and ``max_tokens`` = its output length (``ignore_eos``). Time is the engine's CPU time
-    (:class:`CpuClock`, one torch thread), so a request's latency is the CPU time the engine spent from its arrival
-    to its last token. Returns one row per request (latency, normalized latency, tokens)."""
-    from pagedattn.sequence import SamplingParams
-
-    rng = np.random.default_rng(seed)
-    vocab = engine.vocab_size
-    pending = sorted(trace, key=lambda r: r.arrival_time)
-    prompts = {r.request_id: rng.integers(3, vocab, r.prompt_len).tolist() for r in pending}
-    done, finish = {}, {}
-    clock = CpuClock()
-    i = 0
-    while i < len(pending) or engine.has_unfinished_requests():
-        if not engine.has_unfinished_requests():
-            clock.advance_to(pending[i].arrival_time)
-        while i < len(pending) and pending[i].arrival_time <= clock():
-            r = pending[i]
-            engine.add_request(r.request_id, prompts[r.request_id],
-                               SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True))
-            i += 1
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id], finish[o.request_id] = o, clock()
-    rows = []
-    for r in pending:
-        o = done[r.request_id]
-        lat = finish[r.request_id] - r.arrival_time
-        rows.append({"request_id": r.request_id, "prompt_len": r.prompt_len, "output_len": r.output_len,
-                     "latency_s": lat, "normalized_latency_s": lat / max(1, len(o.outputs[0].token_ids)),
-                     "error": o.error, "tokens": o.outputs[0].token_ids})
-    return pd.DataFrame(rows)
-
-
-def engine_run(hf, trace, block_size: int, slots: int, seed: int = 0, **engine_kw):
-    """One replay on a fresh engine with a pool of ``slots // block_size`` blocks; returns (requests, engine)."""
+def engine_run(hf, trace: list[TraceRequest], block_size: int, slots: int, seed: int = 0, **engine_kw):
+    """Serve a trace on a fresh engine with a pool of ``slots // block_size`` blocks (``common.replay``): each
+    request is added once its arrival time has passed, with random prompt tokens, greedy decoding and
+    ``max_tokens`` = its output length (``ignore_eos``). Time is the engine's CPU time (``common.Clock``: this
+    thread's, one torch thread, idle gaps skipped), so a request's latency is the CPU time the engine spent from its
+    arrival to its last token. Returns one row per request (latency, normalized latency per generated token,
+    tokens) and the engine."""
     from pagedattn.engine import LLMEngine
 
     engine = LLMEngine(hf, block_size=block_size, num_gpu_blocks=max(1, slots // block_size),
                        attention_backend="torch", **engine_kw)
-    return replay(engine, trace, seed), engine
+    rng = np.random.default_rng(seed)
+    arrivals = [Arrival(r.arrival_time, r.request_id, rng.integers(3, engine.vocab_size, r.prompt_len).tolist(),
+                        greedy(r.output_len)) for r in sorted(trace, key=lambda r: r.arrival_time)]
+    reqs = requests_frame(trace, replay(engine, arrivals, Clock()))
+    reqs["latency_s"] = reqs.finish_time - reqs.arrival_time
+    reqs["normalized_latency_s"] = reqs.latency_s / reqs.tokens.map(len).clip(lower=1)
+    return reqs, engine
 
 
 def engine_summary(reqs: pd.DataFrame, engine, wall_s: float) -> dict:
@@ -343,7 +261,7 @@ def engine_summary(reqs: pd.DataFrame, engine, wall_s: float) -> dict:
 
 def engine_sweep(params: Params, progress: bool = True) -> tuple[pd.DataFrame, str]:
     """CPU, real engine: per trace, calibrate the rate (offline throughput at block 16 x ``engine_load``), then
-    replay the Poisson trace at that rate for every block size; in the engine's CPU time (:class:`CpuClock`)."""
+    replay the Poisson trace at that rate for every block size; in the engine's CPU time (``common.Clock``)."""
     prev = torch.get_num_threads()
     torch.set_num_threads(1)  # steadier on a shared machine; the tiny model gains nothing from a second thread
     try:
@@ -353,18 +271,18 @@ def engine_sweep(params: Params, progress: bool = True) -> tuple[pd.DataFrame, s
 
 
 def _engine_sweep(params: Params, progress: bool) -> tuple[pd.DataFrame, str]:
-    hf = tiny_opt(params.seed)
+    hf = tiny_opt(params.seed, **ENGINE_SHAPE)
     rows = []
     jobs = [(w, bs) for w in TRACES for bs in params.engine_block_sizes]
     rates = {}
     for w, bs in tqdm(jobs, desc="block-size sweep (CPU engine)", disable=not progress, leave=False):
         if w not in rates:
-            offline = small_trace(w, params.engine_requests, params.engine_length_scale, seed=params.seed)
-            clock = CpuClock()
+            offline = scaled_trace(w, params.engine_requests, params.engine_length_scale, seed=params.seed)
+            clock = Clock()
             engine_run(hf, offline, DEFAULT_BLOCK_SIZE, params.engine_slots, params.seed)
             rates[w] = params.engine_load * len(offline) / clock()
-        trace = small_trace(w, params.engine_requests, params.engine_length_scale, rates[w], params.seed)
-        t, clock = time.perf_counter(), CpuClock()
+        trace = scaled_trace(w, params.engine_requests, params.engine_length_scale, rates[w], params.seed)
+        t, clock = time.perf_counter(), Clock()
         reqs, engine = engine_run(hf, trace, bs, params.engine_slots, params.seed)
         rows.append({"scale": "CPU engine", "trace": w, "block_size": bs, "rate": rates[w], "cpu_s": clock(),
                      **engine_summary(reqs, engine, time.perf_counter() - t)})

@@ -24,6 +24,8 @@ from tqdm.auto import tqdm
 
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
+from pagedattn.experiments import validated
+from pagedattn.experiments.common import ServingParams
 from pagedattn.experiments.throughput import NL_THRESHOLD_S, sustainable_rate
 from pagedattn.paper import FIG17_RATE_RATIO
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
@@ -39,21 +41,13 @@ ALIKE_BAND = (0.8, 1.25)
 
 
 @dataclass
-class Params:
-    quick: bool = False
+@validated
+class Params(ServingParams):
     num_requests: int = 1000
-    seed: int = 0
-    block_size: int = 16
     rates: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
     bisection_steps: int = 7
 
-    @classmethod
-    def make(cls, quick: bool = False, **kw) -> "Params":
-        if quick:
-            kw.setdefault("num_requests", 150)
-            kw.setdefault("rates", (0.5, 1.0, 2.0))
-            kw.setdefault("bisection_steps", 3)
-        return cls(quick=quick, **kw)
+    QUICK = dict(num_requests=150, rates=(0.5, 1.0, 2.0), bisection_steps=3)
 
 
 def run_at(base, rate: float, system: str, params: Params, record_steps: bool = True,

@@ -84,8 +84,8 @@ def claims(gain: pd.DataFrame) -> list[Claim]:
                          f"{a:.3g}-{b:.3g}", bool(a <= g[1] <= b), note))
     for n in (2, 4, 6):
         if n in g:
-            out.append(Claim(f"gain_at_fixed_latency.parallel_n{n}", "grows from 1.3x with n", round(float(g[n]), 3),
-                             "x", "", None, note + "; the paper gives no value per width", kind="tracking"))
+            out.append(Claim(f"gain_at_fixed_latency.parallel_n{n}", f"grows from {FIG14_GAIN['n1']}x with n",
+                             round(float(g[n]), 3), "x", "", None, note + "; the paper gives no value per width", kind="tracking"))
     if len(g) > 1:
         vals = [round(float(g[n]), 3) for n in sorted(g.index)]
         grows = all(b >= a for a, b in zip(vals, vals[1:])) and vals[-1] > vals[0]

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.experiments import validated
+from pagedattn.experiments.common import ServingParams
 from pagedattn.paper import FIG2_SHARES, FIG13_MEAN_BATCH
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.sim import LABELS, SYSTEMS, CostModel, SimResult, simulate
@@ -49,27 +50,18 @@ SHAREGPT_TRACES = ("sharegpt", "sharegpt_synthetic")
 
 @dataclass
 @validated
-class Params:
-    quick: bool = False
+class Params(ServingParams):
     num_requests: int = 1500
-    seed: int = 0
-    block_size: int = 16
     sharegpt_rate: float = FIG13_MEAN_BATCH["sharegpt"]["rate"]
     fig2_rate_grid: tuple[float, ...] = FIG2_RATE_GRID
     memory_bound_min_pct: float = MEMORY_BOUND_MIN_PCT
     alpaca_rate: float = FIG13_MEAN_BATCH["alpaca"]["rate"]
     sweep_block_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
-    @classmethod
-    def make(cls, quick: bool = False, **kw) -> "Params":
-        if quick:
-            kw.setdefault("num_requests", 250)
-            kw.setdefault("sweep_block_sizes", (1, 16, 256))
-            # 250 requests are too few for a 90 % memory-bound steady state (filling memory takes ~40 of them):
-            # quick runs (never committed) lower the bar so that every figure still draws
-            kw.setdefault("fig2_rate_grid", (2.0, 5.0, 8.0))
-            kw.setdefault("memory_bound_min_pct", 50.0)
-        return cls(quick=quick, **kw)
+    # 250 requests are too few for a 90 % memory-bound steady state (filling memory takes ~40 of them): quick runs
+    # (never committed) lower the bar so that every figure still draws
+    QUICK = dict(num_requests=250, sweep_block_sizes=(1, 16, 256), fig2_rate_grid=(2.0, 5.0, 8.0),
+                 memory_bound_min_pct=50.0)
 
 
 def run_systems(trace, params: Params, systems=SYSTEMS, placement: str = "buddy",

@@ -32,7 +32,7 @@ The GPU path (Triton kernels, pinned-memory PCIe copies) was not run: no GPU was
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -44,8 +44,9 @@ from tqdm.auto import tqdm
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.experiments import validated
-from pagedattn.experiments.block_size import BLOCK_SIZES, CpuClock, engine_run, model_label, small_trace, tiny_opt
-from pagedattn.paper import FIG18B_BEST_BLOCK_SIZES, FIG19_RECOMPUTE_OVER_SWAP_MAX
+from pagedattn.experiments.block_size import BLOCK_SIZES, ENGINE_SHAPE, engine_run, model_label
+from pagedattn.experiments.common import Clock, ExperimentParams, fastest, scaled_trace, tiny_opt
+from pagedattn.paper import FIG19_COMPARABLE_BLOCK_SIZES, FIG19_RECOMPUTE_OVER_SWAP_MAX
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.scheduler import SchedulerOutputs
 from pagedattn.sim import CostModel, simulate
@@ -56,14 +57,20 @@ SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline + PCIe swap ter
 MODES = ("swap", "recompute")
 #: vLLM's default CPU swap space per GPU (``swap_space=4`` GiB)
 SWAP_SPACE_BYTES = 4 * 1024**3
+#: Our reading of the paper's "comparable" (Fig. 19b, block sizes ``FIG19_COMPARABLE_BLOCK_SIZES``), fixed before the
+#: run: a recompute / swap latency ratio in this range.
+COMPARABLE = (0.5, 2.0)
+COMPARABLE_TOLERANCE = f"{COMPARABLE[0]:g}-{COMPARABLE[1]:g} (comparable)"
+
+
+def comparable(ratio: float) -> bool:
+    return COMPARABLE[0] <= ratio <= COMPARABLE[1]
 
 
 @dataclass
 @validated
-class Params:
-    quick: bool = False
+class Params(ExperimentParams):
     block_sizes: tuple[int, ...] = BLOCK_SIZES
-    seed: int = 0
     # microbenchmarks (CPU)
     micro_tokens: int = 1024
     micro_hidden: int = 256
@@ -81,34 +88,26 @@ class Params:
     engine_length_scale: int = 4
     engine_slots: int = 1024
 
-    @classmethod
-    def make(cls, quick: bool = False, **kw) -> "Params":
-        if quick:
-            kw.setdefault("block_sizes", (1, 16, 64, 256))
-            kw.setdefault("micro_tokens", 256)
-            kw.setdefault("micro_reps", 2)
-            kw.setdefault("sim_requests", 300)
-            kw.setdefault("engine_block_sizes", (16, 64))
-            kw.setdefault("engine_requests", 8)
-            kw.setdefault("engine_slots", 512)
-        return cls(quick=quick, **kw)
+    QUICK = dict(block_sizes=(1, 16, 64, 256), micro_tokens=256, micro_reps=2, sim_requests=300,
+                 engine_block_sizes=(16, 64), engine_requests=8, engine_slots=512)
 
 
 # ----------------------------------------------------------------------------------------- microbenchmarks (CPU)
+def micro_model(params: Params, max_len: int):
+    """The microbenchmarks' model: ``common.tiny_opt`` at ``micro_*``'s shape, with the CPU engine's FFN of
+    2 x hidden (``block_size.ENGINE_SHAPE``)."""
+    return tiny_opt(params.seed, hidden_size=params.micro_hidden, num_hidden_layers=params.micro_layers,
+                    num_attention_heads=params.micro_heads, ffn_dim=2 * params.micro_hidden,
+                    max_position_embeddings=max_len)
+
+
 def _min_time(fn, reps: int, cuda: bool = False) -> float:
-    """Fastest of ``reps`` runs after a warm-up, in seconds of this thread's CPU time (other processes on a shared
-    machine do not count); with ``cuda``, wall time up to a device synchronisation (the copies are asynchronous)."""
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    clock = time.perf_counter if cuda else time.thread_time
-    fn()  # warm-up (first touch of the destination pages)
-    sync()
-    best = float("inf")
-    for _ in range(reps):
-        t = clock()
-        fn()
-        sync()
-        best = min(best, clock() - t)
-    return best
+    """Fastest of ``reps`` runs after a warm-up (first touch of the destination pages), in seconds of this thread's
+    CPU time (``common.fastest``); with ``cuda``, wall time up to a device synchronisation (the copies are
+    asynchronous)."""
+    if cuda:
+        return fastest({"fn": fn}, reps, time.perf_counter, torch.cuda.synchronize)[0]["fn"]
+    return fastest({"fn": fn}, reps)[0]["fn"]
 
 
 def micro_swap(hf, block_size: int, num_tokens: int, reps: int, seed: int = 0, device: str | None = "cpu") -> dict:
@@ -166,8 +165,7 @@ def microbenchmarks(params: Params, progress: bool = True) -> tuple[pd.DataFrame
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        hf = tiny_opt(params.seed, hidden=params.micro_hidden, layers=params.micro_layers, heads=params.micro_heads,
-                      max_len=max(512, params.micro_tokens + 16))
+        hf = micro_model(params, max(512, params.micro_tokens + 16))
         recompute = micro_recompute(hf, params.micro_tokens, params.micro_reps, params.seed)
         rows = []
         for bs in tqdm(params.block_sizes, desc="swap microbenchmark", disable=not progress, leave=False):
@@ -232,15 +230,15 @@ def engine_end_to_end(params: Params, progress: bool = True) -> tuple[pd.DataFra
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        hf = tiny_opt(params.seed)
-        trace = small_trace(params.sim_trace, params.engine_requests, params.engine_length_scale, seed=params.seed)
+        hf = tiny_opt(params.seed, **ENGINE_SHAPE)
+        trace = scaled_trace(params.sim_trace, params.engine_requests, params.engine_length_scale, seed=params.seed)
         need = sum(r.prompt_len + r.output_len for r in trace)
         ref, ref_engine = engine_run(hf, trace, 16, need + 64 * 16, params.seed)
         assert sum(ref_engine.scheduler.num_preemptions.values()) == 0
         rows = []
         jobs = [(bs, m) for bs in params.engine_block_sizes for m in MODES]
         for bs, mode in tqdm(jobs, desc="preemption (CPU engine)", disable=not progress, leave=False):
-            t, clock = time.perf_counter(), CpuClock()
+            t, clock = time.perf_counter(), Clock()
             reqs, engine = engine_run(hf, trace, bs, params.engine_slots, params.seed, preemption_mode=mode)
             m = engine.step_metrics_frame()
             rows.append({"scale": "CPU engine", "block_size": bs, "mode": mode,
@@ -268,17 +266,19 @@ def claims(micro: pd.DataFrame | None, paper_micro: pd.DataFrame,
     out = []
     small = FIG19_RECOMPUTE_OVER_SWAP_MAX
     expect = {1: (f"<= {small}", f"ours <= {small}", lambda r: r <= small),
-              16: ("comparable", "0.5-2 (comparable)", lambda r: 0.5 <= r <= 2),
-              64: ("comparable", "0.5-2 (comparable)", lambda r: 0.5 <= r <= 2)}
+              **{bs: ("comparable", COMPARABLE_TOLERANCE, comparable) for bs in FIG19_COMPARABLE_BLOCK_SIZES}}
     sim = paper_micro.set_index("block_size")["recompute_over_swap"]
     tokens = int(paper_micro.tokens.iloc[0])
+    cost = CostModel()
+    copy = (f"one {cost.copy_latency_s * 1e6:g} us + bytes/{cost.pcie_bytes_per_s * cost.pcie_efficiency / 1e9:g} "
+            "GB/s copy per block, layer, K/V")
     for bs, (paper, tolerance, ok) in expect.items():
         ours = float(sim[bs]) if bs in sim.index else None
         out.append(Claim(f"recompute_over_swap_latency.sim_a100.block{bs}", paper,
                          None if ours is None else round(ours, 3), "x", tolerance, None if ours is None else ok(ours),
                          f"modelled at paper scale: roofline prefill of {tokens} tokens (OPT-13B, A100) / PCIe swap "
-                         "out + in (one 5 us + bytes/25.6 GB/s copy per block, layer, K/V); an output of these "
-                         "assumed constants (at small blocks, of the 5 us per copy), not a measurement"))
+                         f"out + in ({copy}); an output of these assumed constants (at small blocks, of the "
+                         f"{cost.copy_latency_s * 1e6:g} us per copy), not a measurement"))
     if micro is not None:
         cpu = micro.set_index("block_size")["recompute_over_swap"]
         for bs, (paper, _, ok) in expect.items():
@@ -299,16 +299,16 @@ def gpu_claims(gpu_micro: Optional[pd.DataFrame] = None) -> list[Claim]:
     """``recompute_over_swap_latency.gpu.block{16,64}`` from a GPU microbenchmark table (``micro_<gpu>.csv``,
     written by ``python -m pagedattn.gpu_check``), or null without one."""
     out = []
-    for bs in (16, 64):
+    for bs in FIG19_COMPARABLE_BLOCK_SIZES:
         if gpu_micro is None:
             out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", "comparable", None, "x",
-                             "0.5-2 (comparable)", None, "not measured: no GPU was lent to this task (the GPU swap path, pinned host "
-                             "memory over PCIe, was not run)"))
+                             COMPARABLE_TOLERANCE, None, "not measured: no GPU was lent to this task (the GPU swap path, "
+                             "pinned host memory over PCIe, was not run)"))
             continue
         r = gpu_micro.set_index("block_size").loc[bs]
         out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", "comparable",
-                         round(float(r.recompute_over_swap), 3), "x", "0.5-2 (comparable)",
-                         bool(0.5 <= r.recompute_over_swap <= 2),
+                         round(float(r.recompute_over_swap), 3), "x", COMPARABLE_TOLERANCE,
+                         bool(comparable(r.recompute_over_swap)),
                          f"{r.scale}: engine prefill of {int(r.tokens)} tokens / swap out + in of the same tokens "
                          "between the GPU pool and pinned host memory, wall time to a device synchronisation"))
     return out

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from pagedattn import sensitivity
 from pagedattn.config import ModelSpec
 from pagedattn.experiments import validated
+from pagedattn.experiments.common import ServingParams
 from pagedattn.experiments.throughput import NL_THRESHOLD_S, SIM_SYSTEMS, sustainable_rate
 from pagedattn.paper import FIG12_RATE_RATIO, GPUS, KV_GB, KV_SLOTS, PARAM_GB
 from pagedattn.results import RESULTS_DIR, Claim
@@ -136,10 +137,7 @@ def num_slots(model: str) -> int:
 
 @dataclass
 @validated
-class Params:
-    quick: bool = False
-    seed: int = 0
-    block_size: int = 16
+class Params(ServingParams):
     models: tuple = MODELS
     traces: tuple = ("sharegpt", "alpaca")
     #: requests per trace, per model (175B: fewer, its 60K slots make each replay the slowest)

@@ -50,13 +50,12 @@ from tqdm.auto import tqdm
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.experiments import validated
+from pagedattn.experiments.common import Arrival, Clock, ServingParams, greedy, make_engine, replay, tiny_opt
 from pagedattn.memory.block_manager import BlockManager
-from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.paper import FIG16_PREFIX
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
-from pagedattn.sequence import SamplingParams
 from pagedattn.sensitivity import widened
-from pagedattn.sim import CostModel, simulate
+from pagedattn.sim import CostModel, normalized_latency, simulate
 from pagedattn.workloads import TraceRequest
 
 EXPERIMENT = "07_shared_prefix"
@@ -125,17 +124,7 @@ def ideal_hit_rate(reqs: list[PrefixRequest], block_size: int = 16, automatic: b
     return (len(reqs) - 1) * pb / sum(looked) if sum(looked) else 0.0
 
 
-# ---------------------------------------------------------------------------------------- KV managers
-def make_kv(system: str, num_slots: int, block_size: int = 16, max_model_len: int = 2048, watermark: float = 0.01):
-    """The KV manager of ``system`` over ``num_slots`` token slots (the same budget for every system)."""
-    if system == "orca_oracle":
-        return ContiguousKVManager(num_slots, "oracle", max_model_len)
-    if system in ("paged", "paged_user", "paged_auto"):
-        return BlockManager(block_size, num_slots // block_size, 0, watermark, max_model_len,
-                            enable_prefix_caching=(system == "paged_auto"))
-    raise ValueError(f"unknown system {system!r}; known: {list(SYSTEMS)}")
-
-
+# ---------------------------------------------------------------------------------------- systems
 def marked_prefix(system: str, req: PrefixRequest) -> int:
     """The ``prefix_len`` a request carries: only the user-marked mode marks it."""
     return req.prefix_len if system == "paged_user" else 0
@@ -159,8 +148,7 @@ class PrefixSimResult:
         return len(self.requests) / self.duration
 
     def normalized_latency(self) -> float:
-        r = self.requests
-        return float(((r["finish_time"] - r["arrival_time"]) / r["output_len"]).mean())
+        return normalized_latency(self.requests)
 
 
 def simulate_prefix(reqs: list[PrefixRequest], system: str, num_slots: int | None = None, block_size: int = 16,
@@ -186,43 +174,13 @@ def simulate_prefix(reqs: list[PrefixRequest], system: str, num_slots: int | Non
 
 
 # ---------------------------------------------------------------------------------------- cpu (real engine)
-def tiny_opt(vocab_size: int = 512, hidden: int = 128, layers: int = 4, heads: int = 4, max_positions: int = 512,
-             seed: int = 0):
-    """A small random-weight OPT (transformers), float32, eval mode: the CPU-scale model of this experiment."""
-    import torch
-    from transformers import OPTConfig, OPTForCausalLM
-
-    torch.manual_seed(seed)
-    return OPTForCausalLM(OPTConfig(vocab_size=vocab_size, hidden_size=hidden, ffn_dim=4 * hidden,
-                                    num_hidden_layers=layers, num_attention_heads=heads,
-                                    max_position_embeddings=max_positions, word_embed_proj_dim=hidden,
-                                    init_std=0.2)).eval()
-
-
-def make_engine(model, system: str, num_slots: int, block_size: int = 16, max_model_len: int = 512, **kw):
-    """An ``LLMEngine`` for ``system`` on the same KV budget (token slots) as the others."""
-    from pagedattn.engine import LLMEngine
-
-    if system == "orca_oracle":
-        return LLMEngine(model, kv_manager=ContiguousKVManager(num_slots, "oracle", max_model_len),
-                         max_model_len=max_model_len, **kw)
-    return LLMEngine(model, block_size=block_size, num_gpu_blocks=num_slots // block_size, num_cpu_blocks=0,
-                     max_model_len=max_model_len, enable_prefix_caching=(system == "paged_auto"), **kw)
-
-
 def run_engine(engine, reqs: list[PrefixRequest], system: str) -> dict:
-    """Queue every request at t = 0, step until done; wall-clock throughput and the engine's counters."""
-    t0 = time.perf_counter()
-    for r in reqs:
-        engine.add_request(r.request_id, list(r.token_ids),
-                           SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True),
-                           prefix_len=marked_prefix(system, r))
-    outputs = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                outputs[o.request_id] = o.outputs[0].token_ids
-    wall = time.perf_counter() - t0
+    """Queue every request at t = 0, step until done (``common.replay`` on the wall clock); wall-clock throughput
+    and the engine's counters."""
+    clock = Clock(time.perf_counter)
+    served = replay(engine, [Arrival(0.0, r.request_id, list(r.token_ids), greedy(r.output_len),
+                                     {"prefix_len": marked_prefix(system, r)}) for r in reqs], clock)
+    wall = served.duration
     m = engine.step_metrics_frame()
     dec = m[m.kind == "decode"]
     kv = engine.kv
@@ -231,16 +189,13 @@ def run_engine(engine, reqs: list[PrefixRequest], system: str) -> dict:
             "mean_batch": float(dec.batch_size.mean()) if len(dec) else float("nan"),
             "num_steps": len(m), "prefill_tokens_computed": int(m.num_prefill_tokens.sum()),
             "hit_rate": kv.prefix_hit_rate if isinstance(kv, BlockManager) and kv.prefix_queries else None,
-            "outputs": outputs}
+            "outputs": {rid: o.outputs[0].token_ids for rid, o in served.outputs.items()}}
 
 
 # --------------------------------------------------------------------------------------------- the run
 @dataclass
 @validated
-class Params:
-    quick: bool = False
-    seed: int = 0
-    block_size: int = 16
+class Params(ServingParams):
     # paper scale (sim)
     sim_requests: int = 1000
     sim_rates: dict = field(default_factory=lambda: {"one_shot": [5, 10, 15, 20, 25, 30, 40, 50, 60, 70, 80, 100],
@@ -254,15 +209,8 @@ class Params:
     cpu_repeats: int = 3  # wall-clock runs per system; the fastest is kept
     bisection_steps: int = 7  # sustainable-rate search (Fig. 16's metric)
 
-    @classmethod
-    def make(cls, quick: bool = False, **kw) -> "Params":
-        if quick:
-            kw.setdefault("sim_requests", 200)
-            kw.setdefault("sim_rates", {"one_shot": [10, 30, 60], "five_shot": [5, 15, 40]})
-            kw.setdefault("cpu_requests", 12)
-            kw.setdefault("cpu_repeats", 1)
-            kw.setdefault("bisection_steps", 3)
-        return cls(quick=quick, **kw)
+    QUICK = dict(sim_requests=200, sim_rates={"one_shot": [10, 30, 60], "five_shot": [5, 15, 40]}, cpu_requests=12,
+                 cpu_repeats=1, bisection_steps=3)
 
 
 def sim_offline(params: Params, progress: bool = True) -> pd.DataFrame:
@@ -364,19 +312,25 @@ def cpu_offline(params: Params, progress: bool = True) -> pd.DataFrame:
         torch.set_num_threads(threads)
 
 
+def cpu_engine(model, system: str, params: Params):
+    """An ``LLMEngine`` serving as ``system`` (``common.make_engine``) on ``cpu_slots`` token slots, up to the
+    model's positions."""
+    return make_engine(model, system, params.cpu_slots, params.block_size, model.config.max_position_embeddings)
+
+
 def _cpu_offline(params: Params, progress: bool) -> pd.DataFrame:
     import torch
 
-    model = tiny_opt(params.cpu_vocab, params.cpu_hidden, params.cpu_layers)
+    model = tiny_opt(vocab_size=params.cpu_vocab, hidden_size=params.cpu_hidden, num_hidden_layers=params.cpu_layers)
     warm = make_requests(16, 2, params.cpu_vocab, seed=99)
-    run_engine(make_engine(model, "paged", params.cpu_slots, params.block_size), warm, "paged")  # warm-up
+    run_engine(cpu_engine(model, "paged", params), warm, "paged")  # warm-up
     rows = []
     jobs = [(shot, s, k) for shot in SHOTS for k in range(params.cpu_repeats) for s in SYSTEMS]
     reference: dict[str, dict] = {}
     with torch.inference_mode():
         for shot, s, k in tqdm(jobs, desc="offline (cpu engine)", disable=not progress, leave=False):
             reqs = make_requests(SHOTS[shot], params.cpu_requests, params.cpu_vocab, seed=params.seed)
-            r = run_engine(make_engine(model, s, params.cpu_slots, params.block_size), reqs, s)
+            r = run_engine(cpu_engine(model, s, params), reqs, s)
             outputs = r.pop("outputs")
             ref = reference.setdefault(shot, outputs)
             rows.append({"scale": "cpu (real engine)", "shot": shot, "prefix_len": SHOTS[shot], "system": s,

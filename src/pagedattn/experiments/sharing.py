@@ -44,9 +44,8 @@ from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.engine import LLMEngine
 from pagedattn.experiments import validated
+from pagedattn.experiments.common import ServingParams, make_engine
 from pagedattn.experiments.throughput import NL_THRESHOLD_S, sustainable_rate
-from pagedattn.memory.block_manager import BlockManager
-from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, today, write_summary
 from pagedattn.sequence import SamplingParams
@@ -64,10 +63,7 @@ SENSITIVITY = "sharegpt_synthetic"
 
 @dataclass
 @validated
-class Params:
-    quick: bool = False
-    seed: int = 0
-    block_size: int = 16
+class Params(ServingParams):
     widths: tuple[int, ...] = (2, 4, 6)
     # paper scale (sim)
     sim_requests: dict = field(default_factory=lambda: {"alpaca": 1000, "sharegpt": 300})
@@ -90,22 +86,9 @@ class Params:
     orca_width: int = 6
     threads: int = 1
 
-    @classmethod
-    def make(cls, quick: bool = False, **kw) -> "Params":
-        if quick:
-            kw.setdefault("sim_requests", {"alpaca": 120, "sharegpt": 40})
-            kw.setdefault("gain_requests", 200)
-            kw.setdefault("gain_requests_n1", 200)
-            kw.setdefault("gain_ns", (1, 6))
-            kw.setdefault("bisection_steps", 3)
-            kw.setdefault("beam_requests", {"alpaca": 4, "sharegpt": 1})
-            kw.setdefault("agree_requests", 6)
-            kw.setdefault("agree_ns", (4,))
-            kw.setdefault("orca_requests", 4)
-            kw.setdefault("real_max_output", 40)
-            kw.setdefault("orca_slots", 2048)
-            kw.setdefault("widths", (2, 6))
-        return cls(quick=quick, **kw)
+    QUICK = dict(sim_requests={"alpaca": 120, "sharegpt": 40}, gain_requests=200, gain_requests_n1=200, gain_ns=(1, 6),
+                 bisection_steps=3, beam_requests={"alpaca": 4, "sharegpt": 1}, agree_requests=6, agree_ns=(4,),
+                 orca_requests=4, real_max_output=40, orca_slots=2048, widths=(2, 6))
 
 
 # ------------------------------------------------------------------------------------------- paper scale (sim)
@@ -329,12 +312,10 @@ def real_orca_gain(model, tokenizer, params: Params, progress: bool = True) -> p
     rows = []
     for method, k in (("n=1", 1), ("beam", params.orca_width)):
         for system in tqdm(("paged", "orca_oracle"), desc=f"orca {method}", disable=not progress, leave=False):
-            if system == "paged":
-                e = engine_for(model, tokenizer, params, num_gpu_blocks=params.orca_slots // params.block_size,
-                               num_cpu_blocks=params.orca_slots // params.block_size)
-            else:
-                e = LLMEngine(model, tokenizer, ContiguousKVManager(params.orca_slots, "oracle", params.max_model_len),
-                              max_model_len=params.max_model_len, max_num_seqs=params.max_num_seqs)
+            swap = {"num_cpu_blocks": params.orca_slots // params.block_size, "preemption_mode": "swap"}
+            e = make_engine(model, system, params.orca_slots, params.block_size, params.max_model_len,
+                            tokenizer=tokenizer, max_num_seqs=params.max_num_seqs,
+                            **(swap if system == "paged" else {}))
             for r, p in zip(trace, prompts):
                 sp = (SamplingParams(use_beam_search=True, beam_width=k, temperature=0, max_tokens=r.output_len,
                                      ignore_eos=True) if k > 1 else

@@ -27,11 +27,13 @@ from tqdm.auto import tqdm
 from pagedattn.config import paper_slots
 from pagedattn import sensitivity
 from pagedattn.experiments import validated
+from pagedattn.experiments.common import Arrival, Clock, ServingParams, greedy, make_engine, replay, requests_frame, \
+    scaled_trace, tiny_opt
 from pagedattn.paper import FIG12_RATE_RATIO, FIG13_MEAN_BATCH, HEADLINE_THROUGHPUT_GAIN
 from pagedattn.results import RESULTS_DIR, Claim
 from pagedattn.sensitivity import widened
-from pagedattn.sim import LABELS, CostModel, SimResult, simulate
-from pagedattn.workloads import describe_trace, make_trace, with_rate
+from pagedattn.sim import LABELS, CostModel, SimResult, normalized_latency, simulate
+from pagedattn.workloads import TraceRequest, describe_trace, make_trace, synthetic_prompt, with_rate
 
 EXPERIMENT = "03_throughput"
 SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time)"
@@ -43,25 +45,17 @@ NL_THRESHOLD_S = 0.2
 
 @dataclass
 @validated
-class SimParams:
-    quick: bool = False
+class SimParams(ServingParams):
     # requests per trace: enough that an overloaded system's queue, not the trace's end, sets its latency
     num_requests: dict = field(default_factory=lambda: {"sharegpt": 1000, "alpaca": 3000})
-    seed: int = 0
-    block_size: int = 16
     rates: dict = field(default_factory=lambda: {"sharegpt": [0.5, 1, 1.5, 2, 2.5, 3, 4, 5],
                                                   "alpaca": [5, 10, 20, 30, 40, 50, 60, 80]})
     bisection_steps: int = 7
     #: traces whose sustainable rates are found too, over the ShareGPT rate range (sensitivity rows)
     sensitivity: tuple = ("sharegpt_synthetic",)
 
-    @classmethod
-    def make(cls, quick: bool = False, **kw) -> "SimParams":
-        if quick:
-            kw.setdefault("num_requests", {"sharegpt": 150, "alpaca": 300})
-            kw.setdefault("rates", {"sharegpt": [1, 2, 4], "alpaca": [10, 30, 60]})
-            kw.setdefault("bisection_steps", 4)
-        return cls(quick=quick, **kw)
+    QUICK = dict(num_requests={"sharegpt": 150, "alpaca": 300}, rates={"sharegpt": [1, 2, 4], "alpaca": [10, 30, 60]},
+                 bisection_steps=4)
 
 
 def sim_run(trace, system: str, params: SimParams, cost: CostModel | None = None, record_steps: bool = True
@@ -160,6 +154,19 @@ def rate_ratio_claims(sustainable: pd.DataFrame) -> list[Claim]:
     return out
 
 
+def rate_ratio_table(sustainable: pd.DataFrame) -> pd.DataFrame:
+    """Ours over each baseline's sustainable rate, per scale and trace, beside the paper's range (Figs. 12-13)."""
+    rows = []
+    for (scale, w), d in sustainable.groupby(["scale", "trace"], sort=False):
+        r = d.set_index("system")["sustainable_rate"]
+        for other in ("orca_oracle", "orca_max", "ft"):
+            if other in r and "paged" in r:
+                lo, hi = FIG12_RATE_RATIO[f"paged_vs_{other}"]
+                rows.append({"scale": scale, "trace": w, "ratio": f"ours / {LABELS[other]}",
+                             "ours": r["paged"] / r[other], "paper": f"{lo}-{hi}" if lo else f"up to {hi}"})
+    return pd.DataFrame(rows)
+
+
 def mean_batch_claims(online: pd.DataFrame) -> list[Claim]:
     out = []
     for w, paper in FIG13_MEAN_BATCH.items():
@@ -218,16 +225,13 @@ TINY_OPT = dict(vocab_size=2000, hidden_size=64, num_hidden_layers=2, ffn_dim=25
 
 @dataclass
 @validated
-class RealParams:
+class RealParams(ServingParams):
     """The real engine on this machine. Lengths and the KV budget are both divided by ``scale`` so that the batching
     arithmetic of the paper's setting (15.7K slots, max length 2048, ~30 ShareGPT requests batched) is kept while a
     CPU can run the trace: ShareGPT-like lengths / 4 with 15.7K / 4 = 3.9K token slots and max length 512."""
 
-    quick: bool = False
     scale: int = 4
     num_requests: int = 150
-    seed: int = 0
-    block_size: int = 16
     rates: dict = field(default_factory=lambda: {"sharegpt": [4, 8, 16, 24, 32, 48, 64]})
     bisection_steps: int = 5
     offline_requests: int = 150
@@ -235,15 +239,8 @@ class RealParams:
     model: dict = field(default_factory=lambda: dict(TINY_OPT))
     threads: int = 1
 
-    @classmethod
-    def make(cls, quick: bool = False, **kw) -> "RealParams":
-        if quick:
-            kw.setdefault("num_requests", 40)
-            kw.setdefault("offline_requests", 40)
-            kw.setdefault("rates", {"sharegpt": [4, 16]})
-            kw.setdefault("bisection_steps", 2)
-            kw.setdefault("systems", ("orca_max", "orca_oracle", "paged"))
-        return cls(quick=quick, **kw)
+    QUICK = dict(num_requests=40, offline_requests=40, rates={"sharegpt": [4, 16]}, bisection_steps=2,
+                 systems=("orca_max", "orca_oracle", "paged"))
 
     @property
     def num_slots(self) -> int:
@@ -253,91 +250,40 @@ class RealParams:
     def max_model_len(self) -> int:
         return 2048 // self.scale
 
+    def trace(self, name: str, num_requests: int, rate: float) -> list[TraceRequest]:
+        """The paper-scale trace with every length divided by ``scale`` (rounded up, at least 1 token)."""
+        return scaled_trace(name, num_requests, self.scale, rate, self.seed, round_up=True)
 
-def tiny_opt(cfg: dict | None = None, seed: int = 0):
-    import torch
-    from transformers import OPTConfig, OPTForCausalLM
-
-    torch.manual_seed(seed)
-    return OPTForCausalLM(OPTConfig(**(cfg or TINY_OPT))).eval()
-
-
-def scaled_trace(name: str, n: int, rate: float, params: RealParams):
-    """The paper-scale trace with every length divided by ``params.scale`` (rounded up, at least 1 token)."""
-    from pagedattn.workloads import TraceRequest
-
-    s = params.scale
-    return [TraceRequest(r.request_id, r.arrival_time, -(-r.prompt_len // s), -(-r.output_len // s))
-            for r in make_trace(name, n, rate, params.seed)]
-
-
-def make_engine(system: str, model, params: RealParams):
-    """Our engine with the system's KV manager, all on the same budget of ``params.num_slots`` token slots."""
-    from pagedattn.engine import LLMEngine
-    from pagedattn.memory.contiguous import ContiguousKVManager
-
-    common = dict(max_num_seqs=256, max_model_len=params.max_model_len, attention_backend="torch")
-    if system == "paged":
-        return LLMEngine(model, block_size=params.block_size, num_gpu_blocks=params.num_slots // params.block_size,
-                         **common)
-    policy = "max" if system in ("orca_max", "ft") else system.removeprefix("orca_")
-    engine = LLMEngine(model, kv_manager=ContiguousKVManager(params.num_slots, policy, params.max_model_len), **common)
-    engine.scheduler.static_batching = system == "ft"  # FasterTransformer: no request joins a running batch
-    return engine
+    def engine(self, system: str, model):
+        """Our engine serving as ``system`` (``common.make_engine``), every system on ``num_slots`` token slots."""
+        return make_engine(model, system, self.num_slots, self.block_size, self.max_model_len, max_num_seqs=256,
+                           attention_backend="torch")
 
 
 def serve(engine, trace, vocab_size: int) -> pd.DataFrame:
-    """Replay a trace through the real engine on a virtual clock: the clock advances by each step's measured time
-    and jumps over idle gaps, so the latencies are those of real-time serving without waiting for arrivals.
+    """Replay a trace through the real engine (``common.replay``) on a virtual clock: the clock advances by each
+    step's measured time and jumps over idle gaps, so the latencies are those of real-time serving without waiting
+    for arrivals.
 
     Step time is this process's CPU time (``time.process_time``), not wall time: on a shared machine the wall clock
     also counts the time other processes held the cores. With one torch thread that is the work done."""
     import time
 
-    from pagedattn.sequence import SamplingParams
-    from pagedattn.workloads import synthetic_prompt
-
     pending = sorted(trace, key=lambda r: r.arrival_time)
-    info = {r.request_id: {"request_id": r.request_id, "arrival_time": r.arrival_time, "prompt_len": r.prompt_len,
-                           "output_len": r.output_len, "first_token_time": None, "finish_time": None}
-            for r in pending}
-    clock, i = 0.0, 0
-    batch: list[int] = []
-    while i < len(pending) or engine.has_unfinished_requests():
-        if not engine.has_unfinished_requests() and pending[i].arrival_time > clock:
-            clock = pending[i].arrival_time
-        while i < len(pending) and pending[i].arrival_time <= clock:
-            r = pending[i]
-            engine.add_request(r.request_id, synthetic_prompt(r.prompt_len, vocab_size, seed=i),
-                               SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True),
-                               arrival_time=r.arrival_time)
-            i += 1
-        t0 = time.process_time()
-        outs = engine.step()
-        clock += time.process_time() - t0
-        batch.append(len(engine.scheduler.running))
-        for o in outs:
-            d = info[o.request_id]
-            if d["first_token_time"] is None and o.outputs[0].token_ids:
-                d["first_token_time"] = clock
-            if o.finished:
-                d["finish_time"] = clock
-                d["error"] = o.error
-    df = pd.DataFrame(list(info.values()))
-    df.attrs["mean_batch"] = float(pd.Series(batch).mean()) if batch else float("nan")
-    df.attrs["duration"] = clock
+    arrivals = [Arrival(r.arrival_time, r.request_id, synthetic_prompt(r.prompt_len, vocab_size, seed=i),
+                        greedy(r.output_len), {"arrival_time": r.arrival_time}) for i, r in enumerate(pending)]
+    served = replay(engine, arrivals, Clock(time.process_time, steps_only=True))
+    df = requests_frame(trace, served).drop(columns="tokens")
+    df.attrs["mean_batch"] = float(pd.Series(served.running).mean()) if served.running else float("nan")
+    df.attrs["duration"] = served.duration
     return df
-
-
-def normalized_latency(df: pd.DataFrame) -> float:
-    return float(((df["finish_time"] - df["arrival_time"]) / df["output_len"]).mean())
 
 
 def real_online(model, params: RealParams, progress: bool = True) -> pd.DataFrame:
     rows = []
     jobs = [(w, r, s) for w, rates in params.rates.items() for r in rates for s in params.systems]
     for w, rate, s in tqdm(jobs, desc="online (real engine)", disable=not progress, leave=False):
-        df = serve(make_engine(s, model, params), scaled_trace(w, params.num_requests, rate, params),
+        df = serve(params.engine(s, model), params.trace(w, params.num_requests, rate),
                    params.model["vocab_size"])
         rows.append({"scale": "cpu (real engine)", "trace": w, "rate": rate, "system": s, "label": LABELS[s],
                      "normalized_latency_s": normalized_latency(df), "mean_batch": df.attrs["mean_batch"],
@@ -350,8 +296,7 @@ def real_sustainable(model, params: RealParams, threshold_s: float, progress: bo
     for w, rates in params.rates.items():
         for s in tqdm(params.systems, desc=f"sustainable rate (real) {w}", disable=not progress, leave=False):
             def nl(rate, s=s, w=w):
-                return normalized_latency(serve(make_engine(s, model, params),
-                                                scaled_trace(w, params.num_requests, rate, params),
+                return normalized_latency(serve(params.engine(s, model), params.trace(w, params.num_requests, rate),
                                                 params.model["vocab_size"]))
             hi = max(rates) * 16
             rate = sustainable_rate(nl, min(rates) / 4, hi, params.bisection_steps, threshold_s)
@@ -364,14 +309,13 @@ def real_offline(model, params: RealParams, progress: bool = True) -> pd.DataFra
     """All requests at t = 0 through every system on this machine, plus HF ``generate()`` in static batches as
     large as the budget allows at the maximum length, and HF's continuous batching on the same token slots."""
     from pagedattn.baselines import hf
-    from pagedattn.workloads import synthetic_prompt
 
-    trace = scaled_trace("sharegpt", params.offline_requests, math.inf, params)
+    trace = params.trace("sharegpt", params.offline_requests, math.inf)
     out_lens = [r.output_len for r in trace]
     useful = sum(out_lens)
     rows = []
     for s in tqdm(params.systems, desc="offline (real engine)", disable=not progress, leave=False):
-        df = serve(make_engine(s, model, params), trace, params.model["vocab_size"])
+        df = serve(params.engine(s, model), trace, params.model["vocab_size"])
         rows.append({"system": s, "label": LABELS[s], "seconds": df.attrs["duration"],
                      "mean_batch": df.attrs["mean_batch"], "note": ""})
     prompts = [synthetic_prompt(r.prompt_len, params.model["vocab_size"], seed=i) for i, r in enumerate(trace)]
@@ -462,7 +406,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
         threads = torch.get_num_threads()
         torch.set_num_threads(rp.threads)
         try:
-            model = tiny_opt(rp.model, rp.seed)
+            model = tiny_opt(rp.seed, **rp.model)
             tables["real_configs"] = system_configs(rp)
             tables["real_offline"] = real_offline(model, rp, progress)
             tables["real_online"] = real_online(model, rp, progress)
@@ -471,6 +415,8 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
         finally:
             torch.set_num_threads(threads)
         claims += real_claims(tables["real_offline"], tables["real_sustainable"])
+    tables["rate_ratios"] = rate_ratio_table(pd.concat([tables["sim_sustainable"], tables.get("real_sustainable")],
+                                                       ignore_index=True))
     for name, df in tables.items():
         df.to_csv(out_dir / f"{name}.csv", index=False)
     hw = hardware_label("cpu")

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pagedattn.experiments import validated
+from pagedattn.experiments.common import ExperimentParams
 from pagedattn.paper import TRACE_MEANS
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.sharegpt import describe
@@ -35,16 +37,11 @@ BINS = np.unique(np.round(np.logspace(np.log10(4), np.log10(2048), 40)).astype(i
 
 
 @dataclass
-class Params:
-    quick: bool = False
+@validated
+class Params(ExperimentParams):
     synthetic_requests: int = 20_000
-    seed: int = 0
 
-    @classmethod
-    def make(cls, quick: bool = False, **kw) -> "Params":
-        if quick:
-            kw.setdefault("synthetic_requests", 2_000)
-        return cls(quick=quick, **kw)
+    QUICK = dict(synthetic_requests=2_000)
 
 
 def lengths(trace: str, params: Params) -> tuple[np.ndarray, np.ndarray]:
