@@ -51,7 +51,6 @@ from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.experiments import validated
 from pagedattn.experiments.common import Arrival, Clock, ServingParams, greedy, make_engine, replay, tiny_opt
-from pagedattn.memory.block_manager import BlockManager
 from pagedattn.paper import FIG16_PREFIX
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.sensitivity import widened
@@ -188,7 +187,7 @@ def run_engine(engine, reqs: list[PrefixRequest], system: str) -> dict:
             "tokens_per_s": sum(r.output_len for r in reqs) / wall,
             "mean_batch": float(dec.batch_size.mean()) if len(dec) else float("nan"),
             "num_steps": len(m), "prefill_tokens_computed": int(m.num_prefill_tokens.sum()),
-            "hit_rate": kv.prefix_hit_rate if isinstance(kv, BlockManager) and kv.prefix_queries else None,
+            "hit_rate": kv.prefix_hit_rate if system != "orca_oracle" and kv.prefix_queries else None,
             "outputs": {rid: o.outputs[0].token_ids for rid, o in served.outputs.items()}}
 
 
