@@ -29,7 +29,8 @@ A claim found by a search over rates (a sustainable rate, or the ratio of two) h
 has no trace axis (each point computes both). A claim whose verdict is known to move with the rate (Fig. 18b's best
 block sizes) also gets a rate sweep: the experiment's rate divided and multiplied by 1.2, at the default step time. A
 claim that rests on the PCIe model (Fig. 19's recompute/swap ratio) also gets half and twice the assumed 5 us per
-copy.
+copy. A claim that rests on the simulator's beam model (Fig. 14b) also gets one distinct parent fewer and one more
+per step than the measured mean (``sim.BeamModel``, clipped to ``[1, width]``), at the default step time.
 
 Quick mode (CI) runs one corner besides the default: the fastest step (0.9, 0.7, 0 ms) at the experiment's rate.
 
@@ -75,6 +76,7 @@ class Point:
     trace: str = "default"  # "default" or "other" (OTHER_TRACE)
     rate_scale: float = 1.0  # a rate sweep around the experiment's rate (``points(rate_scales=...)``)
     copy_latency_s: float = CostModel.copy_latency_s  # per swap copy (``points(copy_latencies=...)``)
+    beam_parents_shift: float = 0.0  # added to the beam model's mean distinct parents (``points(beam_parents_shifts)``)
 
     def cost(self, base: CostModel | None = None) -> CostModel:
         """``base`` (default: ``CostModel()``) with this point's step-time constants."""
@@ -95,8 +97,9 @@ class Point:
         copy = f", {1e6 * self.copy_latency_s:g} us per copy" if self.copy_latency_s != DEFAULT.copy_latency_s else ""
         rate = ", equal-load rate" if self.rate == "equal_load" else ""
         trace = ", other trace" if self.trace == "other" else ""
+        beam = f", beam parents {self.beam_parents_shift:+g}" if self.beam_parents_shift else ""
         return (f"bw {self.bandwidth_efficiency:g}, flops {self.flops_efficiency:g}, overhead "
-                f"{1e3 * self.step_overhead_s:g} ms{rate}{trace}{f', rate{scale}' if scale else ''}{copy}")
+                f"{1e3 * self.step_overhead_s:g} ms{rate}{trace}{f', rate{scale}' if scale else ''}{copy}{beam}")
 
 
 DEFAULT = Point()
@@ -104,15 +107,17 @@ DEFAULT = Point()
 
 def points(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True,
            rate_scales: tuple[float, ...] = (), copy_latencies: tuple[float, ...] = (),
-           extremes: bool = True) -> list[Point]:
+           extremes: bool = True, beam_parents_shifts: tuple[float, ...] = ()) -> list[Point]:
     """The grid of the module docstring, default first. ``quick``: the default and the fastest corner.
     ``rate_scales``: also the experiment's rate times each of these, at the default step time (a rate sweep);
     ``copy_latencies``: also each of these seconds per swap copy, at the default step time; ``extremes``: the four
-    step-time points of the module docstring (``False``: all eight corners)."""
+    step-time points of the module docstring (``False``: all eight corners); ``beam_parents_shifts``: also the beam
+    model's mean distinct parents moved by each of these, at the default step time (given in quick mode too)."""
     (b0, b1), (f0, f1), (o0, o1) = BANDWIDTH_EFFICIENCY, FLOPS_EFFICIENCY, STEP_OVERHEAD_S
     fastest = Point(b1, f1, o0)
+    beams = [Point(beam_parents_shift=x) for x in beam_parents_shifts]
     if quick:
-        return [DEFAULT, fastest]
+        return [DEFAULT, fastest] + beams
     corners = [Point(b, f, o) for b in (b0, b1) for f in (f0, f1) for o in (o0, o1)]
     if extremes:
         mid = DEFAULT.step_overhead_s
@@ -121,7 +126,7 @@ def points(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True,
     out = [DEFAULT] + [replace(p, rate=r) for r in rates for p in corners]
     if trace_axis:
         out += [Point(trace="other", rate=r) for r in rates]
-    return out + [Point(rate_scale=x) for x in rate_scales] + [Point(copy_latency_s=x) for x in copy_latencies]
+    return out + [Point(rate_scale=x) for x in rate_scales] + [Point(copy_latency_s=x) for x in copy_latencies] + beams
 
 
 def describe(pts: list[Point]) -> str:
@@ -147,6 +152,9 @@ def describe(pts: list[Point]) -> str:
     copies = sorted({1e6 * p.copy_latency_s for p in pts})
     if len(copies) > 1:
         parts.append(f"{'/'.join(f'{x:g}' for x in copies)} us per swap copy")
+    shifts = sorted({p.beam_parents_shift for p in pts} - {0.0})
+    if shifts:
+        parts.append(f"beam model's distinct parents {'/'.join(f'{x:+g}' for x in shifts)}")
     return "; ".join(parts) + f"; {len(pts)} points"
 
 
