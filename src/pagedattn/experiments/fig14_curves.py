@@ -155,7 +155,7 @@ def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None) -> list[Clai
     else:
         out.append(Claim("gain_at_fixed_latency.beam_w6", FIG14_GAIN["beam_w6"], None, "x", "", None,
                          "not run in this mode"))
-    if 1 in par and len(beams) > 1:
+    if 1 in par and len(beams):
         series = pd.concat([par[[1]], beams])
         out.append(_grows("gain_grows_with_width.beam", "1.3x (n=1) rising to 2.3x (beam width 6)", series,
                           beam_note + f"; n = 1, then beam widths {sorted(beams.index)}"))
