@@ -76,7 +76,7 @@ class Point:
     trace: str = "default"  # "default" or "other" (OTHER_TRACE)
     rate_scale: float = 1.0  # a rate sweep around the experiment's rate (``points(rate_scales=...)``)
     copy_latency_s: float = CostModel.copy_latency_s  # per swap copy (``points(copy_latencies=...)``)
-    beam_parents_shift: float = 0.0  # added to the beam model's mean distinct parents (``points(beam_parents_shifts)``)
+    beam_parents_shift: float = 0.0  # added to the beam model's mean distinct parents (``sim.BeamModel.measured``)
 
     def cost(self, base: CostModel | None = None) -> CostModel:
         """``base`` (default: ``CostModel()``) with this point's step-time constants."""
@@ -107,17 +107,15 @@ DEFAULT = Point()
 
 def points(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True,
            rate_scales: tuple[float, ...] = (), copy_latencies: tuple[float, ...] = (),
-           extremes: bool = True, beam_parents_shifts: tuple[float, ...] = ()) -> list[Point]:
+           extremes: bool = True) -> list[Point]:
     """The grid of the module docstring, default first. ``quick``: the default and the fastest corner.
     ``rate_scales``: also the experiment's rate times each of these, at the default step time (a rate sweep);
     ``copy_latencies``: also each of these seconds per swap copy, at the default step time; ``extremes``: the four
-    step-time points of the module docstring (``False``: all eight corners); ``beam_parents_shifts``: also the beam
-    model's mean distinct parents moved by each of these, at the default step time (given in quick mode too)."""
+    step-time points of the module docstring (``False``: all eight corners)."""
     (b0, b1), (f0, f1), (o0, o1) = BANDWIDTH_EFFICIENCY, FLOPS_EFFICIENCY, STEP_OVERHEAD_S
     fastest = Point(b1, f1, o0)
-    beams = [Point(beam_parents_shift=x) for x in beam_parents_shifts]
     if quick:
-        return [DEFAULT, fastest] + beams
+        return [DEFAULT, fastest]
     corners = [Point(b, f, o) for b in (b0, b1) for f in (f0, f1) for o in (o0, o1)]
     if extremes:
         mid = DEFAULT.step_overhead_s
@@ -126,7 +124,7 @@ def points(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True,
     out = [DEFAULT] + [replace(p, rate=r) for r in rates for p in corners]
     if trace_axis:
         out += [Point(trace="other", rate=r) for r in rates]
-    return out + [Point(rate_scale=x) for x in rate_scales] + [Point(copy_latency_s=x) for x in copy_latencies] + beams
+    return out + [Point(rate_scale=x) for x in rate_scales] + [Point(copy_latency_s=x) for x in copy_latencies]
 
 
 def describe(pts: list[Point]) -> str:

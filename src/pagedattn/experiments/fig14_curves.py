@@ -50,13 +50,13 @@ class Params:
     load_fractions: tuple = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.5)
     beam_widths: tuple = (2, 4, 6)
     #: the beam claims' band (``pagedattn.sensitivity``): the default, the fastest and slowest step-time corners, and
-    #: the beam model's mean distinct parents moved by these
-    beam_parents_shifts: tuple = (-1.0, 1.0)
+    #: the beam model's mean distinct parents moved by this much either way
+    beam_parents_shift: float = 1.0
 
     @classmethod
     def make(cls, quick: bool = False) -> "Params":
-        if quick:  # CI-sized: one beam width, a band over the fork rate only
-            return cls(quick=True, load_fractions=(1.0,), beam_widths=(6,), beam_parents_shifts=(1.0,))
+        if quick:  # CI-sized: one beam width
+            return cls(quick=True, load_fractions=(1.0,), beam_widths=(6,))
         return cls()
 
 
@@ -185,9 +185,11 @@ def beam_claims_at(point: sensitivity.Point, sp: sharing.Params, params: Params)
 def beam_bands(sp: sharing.Params, params: Params, default: list[Claim],
                progress: bool = True) -> tuple[list[Claim], pd.DataFrame]:
     """The beam claims' bands: the default, the fastest and slowest step-time corners (a search over rates: no rate
-    axis; Alpaca: no trace axis) and the beam model's distinct parents moved by ``params.beam_parents_shifts``."""
+    axis; Alpaca: no trace axis) and the beam model's distinct parents moved by ``params.beam_parents_shift`` either
+    way."""
+    x = params.beam_parents_shift
     pts = sensitivity.points(params.quick, rate_axis=False, trace_axis=False)[:3]
-    pts += [sensitivity.Point(beam_parents_shift=x) for x in params.beam_parents_shifts]
+    pts += [sensitivity.Point(beam_parents_shift=-x), sensitivity.Point(beam_parents_shift=x)]
     t = sensitivity.sweep(f"{EXPERIMENT}.beam", lambda p: beam_claims_at(p, sp, params), pts,
                           {"params": asdict(params), "sharing_params": asdict(sp)}, default, progress=progress)
     return sensitivity.with_bands(default, t, sensitivity.describe(pts)), t
