@@ -1,5 +1,7 @@
 """The simulator's beam-search model (sim.BeamModel, paper §4.4): forks through the real block manager, Orca's context
 copies, their charge, and bad input. Expectations are counted by hand on a tiny case."""
+import random
+
 import numpy as np
 import pytest
 
@@ -55,7 +57,7 @@ def test_a_step_refork_frees_the_dead_beams_blocks_and_keeps_reference_counts():
         s.append_token(0)
     kv.append_slots(g)  # 5 tokens each: a private second block per beam
     assert kv.num_used_gpu_blocks == 4
-    copied = BeamModel(3, 1.0).step(kv, g.seqs, np.random.default_rng(0), first=False)
+    copied = BeamModel(3, 1.0).step(kv, g.seqs, random.Random(0), first=False)
     assert copied == 0 and kv.num_used_gpu_blocks == 2  # two dead beams' blocks freed, all three share the parent's
     kv.check_invariants()
     assert len({tuple(kv.block_table(s.seq_id)) for s in g.seqs}) == 1
@@ -66,13 +68,13 @@ def test_orca_fork_copies_the_parents_filled_slots():
     g = beam_group(2)
     kv.allocate_group(g)  # two reservations of 12 slots, 4 filled
     g.set_status("waiting", "running")
-    assert BeamModel(2, 1.0).step(kv, g.seqs, np.random.default_rng(0), first=True) == 4
+    assert BeamModel(2, 1.0).step(kv, g.seqs, random.Random(0), first=True) == 4
     kv.append_slots(g)
-    assert BeamModel(2, 2.0).step(kv, g.seqs, np.random.default_rng(0), first=False) == 0  # nobody dies
+    assert BeamModel(2, 2.0).step(kv, g.seqs, random.Random(0), first=False) == 0  # nobody dies
 
 
 def test_parents_per_step_have_the_stated_mean():
-    rng = np.random.default_rng(0)
+    rng = random.Random(0)
     model = BeamModel(6, 4.52)
     draws = [model.parents(rng, first=False) for _ in range(4000)]
     counts = [len(p) for p in draws]

@@ -18,6 +18,7 @@ step, with a mean number of distinct parents measured on the real engine (notebo
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -152,13 +153,14 @@ class BeamModel:
             raise ValueError(f"no measured beam model for width {width}; measured: {sorted(BEAM_DISTINCT_PARENTS)}")
         return cls(width, min(width, max(1.0, BEAM_DISTINCT_PARENTS[width] + shift)))
 
-    def parents(self, rng: np.random.Generator, first: bool) -> list[int]:
-        """The indices of the beams that have children this step (``first``: the step of the first token)."""
+    def parents(self, rng: random.Random, first: bool) -> list[int]:
+        """The indices of the beams that have children this step (``first``: the step of the first token). ``rng``
+        is the standard library's (a draw per group and step: numpy's per-call overhead tripled a replay's time)."""
         m = 1.0 if first else self.distinct_parents
-        d = int(m) + int(rng.random() < m - int(m))
-        return sorted(int(i) for i in rng.choice(self.width, size=d, replace=False))
+        d = int(m) + (rng.random() < m - int(m))
+        return sorted(rng.sample(range(self.width), d))
 
-    def step(self, kv, beams: list[Sequence], rng: np.random.Generator, first: bool) -> int:
+    def step(self, kv, beams: list[Sequence], rng: random.Random, first: bool) -> int:
         """One step's survivors: every beam that is not a parent is re-forked from a parent. Returns the K/V
         tokens a contiguous manager copies (0 for the paged one: forking copies nothing)."""
         parents = self.parents(rng, first)
@@ -166,7 +168,7 @@ class BeamModel:
         for d, beam in enumerate(beams):
             if d in parents:
                 continue
-            parent = beams[parents[int(rng.integers(len(parents)))]]
+            parent = beams[rng.choice(parents)]
             if isinstance(kv, BlockManager):
                 kv.free(beam.seq_id)
                 kv.fork(parent.seq_id, beam.seq_id)
@@ -302,7 +304,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     trace_outputs = np.array([r.output_len for r in trace])
     now, i, step, next_seq, computed, copied = 0.0, 0, 0, 0, 0, 0
     if beam is not None:
-        n = beam.width
+        n, beam_rng = beam.width, random.Random(seed)
     bar = tqdm(total=len(pending), desc=f"sim {system}", disable=not progress, leave=False)
     while i < len(pending) or sched.has_unfinished():
         if not sched.has_unfinished() and pending[i].arrival_time > now:
@@ -370,7 +372,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                 g.metrics.finish_time = now
                 bar.update(1)
             elif beam is not None:
-                copied += beam.step(kv, g.get_seqs("running"), rng, first=g.seqs[0].get_output_len() == 1)
+                copied += beam.step(kv, g.get_seqs("running"), beam_rng, first=g.seqs[0].get_output_len() == 1)
         sched.free_finished()
         if max_steps is not None and step >= max_steps:
             break
