@@ -195,6 +195,11 @@ def beam_bands(sp: sharing.Params, params: Params, default: list[Claim],
     return sensitivity.with_bands(default, t, sensitivity.describe(pts)), t
 
 
+def _write(tables: dict, out_dir: Path) -> None:
+    for name, df in tables.items():
+        df.to_csv(out_dir / f"{name}.csv", index=False)
+
+
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True) -> dict:
     """Fig. 14's curves and gains; writes CSVs and ``summary.json`` to ``<results_dir>/11_fig14_curves``."""
     from pagedattn.results import hardware_label, write_summary
@@ -202,13 +207,13 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     params, sp = Params.make(quick), sharing_params(quick)
     out_dir = Path(results_dir) / EXPERIMENT
     out_dir.mkdir(parents=True, exist_ok=True)
-    gain = pd.concat([sharing.sim_parallel_gain(sp, progress), beam_gain(sp, params.beam_widths, progress)],
-                     ignore_index=True)
-    savings = beam_savings(sp, params.beam_widths)
-    tables = {"gain": gain, "beam_savings": savings, "curves": curves(gain, sp, params, progress)}
-    cl, tables["sensitivity"] = beam_bands(sp, params, claims(gain, savings), progress)
-    for name, df in tables.items():
-        df.to_csv(out_dir / f"{name}.csv", index=False)
+    tables = {"gain": pd.concat([sharing.sim_parallel_gain(sp, progress),
+                                 beam_gain(sp, params.beam_widths, progress)], ignore_index=True),
+              "beam_savings": beam_savings(sp, params.beam_widths)}
+    _write(tables, out_dir)  # the gains first: the curves and the band take most of a full run
+    tables["curves"] = curves(tables["gain"], sp, params, progress)
+    cl, tables["sensitivity"] = beam_bands(sp, params, claims(tables["gain"], tables["beam_savings"]), progress)
+    _write(tables, out_dir)
     model = sharing.SIM_MODEL
     write_summary(out_dir, EXPERIMENT, hardware_label("sim"), model, quick, cl,
                   extra={"params": asdict(params), "sharing_params": asdict(sp), "nl_threshold_s": NL_THRESHOLD_S,
