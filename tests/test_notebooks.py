@@ -27,7 +27,8 @@ STABLE_CLAIMS = {
     "09": [f"rate_ratio.chatbot.{s}" for s in ("paged_vs_orca_oracle", "paged_vs_orca_pow2", "paged_vs_orca_max",
                                                 "orca_max_vs_orca_oracle")],
     "10": ["table1.param_gb.", "table1.slots_from_paper_kv.", "table1.kv_gb_at_utilisation."],
-    "11": ["gain_at_fixed_latency.n1", "gain_grows_with_n.parallel", "gain_at_fixed_latency.beam_w6"],
+    "11": ["gain_at_fixed_latency.n1", "gain_grows_with_n.parallel", "gain_at_fixed_latency.beam_w6",
+           "gain_grows_with_width.beam", "beam_model.saving_pct.alpaca.beam_w6"],
     "12": [f"token_states_pct_running.{s}" for s in ("paged", "hf_dynamic", "hf_static", "hf_continuous")],
 }
 

@@ -29,7 +29,8 @@ A claim found by a search over rates (a sustainable rate, or the ratio of two) h
 has no trace axis (each point computes both). A claim whose verdict is known to move with the rate (Fig. 18b's best
 block sizes) also gets a rate sweep: the experiment's rate divided and multiplied by 1.2, at the default step time. A
 claim that rests on the PCIe model (Fig. 19's recompute/swap ratio) also gets half and twice the assumed 5 us per
-copy.
+copy. A claim that rests on the simulator's beam model (Fig. 14b) also gets one distinct parent fewer and one more
+per step than the measured mean (``sim.BeamModel``, clipped to ``[1, width]``), at the default step time.
 
 Quick mode (CI) runs one corner besides the default: the fastest step (0.9, 0.7, 0 ms) at the experiment's rate.
 
@@ -75,6 +76,7 @@ class Point:
     trace: str = "default"  # "default" or "other" (OTHER_TRACE)
     rate_scale: float = 1.0  # a rate sweep around the experiment's rate (``points(rate_scales=...)``)
     copy_latency_s: float = CostModel.copy_latency_s  # per swap copy (``points(copy_latencies=...)``)
+    beam_parents_shift: float = 0.0  # added to the beam model's mean distinct parents (``sim.BeamModel.measured``)
 
     def cost(self, base: CostModel | None = None) -> CostModel:
         """``base`` (default: ``CostModel()``) with this point's step-time constants."""
@@ -95,8 +97,9 @@ class Point:
         copy = f", {1e6 * self.copy_latency_s:g} us per copy" if self.copy_latency_s != DEFAULT.copy_latency_s else ""
         rate = ", equal-load rate" if self.rate == "equal_load" else ""
         trace = ", other trace" if self.trace == "other" else ""
+        beam = f", beam parents {self.beam_parents_shift:+g}" if self.beam_parents_shift else ""
         return (f"bw {self.bandwidth_efficiency:g}, flops {self.flops_efficiency:g}, overhead "
-                f"{1e3 * self.step_overhead_s:g} ms{rate}{trace}{f', rate{scale}' if scale else ''}{copy}")
+                f"{1e3 * self.step_overhead_s:g} ms{rate}{trace}{f', rate{scale}' if scale else ''}{copy}{beam}")
 
 
 DEFAULT = Point()
@@ -147,6 +150,9 @@ def describe(pts: list[Point]) -> str:
     copies = sorted({1e6 * p.copy_latency_s for p in pts})
     if len(copies) > 1:
         parts.append(f"{'/'.join(f'{x:g}' for x in copies)} us per swap copy")
+    shifts = sorted({p.beam_parents_shift for p in pts} - {0.0})
+    if shifts:
+        parts.append(f"beam model's distinct parents {'/'.join(f'{x:+g}' for x in shifts)}")
     return "; ".join(parts) + f"; {len(pts)} points"
 
 

@@ -11,10 +11,14 @@ framework overhead; a step that swaps (§4.5) also pays its PCIe copies. Its con
 0.5, a 4 ms step overhead) and a PCIe model we assumed (32 GB/s x 0.8, 5 us per copy). None of them is fitted to the
 paper's figures, but none is measured either: how far an agreement with the paper rests on them is what
 ``pagedattn.sensitivity`` reports, as a band over 0.5-0.9, 0.3-0.7 and 0-8 ms.
+
+Beam search (§4.4, Fig. 14b) has no model to score candidates here, so ``BeamModel`` draws which beams survive each
+step, with a mean number of distinct parents measured on the real engine (notebook 04); see its docstring.
 """
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -88,6 +92,12 @@ class CostModel:
         compute = 2 * self.params * num_tokens / (self.flops_per_s * self.flops_efficiency * self.tp_size)
         return self.step_overhead_s + max(self.weight_bytes / bw, compute) + self.allreduce_time(num_tokens)
 
+    def copy_time(self, num_tokens: int) -> float:
+        """Seconds to copy ``num_tokens`` tokens' K/V within the GPUs' HBM (read once, written once), as beam search
+        does: a copy-on-write block (§4.4), or Orca's whole-context copy into a forked beam's reservation."""
+        bw = self.hbm_bytes_per_s * self.bandwidth_efficiency * self.tp_size
+        return 2 * num_tokens * self.kv_bytes_per_token / bw
+
     def swap_time(self, num_blocks: int, block_size: int = 16) -> float:
         """Seconds to move ``num_blocks`` blocks of ``block_size`` tokens one way over PCIe (§4.5, Fig. 19a)."""
         copies = 2 * self.num_layers * num_blocks
@@ -100,6 +110,72 @@ class CostModel:
             return self.prefill_time(out.num_batched_tokens) + swap
         seqs = [s for g in out.decode_groups for s in g.get_seqs("running")]
         return self.decode_time(len(seqs), sum(s.get_len() for s in seqs)) + swap
+
+
+#: Mean distinct parents among a beam group's ``k`` next beams per step, by beam width, measured on the real engine:
+#: notebook 04's ``mean_distinct_parents`` (``results/04_sharing/savings.csv``, run of 2026-11-30: opt-stdlib's beam
+#: search over Alpaca-like requests; 1.69 / 3.14 / 4.52 of 2 / 4 / 6; its ShareGPT-like rows: 1.65 / 3.08 / 4.58).
+BEAM_DISTINCT_PARENTS = {2: 1.69, 4: 3.14, 6: 4.52}
+
+
+@dataclass(frozen=True)
+class BeamModel:
+    """Beam search in the simulator (§4.4, Fig. 9), where no model scores the candidates.
+
+    A beam group is ``width`` sequences that share the prompt's blocks and all run to the request's output length
+    (``ignore_eos``, as Fig. 14's runs do). After every step each group draws how many distinct parents its
+    ``width`` next beams have: 1 after the first token (HF's initial scores let only the first of ``width``
+    identical beams expand), later ``floor(m)`` or ``floor(m) + 1`` with mean ``m = distinct_parents``. The parents
+    are drawn uniformly among the beams; a parent keeps its own slot, and every other beam dies and its slot is
+    forked from a parent drawn uniformly among them, as ``beam_search._reassign`` maps slots. So the K/V managers do
+    what they do on the real engine: the paged one frees the dead beam's blocks and forks the parent's block table
+    (reference counts, no copy; the next append copies a shared, partly filled last block on write), Orca's
+    contiguous one copies the parent's whole K/V into the dead beam's reservation (HF's ``_reorder_cache``).
+
+    Assumptions, stated and not fitted: the number of distinct parents is drawn afresh each step (no memory of past
+    steps); parents are uniform among the beams (a real search tends to favour its best beams, which shares more
+    history); no beam finishes early. The default ``m`` is ``BEAM_DISTINCT_PARENTS``; ``pagedattn.sensitivity``
+    moves it by one parent either way."""
+
+    width: int
+    distinct_parents: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.width, int) or self.width < 2:
+            raise ValueError(f"beam width must be an integer >= 2, got {self.width!r}")
+        if not 1 <= self.distinct_parents <= self.width:
+            raise ValueError(f"distinct_parents must be in [1, width={self.width}], got {self.distinct_parents!r}")
+
+    @classmethod
+    def measured(cls, width: int, shift: float = 0.0) -> "BeamModel":
+        """The measured mean of ``BEAM_DISTINCT_PARENTS`` (moved by ``shift``, clipped to ``[1, width]``)."""
+        if width not in BEAM_DISTINCT_PARENTS:
+            raise ValueError(f"no measured beam model for width {width}; measured: {sorted(BEAM_DISTINCT_PARENTS)}")
+        return cls(width, min(width, max(1.0, BEAM_DISTINCT_PARENTS[width] + shift)))
+
+    def parents(self, rng: random.Random, first: bool) -> list[int]:
+        """The indices of the beams that have children this step (``first``: the step of the first token). ``rng``
+        is the standard library's (a draw per group and step: numpy's per-call overhead made this a quarter of a
+        beam replay's time)."""
+        m = 1.0 if first else self.distinct_parents
+        d = int(m) + (rng.random() < m - int(m))
+        return sorted(rng.sample(range(self.width), d))
+
+    def step(self, kv, beams: list[Sequence], rng: random.Random, first: bool) -> int:
+        """One step's survivors: every beam that is not a parent is re-forked from a parent. Returns the K/V
+        tokens a contiguous manager copies (0 for the paged one: forking copies nothing)."""
+        parents = self.parents(rng, first)
+        copied = 0
+        for d, beam in enumerate(beams):
+            if d in parents:
+                continue
+            parent = beams[rng.choice(parents)]
+            if isinstance(kv, BlockManager):
+                kv.free(beam.seq_id)
+                kv.fork(parent.seq_id, beam.seq_id)
+            else:  # every beam has the same length: the reservation is refilled with the parent's K/V
+                copied += kv.num_tokens(parent.seq_id)
+        return copied
 
 
 def make_kv_manager(system: str, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
@@ -203,7 +279,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
              progress: bool = False, record_steps: bool = True, max_steps: int | None = None,
              placement: str = "buddy", n: int = 1, seed: int = 0, prompts: dict[str, list[int]] | None = None,
              prefix_lens: dict[str, int] | None = None, enable_prefix_caching: bool = False,
-             charge_cached: bool = False) -> SimResult:
+             charge_cached: bool = False, beam: BeamModel | None = None) -> SimResult:
     """Replay a trace through the scheduler and a KV manager, with a step-time model (no tensors).
 
     With ``n > 1`` every request is a parallel-sampling group (§4.4): its ``n`` samples share the prompt's blocks,
@@ -212,7 +288,12 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     Shared prefixes (§4.4, Fig. 16): ``prompts`` gives requests real token ids (otherwise every prompt is zeros), so
     that prefix hashes match; ``prefix_lens`` marks user-shared prefixes; ``enable_prefix_caching`` finds them
     automatically. A prefill step is charged only for its uncached tokens (``charge_cached=True``: for all of them,
-    an ablation in which sharing saves memory only)."""
+    an ablation in which sharing saves memory only).
+
+    With ``beam`` (``BeamModel``, §4.4) every request is a beam-search group of ``beam.width`` beams, all as long as
+    the trace's output (``n`` is ignored), forked after every step by the beam model; each step is also charged its
+    K/V copies (``CostModel.copy_time``: the copy-on-write blocks, and Orca's context copies of the step before).
+    Runs without beams charge no copy, as before (parallel sampling copies one block per sample, once)."""
     num_slots = num_slots or paper_slots()
     cost = cost or CostModel()
     kv = make_kv_manager(system, num_slots, block_size, max_model_len, num_cpu_blocks, placement=placement,
@@ -226,7 +307,9 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     rows: list[dict] = []
     rng = np.random.default_rng(seed)
     trace_outputs = np.array([r.output_len for r in trace])
-    now, i, step, next_seq, computed = 0.0, 0, 0, 0, 0
+    now, i, step, next_seq, computed, copied = 0.0, 0, 0, 0, 0, 0
+    if beam is not None:
+        n, beam_rng = beam.width, random.Random(seed)
     bar = tqdm(total=len(pending), desc=f"sim {system}", disable=not progress, leave=False)
     while i < len(pending) or sched.has_unfinished():
         if not sched.has_unfinished() and pending[i].arrival_time > now:
@@ -234,7 +317,8 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
         while i < len(pending) and pending[i].arrival_time <= now:
             r = pending[i]
             room = max_model_len - r.prompt_len
-            lens = [r.output_len] + [min(int(x), room) for x in rng.choice(trace_outputs, n - 1)]
+            lens = [r.output_len] * n if beam is not None else \
+                [r.output_len] + [min(int(x), room) for x in rng.choice(trace_outputs, n - 1)]
             tokens = prompts[r.request_id] if prompts else [0] * r.prompt_len
             seqs = [Sequence(next_seq + k, tokens) for k in range(n)]
             g = SequenceGroup(r.request_id, seqs, SamplingParams(n=n, max_tokens=max(lens), ignore_eos=True),
@@ -258,6 +342,9 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                 raise RuntimeError("scheduler made no progress with requests left (a request can never fit?)")
             break
         dt = cost.step_time(out, block_size)
+        if beam is not None:  # this step's copy-on-write blocks and the previous step's contiguous fork copies
+            dt += cost.copy_time(copied + len(out.blocks_to_copy) * block_size)
+            copied = 0
         if out.is_prefill:  # prompt tokens charged (computed): the uncached ones, or all of them in the ablation
             charged = sum(g.get_seqs("running")[0].get_len() for g in out.prefill_groups) if charge_cached \
                 else out.num_batched_tokens
@@ -289,6 +376,8 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
             if g.is_finished():
                 g.metrics.finish_time = now
                 bar.update(1)
+            elif beam is not None:
+                copied += beam.step(kv, g.get_seqs("running"), beam_rng, first=g.seqs[0].get_output_len() == 1)
         sched.free_finished()
         if max_steps is not None and step >= max_steps:
             break

@@ -20,6 +20,18 @@ layer; its NVLink bandwidth and latency are assumptions stated there). The reque
 of each setup are fixed relative to the paged system's offline capacity on that setup (a rule, so that one grid
 serves three setups whose capacities differ). Sustainable rate: the highest rate whose normalized latency stays at or
 below ``throughput.NL_THRESHOLD_S``.
+
+**The curves reach their knees** by a rule fixed before the rerun (the first run's grid stopped at the capacity, but
+a finite trace keeps the latency under the threshold somewhat past it): after the base grid, each system's curve
+goes on at rates ``KNEE_STEP`` (1.25) times apart until its normalized latency exceeds ``KNEE_FACTOR`` (2) x
+``NL_THRESHOLD_S``, i.e. until it is past its sustainable rate and visibly rising, or until ``max_load_fraction``
+(16) x the capacity.
+
+**Why OPT-175B on Alpaca is not memory-bound** (``saturation``): every system is replayed at twice the paged
+system's capacity (overloaded: a queue always waits, so the throughput is the system's service rate) with the
+scheduler's batch limit ``max_num_seqs`` at vLLM's default 256 and at 1024. If memory bound a system, it would
+batch fewer requests than the limit and wait on memory (``memory_bound`` steps); if the batch limit bound it, raising
+the limit would raise the throughput; if the step time bound it, neither changes the throughput.
 """
 from __future__ import annotations
 
@@ -147,8 +159,13 @@ class Params(ServingParams):
     num_requests: dict = field(default_factory=lambda: {"OPT-13B": {"sharegpt": 600, "alpaca": 1500},
                                                         "OPT-66B": {"sharegpt": 600, "alpaca": 1500},
                                                         "OPT-175B": {"sharegpt": 400, "alpaca": 1000}})
-    #: the Fig. 12 rate grid, as fractions of the paged system's offline capacity on the setup
+    #: the Fig. 12 rate grid, as fractions of the paged system's offline capacity on the setup; each curve is then
+    #: extended to its knee (``KNEE_STEP``, ``KNEE_FACTOR``) up to ``max_load_fraction``
     load_fractions: tuple = (0.1, 0.25, 0.4, 0.6, 0.8, 1.0)
+    max_load_fraction: float = 16.0
+    #: batch limits (``max_num_seqs``) of the saturation check; its load, as a multiple of the capacity
+    saturation_seqs: tuple = (256, 1024)
+    saturation_load: float = 2.0
     bisection_steps: int = 6
     bands: bool = True  # step-time sensitivity bands of the ShareGPT rate ratios
 
@@ -160,13 +177,33 @@ class Params(ServingParams):
             kw.setdefault("traces", ("alpaca",))
             kw.setdefault("num_requests", {m: {"sharegpt": 60, "alpaca": 100} for m in MODELS})
             kw.setdefault("load_fractions", (0.3, 1.0))
+            kw.setdefault("max_load_fraction", 2.0)
             kw.setdefault("bisection_steps", 2)
             kw.setdefault("bands", False)
         return cls(quick=quick, **kw)
 
 
-def _replay(trace, system, model, params: Params, cost: CostModel, record_steps=False):
-    return simulate(trace, system, num_slots(model), params.block_size, cost, record_steps=record_steps)
+#: The knee rule of the Fig. 12 curves (fixed before the rerun): rates this factor apart past the base grid ...
+KNEE_STEP = 1.25
+#: ... until the normalized latency exceeds this multiple of ``NL_THRESHOLD_S``.
+KNEE_FACTOR = 2.0
+
+
+def _replay(trace, system, model, params: Params, cost: CostModel, record_steps=False, max_num_seqs: int = 256):
+    return simulate(trace, system, num_slots(model), params.block_size, cost, record_steps=record_steps,
+                    max_num_seqs=max_num_seqs)
+
+
+def knee_grid(base: tuple, latency_at, max_fraction: float) -> list[tuple[float, float]]:
+    """``(load fraction, normalized latency)`` along one curve: every fraction of ``base``, then fractions
+    ``KNEE_STEP`` apart until the latency exceeds ``KNEE_FACTOR x NL_THRESHOLD_S`` or the fraction would pass
+    ``max_fraction`` (the curve has then reached its knee, or the grid its end)."""
+    points = [(f, latency_at(f)) for f in base]
+    f = max(base)
+    while points[-1][1] <= KNEE_FACTOR * NL_THRESHOLD_S and f * KNEE_STEP <= max_fraction:
+        f *= KNEE_STEP
+        points.append((f, latency_at(f)))
+    return points
 
 
 def capacity(model: str, trace_name: str, params: Params, cost: CostModel) -> float:
@@ -183,12 +220,14 @@ def fig12(params: Params, progress: bool = True) -> tuple[pd.DataFrame, pd.DataF
         cost = cost_model(m)
         cap = capacity(m, w, params, cost)
         base = make_trace(w, params.num_requests[m][w], 1.0, params.seed)
-        for f in params.load_fractions:
-            for s in SIM_SYSTEMS:
-                res = _replay(with_rate(base, f * cap, params.seed), s, m, params, cost)
+        for s in SIM_SYSTEMS:
+            def latency_at(f, s=s):
+                return _replay(with_rate(base, f * cap, params.seed), s, m, params, cost).normalized_latency()
+
+            for f, nl in knee_grid(params.load_fractions, latency_at, params.max_load_fraction):
                 curves.append({"model": m, "trace": w, "load_fraction": f, "rate": f * cap, "system": s,
-                               "label": LABELS[s], "normalized_latency_s": res.normalized_latency(),
-                               "capacity_req_s": cap})
+                               "label": LABELS[s], "normalized_latency_s": nl, "capacity_req_s": cap,
+                               "past_knee": nl > KNEE_FACTOR * NL_THRESHOLD_S})
         rates += sustainable_rows(m, w, params, cost, cap, SIM_SYSTEMS)
     return pd.DataFrame(curves), pd.DataFrame(rates)
 
@@ -204,6 +243,36 @@ def sustainable_rows(model, trace_name, params: Params, cost: CostModel, cap: fl
                      "sustainable_rate": rate, "capacity_req_s": cap, "threshold_s": NL_THRESHOLD_S,
                      "at_bound": rate >= hi or rate <= lo})
     return rows
+
+
+def saturation(params: Params, progress: bool = True) -> pd.DataFrame:
+    """What bounds each setup on Alpaca: every system at ``saturation_load`` x the paged capacity, at each batch limit
+    of ``saturation_seqs``, with its throughput, mean batch, share of memory-bound steps and normalized latency, and
+    a decode step's roofline split at that batch (FLOP time vs HBM time, ``CostModel``; the larger one is the step's
+    bound)."""
+    rows = []
+    if "alpaca" not in params.traces:
+        return pd.DataFrame(rows)
+    jobs = [(m, n, s) for m in params.models for n in params.saturation_seqs for s in ("orca_oracle", "paged")]
+    caps = {}
+    for m, n, s in tqdm(jobs, desc="saturation", disable=not progress, leave=False):
+        cost = cost_model(m)
+        if m not in caps:
+            caps[m] = capacity(m, "alpaca", params, cost)
+        rate = params.saturation_load * caps[m]
+        trace = make_trace("alpaca", params.num_requests[m]["alpaca"], rate, params.seed)
+        r = _replay(trace, s, m, params, cost, record_steps=True, max_num_seqs=n)
+        batch = r.mean_batch()
+        context = batch * sum(t.prompt_len + t.output_len / 2 for t in trace) / len(trace)  # mid-way, on average
+        mem = (cost.weight_bytes + context * cost.kv_bytes_per_token) / (
+            cost.hbm_bytes_per_s * cost.bandwidth_efficiency * cost.tp_size)
+        flops = 2 * cost.params * batch / (cost.flops_per_s * cost.flops_efficiency * cost.tp_size)
+        rows.append({"model": m, "trace": "alpaca", "max_num_seqs": n, "system": s, "label": LABELS[s],
+                     "rate": rate, "capacity_req_s": caps[m], "throughput_req_s": r.throughput(),
+                     "mean_batch": batch, "memory_bound_share": r.memory_bound_share(),
+                     "normalized_latency_s": r.normalized_latency(), "decode_flop_ms": 1e3 * flops,
+                     "decode_hbm_ms": 1e3 * mem, "decode_bound": "compute" if flops > mem else "memory bandwidth"})
+    return pd.DataFrame(rows)
 
 
 #: The claims' ratios: ours over each baseline (the paper's ranges are over its three model sizes, ShareGPT).
@@ -268,6 +337,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     out_dir.mkdir(parents=True, exist_ok=True)
     tables: dict = {"table1": table1()}
     tables["fig12_curves"], tables["fig12_sustainable"] = fig12(params, progress)
+    tables["saturation"] = saturation(params, progress)
     claims = table1_claims(tables["table1"]) + rate_claims(tables["fig12_sustainable"])
     if params.bands:
         claims, tables["sensitivity"] = bands(params, claims, progress)

@@ -121,30 +121,34 @@ def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | N
     copies (``CostModel.swap_time``). For n = 1 the paged system's rate is also measured with recomputation, the
     other recovery (§4.5), since how a preempted request comes back sets part of the gain. Orca (Oracle) reserves
     each request's whole length up front and never preempts, so its rate is measured once."""
-    rate0 = params.sim_rates["alpaca"]
     cost = cost or CostModel()
     rows = []
-    hi = rate0 * 16
-
-    def rate_of(system: str, n: int, mode: str, base) -> float:
-        def nl(rate):
-            return simulate(with_rate(base, rate, params.seed), system, paper_slots(), params.block_size, cost,
-                            n=n, seed=params.seed, preemption_mode=mode,
-                            num_cpu_blocks=params.sim_cpu_blocks if mode == "swap" else 0,
-                            record_steps=False).normalized_latency()
-        return sustainable_rate(nl, rate0 / (8 * n), hi, params.bisection_steps)
-
+    hi = params.sim_rates["alpaca"] * 16
     for n in tqdm(params.gain_ns, desc="sim gain", disable=not progress, leave=False):
         num = params.gain_requests_n1 if n == 1 else params.gain_requests
         base = make_trace("alpaca", num, 1.0, params.seed)
-        orca = rate_of("orca_oracle", n, "swap", base)
+        orca = sim_rate(params, "orca_oracle", n, "swap", base, cost)
         for mode in ("swap", "recompute") if n == 1 else ("swap",):
-            paged = rate_of("paged", n, mode, base)
+            paged = sim_rate(params, "paged", n, mode, base, cost)
             rows.append({"scale": "paper (sim)", "trace": "alpaca", "method": "parallel" if n > 1 else "n=1",
                          "width": n, "preemption": mode, "rate_paged": paged, "rate_orca_oracle": orca,
                          "gain": paged / orca, "threshold_s": NL_THRESHOLD_S, "num_requests": num,
                          "at_upper_bound": max(paged, orca) >= hi})
     return pd.DataFrame(rows)
+
+
+def sim_rate(params: Params, system: str, n: int, mode: str, base: list[TraceRequest], cost: CostModel,
+             beam=None) -> float:
+    """A system's sustainable Alpaca rate with ``n`` samples (or ``beam``, a ``sim.BeamModel`` of width ``n``) per
+    request, by bisection between the Fig. 13 rate / (8 n) and 16 x it (Fig. 14's rule)."""
+    rate0 = params.sim_rates["alpaca"]
+
+    def nl(rate):
+        return simulate(with_rate(base, rate, params.seed), system, paper_slots(), params.block_size, cost,
+                        n=n, seed=params.seed, preemption_mode=mode,
+                        num_cpu_blocks=params.sim_cpu_blocks if mode == "swap" else 0, record_steps=False,
+                        beam=beam).normalized_latency()
+    return sustainable_rate(nl, rate0 / (8 * n), rate0 * 16, params.bisection_steps)
 
 
 def sim_claims_at(point: sensitivity.Point, params: Params, which: str) -> list[Claim]:
