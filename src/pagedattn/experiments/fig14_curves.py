@@ -141,12 +141,14 @@ def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None) -> list[Clai
     for n in (2, 4, 6):
         if n in par:
             out.append(Claim(f"gain_at_fixed_latency.parallel_n{n}", f"grows from {FIG14_GAIN['n1']}x with n",
-                             round(float(par[n]), 3), "x", "", None, note + "; the paper gives no value per width", kind="tracking"))
+                             round(float(par[n]), 3), "x", "", None, note + "; the paper gives no value per width",
+                             kind="tracking"))
     if len(par) > 1:
         out.append(_grows("gain_grows_with_n.parallel", "grows with n", par, note + f"; n = {sorted(par.index)}"))
     for k in (2, 4):
         if k in beams:
-            out.append(Claim(f"gain_at_fixed_latency.beam_w{k}", f"between {FIG14_GAIN['n1']}x and {FIG14_GAIN['beam_w6']}x", round(float(beams[k]), 3),
+            out.append(Claim(f"gain_at_fixed_latency.beam_w{k}",
+                             f"between {FIG14_GAIN['n1']}x and {FIG14_GAIN['beam_w6']}x", round(float(beams[k]), 3),
                              "x", "", None, beam_note + "; the paper gives no value for this width", kind="tracking"))
     if 6 in beams:
         a, b = widened(FIG14_GAIN["beam_w6"])
