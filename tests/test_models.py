@@ -202,3 +202,20 @@ def test_cpu_linear_weights_are_stored_transposed():
     paged_last_logits(model, PROMPTS[:1])
     assert q.stride() == (1, 64 + 32 + 32)  # q | k | v columns of one [in, out] tensor
     assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.weight.is_contiguous()
+
+
+@pytest.mark.parametrize("rope", ["default", "llama3"])
+def test_rope_is_bit_identical_to_transformers(rope):
+    """Our RoPE (one cos/sin per forward, a roll and a sign-folded sin) equals transformers' rotate_half formula bit
+    for bit, on q and k at once."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    from pagedattn.model.llama import RotaryEmbedding, apply_rope
+
+    hf = tiny_llama_rope(ROPES[rope])
+    positions = torch.arange(0, 200, 3)
+    q, k = torch.randn(len(positions), 4, 16), torch.randn(len(positions), 2, 16)
+    cos, sin = LlamaRotaryEmbedding(hf.config)(q, positions[None])
+    want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    ours = apply_rope(torch.cat([q, k], 1), *RotaryEmbedding(hf.config, 16)(positions, torch.float32))
+    assert torch.equal(ours[:, :4], want_q[0].transpose(0, 1)) and torch.equal(ours[:, 4:], want_k[0].transpose(0, 1))

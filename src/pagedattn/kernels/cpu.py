@@ -96,7 +96,7 @@ def load_library() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     for name in _FUNCTIONS.values():
         fn = getattr(dll, name)
-        fn.argtypes = [ptr] * 6 + [i64] * 7 + [ctypes.c_double]
+        fn.argtypes = [ptr] * 6 + [i64] * 8 + [ctypes.c_double]
         fn.restype = ctypes.c_int
     return dll
 
@@ -124,16 +124,18 @@ def paged_attention_cpu(query: Tensor, key_cache: Tensor, value_cache: Tensor, b
             or value_cache.dtype != query.dtype or not (key_cache.is_contiguous() and value_cache.is_contiguous())
             or key_cache.shape != value_cache.shape or (query.requires_grad and torch.is_grad_enabled())):
         return paged_attention_ref(query, key_cache, value_cache, block_tables, context_lens, scale, plan)
-    q = query.contiguous()
-    tables = block_tables.to(torch.int32).contiguous()
-    lens = context_lens.to(torch.int32).contiguous()
+    # rows of heads may be apart (q as a view of a fused q|k|v), each head's values must be contiguous
+    q = query if query.stride(2) == 1 and query.stride(1) == head_dim else query.contiguous()
+    tables = block_tables if block_tables.dtype == torch.int32 else block_tables.to(torch.int32)
+    lens = context_lens if context_lens.dtype == torch.int32 else context_lens.to(torch.int32)
+    tables, lens = tables.contiguous(), lens.contiguous()
     if tables.dim() != 2 or tables.shape[0] != num_seqs or lens.shape != (num_seqs,):
         raise ValueError(f"block_tables {tuple(block_tables.shape)} and context_lens {tuple(context_lens.shape)} do "
                          f"not match {num_seqs} sequences")
-    out = torch.empty_like(q)
+    out = torch.empty((num_seqs, num_heads, head_dim), dtype=query.dtype)
     rc = getattr(dll, name)(q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(),
                             lens.data_ptr(), out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim,
-                            block_size, num_blocks, tables.shape[1], float(scale))
+                            block_size, num_blocks, tables.shape[1], q.stride(0), float(scale))
     if rc:
         raise ValueError(f"paged_attention_cpu: {_ERRORS[rc]} (num_blocks={num_blocks}, block_size={block_size}, "
                          f"max context {int(lens.max())}, table width {tables.shape[1]})")

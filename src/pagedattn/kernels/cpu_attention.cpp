@@ -25,7 +25,7 @@ template <typename T>
 static int paged_attention(const T *q, const T *key_cache, const T *value_cache, const int32_t *block_tables,
                            const int32_t *context_lens, T *out, int64_t num_seqs, int64_t num_heads,
                            int64_t num_kv_heads, int64_t head_dim, int64_t block_size, int64_t num_blocks,
-                           int64_t max_blocks, double scale) {
+                           int64_t max_blocks, int64_t q_stride, double scale) {
     const int64_t D = head_dim, group = num_heads / num_kv_heads, row = num_kv_heads * D;  // row: one token's K
     int64_t longest = 0;
     for (int64_t s = 0; s < num_seqs; s++) longest = context_lens[s] > longest ? context_lens[s] : longest;
@@ -37,7 +37,7 @@ static int paged_attention(const T *q, const T *key_cache, const T *value_cache,
     for (int64_t s = 0; s < num_seqs; s++) {
         const int64_t L = context_lens[s] > 0 ? context_lens[s] : 0;
         const int32_t *table = block_tables + s * max_blocks;
-        const T *qs = q + s * num_heads * D;
+        const T *qs = q + s * q_stride;  // q_stride: elements between sequences (a query may be a view of q|k|v)
         T *P = probs.data(), *A = acc.data();
         // scores: K read once per token and kv head, block by block
         for (int64_t t = 0; t < L; t++) {
@@ -77,8 +77,8 @@ static int paged_attention(const T *q, const T *key_cache, const T *value_cache,
 #define EXPORT(NAME, T)                                                                                            \
     extern "C" int NAME(const T *q, const T *kc, const T *vc, const int32_t *tables, const int32_t *lens, T *out, \
                         int64_t s, int64_t h, int64_t kvh, int64_t d, int64_t bs, int64_t nb, int64_t mb,          \
-                        double scale) {                                                                            \
-        return paged_attention<T>(q, kc, vc, tables, lens, out, s, h, kvh, d, bs, nb, mb, scale);                  \
+                        int64_t q_stride, double scale) {                                                          \
+        return paged_attention<T>(q, kc, vc, tables, lens, out, s, h, kvh, d, bs, nb, mb, q_stride, scale);        \
     }
 EXPORT(paged_attention_f32, float)
 EXPORT(paged_attention_f64, double)
