@@ -163,13 +163,20 @@ def test_cpu_kernel_matches_float64_oracle(cpu_kernel, block_size, lens, num_kv_
 
 
 def test_cpu_kernel_strided_query_and_bad_tables(cpu_kernel):
-    """A query that is a view of a fused qkv works; a block id outside the cache or a context longer than its table
-    row is a ValueError, raised before anything is read."""
+    """A query (and a new K/V row) that is a view of a fused qkv works; a block id outside the cache, a context longer
+    than its table row or a slot past the cache is a ValueError, raised before anything is read or written."""
     gen = _gen("cpu-bad")
     q, kc, vc, table, ctx = make_paged([0, 21, 7], 4, 2, 16, 8, torch.float32, gen)
     qkv = torch.randn(3, 12, 16, generator=gen)
     assert rel_err(cpu_kernel(qkv[:, 4:8], kc, vc, table, ctx, 0.25),
                    naive_attention_f64(qkv[:, 4:8], kc, vc, table, ctx, 0.25)) < 1e-5
+    from pagedattn.kernels.cpu import reshape_and_cache_cpu
+
+    k_new = qkv[:, 8:10]  # a strided view, written row by row
+    reshape_and_cache_cpu(k_new, k_new, kc, vc, torch.tensor([3, -1, 17]))
+    assert torch.equal(kc.view(-1, 2, 16)[3], k_new[0]) and torch.equal(vc.view(-1, 2, 16)[17], k_new[2])
+    with pytest.raises(ValueError, match="slot is past the cache"):
+        reshape_and_cache_cpu(k_new, k_new, kc, vc, torch.tensor([0, 1, kc.shape[0] * kc.shape[1]]))
     bad = table.clone()
     bad[1, 1] = kc.shape[0]
     with pytest.raises(ValueError, match="not a block of the cache"):
@@ -363,9 +370,13 @@ def _slots_case(gen, num_blocks=7, block_size=4, num_tokens=11):
     return slots
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("backend", ["torch", "cpu", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64], ids=str)
 def test_reshape_and_cache(backend, dtype):
+    if backend == "cpu" and "cpu" not in kernels.available_backends():
+        pytest.skip("the CPU kernel did not build here (no C++ compiler?)")
+    if backend == "triton" and dtype == torch.float64:
+        pytest.skip("the Triton kernels take fp32/fp16/bf16")
     ops = kernels.get_backend(backend)
     gen = _gen("rc", dtype)
     nb, bs, kvh, d = 7, 4, 3, 24

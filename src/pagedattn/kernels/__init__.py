@@ -5,8 +5,9 @@ Three backends with identical signatures:
 
 - ``"torch"`` (:mod:`pagedattn.kernels.reference`): vectorised torch; the tests' oracle, and the CPU engine's path
   where the CPU kernel does not build.
-- ``"cpu"`` (:mod:`pagedattn.kernels.cpu`): decode attention in C++ that reads K/V in place in the cache (compiled on
-  first use with the system's C++ compiler); the other three operations are the torch ones. The default on a CPU.
+- ``"cpu"`` (:mod:`pagedattn.kernels.cpu`): decode attention that reads K/V in place in the cache, and the KV-cache
+  write, in C++ (compiled on first use with the system's C++ compiler); block copies and swaps are the torch ones.
+  The default on a CPU.
 - ``"triton"`` (:mod:`pagedattn.kernels.paged_attention`): the Triton kernels; the default on CUDA.
 
 Usage (what the engine calls)::
@@ -113,7 +114,8 @@ def get_backend(name: str | None = "auto") -> KernelBackend:
         if not cpu.available():
             raise RuntimeError("the 'cpu' backend's kernel is not available (no C++ compiler, a failed build, or "
                                "PAGEDATTN_CPU_KERNEL=0; see the warning): use 'torch'")
-        return KernelBackend("cpu", cpu.paged_attention_cpu, reshape_and_cache_ref, copy_blocks_ref, swap_blocks_ref)
+        return KernelBackend("cpu", cpu.paged_attention_cpu, cpu.reshape_and_cache_cpu, copy_blocks_ref,
+                             swap_blocks_ref)
     if name == "torch":
         return KernelBackend("torch", paged_attention_ref, reshape_and_cache_ref, copy_blocks_ref, swap_blocks_ref,
                              plan_decode=plan_decode)

@@ -1,10 +1,12 @@
-"""The CPU decode kernel: paged attention that reads K/V in place in the cache (§4.1, Fig. 5), in C++.
+"""The CPU decode kernels: paged attention that reads K/V in place in the cache (§4.1, Fig. 5), and the KV-cache
+write, in C++.
 
 In eager torch, a paged decode step must first copy each sequence's blocks out of the cache (``index_select``)
 before ``scaled_dot_product_attention`` can read them, so the K/V bytes cross memory three times and every bucket
 of sequences costs a dozen torch calls (:mod:`pagedattn.kernels.reference`). ``cpu_attention.cpp`` walks each block
-table instead, as vLLM's CUDA kernel does, and reads every K and V row once; it needs no decode plan. It runs on one
-thread (the engine's CPU runs use one torch thread).
+table instead, as vLLM's CUDA kernel does, and reads every K and V row once; it needs no decode plan. The cache write
+is one call too (a torch write is about nine small torch calls per layer). Both run on one thread (the engine's CPU
+runs use one torch thread).
 
 The source is compiled on first use with the system's C++ compiler (``$CXX``, else ``c++``/``g++``/``clang++``) into
 ``$PAGEDATTN_CACHE_DIR`` (default ``~/.cache/pagedattn``), keyed by a hash of the source, compiler and flags, and
@@ -29,14 +31,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from pagedattn.kernels.reference import paged_attention_ref
+from pagedattn.kernels.reference import paged_attention_ref, reshape_and_cache_ref
 
-__all__ = ["available", "paged_attention_cpu", "load_library"]
+__all__ = ["available", "paged_attention_cpu", "reshape_and_cache_cpu", "load_library"]
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno"]
 NATIVE = ["-march=native"]  # about 20 % faster where it is accepted (AVX2/AVX-512); the library is keyed by the CPU
 _FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64"}
+_WRITES = {torch.float32: "reshape_and_cache_f32", torch.float64: "reshape_and_cache_f64"}
 _ERRORS = {1: "a block table entry inside a context is not a block of the cache",
            2: "a context is longer than its block table (max_blocks * block_size)"}
 
@@ -98,6 +101,10 @@ def load_library() -> ctypes.CDLL | None:
         fn = getattr(dll, name)
         fn.argtypes = [ptr] * 6 + [i64] * 8 + [ctypes.c_double]
         fn.restype = ctypes.c_int
+    for name in _WRITES.values():
+        fn = getattr(dll, name)
+        fn.argtypes = [ptr] * 5 + [i64] * 5
+        fn.restype = ctypes.c_int
     return dll
 
 
@@ -140,3 +147,38 @@ def paged_attention_cpu(query: Tensor, key_cache: Tensor, value_cache: Tensor, b
         raise ValueError(f"paged_attention_cpu: {_ERRORS[rc]} (num_blocks={num_blocks}, block_size={block_size}, "
                          f"max context {int(lens.max())}, table width {tables.shape[1]})")
     return out
+
+
+def _rows(x: Tensor, num_tokens: int, row: int) -> int | None:
+    """Elements between the tokens of ``x`` ``[T, heads, head_dim]`` when each token's heads are one contiguous row
+    of ``row`` elements (also a view of a fused q|k|v), else None."""
+    if x.dim() != 3 or x.shape[0] != num_tokens or x.shape[1] * x.shape[2] != row:
+        return None
+    return x.stride(0) if x.stride(2) == 1 and (x.shape[1] == 1 or x.stride(1) == x.shape[2]) else None
+
+
+def reshape_and_cache_cpu(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                          slot_mapping: Tensor) -> None:
+    """:func:`pagedattn.kernels.reference.reshape_and_cache_ref` in one C++ call (one row copy per token and cache;
+    a negative slot is a padding token and is skipped), for fp32/fp64 CPU tensors; the reference otherwise.
+
+    Raises ``ValueError`` when a slot is past the cache, before anything is written.
+    """
+    dll = load_library()
+    name = _WRITES.get(key.dtype)
+    num_tokens, row = key.shape[0], key_cache.shape[2] * key_cache.shape[3]
+    ks, vs = _rows(key, num_tokens, row), _rows(value, num_tokens, row)
+    if (dll is None or name is None or key.device.type != "cpu" or ks is None or vs is None
+            or not (key.dtype == value.dtype == key_cache.dtype == value_cache.dtype)
+            or not (key_cache.is_contiguous() and value_cache.is_contiguous())
+            or key_cache.shape != value_cache.shape or slot_mapping.device.type != "cpu"
+            or (torch.is_grad_enabled() and (key.requires_grad or value.requires_grad))):
+        return reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping)
+    slots = (slot_mapping if slot_mapping.dtype == torch.long else slot_mapping.to(torch.long)).contiguous()
+    if slots.shape != (num_tokens,):
+        raise ValueError(f"slot_mapping {tuple(slot_mapping.shape)} does not match {num_tokens} tokens")
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
+    if getattr(dll, name)(key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+                          slots.data_ptr(), num_tokens, row, num_slots, ks, vs):
+        raise ValueError(f"reshape_and_cache_cpu: a slot is past the cache ({num_slots} slots, largest slot "
+                         f"{int(slots.max())})")

@@ -74,6 +74,23 @@ static int paged_attention(const T *q, const T *key_cache, const T *value_cache,
     return 0;
 }
 
+// The KV-cache write of §4.1 (Fig. 6): token i's K and V rows go to cache slot slots[i]; a negative slot marks a
+// padding token and is skipped. key/value rows are key_stride/value_stride elements apart (views of a fused q|k|v).
+// Returns 0, or 1 when a slot is past the cache (nothing is written then).
+template <typename T>
+static int reshape_and_cache(const T *key, const T *value, T *key_cache, T *value_cache, const int64_t *slots,
+                             int64_t num_tokens, int64_t row, int64_t num_slots, int64_t key_stride,
+                             int64_t value_stride) {
+    for (int64_t i = 0; i < num_tokens; i++)
+        if (slots[i] >= num_slots) return 1;
+    for (int64_t i = 0; i < num_tokens; i++) {
+        if (slots[i] < 0) continue;
+        std::memcpy(key_cache + slots[i] * row, key + i * key_stride, sizeof(T) * row);
+        std::memcpy(value_cache + slots[i] * row, value + i * value_stride, sizeof(T) * row);
+    }
+    return 0;
+}
+
 #define EXPORT(NAME, T)                                                                                            \
     extern "C" int NAME(const T *q, const T *kc, const T *vc, const int32_t *tables, const int32_t *lens, T *out, \
                         int64_t s, int64_t h, int64_t kvh, int64_t d, int64_t bs, int64_t nb, int64_t mb,          \
@@ -82,3 +99,11 @@ static int paged_attention(const T *q, const T *key_cache, const T *value_cache,
     }
 EXPORT(paged_attention_f32, float)
 EXPORT(paged_attention_f64, double)
+
+#define EXPORT_WRITE(NAME, T)                                                                                      \
+    extern "C" int NAME(const T *k, const T *v, T *kc, T *vc, const int64_t *slots, int64_t n, int64_t row,        \
+                        int64_t num_slots, int64_t k_stride, int64_t v_stride) {                                   \
+        return reshape_and_cache<T>(k, v, kc, vc, slots, n, row, num_slots, k_stride, v_stride);                   \
+    }
+EXPORT_WRITE(reshape_and_cache_f32, float)
+EXPORT_WRITE(reshape_and_cache_f64, double)
