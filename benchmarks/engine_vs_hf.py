@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from pagedattn import kernels
 from pagedattn.engine import LLM
 from pagedattn.results import REPO_ROOT, hardware_label, today
 from pagedattn.sequence import SamplingParams
@@ -195,8 +196,12 @@ def bench_fixed(hf, costs, machine, batch: int, a, loads: list) -> dict:
     prompts = random_prompts([p for p, _ in pairs], seed=batch)
     out_lens = [a.output_len] * batch
     llm = LLM(hf, max_num_seqs=batch)
+    # the same engine with the torch reference attention (gather by block table + SDPA): the C++ kernel's gain
+    llm_torch = LLM(hf, max_num_seqs=batch, attention_backend="torch") if llm.engine.backend.name != "torch" else None
     warm = prompts[: min(4, batch)]
     run_ours(llm, warm, [4] * len(warm))
+    if llm_torch is not None:
+        run_ours(llm_torch, warm, [4] * len(warm))
     run_hf_generate(hf, warm, 4)
     if not a.no_cb:
         run_hf_cb(hf, warm, [4] * len(warm), len(warm))
@@ -204,6 +209,8 @@ def bench_fixed(hf, costs, machine, batch: int, a, loads: list) -> dict:
     for _ in range(a.repeats):
         r = {"ours": run_ours(llm, prompts, out_lens), "hf_generate": run_hf_generate(hf, prompts, a.output_len),
              "hf_generate_1": run_hf_generate(hf, prompts, 1)}
+        if llm_torch is not None:
+            r["ours_torch_attention"] = run_ours(llm_torch, prompts, out_lens)
         if not a.no_cb:
             r["hf_continuous_batching"] = run_hf_cb(hf, prompts, out_lens, batch)
         reps.append(r)
@@ -234,7 +241,7 @@ def bench_variable(hf, costs, machine, a, loads: list) -> dict:
 
 
 def summarise(reps: list[dict], costs, machine, prompts, batch: int, fixed_out: int | None = None) -> dict:
-    systems = [k for k in ("ours", "hf_generate", "hf_continuous_batching") if k in reps[0]]
+    systems = [k for k in ("ours", "hf_generate", "hf_continuous_batching", "ours_torch_attention") if k in reps[0]]
     useful = sum(len(t) for t in reps[0]["ours"]["tokens"])
     plens = [len(p) for p in prompts]
     # the run's roofline: one prefill of every prompt + our engine's decode steps (its batches and contexts)
@@ -309,7 +316,8 @@ def main(argv=None) -> dict:
         d = row.get("ours_full_batch_decode", {})
         print(f"fixed batch {batch:3d}: ours {fmt(row['tokens_per_cpu_s']['ours'], ' tok/cpu-s')} | speedup vs HF "
               f"generate {fmt(row['speedup_cpu']['vs_hf_generate'])} | vs HF continuous batching "
-              f"{fmt(row['speedup_cpu'].get('vs_hf_continuous_batching'))} | decode step "
+              f"{fmt(row['speedup_cpu'].get('vs_hf_continuous_batching'))} | vs ours with torch attention "
+              f"{fmt(row['speedup_cpu'].get('vs_ours_torch_attention'))} | decode step "
               f"{fmt(d.get('step_ms'), ' ms')} = {fmt(d.get('roofline_multiple'))} roofline "
               f"({d.get('roofline_ms', float('nan')):.2f} ms), HF generate {fmt(row['hf_generate_decode']['roofline_multiple'])} | "
               f"tokens equal HF: {100 * row['tokens_equal_hf_generate']:.0f}%", flush=True)
@@ -369,7 +377,8 @@ def write(a, machine, costs, loads, rows, var, complete: bool) -> dict:
                "roofline": "per decode step max(bytes / copy bandwidth, FLOPs / matmul rate); bytes = weights "
                            "(linear layers, norms, batch embedding rows) + K/V of every context token; the run's "
                            "roofline adds one prefill of every prompt to our engine's decode steps",
-               "engine": {"block_size": 16, "attention_backend": "torch", "max_num_seqs": "= batch size"},
+               "engine": {"block_size": 16, "attention_backend": kernels.get_backend("auto").name,
+                          "max_num_seqs": "= batch size"},
                "load_average_1min": {"samples": loads, "max": max(x for x in loads if x is not None) if any(loads)
                                      else None,
                                      "note": "other processes share the 2 cores; CPU-time ratios interleaved within a "

@@ -105,12 +105,13 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt-len", type=int, nargs=2, default=[4, 256], metavar=("MIN", "MAX"))
     ap.add_argument("--warm-steps", type=int, default=32, help="decode steps before measuring")
     ap.add_argument("--steps", type=int, default=20, help="decode steps timed, then as many profiled")
+    ap.add_argument("--backend", default="auto", help="attention backend: auto (the engine's default), cpu, torch")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     hf = make_model()
     pairs = length_pairs(a.batch, a.prompt_len, MODEL["max_position_embeddings"] - 128, a.batch, TRACE)
     prompts = random_prompts([p for p, _ in pairs], seed=a.batch)
-    llm = LLM(hf, max_num_seqs=a.batch)
+    llm = LLM(hf, max_num_seqs=a.batch, attention_backend=a.backend)
     engine = llm.engine
     total = a.warm_steps + 2 * a.steps + 2
     for i, p in enumerate(prompts):
@@ -140,7 +141,7 @@ def main(argv=None) -> None:
     roof = decode_roofline(costs, machine, a.batch, ctx)
     alone = standalone_linears(hf, a.batch)
 
-    print(f"batch {a.batch}, {ctx} context tokens, model {MODEL['num_hidden_layers']} layers x hidden "
+    print(f"attention backend {engine.backend.name}; batch {a.batch}, {ctx} context tokens, model {MODEL['num_hidden_layers']} layers x hidden "
           f"{MODEL['hidden_size']}; machine: copy {machine['copy_gb_per_s']:.1f} GB/s, matmul "
           f"{machine['matmul_gflop_per_s']:.0f} GFLOP/s (one thread)")
     print(f"decode step (unprofiled): {step_ms:.2f} ms thread CPU time, {100 * (1 - fwd_share):.1f} % outside the "
@@ -151,12 +152,13 @@ def main(argv=None) -> None:
     print("| part | ms per step (profiled) | share of the profiled step | share x unprofiled step (ms) |")
     print("|---|---|---|---|")
     fwd = parts.get("forward (total)", 0.0)
-    rows = [(k, v) for k, v in parts.items() if k.startswith("attention:")]
+    attn = parts.get("paged_attention (total)", 0.0)
+    rows = [("attention (total)", attn)] + [(f"  {k}", v) for k, v in parts.items() if k.startswith("attention:")]
     rows += [("KV-cache write (total)", parts.get("reshape_and_cache (total)", 0.0)),
              ("matmuls (linear layers, LM head)", parts.get("matmuls (linear layers, LM head)", 0.0)),
              ("rest of the forward (norms, RoPE, residuals, Python)",
-              fwd - sum(v for k, v in parts.items() if k.startswith("attention:"))
-              - parts.get("reshape_and_cache (total)", 0.0) - parts.get("matmuls (linear layers, LM head)", 0.0)),
+              fwd - attn - parts.get("reshape_and_cache (total)", 0.0)
+              - parts.get("matmuls (linear layers, LM head)", 0.0)),
              ("prepare input (block tables, decode plan)", parts.get("prepare input (total)", 0.0)),
              ("engine outside forward and prepare input (schedule, sample, outputs)",
               step_prof - fwd - parts.get("prepare input (total)", 0.0))]

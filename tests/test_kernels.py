@@ -138,6 +138,75 @@ def test_reference_buckets_are_exact_and_nan_safe(monkeypatch, bucket_cost):
     assert rel_err(out, oracle) < 1e-12
 
 
+# ------------------------------------------------------------------------------------------ CPU kernel (C++)
+
+
+@pytest.fixture(scope="module")
+def cpu_kernel():
+    from pagedattn.kernels import cpu
+
+    if not cpu.available():
+        pytest.skip("the CPU kernel did not build here (no C++ compiler?)")
+    return cpu.paged_attention_cpu
+
+
+@pytest.mark.parametrize("block_size,lens", SHAPES)
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
+def test_cpu_kernel_matches_float64_oracle(cpu_kernel, block_size, lens, num_kv_heads):
+    """fp64 to 1e-12 and fp32 to 1e-5 (its own arithmetic); fp16/bf16 go to the reference."""
+    gen = _gen("cpu", block_size, num_kv_heads)
+    q, kc, vc, table, ctx = make_paged(lens, 4, num_kv_heads, 16, block_size, torch.float64, gen)
+    assert rel_err(cpu_kernel(q, kc, vc, table, ctx, 0.25), naive_attention_f64(q, kc, vc, table, ctx, 0.25)) < 1e-12
+    for dtype in DTYPES:
+        args = [x.to(dtype) for x in (q, kc, vc)]
+        out = cpu_kernel(*args, table, ctx, 0.25)
+        assert out.dtype == dtype and rel_err(out, naive_attention_f64(*args, table, ctx, 0.25)) < TOL[dtype]
+
+
+def test_cpu_kernel_strided_query_and_bad_tables(cpu_kernel):
+    """A query (and a new K/V row) that is a view of a fused qkv works; a block id outside the cache, a context longer
+    than its table row or a slot past the cache is a ValueError, raised before anything is read or written."""
+    gen = _gen("cpu-bad")
+    q, kc, vc, table, ctx = make_paged([0, 21, 7], 4, 2, 16, 8, torch.float32, gen)
+    qkv = torch.randn(3, 12, 16, generator=gen)
+    assert rel_err(cpu_kernel(qkv[:, 4:8], kc, vc, table, ctx, 0.25),
+                   naive_attention_f64(qkv[:, 4:8], kc, vc, table, ctx, 0.25)) < 1e-5
+    from pagedattn.kernels.cpu import reshape_and_cache_cpu
+
+    k_new = qkv[:, 8:10]  # a strided view, written row by row
+    reshape_and_cache_cpu(k_new, k_new, kc, vc, torch.tensor([3, -1, 17]))
+    assert torch.equal(kc.view(-1, 2, 16)[3], k_new[0]) and torch.equal(vc.view(-1, 2, 16)[17], k_new[2])
+    with pytest.raises(ValueError, match="slot is past the cache"):
+        reshape_and_cache_cpu(k_new, k_new, kc, vc, torch.tensor([0, 1, kc.shape[0] * kc.shape[1]]))
+    bad = table.clone()
+    bad[1, 1] = kc.shape[0]
+    with pytest.raises(ValueError, match="not a block of the cache"):
+        cpu_kernel(q, kc, vc, bad, ctx, 0.25)
+    with pytest.raises(ValueError, match="longer than its block table"):
+        cpu_kernel(q, kc, vc, table, torch.tensor([0, 8 * table.shape[1] + 1, 7]), 0.25)
+
+
+def test_cpu_backend_falls_back_without_a_compiler(monkeypatch):
+    """No compiler: a warning, ``available()`` False, "auto" is the torch reference and "cpu" says why it is off."""
+    from pagedattn.kernels import cpu
+
+    monkeypatch.setattr(cpu, "_compiler", lambda: None)
+    cpu.load_library.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
+            assert not cpu.available()
+        if not torch.cuda.is_available():
+            assert kernels.get_backend("auto").name == "torch"
+        with pytest.raises(RuntimeError, match="'cpu' backend's kernel is not available"):
+            kernels.get_backend("cpu")
+        gen = _gen("cpu-fallback")
+        q, kc, vc, table, ctx = make_paged([5, 9], 4, 2, 8, 4, torch.float64, gen)
+        assert rel_err(cpu.paged_attention_cpu(q, kc, vc, table, ctx, 0.3),
+                       naive_attention_f64(q, kc, vc, table, ctx, 0.3)) < 1e-12
+    finally:
+        cpu.load_library.cache_clear()
+
+
 # ------------------------------------------------------------------------------------------ Triton attention
 
 
@@ -198,9 +267,11 @@ def test_gpu_configuration_in_interpreter(triton_ops, dtype, monkeypatch):
             assert rel_err(out, oracle) < TOL[dtype], (num_kv_heads, split)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "cpu", "triton"])
 def test_unused_cache_slots_may_hold_nan(backend):
     """Slots past each context (tail of the last block, unreferenced blocks) are poisoned with NaN: never used."""
+    if backend == "cpu" and "cpu" not in kernels.available_backends():
+        pytest.skip("the CPU kernel did not build here (no C++ compiler?)")
     ops = kernels.get_backend(backend)
     gen = _gen("nan-slots", backend)
     lens, bs = [13, 30, 5], 8
@@ -236,6 +307,24 @@ def test_reference_property(case):
                                        torch.float64, gen)
     out = paged_attention_ref(q, kc, vc, table, ctx, 0.3)
     assert rel_err(out, naive_attention_f64(q, kc, vc, table, ctx, 0.3)) < 1e-12
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=paged_case)
+def test_cpu_kernel_property_nan_safe(cpu_kernel, case):
+    """Any ragged batch, block size and GQA ratio, every slot outside a context poisoned with NaN: the kernel never
+    reads one, and equals the float64 oracle."""
+    gen = torch.Generator().manual_seed(case["seed"])
+    q, kc, vc, table, ctx = make_paged(case["lens"], 4, case["num_kv_heads"], case["head_dim"], case["block_size"],
+                                       torch.float64, gen)
+    oracle = naive_attention_f64(q, kc, vc, table, ctx, 0.3)
+    used = torch.zeros(kc.shape[:2], dtype=torch.bool)
+    for s, n in enumerate(case["lens"]):
+        for t in range(n):
+            used[int(table[s, t // case["block_size"]]), t % case["block_size"]] = True
+    kc[~used], vc[~used] = float("nan"), float("nan")
+    out = cpu_kernel(q, kc, vc, table, ctx, 0.3)
+    assert torch.isfinite(out).all() and rel_err(out, oracle) < 1e-12
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -282,9 +371,13 @@ def _slots_case(gen, num_blocks=7, block_size=4, num_tokens=11):
     return slots
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("backend", ["torch", "cpu", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64], ids=str)
 def test_reshape_and_cache(backend, dtype):
+    if backend == "cpu" and "cpu" not in kernels.available_backends():
+        pytest.skip("the CPU kernel did not build here (no C++ compiler?)")
+    if backend == "triton" and dtype == torch.float64:
+        pytest.skip("the Triton kernels take fp32/fp16/bf16")
     ops = kernels.get_backend(backend)
     gen = _gen("rc", dtype)
     nb, bs, kvh, d = 7, 4, 3, 24
@@ -366,7 +459,9 @@ def test_reference_write_then_attend_matches_contiguous_sdpa():
 def test_backend_selector():
     assert kernels.get_backend("torch").paged_attention is paged_attention_ref
     auto = kernels.get_backend("auto")
-    assert auto.name == ("triton" if torch.cuda.is_available() else "torch")
+    from pagedattn.kernels import cpu
+
+    assert auto.name == ("triton" if torch.cuda.is_available() else "cpu" if cpu.available() else "torch")
     with pytest.raises(ValueError):
         kernels.get_backend("cuda-graphs")
 

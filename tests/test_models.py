@@ -147,3 +147,75 @@ def test_dtype_and_unknown_model_type():
     hf.config.model_type = "gpt_bigcode"
     with pytest.raises(ValueError, match="not supported"):
         load_model(hf)
+
+
+def test_fused_qkv_follows_its_layers_weights():
+    """The fused q/k/v projection equals the three layers, keeps their parameter names (views, no extra memory),
+    and follows a weight that is changed in place or replaced (``.to``) afterwards."""
+    from pagedattn.model.fused import FusedLinear
+
+    torch.manual_seed(3)
+    layers = [torch.nn.Linear(16, n, bias=True) for n in (16, 8, 8)]
+    fused = FusedLinear(*layers)
+    x = torch.randn(5, 16)
+
+    def separate(x):
+        return torch.cat([m(x) for m in layers], -1)
+    torch.testing.assert_close(fused(x), separate(x), rtol=0, atol=1e-6)
+    assert layers[1].weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
+    with torch.no_grad():
+        layers[2].weight.mul_(2.0)  # in place, through the view
+        layers[0].bias.copy_(torch.randn(16))
+    torch.testing.assert_close(fused(x), separate(x), rtol=0, atol=1e-6)
+    for m in layers:
+        m.to(torch.float64)  # replaces the parameters' data
+    assert fused(x.double()).dtype == torch.float64
+    torch.testing.assert_close(fused(x.double()), separate(x.double()), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="one input size"):
+        FusedLinear(torch.nn.Linear(4, 4), torch.nn.Linear(5, 4))
+
+
+@pytest.mark.parametrize("hidden", [64, 256, 1000, 4096])
+def test_rms_norm_fp32_is_bit_identical_to_transformers(hidden):
+    """Our RMSNorm takes ``F.rms_norm`` in fp32: bit for bit the formula of transformers' LlamaRMSNorm."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from pagedattn.model.llama import RMSNorm
+
+    torch.manual_seed(hidden)
+    ours, theirs = RMSNorm(hidden, 1e-6), LlamaRMSNorm(hidden, eps=1e-6)
+    with torch.no_grad():
+        ours.weight.copy_(torch.randn(hidden))
+        theirs.weight.copy_(ours.weight)
+        x = torch.randn(37, hidden) * 3
+        assert torch.equal(ours(x), theirs(x))
+
+
+def test_cpu_linear_weights_are_stored_transposed():
+    """On the CPU, linear weights are [in, out] in memory (a faster GEMM for a decode step's few rows), q/k/v as
+    column blocks of one fused weight after the first forward; a tied LM head keeps the embedding's layout."""
+    hf = tiny_llama(tie_word_embeddings=True)
+    model = load_model(hf)
+    q = model.model.layers[0].self_attn.q_proj.weight
+    assert q.shape == (64, 64) and q.stride() == (1, 64)
+    assert model.model.layers[0].mlp.down_proj.weight.stride() == (1, 64)  # [64, 128] stored [128, 64]
+    paged_last_logits(model, PROMPTS[:1])
+    assert q.stride() == (1, 64 + 32 + 32)  # q | k | v columns of one [in, out] tensor
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.weight.is_contiguous()
+
+
+@pytest.mark.parametrize("rope", ["default", "llama3"])
+def test_rope_is_bit_identical_to_transformers(rope):
+    """Our RoPE (one cos/sin per forward, a roll and a sign-folded sin) equals transformers' rotate_half formula bit
+    for bit, on q and k at once."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    from pagedattn.model.llama import RotaryEmbedding, apply_rope
+
+    hf = tiny_llama_rope(ROPES[rope])
+    positions = torch.arange(0, 200, 3)
+    q, k = torch.randn(len(positions), 4, 16), torch.randn(len(positions), 2, 16)
+    cos, sin = LlamaRotaryEmbedding(hf.config)(q, positions[None])
+    want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    ours = apply_rope(torch.cat([q, k], 1), *RotaryEmbedding(hf.config, 16)(positions, torch.float32))
+    assert torch.equal(ours[:, :4], want_q[0].transpose(0, 1)) and torch.equal(ours[:, 4:], want_k[0].transpose(0, 1))

@@ -1,15 +1,19 @@
 """Paged KV-cache kernels (§4.1, §5.1 of Kwon et al., SOSP 2023): attention over a block table, the KV-cache write,
 block copies for copy-on-write (§4.4) and block swaps (§4.5).
 
-Two backends with identical signatures:
+Three backends with identical signatures:
 
-- ``"torch"`` (:mod:`pagedattn.kernels.reference`): vectorised torch; the CPU engine's path and the tests' oracle.
+- ``"torch"`` (:mod:`pagedattn.kernels.reference`): vectorised torch; the tests' oracle, and the CPU engine's path
+  where the CPU kernel does not build.
+- ``"cpu"`` (:mod:`pagedattn.kernels.cpu`): decode attention that reads K/V in place in the cache, and the KV-cache
+  write, in C++ (compiled on first use with the system's C++ compiler); block copies and swaps are the torch ones.
+  The default on a CPU.
 - ``"triton"`` (:mod:`pagedattn.kernels.paged_attention`): the Triton kernels; the default on CUDA.
 
 Usage (what the engine calls)::
 
     from pagedattn import kernels
-    ops = kernels.get_backend()            # "auto": triton on CUDA, torch otherwise
+    ops = kernels.get_backend()            # "auto": triton on CUDA, else cpu (torch where it does not build)
     out = ops.paged_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
     ops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
     ops.copy_blocks(key_caches, value_caches, block_mapping)
@@ -35,6 +39,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
+from pagedattn.kernels import cpu
 from pagedattn.kernels.reference import (copy_blocks_ref, paged_attention_ref, plan_decode, reshape_and_cache_ref,
                                          swap_blocks_ref)
 
@@ -94,6 +99,8 @@ def enable_triton_interpreter() -> None:
 
 def available_backends() -> list[str]:
     names = ["torch"]
+    if cpu.available():
+        names.append("cpu")
     try:
         import triton  # noqa: F401
 
@@ -104,14 +111,22 @@ def available_backends() -> list[str]:
 
 
 def get_backend(name: str | None = "auto") -> KernelBackend:
-    """Return the kernel backend ``"torch"``, ``"triton"``, or ``"auto"``/None (triton on CUDA, else torch).
+    """Return the kernel backend ``"torch"``, ``"cpu"``, ``"triton"``, or ``"auto"``/None (triton on CUDA, else cpu
+    where its kernel builds, else torch).
 
     ``"triton"`` without CUDA switches on the interpreter (see the module docstring); its kernels then expect CPU
     tensors.
     """
     name = (name or "auto").lower()
     if name == "auto":
-        name = "triton" if _cuda_available() and "triton" in available_backends() else "torch"
+        name = ("triton" if "triton" in available_backends() else "torch") if _cuda_available() else (
+            "cpu" if cpu.available() else "torch")
+    if name == "cpu":
+        if not cpu.available():
+            raise RuntimeError("the 'cpu' backend's kernel is not available (no C++ compiler, a failed build, or "
+                               "PAGEDATTN_CPU_KERNEL=0; see the warning): use 'torch'")
+        return KernelBackend("cpu", cpu.paged_attention_cpu, cpu.reshape_and_cache_cpu, copy_blocks_ref,
+                             swap_blocks_ref)
     if name == "torch":
         return KernelBackend("torch", paged_attention_ref, reshape_and_cache_ref, copy_blocks_ref, swap_blocks_ref,
                              plan_decode=plan_decode)
@@ -123,4 +138,4 @@ def get_backend(name: str | None = "auto") -> KernelBackend:
         mod = importlib.import_module(_TRITON_MODULE)
         return KernelBackend("triton", mod.paged_attention, mod.reshape_and_cache, mod.copy_blocks, mod.swap_blocks,
                              interpreted=mod.INTERPRET)
-    raise ValueError(f"unknown kernel backend {name!r}; choose 'torch', 'triton' or 'auto'")
+    raise ValueError(f"unknown kernel backend {name!r}; choose 'torch', 'cpu', 'triton' or 'auto'")

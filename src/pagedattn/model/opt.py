@@ -11,6 +11,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from pagedattn.model.attention import AttentionMetadata, PagedAttention
+from pagedattn.model.fused import FusedLinear
 
 POSITION_OFFSET = 2  # OPT reserves the first two rows of its position table
 
@@ -26,9 +27,11 @@ class OPTAttention(nn.Module):
         self.v_proj = nn.Linear(d, d, bias=bias)
         self.out_proj = nn.Linear(d, d, bias=bias)
         self.attn = PagedAttention(h, h, self.head_dim, scale=1.0)  # q is pre-scaled
+        self.qkv_proj = FusedLinear(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: Tensor, meta: AttentionMetadata) -> Tensor:
-        return self.out_proj(self.attn(self.q_proj(x) * self.scaling, self.k_proj(x), self.v_proj(x), meta))
+        q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
+        return self.out_proj(self.attn(q * self.scaling, k, v, meta))
 
 
 class OPTDecoderLayer(nn.Module):

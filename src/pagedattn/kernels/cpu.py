@@ -1,0 +1,184 @@
+"""The CPU decode kernels: paged attention that reads K/V in place in the cache (§4.1, Fig. 5), and the KV-cache
+write, in C++.
+
+In eager torch, a paged decode step must first copy each sequence's blocks out of the cache (``index_select``)
+before ``scaled_dot_product_attention`` can read them, so the K/V bytes cross memory three times and every bucket
+of sequences costs a dozen torch calls (:mod:`pagedattn.kernels.reference`). ``cpu_attention.cpp`` walks each block
+table instead, as vLLM's CUDA kernel does, and reads every K and V row once; it needs no decode plan. The cache write
+is one call too (a torch write is about nine small torch calls per layer). Both run on one thread (the engine's CPU
+runs use one torch thread).
+
+The source is compiled on first use with the system's C++ compiler (``$CXX``, else ``c++``/``g++``/``clang++``) into
+``$PAGEDATTN_CACHE_DIR`` (default ``~/.cache/pagedattn``), keyed by a hash of the source, compiler and flags, and
+loaded with ``ctypes``: no torch headers, so it builds in about a second and does not depend on the torch version.
+Without a compiler, or with ``PAGEDATTN_CPU_KERNEL=0``, :func:`available` is False and ``get_backend("auto")`` falls
+back to the torch reference. :func:`paged_attention_cpu` itself falls back to the reference for inputs the kernel
+does not take (not on the CPU, fp16/bf16, a non-contiguous cache, a query that needs gradients).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from pagedattn.kernels.reference import paged_attention_ref, reshape_and_cache_ref
+
+__all__ = ["available", "paged_attention_cpu", "reshape_and_cache_cpu", "load_library"]
+
+SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno"]
+NATIVE = ["-march=native"]  # about 20 % faster where it is accepted (AVX2/AVX-512); the library is keyed by the CPU
+_FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64"}
+_WRITES = {torch.float32: "reshape_and_cache_f32", torch.float64: "reshape_and_cache_f64"}
+_ERRORS = {1: "a block table entry inside a context is not a block of the cache",
+           2: "a context is longer than its block table (max_blocks * block_size)"}
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_id() -> str:
+    """What ``-march=native`` depends on: the machine and its CPU's feature flags (a cache directory may be shared
+    between machines)."""
+    flags = ""
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(("flags",
+                                                                                                       "Features"))), "")
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()} {flags}"
+
+
+@lru_cache(maxsize=1)
+def load_library() -> ctypes.CDLL | None:
+    """The compiled kernel (built once per source, compiler and flags), or None with a warning saying why."""
+    if os.environ.get("PAGEDATTN_CPU_KERNEL", "1") == "0":
+        return None
+    cxx = _compiler()
+    if cxx is None:
+        warnings.warn("no C++ compiler found ($CXX, c++, g++, clang++): the CPU decode kernel is off, decode "
+                      "attention uses the torch reference", RuntimeWarning, stacklevel=2)
+        return None
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), cxx, *FLAGS, *NATIVE, _cpu_id()]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("PAGEDATTN_CACHE_DIR", Path.home() / ".cache" / "pagedattn"))
+    lib = cache / f"cpu_attention_{key}.so"
+    try:
+        if not lib.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+            os.close(fd)
+            try:
+                try:
+                    subprocess.run([cxx, *FLAGS, *NATIVE, str(SOURCE), "-o", tmp], check=True, capture_output=True)
+                except subprocess.CalledProcessError:  # a compiler without -march=native: the portable build
+                    subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", tmp], check=True, capture_output=True, text=True)
+                os.replace(tmp, lib)  # atomic: concurrent builders never load a half-written library
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        dll = ctypes.CDLL(str(lib))
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", "") or str(e)
+        warnings.warn(f"the CPU decode kernel did not build ({detail.strip()[:500]}): decode attention uses the "
+                      "torch reference", RuntimeWarning, stacklevel=2)
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    for name in _FUNCTIONS.values():
+        fn = getattr(dll, name)
+        fn.argtypes = [ptr] * 6 + [i64] * 8 + [ctypes.c_double]
+        fn.restype = ctypes.c_int
+    for name in _WRITES.values():
+        fn = getattr(dll, name)
+        fn.argtypes = [ptr] * 5 + [i64] * 5
+        fn.restype = ctypes.c_int
+    return dll
+
+
+def available() -> bool:
+    """True when the kernel is built (or builds now) and is not switched off."""
+    return load_library() is not None
+
+
+def paged_attention_cpu(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+                        context_lens: Tensor, scale: float, plan=None) -> Tensor:
+    """:func:`pagedattn.kernels.reference.paged_attention_ref`'s contract (same arguments, same result; ``plan`` is
+    accepted and unused), computed in place over the cache by ``cpu_attention.cpp`` for fp32/fp64 CPU tensors.
+
+    Raises ``ValueError`` when a block table entry inside a context is not a block of the cache, or a context is
+    longer than its table row, before anything is read.
+    """
+    num_seqs, num_heads, head_dim = query.shape
+    num_blocks, block_size, num_kv_heads, _ = key_cache.shape
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    dll = load_library()
+    name = _FUNCTIONS.get(query.dtype)
+    if (dll is None or name is None or query.device.type != "cpu" or key_cache.dtype != query.dtype
+            or value_cache.dtype != query.dtype or not (key_cache.is_contiguous() and value_cache.is_contiguous())
+            or key_cache.shape != value_cache.shape or (query.requires_grad and torch.is_grad_enabled())):
+        return paged_attention_ref(query, key_cache, value_cache, block_tables, context_lens, scale, plan)
+    # rows of heads may be apart (q as a view of a fused q|k|v), each head's values must be contiguous
+    q = query if query.stride(2) == 1 and query.stride(1) == head_dim else query.contiguous()
+    tables = block_tables if block_tables.dtype == torch.int32 else block_tables.to(torch.int32)
+    lens = context_lens if context_lens.dtype == torch.int32 else context_lens.to(torch.int32)
+    tables, lens = tables.contiguous(), lens.contiguous()
+    if tables.dim() != 2 or tables.shape[0] != num_seqs or lens.shape != (num_seqs,):
+        raise ValueError(f"block_tables {tuple(block_tables.shape)} and context_lens {tuple(context_lens.shape)} do "
+                         f"not match {num_seqs} sequences")
+    out = torch.empty((num_seqs, num_heads, head_dim), dtype=query.dtype)
+    rc = getattr(dll, name)(q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(),
+                            lens.data_ptr(), out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim,
+                            block_size, num_blocks, tables.shape[1], q.stride(0), float(scale))
+    if rc:
+        raise ValueError(f"paged_attention_cpu: {_ERRORS[rc]} (num_blocks={num_blocks}, block_size={block_size}, "
+                         f"max context {int(lens.max())}, table width {tables.shape[1]})")
+    return out
+
+
+def _rows(x: Tensor, num_tokens: int, row: int) -> int | None:
+    """Elements between the tokens of ``x`` ``[T, heads, head_dim]`` when each token's heads are one contiguous row
+    of ``row`` elements (also a view of a fused q|k|v), else None."""
+    if x.dim() != 3 or x.shape[0] != num_tokens or x.shape[1] * x.shape[2] != row:
+        return None
+    return x.stride(0) if x.stride(2) == 1 and (x.shape[1] == 1 or x.stride(1) == x.shape[2]) else None
+
+
+def reshape_and_cache_cpu(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                          slot_mapping: Tensor) -> None:
+    """:func:`pagedattn.kernels.reference.reshape_and_cache_ref` in one C++ call (one row copy per token and cache;
+    a negative slot is a padding token and is skipped), for fp32/fp64 CPU tensors; the reference otherwise.
+
+    Raises ``ValueError`` when a slot is past the cache, before anything is written.
+    """
+    dll = load_library()
+    name = _WRITES.get(key.dtype)
+    num_tokens, row = key.shape[0], key_cache.shape[2] * key_cache.shape[3]
+    ks, vs = _rows(key, num_tokens, row), _rows(value, num_tokens, row)
+    if (dll is None or name is None or key.device.type != "cpu" or ks is None or vs is None
+            or not (key.dtype == value.dtype == key_cache.dtype == value_cache.dtype)
+            or not (key_cache.is_contiguous() and value_cache.is_contiguous())
+            or key_cache.shape != value_cache.shape or slot_mapping.device.type != "cpu"
+            or (torch.is_grad_enabled() and (key.requires_grad or value.requires_grad))):
+        return reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping)
+    slots = (slot_mapping if slot_mapping.dtype == torch.long else slot_mapping.to(torch.long)).contiguous()
+    if slots.shape != (num_tokens,):
+        raise ValueError(f"slot_mapping {tuple(slot_mapping.shape)} does not match {num_tokens} tokens")
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
+    if getattr(dll, name)(key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+                          slots.data_ptr(), num_tokens, row, num_slots, ks, vs):
+        raise ValueError(f"reshape_and_cache_cpu: a slot is past the cache ({num_slots} slots, largest slot "
+                         f"{int(slots.max())})")
