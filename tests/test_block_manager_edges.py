@@ -1,0 +1,70 @@
+"""Block manager edge cases that the mutation run (issue 20, ``make mutants``) found untested (paper §4.2-§4.5).
+
+Every expectation is worked out by hand from the paper's rules and the pool's FIFO free list: a fresh pool hands out
+blocks 0, 1, 2, ... in order, and a freed block goes to the back of the list."""
+from pagedattn.memory import AllocStatus, BlockManager
+from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+
+
+def running_group(m: BlockManager, request_id: str, first_id: int, prompt_len: int, n: int = 1) -> SequenceGroup:
+    g = SequenceGroup(request_id, [Sequence(first_id + k, [1] * prompt_len) for k in range(n)], SamplingParams(n=n))
+    m.allocate_group(g)
+    g.set_status("waiting", "running")
+    return g
+
+
+def test_slot_mapping_is_block_times_size_plus_offset_over_the_given_range():
+    m = BlockManager(block_size=4, num_gpu_blocks=8)
+    m.allocate(0, 3)  # block 0
+    m.allocate(1, 10)  # blocks 1, 2, 3
+    assert m.slot_mapping(1, 5, 9) == [2 * 4 + 1, 2 * 4 + 2, 2 * 4 + 3, 3 * 4 + 0]
+    assert m.slot(1, 9) == 3 * 4 + 1
+
+
+def test_filled_slots_count_device_tables_only_and_shared_blocks_once():
+    m = BlockManager(block_size=4, num_gpu_blocks=8, num_cpu_blocks=8)
+    m.allocate(0, 6)
+    m.swap_out([0])  # the first table in the manager is on the CPU: not counted, and the others still are
+    m.allocate(1, 7)
+    m.fork(1, 2)  # both of its blocks shared: 7 slots, once
+    assert m.num_filled_slots() == 7
+
+
+def test_swap_out_may_take_every_free_cpu_block():
+    m = BlockManager(block_size=4, num_gpu_blocks=8, num_cpu_blocks=2)
+    g = running_group(m, "a", 0, 8)  # 2 blocks: exactly the CPU pool
+    h = running_group(m, "b", 1, 1)
+    assert m.can_swap_out(g)
+    assert m.swap_out_group(g) == {0: 0, 1: 1}
+    assert not m.can_swap_out(h)  # the CPU pool is full now
+
+
+def test_swap_in_moves_only_the_unfinished_samples():
+    """A finished sample holds no blocks: the group's swap-in (and its feasibility check) covers its swapped
+    samples only."""
+    m = BlockManager(block_size=4, num_gpu_blocks=8, num_cpu_blocks=8, watermark=0.0)
+    g = running_group(m, "r", 0, 6, n=2)  # gpu blocks 0, 1, shared
+    g.seqs[1].finish("stop")
+    m.free_seq(g.seqs[1])
+    assert m.swap_out_group(g) == {0: 0, 1: 1}
+    g.set_status("running", "swapped")
+    assert m.swap_in_status(g) is AllocStatus.OK
+    m.check_swap_in(g)  # 2 blocks + 0 for the next token (its last block has room): fits
+    assert m.swap_in_group(g) == {0: 2, 1: 3}  # gpu 0, 1 went to the back of the free list
+    assert m.block_table(0) == [2, 3] and 1 not in m.tables
+
+
+def test_next_token_blocks_counts_a_fresh_block_per_full_tail_and_copies_per_extra_sharer():
+    """One more token each: a full last block takes a new block per sequence, even when the full block is shared
+    (no copy: nothing in it is written); a partly filled last block shared by k sequences takes k - 1 (§4.4)."""
+    m = BlockManager(block_size=4, num_gpu_blocks=16)
+    m.allocate(0, 8)
+    m.fork(0, 1)  # a shared full last block
+    m.allocate(2, 6)
+    m.fork(2, 3)
+    m.fork(2, 4)  # a partly filled last block shared three ways
+    m.allocate(5, 7)  # a partly filled last block of its own
+    assert m.next_token_blocks([0, 1]) == 2
+    assert m.next_token_blocks([2, 3, 4]) == 2
+    assert m.next_token_blocks([5]) == 0
+    assert m.next_token_blocks([0, 1, 2, 3, 4, 5]) == 4
