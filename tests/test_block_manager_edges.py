@@ -2,6 +2,8 @@
 
 Every expectation is worked out by hand from the paper's rules and the pool's FIFO free list: a fresh pool hands out
 blocks 0, 1, 2, ... in order, and a freed block goes to the back of the list."""
+import pytest
+
 from pagedattn.memory import AllocStatus, BlockManager
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
 
@@ -68,3 +70,17 @@ def test_next_token_blocks_counts_a_fresh_block_per_full_tail_and_copies_per_ext
     assert m.next_token_blocks([2, 3, 4]) == 2
     assert m.next_token_blocks([5]) == 0
     assert m.next_token_blocks([0, 1, 2, 3, 4, 5]) == 4
+
+
+def test_swap_in_is_refused_when_other_pinned_prefixes_leave_too_little_room():
+    """6 blocks of 4; another request's user-marked 8-token prefix stays pinned (2 blocks, §4.4 / Fig. 16). A group
+    swapped out with 16 tokens needs its 4 blocks plus 1 for its next token: 5 > 6 - 2, so it can never come back."""
+    m = BlockManager(block_size=4, num_gpu_blocks=6, num_cpu_blocks=8, watermark=0.0)
+    m.allocate(100, 9, token_ids=[7] * 9, prefix_len=8)
+    m.free(100)  # its 2 prefix blocks stay pinned
+    g = running_group(m, "b", 0, 16)
+    m.swap_out_group(g)
+    g.set_status("running", "swapped")
+    assert m.swap_in_status(g) is AllocStatus.NEVER
+    with pytest.raises(ValueError, match="2 held by other pinned prefixes"):
+        m.check_swap_in(g)
