@@ -84,3 +84,45 @@ def test_swap_in_is_refused_when_other_pinned_prefixes_leave_too_little_room():
     assert m.swap_in_status(g) is AllocStatus.NEVER
     with pytest.raises(ValueError, match="2 held by other pinned prefixes"):
         m.check_swap_in(g)
+
+
+def test_defaults_no_cpu_pool_a_one_percent_watermark_and_no_automatic_caching():
+    m = BlockManager(block_size=4, num_gpu_blocks=100)
+    assert m.watermark_blocks == 1 and m.cpu.num_blocks == 0 and m.prefix_hit_rate == 0.0
+    m.allocate(0, 12, token_ids=list(range(12)))
+    m.allocate(1, 12, token_ids=list(range(12)))  # the same prompt: nothing shared without caching
+    assert m.num_used_gpu_blocks == 6 and (m.prefix_queries, m.prefix_hits) == (0, 0)
+    with pytest.raises(ValueError, match="num_cpu_blocks=0"):
+        m.swap_out([0])
+    with pytest.raises(ValueError, match="num_gpu_blocks must be > 0, got 0"):
+        BlockManager(block_size=4, num_gpu_blocks=0)
+    assert BlockManager(block_size=4, num_gpu_blocks=1).can_allocate_tokens(4) is AllocStatus.OK
+
+
+def test_admission_limits_are_inclusive():
+    """A 1-token request, and one of exactly max_model_len tokens that takes the whole pool, are admitted (with or
+    without token ids); one more token is never."""
+    m = BlockManager(block_size=4, num_gpu_blocks=8, watermark=0.0, max_model_len=32)
+    for n in (1, 32):
+        assert m.can_allocate_tokens(n) is AllocStatus.OK
+        assert m.can_allocate_tokens(n, token_ids=[3] * n) is AllocStatus.OK
+        m.check_request(n)
+        m.check_request(n, token_ids=[3] * n)
+    assert m.can_allocate_tokens(33) is AllocStatus.NEVER
+    m.allocate(0, 32)
+    assert m.num_free_gpu_blocks == 0
+
+
+def test_a_request_sharing_a_pinned_one_block_prefix_fits_beside_it():
+    """4 blocks of 4, no automatic caching. A request marks its 4-token prefix (1 block, pinned, §4.4 / Fig. 16)
+    and finishes. A 16-token request with the same marked prefix needs 4 blocks, one of them the pinned one: it
+    fits (3 new blocks, 3 free), and shares the pinned block."""
+    m = BlockManager(block_size=4, num_gpu_blocks=4, watermark=0.0)
+    prefix = [5, 6, 7, 8]
+    m.allocate(0, 6, token_ids=prefix + [1, 2], prefix_len=4)
+    m.free(0)
+    assert m.pinned == [0] and m.num_free_gpu_blocks == 3
+    tokens = prefix + list(range(20, 32))
+    assert m.can_allocate_tokens(16, tokens, prefix_len=4) is AllocStatus.OK
+    assert m.allocate(1, 16, tokens, prefix_len=4) == 4  # 4 tokens' K/V already cached
+    assert m.block_table(1)[0] == 0 and m.gpu.ref_counts[0] == 2
