@@ -2,9 +2,13 @@
 
 Every expectation is worked out by hand from the paper's rules and the pool's FIFO free list: a fresh pool hands out
 blocks 0, 1, 2, ... in order, and a freed block goes to the back of the list."""
+import hashlib
+import struct
+
 import pytest
 
 from pagedattn.memory import AllocStatus, BlockManager
+from pagedattn.memory.block_manager import block_hashes
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
 
 
@@ -126,3 +130,31 @@ def test_a_request_sharing_a_pinned_one_block_prefix_fits_beside_it():
     assert m.can_allocate_tokens(16, tokens, prefix_len=4) is AllocStatus.OK
     assert m.allocate(1, 16, tokens, prefix_len=4) == 4  # 4 tokens' K/V already cached
     assert m.block_table(1)[0] == 0 and m.gpu.ref_counts[0] == 2
+
+
+def test_block_hashes_are_chained_blake2b_digests_of_little_endian_int64_tokens():
+    """The documented formula, computed by hand: h_0 = BLAKE2b-256(tokens of block 0), h_1 = BLAKE2b-256(h_0 ||
+    tokens of block 1), each token a little-endian signed 64-bit integer; tokens past the full blocks are ignored."""
+    h0 = hashlib.blake2b(struct.pack("<3q", 1, -2, 3), digest_size=32).digest()
+    h1 = hashlib.blake2b(h0 + struct.pack("<3q", 4, 5, 6), digest_size=32).digest()
+    assert block_hashes([1, -2, 3, 4, 5, 6, 7], 3, 2) == [h0, h1]
+    assert block_hashes([4, 5, 6], 3, 1, parent=h0) == [h1]
+    assert block_hashes([1, -2, 3], 3, 1) == [h0]  # exactly enough tokens
+    with pytest.raises(ValueError, match="2 full blocks of 3 need 6 token ids, got 5"):
+        block_hashes([1, 2, 3, 4, 5], 3, 2)
+
+
+def test_bad_calls_name_the_sequence_and_change_nothing():
+    m = BlockManager(block_size=4, num_gpu_blocks=8, num_cpu_blocks=8, max_model_len=6)
+    m.allocate(0, 6)
+    m.allocate(1, 3)
+    m.swap_out([1])
+    for call, match in [(lambda: m.allocate(0, 2), "sequence 0 already has a block table"),
+                        (lambda: m.fork(1, 0), "sequence 0 already has a block table"),
+                        (lambda: m.append_slot(0), "sequence 0 would exceed max_model_len=6"),
+                        (lambda: m.append_slot(1), "sequence 1 is swapped out"),
+                        (lambda: m.swap_in([0]), "sequence 0 is on gpu, expected cpu")]:
+        with pytest.raises(ValueError, match=match):
+            call()
+    assert m.num_tokens(0) == 6 and m.block_table(0) == [0, 1] and m.num_free_gpu_blocks == 6
+    m.check_invariants()
