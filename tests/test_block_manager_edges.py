@@ -158,3 +158,17 @@ def test_bad_calls_name_the_sequence_and_change_nothing():
             call()
     assert m.num_tokens(0) == 6 and m.block_table(0) == [0, 1] and m.num_free_gpu_blocks == 6
     m.check_invariants()
+
+
+def test_a_group_can_append_while_its_running_samples_new_blocks_fit():
+    """Two samples sharing one full block each need a new block for their next token: 2 free is enough, 1 is not;
+    a finished sample needs none."""
+    m = BlockManager(block_size=4, num_gpu_blocks=6, watermark=0.0)
+    g = running_group(m, "a", 0, 4, n=2)
+    m.allocate(9, 12)  # 3 blocks: 2 free
+    assert m.can_append_slots(g)
+    m.allocate(10, 1)  # 1 free
+    assert not m.can_append_slots(g)
+    g.seqs[1].finish("stop")
+    m.free_seq(g.seqs[1])
+    assert m.can_append_slots(g)
