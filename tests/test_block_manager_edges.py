@@ -172,3 +172,17 @@ def test_a_group_can_append_while_its_running_samples_new_blocks_fit():
     g.seqs[1].finish("stop")
     m.free_seq(g.seqs[1])
     assert m.can_append_slots(g)
+
+
+def test_readmission_after_recompute_sizes_the_waiting_samples_only():
+    """A group preempted by recomputation (§4.5) comes back with its finished sample (4 tokens) and its unfinished
+    one (4 + 5 = 9 tokens, 3 blocks of 4): admission and allocation follow the waiting sample."""
+    g = SequenceGroup("r", [Sequence(0, [1] * 4), Sequence(1, [1] * 4)], SamplingParams(n=2))
+    g.seqs[0].finish("stop")
+    for t in range(5):
+        g.seqs[1].append_token(t)
+    assert BlockManager(block_size=4, num_gpu_blocks=2, watermark=0.0).can_allocate(g) is AllocStatus.NEVER
+    m = BlockManager(block_size=4, num_gpu_blocks=3, watermark=0.0)
+    assert m.can_allocate(g) is AllocStatus.OK
+    m.allocate_group(g)
+    assert list(m.tables) == [1] and m.block_table(1) == [0, 1, 2] and m.num_tokens(1) == 9
