@@ -7,8 +7,10 @@ import struct
 
 import pytest
 
+from pagedattn.config import SchedulerConfig
 from pagedattn.memory import AllocStatus, BlockManager
 from pagedattn.memory.block_manager import block_hashes
+from pagedattn.scheduler import Scheduler
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
 
 
@@ -186,3 +188,18 @@ def test_readmission_after_recompute_sizes_the_waiting_samples_only():
     assert m.can_allocate(g) is AllocStatus.OK
     m.allocate_group(g)
     assert list(m.tables) == [1] and m.block_table(1) == [0, 1, 2] and m.num_tokens(1) == 9
+
+
+def test_a_regrown_group_that_can_never_come_back_is_told_the_limit_it_breaks():
+    """The same re-admitted group (finished sample first, 9-token waiting sample) in a 2-block pool: the scheduler
+    refuses it with the pool limit that its waiting sample breaks (3 blocks of 4 > num_gpu_blocks=2), not a generic
+    message computed from the finished sample."""
+    g = SequenceGroup("r", [Sequence(0, [1] * 4), Sequence(1, [1] * 4)], SamplingParams(n=2))
+    g.seqs[0].finish("stop")
+    for t in range(5):
+        g.seqs[1].append_token(t)
+    s = Scheduler(SchedulerConfig(), BlockManager(block_size=4, num_gpu_blocks=2, watermark=0.0))
+    s.add(g)
+    assert s.schedule().ignored == [g]
+    assert "request of 9 tokens needs 3 blocks of 4 but the whole pool has only num_gpu_blocks=2" in g.error
+    assert g.seqs[0].finish_reason == "stop" and g.seqs[1].finish_reason == "error"
