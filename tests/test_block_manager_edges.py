@@ -203,3 +203,17 @@ def test_a_regrown_group_that_can_never_come_back_is_told_the_limit_it_breaks():
     assert s.schedule().ignored == [g]
     assert "request of 9 tokens needs 3 blocks of 4 but the whole pool has only num_gpu_blocks=2" in g.error
     assert g.seqs[0].finish_reason == "stop" and g.seqs[1].finish_reason == "error"
+
+
+def test_a_block_filled_by_a_decode_step_of_a_group_becomes_cached():
+    """Automatic prefix caching: the scheduler's ``append_slots`` passes the tokens when the new token fills a
+    block, so a 3-token prompt that decodes token 9 caches the block [1, 2, 3, 9]; a new prompt [1, 2, 3, 9, 5]
+    finds its first 4 tokens' K/V there."""
+    m = BlockManager(block_size=4, num_gpu_blocks=8, watermark=0.0, enable_prefix_caching=True)
+    g = SequenceGroup("r", [Sequence(0, [1, 2, 3])], SamplingParams())
+    m.allocate_group(g)
+    g.set_status("waiting", "running")
+    g.seqs[0].append_token(9)
+    assert m.append_slots(g) == []
+    assert m.gpu.block_hash[0] == block_hashes([1, 2, 3, 9], 4, 1)[0]
+    assert m.allocate(1, 5, [1, 2, 3, 9, 5]) == 4 and m.block_table(1)[0] == 0
