@@ -217,3 +217,19 @@ def test_a_block_filled_by_a_decode_step_of_a_group_becomes_cached():
     assert m.append_slots(g) == []
     assert m.gpu.block_hash[0] == block_hashes([1, 2, 3, 9], 4, 1)[0]
     assert m.allocate(1, 5, [1, 2, 3, 9, 5]) == 4 and m.block_table(1)[0] == 0
+
+
+def test_prefix_caching_without_token_ids_and_a_forked_childs_digests():
+    """Admission without token ids looks nothing up (also at block size 1); a forked child inherits its parent's
+    prefix digests, so the blocks it fills later are cached under the right chained digest."""
+    assert BlockManager(block_size=4, num_gpu_blocks=4, enable_prefix_caching=True).can_allocate_tokens(8) \
+        is AllocStatus.OK
+    assert BlockManager(block_size=1, num_gpu_blocks=4).can_allocate_tokens(2) is AllocStatus.OK
+    m = BlockManager(block_size=4, num_gpu_blocks=8, watermark=0.0, enable_prefix_caching=True)
+    tokens = [1, 2, 3, 4, 5, 6]
+    m.allocate(0, 6, tokens)
+    m.fork(0, 1)
+    assert m.tables[1].hashes == block_hashes(tokens, 4, 1)
+    m.append_slot(1)
+    m.append_slot(1, tokens + [7, 8])  # the 7th token copied the shared block into block 2; the 8th fills it
+    assert m.gpu.block_hash[2] == block_hashes(tokens + [7, 8], 4, 2)[1]
