@@ -90,3 +90,51 @@ def test_buddy_allocator_never_loses_or_overlaps_slots(total, ops, exact):
 
 def test_next_pow2():
     assert [next_pow2(n) for n in (1, 2, 3, 25, 32, 33)] == [1, 2, 4, 32, 32, 64]
+
+
+def test_bad_arena_policy_and_placement_are_value_errors():
+    with pytest.raises(ValueError, match="arena size must be > 0, got 0"):
+        BuddyAllocator(0)
+    with pytest.raises(ValueError, match="policy must be 'max', 'pow2' or 'oracle', got 'min'"):
+        ContiguousKVManager(64, "min")
+    with pytest.raises(ValueError, match="placement must be 'buddy' or 'exact', got 'best'"):
+        ContiguousKVManager(64, "oracle", placement="best")
+    with pytest.raises(ValueError, match="at least 1 token, got 0"):
+        ContiguousKVManager(64, "oracle").check_request(0, 1)
+
+
+def test_pow2_never_reserves_beyond_the_model_maximum():
+    """Prompt 100, output 1000 -> 100 + 1024 = 1124 > max_model_len=1024: the true length 1100 is reserved instead
+    (no request can use more); a short output is rounded up as usual (100 + 8)."""
+    m = ContiguousKVManager(4096, "pow2", max_model_len=1024)
+    assert m.reservation_size(100, 1000) == 1100 and m.reservation_size(100, 5) == 108
+
+
+def test_parallel_samples_are_admitted_only_if_every_reservation_fits_and_a_refusal_changes_nothing():
+    """n=2 samples of prompt 12 + 8 = 20 slots each reserve a buddy block of 32 each (oracle, 64-slot arena): both
+    fit in the empty arena; with one 32-block taken only one would fit, so LATER, and the trial reservation is rolled
+    back; 3 samples (96 slots) could never fit."""
+    m = ContiguousKVManager(64, "oracle", max_model_len=64)
+    g = SequenceGroup("r", [Sequence(k, [1] * 12) for k in range(2)], SamplingParams(n=2, max_tokens=8))
+    assert m.can_allocate(g) is AllocStatus.OK
+    m.arena.alloc(32)
+    assert m.can_allocate(g) is AllocStatus.LATER
+    assert m.arena.num_free == 32 and m.arena.free_lists[5] == {32}
+    g3 = SequenceGroup("s", [Sequence(k, [1] * 12) for k in range(3)], SamplingParams(n=3, max_tokens=8))
+    assert ContiguousKVManager(64, "oracle", max_model_len=64).can_allocate(g3) is AllocStatus.NEVER
+
+
+def test_a_reservation_is_never_outgrown_and_never_swapped():
+    """Oracle reserves prompt 3 + 2 = 5 slots: two appends fill it, a third is refused (Orca never grows a
+    reservation), and Orca never preempts."""
+    m = ContiguousKVManager(16, "oracle", max_model_len=16)
+    g = group(3, 2)
+    m.allocate_group(g)
+    g.set_status("waiting", "running")
+    for _ in range(2):
+        assert m.can_append_slots(g)
+        assert m.append_slots(g) == []
+    assert m.num_tokens(0) == 5 and not m.can_append_slots(g) and not m.can_swap_out(g)
+    with pytest.raises(ValueError, match="outgrew its reservation of 5 slots"):
+        m.append_slots(g)
+    assert m.block_table(0) == [0, 1, 2, 3, 4]

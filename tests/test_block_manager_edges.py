@@ -1,0 +1,235 @@
+"""Block manager edge cases that the mutation run (issue 20, ``make mutants``) found untested (paper §4.2-§4.5).
+
+Every expectation is worked out by hand from the paper's rules and the pool's FIFO free list: a fresh pool hands out
+blocks 0, 1, 2, ... in order, and a freed block goes to the back of the list."""
+import hashlib
+import struct
+
+import pytest
+
+from pagedattn.config import SchedulerConfig
+from pagedattn.memory import AllocStatus, BlockManager
+from pagedattn.memory.block_manager import block_hashes
+from pagedattn.scheduler import Scheduler
+from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+
+
+def running_group(m: BlockManager, request_id: str, first_id: int, prompt_len: int, n: int = 1) -> SequenceGroup:
+    g = SequenceGroup(request_id, [Sequence(first_id + k, [1] * prompt_len) for k in range(n)], SamplingParams(n=n))
+    m.allocate_group(g)
+    g.set_status("waiting", "running")
+    return g
+
+
+def test_slot_mapping_is_block_times_size_plus_offset_over_the_given_range():
+    m = BlockManager(block_size=4, num_gpu_blocks=8)
+    m.allocate(0, 3)  # block 0
+    m.allocate(1, 10)  # blocks 1, 2, 3
+    assert m.slot_mapping(1, 5, 9) == [2 * 4 + 1, 2 * 4 + 2, 2 * 4 + 3, 3 * 4 + 0]
+    assert m.slot(1, 9) == 3 * 4 + 1
+
+
+def test_filled_slots_count_device_tables_only_and_shared_blocks_once():
+    m = BlockManager(block_size=4, num_gpu_blocks=8, num_cpu_blocks=8)
+    m.allocate(0, 6)
+    m.swap_out([0])  # the first table in the manager is on the CPU: not counted, and the others still are
+    m.allocate(1, 7)
+    m.fork(1, 2)  # both of its blocks shared: 7 slots, once
+    assert m.num_filled_slots() == 7
+
+
+def test_swap_out_may_take_every_free_cpu_block():
+    m = BlockManager(block_size=4, num_gpu_blocks=8, num_cpu_blocks=2)
+    g = running_group(m, "a", 0, 8)  # 2 blocks: exactly the CPU pool
+    h = running_group(m, "b", 1, 1)
+    assert m.can_swap_out(g)
+    assert m.swap_out_group(g) == {0: 0, 1: 1}
+    assert not m.can_swap_out(h)  # the CPU pool is full now
+
+
+def test_swap_in_moves_only_the_unfinished_samples():
+    """A finished sample holds no blocks: the group's swap-in (and its feasibility check) covers its swapped
+    samples only."""
+    m = BlockManager(block_size=4, num_gpu_blocks=8, num_cpu_blocks=8, watermark=0.0)
+    g = running_group(m, "r", 0, 6, n=2)  # gpu blocks 0, 1, shared
+    g.seqs[1].finish("stop")
+    m.free_seq(g.seqs[1])
+    assert m.swap_out_group(g) == {0: 0, 1: 1}
+    g.set_status("running", "swapped")
+    assert m.swap_in_status(g) is AllocStatus.OK
+    m.check_swap_in(g)  # 2 blocks + 0 for the next token (its last block has room): fits
+    assert m.swap_in_group(g) == {0: 2, 1: 3}  # gpu 0, 1 went to the back of the free list
+    assert m.block_table(0) == [2, 3] and 1 not in m.tables
+
+
+def test_next_token_blocks_counts_a_fresh_block_per_full_tail_and_copies_per_extra_sharer():
+    """One more token each: a full last block takes a new block per sequence, even when the full block is shared
+    (no copy: nothing in it is written); a partly filled last block shared by k sequences takes k - 1 (§4.4)."""
+    m = BlockManager(block_size=4, num_gpu_blocks=16)
+    m.allocate(0, 8)
+    m.fork(0, 1)  # a shared full last block
+    m.allocate(2, 6)
+    m.fork(2, 3)
+    m.fork(2, 4)  # a partly filled last block shared three ways
+    m.allocate(5, 7)  # a partly filled last block of its own
+    assert m.next_token_blocks([0, 1]) == 2
+    assert m.next_token_blocks([2, 3, 4]) == 2
+    assert m.next_token_blocks([5]) == 0
+    assert m.next_token_blocks([0, 1, 2, 3, 4, 5]) == 4
+
+
+def test_swap_in_is_refused_when_other_pinned_prefixes_leave_too_little_room():
+    """6 blocks of 4; another request's user-marked 8-token prefix stays pinned (2 blocks, §4.4 / Fig. 16). A group
+    swapped out with 16 tokens needs its 4 blocks plus 1 for its next token: 5 > 6 - 2, so it can never come back."""
+    m = BlockManager(block_size=4, num_gpu_blocks=6, num_cpu_blocks=8, watermark=0.0)
+    m.allocate(100, 9, token_ids=[7] * 9, prefix_len=8)
+    m.free(100)  # its 2 prefix blocks stay pinned
+    g = running_group(m, "b", 0, 16)
+    m.swap_out_group(g)
+    g.set_status("running", "swapped")
+    assert m.swap_in_status(g) is AllocStatus.NEVER
+    with pytest.raises(ValueError, match="2 held by other pinned prefixes"):
+        m.check_swap_in(g)
+
+
+def test_defaults_no_cpu_pool_a_one_percent_watermark_and_no_automatic_caching():
+    m = BlockManager(block_size=4, num_gpu_blocks=100)
+    assert m.watermark_blocks == 1 and m.cpu.num_blocks == 0 and m.prefix_hit_rate == 0.0
+    m.allocate(0, 12, token_ids=list(range(12)))
+    m.allocate(1, 12, token_ids=list(range(12)))  # the same prompt: nothing shared without caching
+    assert m.num_used_gpu_blocks == 6 and (m.prefix_queries, m.prefix_hits) == (0, 0)
+    with pytest.raises(ValueError, match="num_cpu_blocks=0"):
+        m.swap_out([0])
+    with pytest.raises(ValueError, match="num_gpu_blocks must be > 0, got 0"):
+        BlockManager(block_size=4, num_gpu_blocks=0)
+    assert BlockManager(block_size=4, num_gpu_blocks=1).can_allocate_tokens(4) is AllocStatus.OK
+
+
+def test_admission_limits_are_inclusive():
+    """A 1-token request, and one of exactly max_model_len tokens that takes the whole pool, are admitted (with or
+    without token ids); one more token is never."""
+    m = BlockManager(block_size=4, num_gpu_blocks=8, watermark=0.0, max_model_len=32)
+    for n in (1, 32):
+        assert m.can_allocate_tokens(n) is AllocStatus.OK
+        assert m.can_allocate_tokens(n, token_ids=[3] * n) is AllocStatus.OK
+        m.check_request(n)
+        m.check_request(n, token_ids=[3] * n)
+    assert m.can_allocate_tokens(33) is AllocStatus.NEVER
+    m.allocate(0, 32)
+    assert m.num_free_gpu_blocks == 0
+
+
+def test_a_request_sharing_a_pinned_one_block_prefix_fits_beside_it():
+    """4 blocks of 4, no automatic caching. A request marks its 4-token prefix (1 block, pinned, §4.4 / Fig. 16)
+    and finishes. A 16-token request with the same marked prefix needs 4 blocks, one of them the pinned one: it
+    fits (3 new blocks, 3 free), and shares the pinned block."""
+    m = BlockManager(block_size=4, num_gpu_blocks=4, watermark=0.0)
+    prefix = [5, 6, 7, 8]
+    m.allocate(0, 6, token_ids=prefix + [1, 2], prefix_len=4)
+    m.free(0)
+    assert m.pinned == [0] and m.num_free_gpu_blocks == 3
+    tokens = prefix + list(range(20, 32))
+    assert m.can_allocate_tokens(16, tokens, prefix_len=4) is AllocStatus.OK
+    assert m.allocate(1, 16, tokens, prefix_len=4) == 4  # 4 tokens' K/V already cached
+    assert m.block_table(1)[0] == 0 and m.gpu.ref_counts[0] == 2
+
+
+def test_block_hashes_are_chained_blake2b_digests_of_little_endian_int64_tokens():
+    """The documented formula, computed by hand: h_0 = BLAKE2b-256(tokens of block 0), h_1 = BLAKE2b-256(h_0 ||
+    tokens of block 1), each token a little-endian signed 64-bit integer; tokens past the full blocks are ignored."""
+    h0 = hashlib.blake2b(struct.pack("<3q", 1, -2, 3), digest_size=32).digest()
+    h1 = hashlib.blake2b(h0 + struct.pack("<3q", 4, 5, 6), digest_size=32).digest()
+    assert block_hashes([1, -2, 3, 4, 5, 6, 7], 3, 2) == [h0, h1]
+    assert block_hashes([4, 5, 6], 3, 1, parent=h0) == [h1]
+    assert block_hashes([1, -2, 3], 3, 1) == [h0]  # exactly enough tokens
+    with pytest.raises(ValueError, match="2 full blocks of 3 need 6 token ids, got 5"):
+        block_hashes([1, 2, 3, 4, 5], 3, 2)
+
+
+def test_bad_calls_name_the_sequence_and_change_nothing():
+    m = BlockManager(block_size=4, num_gpu_blocks=8, num_cpu_blocks=8, max_model_len=6)
+    m.allocate(0, 6)
+    m.allocate(1, 3)
+    m.swap_out([1])
+    for call, match in [(lambda: m.allocate(0, 2), "sequence 0 already has a block table"),
+                        (lambda: m.fork(1, 0), "sequence 0 already has a block table"),
+                        (lambda: m.append_slot(0), "sequence 0 would exceed max_model_len=6"),
+                        (lambda: m.append_slot(1), "sequence 1 is swapped out"),
+                        (lambda: m.swap_in([0]), "sequence 0 is on gpu, expected cpu")]:
+        with pytest.raises(ValueError, match=match):
+            call()
+    assert m.num_tokens(0) == 6 and m.block_table(0) == [0, 1] and m.num_free_gpu_blocks == 6
+    m.check_invariants()
+
+
+def test_a_group_can_append_while_its_running_samples_new_blocks_fit():
+    """Two samples sharing one full block each need a new block for their next token: 2 free is enough, 1 is not;
+    a finished sample needs none."""
+    m = BlockManager(block_size=4, num_gpu_blocks=6, watermark=0.0)
+    g = running_group(m, "a", 0, 4, n=2)
+    m.allocate(9, 12)  # 3 blocks: 2 free
+    assert m.can_append_slots(g)
+    m.allocate(10, 1)  # 1 free
+    assert not m.can_append_slots(g)
+    g.seqs[1].finish("stop")
+    m.free_seq(g.seqs[1])
+    assert m.can_append_slots(g)
+
+
+def test_readmission_after_recompute_sizes_the_waiting_samples_only():
+    """A group preempted by recomputation (§4.5) comes back with its finished sample (4 tokens) and its unfinished
+    one (4 + 5 = 9 tokens, 3 blocks of 4): admission and allocation follow the waiting sample."""
+    g = SequenceGroup("r", [Sequence(0, [1] * 4), Sequence(1, [1] * 4)], SamplingParams(n=2))
+    g.seqs[0].finish("stop")
+    for t in range(5):
+        g.seqs[1].append_token(t)
+    assert BlockManager(block_size=4, num_gpu_blocks=2, watermark=0.0).can_allocate(g) is AllocStatus.NEVER
+    m = BlockManager(block_size=4, num_gpu_blocks=3, watermark=0.0)
+    assert m.can_allocate(g) is AllocStatus.OK
+    m.allocate_group(g)
+    assert list(m.tables) == [1] and m.block_table(1) == [0, 1, 2] and m.num_tokens(1) == 9
+
+
+def test_a_regrown_group_that_can_never_come_back_is_told_the_limit_it_breaks():
+    """The same re-admitted group (finished sample first, 9-token waiting sample) in a 2-block pool: the scheduler
+    refuses it with the pool limit that its waiting sample breaks (3 blocks of 4 > num_gpu_blocks=2), not a generic
+    message computed from the finished sample."""
+    g = SequenceGroup("r", [Sequence(0, [1] * 4), Sequence(1, [1] * 4)], SamplingParams(n=2))
+    g.seqs[0].finish("stop")
+    for t in range(5):
+        g.seqs[1].append_token(t)
+    s = Scheduler(SchedulerConfig(), BlockManager(block_size=4, num_gpu_blocks=2, watermark=0.0))
+    s.add(g)
+    assert s.schedule().ignored == [g]
+    assert "request of 9 tokens needs 3 blocks of 4 but the whole pool has only num_gpu_blocks=2" in g.error
+    assert g.seqs[0].finish_reason == "stop" and g.seqs[1].finish_reason == "error"
+
+
+def test_a_block_filled_by_a_decode_step_of_a_group_becomes_cached():
+    """Automatic prefix caching: the scheduler's ``append_slots`` passes the tokens when the new token fills a
+    block, so a 3-token prompt that decodes token 9 caches the block [1, 2, 3, 9]; a new prompt [1, 2, 3, 9, 5]
+    finds its first 4 tokens' K/V there."""
+    m = BlockManager(block_size=4, num_gpu_blocks=8, watermark=0.0, enable_prefix_caching=True)
+    g = SequenceGroup("r", [Sequence(0, [1, 2, 3])], SamplingParams())
+    m.allocate_group(g)
+    g.set_status("waiting", "running")
+    g.seqs[0].append_token(9)
+    assert m.append_slots(g) == []
+    assert m.gpu.block_hash[0] == block_hashes([1, 2, 3, 9], 4, 1)[0]
+    assert m.allocate(1, 5, [1, 2, 3, 9, 5]) == 4 and m.block_table(1)[0] == 0
+
+
+def test_prefix_caching_without_token_ids_and_a_forked_childs_digests():
+    """Admission without token ids looks nothing up (also at block size 1); a forked child inherits its parent's
+    prefix digests, so the blocks it fills later are cached under the right chained digest."""
+    assert BlockManager(block_size=4, num_gpu_blocks=4, enable_prefix_caching=True).can_allocate_tokens(8) \
+        is AllocStatus.OK
+    assert BlockManager(block_size=1, num_gpu_blocks=4).can_allocate_tokens(2) is AllocStatus.OK
+    m = BlockManager(block_size=4, num_gpu_blocks=8, watermark=0.0, enable_prefix_caching=True)
+    tokens = [1, 2, 3, 4, 5, 6]
+    m.allocate(0, 6, tokens)
+    m.fork(0, 1)
+    assert m.tables[1].hashes == block_hashes(tokens, 4, 1)
+    m.append_slot(1)
+    m.append_slot(1, tokens + [7, 8])  # the 7th token copied the shared block into block 2; the 8th fills it
+    assert m.gpu.block_hash[2] == block_hashes(tokens + [7, 8], 4, 2)[1]
