@@ -170,11 +170,9 @@ class BeamModel:
             if d in parents:
                 continue
             parent = beams[rng.choice(parents)]
-            if isinstance(kv, BlockManager):
-                kv.free(beam.seq_id)
-                kv.fork(parent.seq_id, beam.seq_id)
-            else:  # every beam has the same length: the reservation is refilled with the parent's K/V
-                copied += kv.num_tokens(parent.seq_id)
+            # paged: the beam shares the parent's blocks, nothing copied; contiguous: its reservation is refilled
+            # with the parent's K/V, one slot copy per token (KVManager.fork_into)
+            copied += len(kv.fork_into(parent.seq_id, beam.seq_id))
         return copied
 
 
