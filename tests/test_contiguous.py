@@ -138,3 +138,84 @@ def test_a_reservation_is_never_outgrown_and_never_swapped():
     with pytest.raises(ValueError, match="outgrew its reservation of 5 slots"):
         m.append_slots(g)
     assert m.block_table(0) == [0, 1, 2, 3, 4]
+
+
+# ---- mutmut survivors (issue 20): each expectation below is computed by hand from the buddy layout
+def test_an_arena_of_12_slots_is_a_chunk_of_8_then_a_chunk_of_4_and_refuses_with_its_numbers():
+    """12 = 8 + 4: chunks at offsets 0 and 8. After an 8-slot block, 4 slots are free and a 5-slot request
+    (a block of 8) is refused with those numbers; a full arena's largest free block is 0."""
+    a = BuddyAllocator(12)
+    assert a.free_lists == {3: {0}, 2: {8}} and a._chunk_order == {0: 3, 8: 2}
+    assert a.alloc(8) == 0
+    with pytest.raises(MemoryError, match=r"^no free buddy block of 8 slots \(free 4 of 12\)$"):
+        a.alloc(5)
+    assert a.alloc(4) == 8 and a.largest_free() == 0
+
+
+def test_alloc_exact_keeps_the_fewest_aligned_pieces():
+    """12 slots of a 16-slot arena: the lower 8 and the next 4 ([0, 8]); the top 4 (offset 12) go back."""
+    a = BuddyAllocator(16)
+    assert a.alloc_exact(12) == [0, 8]
+    assert a.allocated == {0: 3, 8: 2} and a.free_lists[2] == {12}
+    assert a.alloc_exact(4) == [12] and a.allocated[12] == 2
+
+
+def test_exact_placement_reserves_exactly_and_buddy_placement_a_power_of_two():
+    """Oracle, prompt 12 + 8 = 20 slots: buddy placement holds a block of 32, exact placement 20 (16 + 4)."""
+    for placement, used in (("buddy", 32), ("exact", 20)):
+        m = ContiguousKVManager(64, "oracle", max_model_len=64, placement=placement)
+        assert m.placement == placement
+        m.allocate_group(group(12, 8))
+        assert m.num_used_gpu_blocks == used and m.tables[0].pieces == ([0] if placement == "buddy" else [0, 16])
+        m.check_invariants()
+    m.tables[0].reserved = 19
+    with pytest.raises(AssertionError, match="^allocated slots differ from reservations$"):
+        m.check_invariants()
+    m.arena.allocated[40] = 0
+    with pytest.raises(AssertionError, match="^arena slots lost or double counted$"):
+        m.check_invariants()
+
+
+def test_admission_limits_are_inclusive():
+    """A 64-slot arena takes one request of 1 token and one of exactly max_model_len=64 tokens (a block of 64, the
+    whole arena); n defaults to one sample."""
+    m = ContiguousKVManager(64, "oracle", max_model_len=64)
+    m.check_request(1, 1)
+    m.check_request(64, 64)
+    m.check_request(40, 40)  # one block of 64; two would not fit
+    with pytest.raises(ValueError, match="reserves 2 x 40 slots"):
+        m.check_request(40, 40, 2)
+
+
+def test_never_reason_names_the_sample_count_or_falls_back():
+    m = ContiguousKVManager(64, "oracle", max_model_len=64)
+    g3 = SequenceGroup("s", [Sequence(k, [1] * 12) for k in range(3)], SamplingParams(n=3, max_tokens=8))
+    assert m.never_reason(g3) == ("request reserves 3 x 20 slots but the arena of 64 slots has no such free space "
+                                  "even when empty")
+    assert m.never_reason(group(3, 2)) == "request can never fit in the KV cache"
+
+
+def test_a_finished_sample_is_neither_reserved_nor_grown():
+    """n=2, prompt 12 + 8 = 20 slots (a block of 32) in a 32-slot arena: with one sample finished, only the other
+    is admitted, reserved and grown; the finished one has no reservation."""
+    m = ContiguousKVManager(32, "oracle", max_model_len=32)
+    g = SequenceGroup("r", [Sequence(k, [1] * 12) for k in range(2)], SamplingParams(n=2, max_tokens=8))
+    g.seqs[1].finish("stop")
+    assert m.can_allocate(g) is AllocStatus.OK
+    assert m.allocate_group(g) == 0 and list(m.tables) == [0]
+    g.set_status("waiting", "running")
+    assert m.can_append_slots(g) and m.append_slots(g) == [] and m.num_tokens(0) == 13
+
+
+def test_the_protocol_answers_of_a_contiguous_manager():
+    """Block size 1, no CPU blocks; a sequence's location is the GPU with its filled slots; no swapping."""
+    m = ContiguousKVManager(64, "oracle", max_model_len=64)
+    g = group(3, 2)
+    assert m.location(0) is None
+    m.allocate_group(g)
+    m.allocate_group(group(4, 1, "q", 1))
+    assert m.cache_layout() == (64, 1, 0) and m.location(0) == ("gpu", 3) and m.num_filled_slots() == 7
+    assert not m.can_swap_in_group(g)
+    for swap in (m.swap_out_group, m.swap_in_group):
+        with pytest.raises(ValueError, match="^a contiguous KV manager has no CPU pool: Orca never preempts$"):
+            swap(g)
