@@ -64,9 +64,9 @@ class OutputProcessor:
     def _append_tokens(self, out: SchedulerOutputs, result: StepResult) -> None:
         """One new token per sequence that ran, then its stop check."""
         rows, logits = result.inp.rows, result.logits
-        if any(beam_search.is_beam_group(g) for _, g in rows):  # beam groups pick their tokens together (§4.4)
+        keep = [i for i, (_, g) in enumerate(rows) if not beam_search.is_beam_group(g)]
+        if len(keep) < len(rows):  # beam groups pick their tokens together (§4.4)
             beam_search.step_groups(self.scheduler, logits, rows)
-            keep = [i for i, (_, g) in enumerate(rows) if not beam_search.is_beam_group(g)]
             rows, logits = [rows[i] for i in keep], logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
         # log-probabilities only rank the samples of n > 1 / best_of requests; greedy n = 1 skips them
         want_logprobs = any(len(g.seqs) > 1 for g in out.scheduled_groups)

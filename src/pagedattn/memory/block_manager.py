@@ -113,7 +113,7 @@ class BlockManager:
 
     def slot(self, seq_id: int, pos: int) -> int:
         """Flat slot index (``block * block_size + offset``) where token ``pos`` of the sequence lives."""
-        return self.tables[seq_id].blocks[pos // self.block_size] * self.block_size + pos % self.block_size
+        return self.slot_mapping(seq_id, pos, pos + 1)[0]
 
     def slot_mapping(self, seq_id: int, start: int, end: int) -> list[int]:
         """Flat slots of the sequence's tokens ``start .. end - 1``: where the executor writes their K/V (§4.1)."""
