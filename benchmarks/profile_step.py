@@ -169,7 +169,7 @@ def main(argv=None) -> None:
           f"{mm / alone:.2f}x)")
     top = Counter({e.key: e.self_cpu_time_total for e in prof.key_averages()})
     print("top ops by self time (ms per step): " + ", ".join(f"{k} {v / 1e3 / a.steps:.2f}"
-                                                              for k, v in top.most_common(8)))
+                                                              for k, v in top.most_common(int(__import__("os").environ.get("TOPN", 8)))))
 
 
 if __name__ == "__main__":

@@ -173,6 +173,52 @@ def test_cpu_kernel_matches_float64_oracle(cpu_kernel, block_size, lens, num_kv_
         assert out.dtype == dtype and rel_err(out, naive_attention_f64(*args, table, ctx, 0.25)) < TOL[dtype]
 
 
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_cpu_kernel_compiled_head_dims_nan_safe(cpu_kernel, head_dim):
+    """The kernel has compiled-in paths for head_dim 32, 64 and 128 (the tests above run the run-time one, 16): each
+    matches float64 to 1e-12 (fp64) and 1e-5 (fp32), with every unused slot poisoned with NaN and one empty
+    context, and softmax scores far apart (scale 2: exp underflows to 0 for most terms in fp32)."""
+    gen = _gen("cpu-head-dims", head_dim)
+    lens, bs = [37, 0, 5, 64, 16, 129], 16
+    q, kc, vc, table, ctx = make_paged(lens, 8, 2, head_dim, bs, torch.float64, gen)
+    used = torch.zeros(kc.shape[:2], dtype=torch.bool)
+    for s, n in enumerate(lens):
+        for t in range(n):
+            used[int(table[s, t // bs]), t % bs] = True
+    kc[~used], vc[~used] = float("nan"), float("nan")
+    for scale in (head_dim ** -0.5, 2.0):
+        oracle = naive_attention_f64(q, kc, vc, table, ctx, scale)
+        assert rel_err(cpu_kernel(q, kc, vc, table, ctx, scale), oracle) < 1e-12
+        out = cpu_kernel(q.float(), kc.float(), vc.float(), table, ctx, scale)
+        assert torch.isfinite(out).all() and (out[1] == 0).all()
+        assert rel_err(out, naive_attention_f64(q.float(), kc.float(), vc.float(), table, ctx, scale)) < TOL[torch.float32]
+
+
+def test_cpu_argmax_is_torch_max_indices(cpu_kernel):
+    """Greedy decoding's C++ argmax equals ``max(dim=-1).indices``: the first maximum on ties (also across its
+    64-float chunks), a NaN counting as the maximum (the first NaN), a row of -inf giving 0, odd widths; an empty
+    vocabulary is a ValueError."""
+    from pagedattn.kernels.cpu import argmax_cpu
+
+    gen = _gen("argmax")
+    for cols in (1, 63, 64, 65, 1000, 8192):
+        x = torch.randn(9, cols, generator=gen)
+        if cols > 1:
+            x[1, cols // 2] = x[1, cols - 1] = x[1].max() + 1  # a tie: the first wins
+            x[2, cols - 1] = x[2].max() + 1  # the maximum last
+            x[3, 0] = float("inf")
+            x[4, cols // 3] = float("nan")
+            x[4, cols - 1] = float("nan")
+            x[5, cols - 1] = float("nan")
+            x[5, 0] = x[5].max() + 1
+        x[6] = float("-inf")
+        x[7] = 0.0
+        x[7, -1] = -0.0
+        assert torch.equal(argmax_cpu(x), x.max(dim=-1).indices), cols
+    with pytest.raises(ValueError, match="empty"):
+        argmax_cpu(torch.empty(2, 0))
+
+
 def test_cpu_kernel_strided_query_and_bad_tables(cpu_kernel):
     """A query (and a new K/V row) that is a view of a fused qkv works; a block id outside the cache, a context longer
     than its table row or a slot past the cache is a ValueError, raised before anything is read or written."""

@@ -4,6 +4,9 @@ over cached context (a block-table gather with a causal offset) equals the full 
 """
 from __future__ import annotations
 
+import os
+from unittest.mock import patch
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
@@ -175,11 +178,14 @@ def test_fused_qkv_follows_its_layers_weights():
         FusedLinear(torch.nn.Linear(4, 4), torch.nn.Linear(5, 4))
 
 
-@pytest.mark.parametrize("hidden", [64, 256, 1000, 4096])
+@pytest.mark.parametrize("hidden", [7, 64, 256, 1003, 4096, 5120])
 def test_rms_norm_fp32_is_bit_identical_to_transformers(hidden):
-    """Our RMSNorm takes ``F.rms_norm`` in fp32: bit for bit the formula of transformers' LlamaRMSNorm."""
+    """Our RMSNorm in fp32 (the C++ kernel where it builds, else ``F.rms_norm``) and its fused residual add equal
+    transformers' LlamaRMSNorm bit for bit, and so does the torch fallback. The C++ kernel sums squares in the order
+    of torch's sum kernel: a torch version that sums otherwise fails here."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+    from pagedattn.kernels import cpu
     from pagedattn.model.llama import RMSNorm
 
     torch.manual_seed(hidden)
@@ -187,8 +193,15 @@ def test_rms_norm_fp32_is_bit_identical_to_transformers(hidden):
     with torch.no_grad():
         ours.weight.copy_(torch.randn(hidden))
         theirs.weight.copy_(ours.weight)
-        x = torch.randn(37, hidden) * 3
+        x, residual = torch.randn(37, hidden) * 3, torch.randn(37, hidden)
         assert torch.equal(ours(x), theirs(x))
+        normed, h = ours.add_and_norm(x, residual.clone())
+        assert torch.equal(h, residual + x) and torch.equal(normed, theirs(residual + x))
+        assert cpu.available() or os.environ.get("CI") != "true"
+        with patch.object(cpu, "takes", lambda *xs: False):  # the torch lines
+            assert torch.equal(ours(x), theirs(x))
+            normed, h = ours.add_and_norm(x, residual)
+            assert torch.equal(normed, theirs(residual + x))
 
 
 def test_cpu_linear_weights_are_stored_transposed():
@@ -217,5 +230,10 @@ def test_rope_is_bit_identical_to_transformers(rope):
     q, k = torch.randn(len(positions), 4, 16), torch.randn(len(positions), 2, 16)
     cos, sin = LlamaRotaryEmbedding(hf.config)(q, positions[None])
     want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
-    ours = apply_rope(torch.cat([q, k], 1), *RotaryEmbedding(hf.config, 16)(positions, torch.float32))
+    cos_sin = RotaryEmbedding(hf.config, 16)(positions, torch.float32)
+    qk = torch.cat([q, k], 1)
+    ours = apply_rope(qk, *cos_sin)
     assert torch.equal(ours[:, :4], want_q[0].transpose(0, 1)) and torch.equal(ours[:, 4:], want_k[0].transpose(0, 1))
+    qkv = torch.cat([qk, torch.randn(len(positions), 2, 16)], 1)  # in place on a view of a fused q|k|v (C++)
+    assert apply_rope(qkv[:, :6], *cos_sin, in_place=True).data_ptr() == qkv.data_ptr()
+    assert torch.equal(qkv[:, :6], ours)

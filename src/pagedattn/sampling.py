@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from pagedattn.kernels import cpu
 from pagedattn.sequence import FinishReason, SamplingParams, Sequence
 
 
@@ -48,7 +49,8 @@ def sample(logits: Tensor, rows: list[SamplingRow], want_logprobs: bool = True
     logits = logits.float()
     greedy = [r.params.temperature == 0 for r in rows]
     if all(greedy):
-        tokens = logits.max(dim=-1).indices  # = argmax (first maximum on ties), and faster on the CPU
+        # = argmax (first maximum on ties); torch's max(dim) takes ~300 us on [64, 8192] logits on one CPU thread
+        tokens = cpu.argmax_cpu(logits) if cpu.takes(logits) else logits.max(dim=-1).indices
     else:
         tokens = _sample_rows(logits, rows, greedy)
     if not want_logprobs:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pagedattn.kernels import cpu
 from pagedattn.model.attention import AttentionMetadata, PagedAttention
 from pagedattn.model.fused import FusedLinear
 
@@ -70,13 +71,16 @@ class RotaryEmbedding(nn.Module):
         return cos[:, None], torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None]
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin_rot: Tensor) -> Tensor:
+def apply_rope(x: Tensor, cos: Tensor, sin_rot: Tensor, in_place: bool = False) -> Tensor:
     """RoPE on ``x`` ``[T, heads, head_dim]`` (``cos``, ``sin_rot`` from :class:`RotaryEmbedding`).
 
     transformers computes ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``. Here
     ``roll(x) = cat(x2, x1)`` and ``sin_rot = cat(-sin1, sin2)``: ``(-a) * b == a * (-b)`` exactly in IEEE arithmetic,
-    so the result is bit-identical, in 4 torch calls instead of 8.
+    so the result is bit-identical, in 4 torch calls instead of 8. ``in_place=True`` lets fp32 CPU tensors be
+    rotated in place by one C++ call (:func:`pagedattn.kernels.cpu.rope_cpu`, bit-identical too).
     """
+    if in_place and cpu.takes(x, cos, sin_rot):
+        return cpu.rope_cpu(x, cos, sin_rot)
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_rot
 
 
@@ -87,12 +91,23 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
+        if cpu.takes(x, self.weight):  # one C++ call: torch's costs 35-80 us at decode shapes
+            return cpu.rms_norm_cpu(x.contiguous(), self.weight, self.eps)
         if x.dtype == torch.float32:  # one fused op, bit-identical to the lines below in fp32 (checked in tests)
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+    def add_and_norm(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """``(norm(residual + x), residual + x)``: the decoder layer's residual add and the next norm. In one C++
+        call for fp32 CPU tensors, which adds ``x`` into ``residual`` in place (the layer owns its residual stream
+        at inference)."""
+        if cpu.takes(x, residual, self.weight) and residual.is_contiguous():
+            return cpu.rms_norm_cpu(x.contiguous(), self.weight, self.eps, residual=residual), residual
+        h = residual + x
+        return self(h), h
 
 
 class LlamaAttention(nn.Module):
@@ -110,7 +125,8 @@ class LlamaAttention(nn.Module):
         T, a = x.shape[0], self.attn
         qkv = self.qkv_proj(x)
         heads = a.num_heads + a.num_kv_heads
-        qk = apply_rope(qkv[:, :heads * a.head_dim].view(T, heads, a.head_dim), cos, sin)  # q and k in one call
+        # q and k in one call, in place: qkv is this call's own output
+        qk = apply_rope(qkv[:, :heads * a.head_dim].view(T, heads, a.head_dim), cos, sin, in_place=True)
         return self.o_proj(a(qk[:, :a.num_heads], qk[:, a.num_heads:], qkv[:, heads * a.head_dim:], meta))
 
 
@@ -138,8 +154,9 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, meta: AttentionMetadata) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        normed, x = self.post_attention_layernorm.add_and_norm(self.self_attn(self.input_layernorm(x), cos, sin, meta),
+                                                               x)
+        return x + self.mlp(normed)
 
 
 class LlamaModel(nn.Module):
