@@ -49,6 +49,34 @@ static inline float exp_nonpositive(float x) {
 static inline float exp_nonpositive_t(float x) { return exp_nonpositive(x); }
 static inline double exp_nonpositive_t(double x) { return std::exp(x); }  // fp64: the library's, for the reference tests
 
+// out = inv * sum_t p[t] v_t for one head, with head_dim D known at compile time: the accumulator is a handful of
+// vector registers (GCC/clang vector extensions; lowered to narrower vectors where the CPU has no 64-byte ones).
+template <typename T, int64_t D>
+static inline void accumulate_v(const T *value_cache, const int32_t *table, const T *p, int64_t L, int64_t row,
+                                int64_t block_size, T inv, T *out) {
+    typedef T vec __attribute__((vector_size(64)));
+    constexpr int64_t W = 64 / sizeof(T), N = D / W;  // lanes per vector, vectors per head
+    static_assert(D % W == 0, "head_dim must be a multiple of the vector width");
+    vec acc[N] = {};
+    for (int64_t t0 = 0; t0 < L; t0 += block_size) {
+        const T *v_block = value_cache + static_cast<int64_t>(table[t0 / block_size]) * block_size * row;
+        const int64_t n = L - t0 < block_size ? L - t0 : block_size;
+        for (int64_t i = 0; i < n; i++) {
+            const T *v = v_block + i * row;
+            const T w = p[t0 + i];
+            for (int64_t j = 0; j < N; j++) {
+                vec x;
+                __builtin_memcpy(&x, v + j * W, sizeof x);
+                acc[j] += w * x;
+            }
+        }
+    }
+    for (int64_t j = 0; j < N; j++) {
+        const vec r = acc[j] * inv;
+        __builtin_memcpy(out + j * W, &r, sizeof r);
+    }
+}
+
 // One sequence and one KV head: the `group` query heads that share it (GQA), with head_dim D known at compile time
 // when D > 0 (the common 32/64/128: the dot products and accumulators stay in registers), else `dim` at run time.
 template <typename T, int64_t D>
@@ -77,20 +105,22 @@ static void attend_kv_head(const T *qg, const T *key_cache, const T *value_cache
 #pragma omp simd reduction(+ : sum)
         for (int64_t t = 0; t < L; t++) sum += p[t];
         const T inv = static_cast<T>(1) / sum;
-        T acc[D > 0 ? D : 1];
-        T *a = D > 0 ? acc : out + h * d_len;
-        for (int64_t d = 0; d < d_len; d++) a[d] = 0;
-        for (int64_t t0 = 0; t0 < L; t0 += block_size) {  // weighted sum of V
-            const T *v_block = value_cache + static_cast<int64_t>(table[t0 / block_size]) * block_size * row;
-            const int64_t n = L - t0 < block_size ? L - t0 : block_size;
-            for (int64_t i = 0; i < n; i++) {
-                const T *v = v_block + i * row, w = p[t0 + i];
-#pragma omp simd
-                for (int64_t d = 0; d < d_len; d++) a[d] += w * v[d];
-            }
-        }
         T *o = out + h * d_len;
-        for (int64_t d = 0; d < d_len; d++) o[d] = a[d] * inv;
+        if constexpr (D > 0) {
+            accumulate_v<T, D>(value_cache, table, p, L, row, block_size, inv, o);
+        } else {
+            for (int64_t d = 0; d < d_len; d++) o[d] = 0;
+            for (int64_t t0 = 0; t0 < L; t0 += block_size) {  // weighted sum of V
+                const T *v_block = value_cache + static_cast<int64_t>(table[t0 / block_size]) * block_size * row;
+                const int64_t n = L - t0 < block_size ? L - t0 : block_size;
+                for (int64_t i = 0; i < n; i++) {
+                    const T *v = v_block + i * row, w = p[t0 + i];
+#pragma omp simd
+                    for (int64_t d = 0; d < d_len; d++) o[d] += w * v[d];
+                }
+            }
+            for (int64_t d = 0; d < d_len; d++) o[d] *= inv;
+        }
     }
 }
 
