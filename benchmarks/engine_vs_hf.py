@@ -256,7 +256,11 @@ def summarise(reps: list[dict], costs, machine, prompts, batch: int, fixed_out: 
            "run_roofline_multiple": {k: spread([r[k]["cpu"] / roof_run for r in reps]) for k in systems},
            "speedup_cpu": {f"vs_{k}": spread([r[k]["cpu"] / r["ours"]["cpu"] for r in reps]) for k in systems[1:]},
            "speedup_wall": {f"vs_{k}": spread([r[k]["wall"] / r["ours"]["wall"] for r in reps]) for k in systems[1:]},
-           "tokens_equal_hf_generate": min(tokens_equal(r["ours"]["tokens"], r["hf_generate"]["tokens"]) for r in reps)}
+           "tokens_equal_hf_generate": min(tokens_equal(r["ours"]["tokens"], r["hf_generate"]["tokens"]) for r in reps),
+           # every system against HF generate (its worst repeat): how often HF's own two paths agree shows what a
+           # different attention kernel's rounding may flip on near-ties
+           "tokens_equal_vs_hf_generate": {k: min(tokens_equal(r[k]["tokens"], r["hf_generate"]["tokens"])
+                                                  for r in reps) for k in systems if k != "hf_generate"}}
     # our decode steps at the full batch: CPU time per step over its roofline; engine share outside the forward
     full = [[(cpu, decode_roofline(costs, machine, b, ctx)["seconds"], fwd, st)
              for kind, b, ctx, fwd, st, cpu in r["ours"]["steps"] if kind == "decode" and b == batch] for r in reps]
@@ -279,6 +283,10 @@ def summarise(reps: list[dict], costs, machine, prompts, batch: int, fixed_out: 
 
 def fmt(s: dict | None, unit: str = "x") -> str:
     return "n/a" if s is None else f"{s['median']:.2f}{unit} [{s['min']:.2f}-{s['max']:.2f}]"
+
+
+def agree(row: dict) -> str:
+    return ", ".join(f"{k} {100 * v:.1f}%" for k, v in row["tokens_equal_vs_hf_generate"].items())
 
 
 def main(argv=None) -> dict:
@@ -320,7 +328,7 @@ def main(argv=None) -> dict:
               f"{fmt(row['speedup_cpu'].get('vs_ours_torch_attention'))} | decode step "
               f"{fmt(d.get('step_ms'), ' ms')} = {fmt(d.get('roofline_multiple'))} roofline "
               f"({d.get('roofline_ms', float('nan')):.2f} ms), HF generate {fmt(row['hf_generate_decode']['roofline_multiple'])} | "
-              f"tokens equal HF: {100 * row['tokens_equal_hf_generate']:.0f}%", flush=True)
+              f"tokens equal HF: {100 * row['tokens_equal_hf_generate']:.0f}% (all: {agree(row)})", flush=True)
     var = None
     if a.var_requests:
         var = bench_variable(hf, costs, machine, a, loads)
@@ -329,7 +337,7 @@ def main(argv=None) -> dict:
               f"{fmt(var['speedup_cpu']['vs_hf_generate'])} | vs HF continuous batching "
               f"{fmt(var['speedup_cpu'].get('vs_hf_continuous_batching'))} | run roofline multiple ours "
               f"{fmt(var['run_roofline_multiple']['ours'])} | tokens equal HF: "
-              f"{100 * var['tokens_equal_hf_generate']:.0f}%", flush=True)
+              f"{100 * var['tokens_equal_hf_generate']:.0f}% (all: {agree(var)})", flush=True)
     return write(a, machine, costs, loads + [load1()], rows, var, complete=True)
 
 

@@ -158,7 +158,7 @@ def paged_attention_cpu(query: Tensor, key_cache: Tensor, value_cache: Tensor, b
         raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
     dll = load_library()
     name = _FUNCTIONS.get(query.dtype)
-    if (dll is None or name is None or query.device.type != "cpu" or key_cache.dtype != query.dtype
+    if (dll is None or name is None or not query.is_cpu or key_cache.dtype != query.dtype
             or value_cache.dtype != query.dtype or not (key_cache.is_contiguous() and value_cache.is_contiguous())
             or key_cache.shape != value_cache.shape or (query.requires_grad and torch.is_grad_enabled())):
         return paged_attention_ref(query, key_cache, value_cache, block_tables, context_lens, scale, plan)
@@ -219,8 +219,13 @@ def reshape_and_cache_cpu(key: Tensor, value: Tensor, key_cache: Tensor, value_c
 def takes(*xs: Tensor) -> bool:
     """Whether the per-layer operations below run in C++ for these tensors (fp32, on the CPU, no gradient wanted,
     the library built); callers fall back to their torch lines otherwise."""
-    return (all(x.dtype == torch.float32 and x.device.type == "cpu" for x in xs)
-            and not (torch.is_grad_enabled() and any(x.requires_grad for x in xs)) and load_library() is not None)
+    if load_library() is None:
+        return False
+    grad = torch.is_grad_enabled()
+    for x in xs:  # a plain loop: this runs about 15 times per decode step
+        if x.dtype is not torch.float32 or not x.is_cpu or (grad and x.requires_grad):
+            return False
+    return True
 
 
 def rms_norm_cpu(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> Tensor:
