@@ -1,10 +1,10 @@
 """Where one decode step of our engine spends its time, part by part, for one configuration (§4.1, §4.5).
 
 The engine runs ``engine_vs_hf``'s model and prompts at ``--batch`` until ``--warm-steps`` decode steps are done,
-then times ``--steps`` decode steps (thread CPU time, median) and profiles as many more with ``torch.profiler``. The
-profile is split into parts by the function each torch op was called from (the attention kernel, the KV-cache
-write, the decode plan, the linear layers, the rest of the forward) and by op within the attention kernel; the
-engine's own Python (scheduling, block tables, sampling, outputs) is what remains of the step outside the forward.
+then times ``--steps`` decode steps (thread CPU time, median) and profiles as many more with ``torch.profiler``,
+driven as the benchmark drives it (``step(finished_only=True)``). The profile is split into parts by the function
+each torch op was called from (the attention kernel, the KV-cache write, the decode plan, the linear layers, the C++
+per-layer operations, the rest of the forward) and by op within the attention kernel; the engine's own Python (scheduling, block tables, sampling, outputs) is what remains of the step outside the forward.
 The profiler adds a few microseconds to every op, so its parts add up to more than the unprofiled step; the
 shares are what to read. The step's roofline (``engine_vs_hf.decode_roofline``) and the linear layers' time run
 standalone on the same shapes are printed beside.
@@ -25,10 +25,13 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from engine_vs_hf import (MODEL, TRACE, decode_roofline, length_pairs, make_model, measure_machine,
                           median_thread_time, model_costs, random_prompts)
 from pagedattn.engine import LLM
+from pagedattn.kernels import cpu
 from pagedattn.sequence import SamplingParams
 
 SCOPES = {"attention": "paged_attention", "kv write": "reshape_and_cache", "decode plan": "plan_decode",
-          "forward": "forward", "prepare input": "prepare_input"}
+          "forward": "forward", "prepare input": "prepare_input", "rms norm": "rms_norm_cpu", "rope": "rope_cpu",
+          "argmax": "argmax_cpu"}
+LAYER_OPS = ("rms_norm_cpu", "rope_cpu", "argmax_cpu")  # the C++ per-layer operations (kernels/cpu.py)
 
 
 def scoped(name: str, fn):
@@ -47,6 +50,8 @@ def instrument(engine) -> None:
                         plan_decode=b.plan_decode and scoped("plan_decode", b.plan_decode))
     r.forward = scoped("forward", r.forward)
     r.prepare_input = scoped("prepare_input", r.prepare_input)
+    for name in LAYER_OPS:  # called as cpu.NAME by the model and the sampler: patch the module attribute
+        setattr(cpu, name, scoped(name, getattr(cpu, name)))
 
 
 def scope_of(event) -> str | None:
@@ -66,6 +71,8 @@ def breakdown(prof, steps: int) -> tuple[dict[str, float], int]:
         if e.name in SCOPES.values():
             if e.name == "forward":
                 parts["forward (total)"] += e.cpu_time_total
+            elif e.name in LAYER_OPS:
+                parts[f"{e.name} (C++, total)"] += e.cpu_time_total
             elif e.name != "prepare_input":
                 parts[f"{e.name} (total)"] += e.cpu_time_total
             else:
@@ -105,6 +112,7 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt-len", type=int, nargs=2, default=[4, 256], metavar=("MIN", "MAX"))
     ap.add_argument("--warm-steps", type=int, default=32, help="decode steps before measuring")
     ap.add_argument("--steps", type=int, default=20, help="decode steps timed, then as many profiled")
+    ap.add_argument("--top", type=int, default=8, help="ops listed by self time")
     ap.add_argument("--backend", default="auto", help="attention backend: auto (the engine's default), cpu, torch")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -117,11 +125,11 @@ def main(argv=None) -> None:
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=total, ignore_eos=True))
     while sum(m.kind == "decode" for m in engine.step_metrics) < a.warm_steps:
-        engine.step()
+        engine.step(finished_only=True)
     cpu = []
     for _ in range(a.steps):
         t = time.thread_time()
-        engine.step()
+        engine.step(finished_only=True)
         cpu.append(time.thread_time() - t)
     timed = engine.step_metrics[-a.steps:]
     if any(m.kind != "decode" or m.batch_size != a.batch for m in timed):
@@ -132,7 +140,7 @@ def main(argv=None) -> None:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(a.steps):
             with record_function("step"):
-                engine.step()
+                engine.step(finished_only=True)
     step_prof = sum(e.cpu_time_total for e in prof.events() if e.name == "step") / 1e3 / a.steps
     parts, ops = breakdown(prof, a.steps)
     machine = measure_machine()
@@ -154,14 +162,17 @@ def main(argv=None) -> None:
     fwd = parts.get("forward (total)", 0.0)
     attn = parts.get("paged_attention (total)", 0.0)
     rows = [("attention (total)", attn)] + [(f"  {k}", v) for k, v in parts.items() if k.startswith("attention:")]
+    norm, rope = parts.get("rms_norm_cpu (C++, total)", 0.0), parts.get("rope_cpu (C++, total)", 0.0)
     rows += [("KV-cache write (total)", parts.get("reshape_and_cache (total)", 0.0)),
              ("matmuls (linear layers, LM head)", parts.get("matmuls (linear layers, LM head)", 0.0)),
-             ("rest of the forward (norms, RoPE, residuals, Python)",
+             ("RMSNorm with the residual add (C++, total)", norm), ("RoPE (C++, total)", rope),
+             ("rest of the forward (embedding, SiLU, residuals, Python)",
               fwd - attn - parts.get("reshape_and_cache (total)", 0.0)
-              - parts.get("matmuls (linear layers, LM head)", 0.0)),
+              - parts.get("matmuls (linear layers, LM head)", 0.0) - norm - rope),
              ("prepare input (block tables, decode plan)", parts.get("prepare input (total)", 0.0)),
              ("engine outside forward and prepare input (schedule, sample, outputs)",
-              step_prof - fwd - parts.get("prepare input (total)", 0.0))]
+              step_prof - fwd - parts.get("prepare input (total)", 0.0)),
+             ("  greedy argmax (C++, total)", parts.get("argmax_cpu (C++, total)", 0.0))]
     for k, v in rows:
         print(f"| {k} | {v:.2f} | {100 * v / step_prof:.0f} % | {step_ms * v / step_prof:.2f} |")
     mm = parts.get("matmuls (linear layers, LM head)", 0.0)
@@ -169,7 +180,7 @@ def main(argv=None) -> None:
           f"{mm / alone:.2f}x)")
     top = Counter({e.key: e.self_cpu_time_total for e in prof.key_averages()})
     print("top ops by self time (ms per step): " + ", ".join(f"{k} {v / 1e3 / a.steps:.2f}"
-                                                              for k, v in top.most_common(int(__import__("os").environ.get("TOPN", 8)))))
+                                                              for k, v in top.most_common(a.top)))
 
 
 if __name__ == "__main__":
