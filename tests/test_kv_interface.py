@@ -36,6 +36,11 @@ def test_slots_tables_and_location_agree(kv):
     bs = kv.cache_layout()[1]
     table = kv.block_table(0)
     assert kv.slot_mapping(0, 0, 6) == [table[p // bs] * bs + p % bs for p in range(6)]
+    # the context's blocks only: paged (4 tokens a block) 2 blocks for 6 tokens, 1 for 4; Orca's reservation (one
+    # slot a "block", 6 + 8 reserved) 6 and 4 of its 14
+    assert len(table) == (2 if bs == 4 else 14)
+    for n, want in ((6, 2 if bs == 4 else 6), (5, 2 if bs == 4 else 5), (4, 1 if bs == 4 else 4)):
+        assert kv.block_table(0, n) == table[:want]
     assert kv.num_filled_slots() == 6 and kv.num_used_gpu_blocks >= 6 // bs
     kv.free_seq(g.seqs[0])
     assert kv.location(0) is None and kv.num_used_gpu_blocks == 0

@@ -27,14 +27,6 @@ from pagedattn.scheduler import SchedulerOutputs
 from pagedattn.sequence import Sequence, SequenceGroup
 
 
-def context_blocks(table: list[int], num_tokens: int, block_size: int) -> list[int]:
-    """The blocks of ``table`` that hold a sequence's first ``num_tokens`` tokens: the block table the attention
-    kernel reads. A paged table holds exactly those; a contiguous reservation's table (block size 1) runs to the end
-    of the reservation, whose unfilled tail is not context."""
-    need = -(-num_tokens // block_size)
-    return table if len(table) <= need else table[:need]
-
-
 @dataclass
 class ModelInput:
     """A step's flat batch; ``rows`` lists, for each logits row to sample, its sequence and group."""
@@ -143,7 +135,7 @@ class ModelRunner:
                 ids += s.token_ids[start:]
                 positions += range(start, n)
                 slots += kv.slot_mapping(s.seq_id, start, n)
-                tables.append(context_blocks(kv.block_table(s.seq_id), n, bs))
+                tables.append(kv.block_table(s.seq_id, n))
                 ctx_lens.append(n)
                 loc.append(loc[-1] + n - start)
                 logits_rows += [len(ctx_lens) - 1] * len(seqs)
@@ -157,7 +149,7 @@ class ModelRunner:
                     ids.append(s.last_token_id)
                     positions.append(n - 1)
                     slots += kv.slot_mapping(s.seq_id, n - 1, n)
-                    tables.append(context_blocks(kv.block_table(s.seq_id), n, bs))
+                    tables.append(kv.block_table(s.seq_id, n))
                     ctx_lens.append(n)
                     rows.append((s, g))
             logits_indices = None

@@ -105,8 +105,11 @@ class BlockManager:
     def num_used_gpu_blocks(self) -> int:
         return self.gpu.num_used
 
-    def block_table(self, seq_id: int) -> list[int]:
-        return self.tables[seq_id].blocks
+    def block_table(self, seq_id: int, num_tokens: int | None = None) -> list[int]:
+        blocks = self.tables[seq_id].blocks
+        if num_tokens is None or len(blocks) * self.block_size < num_tokens + self.block_size:
+            return blocks  # a paged table holds no block past its tokens: the usual case, no copy
+        return blocks[:-(-num_tokens // self.block_size)]
 
     def num_tokens(self, seq_id: int) -> int:
         return self.tables[seq_id].num_tokens

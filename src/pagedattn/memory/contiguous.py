@@ -234,9 +234,10 @@ class ContiguousKVManager:
             self.tables[s.seq_id] = r
         return 0
 
-    def block_table(self, seq_id: int) -> list[int]:
+    def block_table(self, seq_id: int, num_tokens: int | None = None) -> list[int]:
         r = self.tables[seq_id]
-        return list(range(r.pieces[0], r.pieces[0] + r.reserved))
+        n = r.reserved if num_tokens is None else min(r.reserved, num_tokens)  # block size 1: a slot per token
+        return list(range(r.pieces[0], r.pieces[0] + n))
 
     def slot_mapping(self, seq_id: int, start: int, end: int) -> list[int]:
         first = self.tables[seq_id].pieces[0]

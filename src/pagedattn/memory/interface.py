@@ -76,8 +76,9 @@ class KVManager(Protocol):
     def cache_layout(self) -> tuple[int, int, int]:
         """``(num_device_blocks, block_size, num_cpu_blocks)``: the shape of the KV cache tensors."""
 
-    def block_table(self, seq_id: int) -> list[int]:
-        """The sequence's physical blocks, in logical order."""
+    def block_table(self, seq_id: int, num_tokens: int | None = None) -> list[int]:
+        """The sequence's physical blocks, in logical order; with ``num_tokens``, only those that hold its first
+        ``num_tokens`` tokens (the context the attention kernel reads; a contiguous reservation runs further)."""
 
     def slot_mapping(self, seq_id: int, start: int, end: int) -> list[int]:
         """Flat slots (``block * block_size + offset``) of the sequence's tokens ``start .. end - 1``."""
