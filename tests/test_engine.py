@@ -317,7 +317,17 @@ def test_text_prompts_with_a_tokenizer(llama_and_ref):
     out = llm.generate(["Hello, paged world"], GREEDY, use_tqdm=False)[0]
     assert out.prompt == "Hello, paged world" and out.prompt_token_ids == [ord(c) for c in out.prompt]
     assert out.outputs[0].token_ids == hf_greedy(hf, out.prompt_token_ids)
-    assert isinstance(out.outputs[0].text, str)
+    assert out.outputs[0].text == tokenizer.decode(out.outputs[0].token_ids, skip_special_tokens=True)
+    # streamed through LLMEngine.step: every step's text is the decode of the tokens so far (incremental)
+    engine = llm.engine
+    engine.add_request("s", "Hello", GREEDY)
+    engine.add_request("t", "paged", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    seen = 0
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            seen += 1
+            assert o.outputs[0].text == tokenizer.decode(o.outputs[0].token_ids, skip_special_tokens=True)
+    assert seen >= GREEDY.max_tokens and not engine.processor.detokenizer.states
     assert_all_blocks_free(llm.engine)
 
 

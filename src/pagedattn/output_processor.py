@@ -16,6 +16,7 @@ import time
 import torch
 
 from pagedattn import beam_search
+from pagedattn.detokenizer import IncrementalDetokenizer
 from pagedattn.executor import StepResult
 from pagedattn.sampling import SamplingRow, check_stop, sample
 from pagedattn.scheduler import Scheduler, SchedulerOutputs
@@ -30,14 +31,18 @@ class OutputProcessor:
         self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
         self.requests: dict[str, SequenceGroup] = {}  # unfinished requests
         self.generators: dict[str, torch.Generator | None] = {}
+        self.detokenizer = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
 
     def add(self, group: SequenceGroup, generator: torch.Generator | None) -> None:
         self.requests[group.request_id] = group
         self.generators[group.request_id] = generator
 
     def forget(self, request_id: str) -> None:
-        self.requests.pop(request_id, None)
+        g = self.requests.pop(request_id, None)
         self.generators.pop(request_id, None)
+        if g is not None and self.detokenizer is not None:
+            for s in g.seqs:
+                self.detokenizer.forget(s.seq_id)
 
     def process(self, out: SchedulerOutputs, result: StepResult | None, finished_only: bool = False
                 ) -> list[RequestOutput]:
@@ -97,6 +102,6 @@ class OutputProcessor:
         outs = []
         for i, s in enumerate(seqs):
             ids = s.output_token_ids
-            text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer else None
+            text = self.detokenizer.text(s.seq_id, ids, final=g.is_finished()) if self.detokenizer else None
             outs.append(CompletionOutput(i, text, ids, s.cumulative_logprob, s.finish_reason))
         return RequestOutput(g.request_id, g.prompt, g.prompt_token_ids, outs, g.is_finished(), g.metrics, g.error)
