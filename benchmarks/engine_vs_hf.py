@@ -24,6 +24,7 @@ min-max spread over repeats. The 1-minute load average is recorded before, durin
 
     .venv/bin/python benchmarks/engine_vs_hf.py            # writes results/benchmarks/engine_vs_hf.json
     .venv/bin/python benchmarks/engine_vs_hf.py --quick    # a smoke run (not written unless --out is given)
+    .venv/bin/python benchmarks/engine_vs_hf.py --compare A.json B.json   # two runs' headline figures side by side
 """
 from __future__ import annotations
 
@@ -289,6 +290,23 @@ def agree(row: dict) -> str:
     return ", ".join(f"{k} {100 * v:.1f}%" for k, v in row["tokens_equal_vs_hf_generate"].items())
 
 
+REPRODUCE_WITHIN = 0.15  # issue 17: a rerun reproduces the ratios within 15 %
+
+
+def compare(a_path: str, b_path: str) -> dict:
+    """Two runs' headline figures side by side: each figure's relative difference (B / A - 1) and whether it is
+    within ``REPRODUCE_WITHIN``; the token agreement is compared as is."""
+    a, b = (json.loads(Path(x).read_text())["headline"] for x in (a_path, b_path))
+    rows = {}
+    for k in a.keys() & b.keys():
+        diff = b[k] / a[k] - 1 if a[k] else float("inf")
+        rows[k] = {"a": a[k], "b": b[k], "relative_difference": diff, "within": abs(diff) <= REPRODUCE_WITHIN}
+    for k, r in sorted(rows.items()):
+        print(f"{k:55s} {r['a']:8.3f} {r['b']:8.3f} {100 * r['relative_difference']:+6.1f} % "
+              f"{'ok' if r['within'] else 'OUTSIDE'} {100 * REPRODUCE_WITHIN:.0f} %")
+    return rows
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 64])
@@ -305,9 +323,13 @@ def main(argv=None) -> dict:
                          "stall on each other's barriers whenever another process holds a core)")
     ap.add_argument("--no-cb", action="store_true", help="skip HF continuous batching")
     ap.add_argument("--quick", action="store_true", help="batch 8 and 16, 16 new tokens, 2 repeats, 32 var requests")
+    ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="print two runs' headline figures side by side "
+                                                                    "and exit")
     ap.add_argument("--out", default=None, help="JSON path (default: results/benchmarks/engine_vs_hf.json; "
                                                 "--quick writes nothing unless given)")
     a = ap.parse_args(argv)
+    if a.compare:
+        return compare(*a.compare)
     a.trace = TRACE_FALLBACK if a.synthetic else TRACE
     if a.quick:
         a.batch_sizes, a.output_len, a.repeats, a.var_requests, a.var_batch, a.var_repeats = [8, 16], 16, 2, 32, 16, 1
