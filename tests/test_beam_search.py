@@ -326,7 +326,7 @@ def probs_row(p):
 
 @pytest.mark.parametrize("max_tokens, step3, reason", [
     (3, [[0.5, 0.3, 0.15, 0.05], [0.9, 0.05, 0.03, 0.02]], "length"),
-    (5, [[0.05, 0.03, 0.02, 0.9], [0.05, 0.03, 0.02, 0.9]], "stop")])
+    (5, [[0.05, 0.03, 0.02, 0.9], [0.05, 0.03, 0.02, 0.9]], "stop")], ids=["at-max-tokens", "early"])
 def test_step_groups_forks_reassigns_and_outputs_by_hand(max_tokens, step3, reason):
     """Two beams (seq ids 7 and 8) over a 4-token vocabulary, EOS = 3, on the engine's glue: ``step_groups`` (rows
     in any order), ``_reassign`` (fork into a dead beam's sequence) and ``outputs``. Probabilities, worked out by
