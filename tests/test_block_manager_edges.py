@@ -325,3 +325,49 @@ def test_freeing_twice_names_the_sequence():
     m.free(3)
     with pytest.raises(KeyError, match="sequence 3 has no block table"):
         m.free(3)
+
+
+def test_never_reason_of_a_request_sharing_a_pinned_prefix_is_the_watermark():
+    """10 blocks of 4, watermark 2 blocks; request 0 pins an 8-token prefix (2 blocks). A 36-token request marking
+    the same prefix needs 9 blocks, 2 of them the pinned ones: 9 <= 10, so no limit on its size is broken, but
+    10 - 9 = 1 block would stay free, under the watermark: never, because of the watermark. A 36-token request
+    with another prefix would need 9 blocks plus the 2 pinned ones: never, because of them."""
+    m = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.2)
+    p = list(range(8))
+    m.allocate(0, 9, p + [50], prefix_len=8)
+    m.free(0)
+    g = SequenceGroup("r", [Sequence(1, p + list(range(60, 88)))], SamplingParams())
+    g.prefix_len = 8
+    assert m.can_allocate(g) is AllocStatus.NEVER
+    assert m.never_reason(g) == "request can never fit in the KV cache (watermark)"
+    h = SequenceGroup("s", [Sequence(2, list(range(100, 136)))], SamplingParams())
+    h.prefix_len = 8
+    assert m.can_allocate(h) is AllocStatus.NEVER
+    assert m.never_reason(h) == ("request of 36 tokens needs 9 blocks of 4, but 2 of the pool's num_gpu_blocks=10 "
+                                 "hold user-marked prefixes it does not share")
+
+
+def test_a_group_may_need_every_block_but_the_watermark():
+    m = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.2)
+    m.check_group_blocks(8, "beam search")
+    with pytest.raises(ValueError, match=r"beam search may need 9 blocks of 4, but the pool has only "
+                                         r"num_gpu_blocks=10 \(2 kept free\)"):
+        m.check_group_blocks(9, "beam search")
+
+
+def test_location_is_the_device_and_length_of_the_table():
+    m = BlockManager(block_size=4, num_gpu_blocks=4, num_cpu_blocks=4)
+    assert m.location(0) is None
+    m.allocate(0, 6)
+    assert m.location(0) == ("gpu", 6)
+    m.swap_out([0])
+    assert m.location(0) == ("cpu", 6)
+
+
+@pytest.mark.parametrize("watermark", [-0.01, 1.0, float("nan")])
+def test_a_watermark_outside_0_1_is_refused(watermark):
+    """A negative watermark would report OK for a prompt larger than the free blocks (the allocation then fails);
+    1 would refuse every request as never fitting."""
+    with pytest.raises(ValueError, match=r"watermark must be a fraction of the pool in \[0, 1\), got"):
+        BlockManager(block_size=4, num_gpu_blocks=4, watermark=watermark)
+    assert BlockManager(block_size=4, num_gpu_blocks=4, watermark=0.0).watermark_blocks == 0
