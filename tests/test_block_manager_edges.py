@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from pagedattn.config import SchedulerConfig
-from pagedattn.memory import AllocStatus, BlockManager, NoFreeBlocksError
+from pagedattn.memory import AllocStatus, BlockManager, BlockPool, NoFreeBlocksError
 from pagedattn.memory.block_manager import block_hashes
 from pagedattn.scheduler import Scheduler
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
@@ -371,3 +371,35 @@ def test_a_watermark_outside_0_1_is_refused(watermark):
     with pytest.raises(ValueError, match=r"watermark must be a fraction of the pool in \[0, 1\), got"):
         BlockManager(block_size=4, num_gpu_blocks=4, watermark=watermark)
     assert BlockManager(block_size=4, num_gpu_blocks=4, watermark=0.0).watermark_blocks == 0
+
+
+# ------------------------------------------------------------------------------------------------ the block pool
+def test_pool_limits_and_messages():
+    """A pool refuses a negative size or an empty block; sharing a free block and exhausting the pool are errors
+    naming the device ("gpu" by default); ``decref`` says whether it freed the block."""
+    with pytest.raises(ValueError, match="num_blocks must be >= 0, got -1"):
+        BlockPool(-1, 4)
+    with pytest.raises(ValueError, match="block_size must be > 0, got 0"):
+        BlockPool(2, 0)
+    p = BlockPool(2, 4)
+    with pytest.raises(RuntimeError, match="gpu block 0 is free; cannot share it"):
+        p.incref(0)
+    assert (p.allocate(), p.allocate()) == (0, 1)
+    with pytest.raises(NoFreeBlocksError, match="all 2 gpu blocks are in use"):
+        p.allocate()
+    p.incref(0)
+    assert p.decref(0) is False and p.decref(0) is True and p.num_free == 1
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    (lambda p: p.ref_counts.__setitem__(0, 1), "a used block is free"),
+    (lambda p: (p._free.remove(1), p._evictable.__setitem__(1, None)), "an evictable block has no hash"),
+    (lambda p: p.block_hash.__setitem__(0, b"h"), "a plain free block still has a hash"),
+    (lambda p: (p.allocate(), p.cached.__setitem__(b"h", 0)), "prefix cache maps disagree"),
+])
+def test_pool_check_names_the_broken_invariant(corrupt, message):
+    p = BlockPool(2, 4)
+    p.check()
+    corrupt(p)
+    with pytest.raises(AssertionError, match=message):
+        p.check()
