@@ -42,6 +42,13 @@ def test_nucleus_boundary_on_a_uniform_distribution():
         assert int(torch.isfinite(out).sum()) == count, (top_k, top_p)
 
 
+def test_top_p_1_keeps_a_tail_token_whose_preceding_mass_rounds_to_1():
+    """Probabilities 0.5 / 0.5 / 7e-12: in float32 the mass before the third token is exactly 1.0; top-p = 1 is off
+    and must keep it all the same."""
+    out = _filter_top_k_top_p(torch.tensor([[0.0, 0.0, -25.0]]), torch.tensor([-1]), torch.tensor([1.0]))
+    assert torch.isfinite(out).all()
+
+
 @pytest.mark.parametrize("temperature,top_k,top_p,expected", [
     (1.0, 3, 1.0, {2: 4 / 9, 0: 3 / 9, 3: 2 / 9}),  # top-k alone: 0.4 / 0.3 / 0.2 renormalised
     (0.5, 3, 1.0, {2: 16 / 29, 0: 9 / 29, 3: 4 / 29}),  # temperature 1/2 squares them first: 0.16 / 0.09 / 0.04
