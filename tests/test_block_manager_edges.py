@@ -401,5 +401,5 @@ def test_pool_check_names_the_broken_invariant(corrupt, message):
     p = BlockPool(2, 4)
     p.check()
     corrupt(p)
-    with pytest.raises(AssertionError, match=message):
+    with pytest.raises(AssertionError, match=f"^{message}$"):
         p.check()
