@@ -2,7 +2,7 @@
 hand: the paged manager without sharing (its fast path) and with copy-on-write sharing, and Orca's contiguous
 reservations."""
 from pagedattn.memory import BlockManager
-from pagedattn.memory.accounting import breakdown
+from pagedattn.memory.accounting import breakdown, max_request_waste
 from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
 
@@ -75,3 +75,28 @@ def test_a_sequence_without_a_final_length_reserves_nothing():
     assert as_tuple(breakdown(m, {})) == (6, 0, 2, 32)
     m.fork(0, 1)
     assert as_tuple(breakdown(m, {})) == (6, 0, 2, 32)
+
+
+def test_contiguous_sequence_without_a_final_length_reserves_nothing():
+    """Orca (Oracle) reserves prompt + max_tokens = 5 + 6 = 11 slots; with no final length the request is taken to
+    end now: 5 states, 0 reserved, 6 internal, 64 - 11 = 53 external."""
+    m = ContiguousKVManager(64, "oracle", max_model_len=64)
+    m.allocate_group(group(0, 5, 6))
+    assert as_tuple(breakdown(m, {})) == (5, 0, 6, 53)
+
+
+def test_max_request_waste_by_hand():
+    """Paged, blocks of 8: 10 tokens in 2 blocks waste 6 slots; a 1-token sequence swapped out to the CPU (it would
+    waste 7) holds no device slot. Orca (Oracle), 11 slots for 5 tokens: 6 with exact placement, 16 - 5 = 11 in the
+    16-slot buddy block. Empty managers waste nothing."""
+    m = BlockManager(block_size=8, num_gpu_blocks=8, num_cpu_blocks=4)
+    assert max_request_waste(m) == 0
+    m.allocate(0, 10)
+    m.allocate(2, 1)
+    m.swap_out([2])
+    assert max_request_waste(m) == 6
+    for placement, waste in (("exact", 6), ("buddy", 11)):
+        c = ContiguousKVManager(64, "oracle", max_model_len=64, placement=placement)
+        assert max_request_waste(c) == 0
+        c.allocate_group(group(0, 5, 6))
+        assert max_request_waste(c) == waste

@@ -10,15 +10,18 @@ on Orca's contiguous manager (where a fork copies the parent's K/V), and leave e
 """
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
-from pagedattn.beam_search import BeamSearchState, worst_case_blocks
+from pagedattn.beam_search import NEG, BeamSearchState, _reassign, init_group, outputs, step_groups, worst_case_blocks
 from pagedattn.engine import LLM
 from pagedattn.memory import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
-from pagedattn.sequence import SamplingParams
+from pagedattn.sequence import CompletionOutput, SamplingParams, Sequence, SequenceGroup
 
 MAX_NEW = 10
 PAD = 0
@@ -188,3 +191,209 @@ def test_state_first_step_expands_only_the_first_beam():
     lp = torch.log_softmax(torch.randn(1, 50).repeat(3, 1), dim=-1)
     nxt = st.select(lp)
     assert [p for p, _, _ in nxt] == [0, 0, 0] and len({t for _, t, _ in nxt}) == 3
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# BeamSearchState.select on hand-made log-probability tables (k = 2 beams, vocab of 4, EOS = token 3). Every
+# log-prob is a sum of powers of two, so float32 adds them exactly; the expectations below are worked out by hand
+# from the rules in the module docstring (HF 5.x): the top K = 2k = 4 candidates over beams x vocab, the best k that
+# do not stop run on, the stopped ones among the first k are offered to the finished list scored
+# sum / gen_len ** length_penalty, and the search stops when the best running beam (normalised) cannot beat the
+# worst finished hypothesis, when k hypotheses are finished with early_stopping=True, or when every candidate stops.
+EOS = 3
+
+
+def hand_state(k: int, max_new: int, length_penalty: float, early_stopping, eos=(EOS,)) -> BeamSearchState:
+    st = BeamSearchState(k, max_new, frozenset(eos), length_penalty, early_stopping, beams=[])
+    st.beams = [SimpleNamespace(output_token_ids=[]) for _ in range(k)]
+    return st
+
+
+def advance(st: BeamSearchState, rows: list[list[float]]):
+    """One ``select`` on a log-prob table (row j for beam j); then beam j becomes its parent's tokens plus its
+    token, as ``_reassign`` does."""
+    nxt = st.select(torch.tensor(rows, dtype=torch.float32))
+    if nxt is not None:
+        st.beams = [SimpleNamespace(output_token_ids=st.beams[p].output_token_ids + [t]) for p, t, _ in nxt]
+    return nxt
+
+
+def finished(st: BeamSearchState) -> list[tuple | None]:
+    return [None if h is None else (h.token_ids, h.logprob, h.score, h.finish_reason)
+            for h in st.finished]
+
+
+@pytest.mark.parametrize("es", [False, True, "never"])
+def test_select_hand_computed_four_steps(es):
+    """length_penalty 2, max_tokens 5. Step 1 (only beam 0 expands): EOS -5/16 is the best candidate and finishes;
+    tokens 0 (-1) and 1 (-2) run on, both children of beam 0. Step 2: the only EOS candidate ranks 4th (-6), outside
+    the first k, so it is not offered. Step 3: EOS of beam 1 (-2.25 - 0.25 = -2.5) finishes with score -2.5 / 3**2,
+    better than -5/16, so it goes first; both running beams are children of beam 0 (a fork); the list is full, so
+    early_stopping=True stops here. Otherwise the best running beam -2 / 3**2 = -0.222 still beats the worst
+    hypothesis -0.3125 (with 3 * 2 instead of 3**2 it would not: -0.333). Step 4: EOS at -3 scores -3 / 16 = -0.1875
+    and pushes -5/16 out (a full list still takes better hypotheses); the best running beam -6 now scores -6 / 16 =
+    -0.375 < -0.278 and the search stops, except with "never", which divides by max_tokens**2 = 25: -0.24 > -0.278."""
+    st = hand_state(2, 5, 2.0, es)
+    step1 = [[-1.0, -2.0, -4.0, -0.3125]] * 2
+    assert advance(st, step1) == [(0, 0, -1.0), (0, 1, -2.0)]
+    h1 = ([EOS], -0.3125, -0.3125, "stop")
+    assert finished(st) == [h1, None] and st.finished_flags == [True, False]
+    assert st.finished_scores.tolist() == [-0.3125, NEG] and st.running_scores.tolist() == [-1.0, -2.0]
+    assert st.num_generated == 1 and not st.done
+
+    # beams: [0] at -1, [1] at -2
+    assert advance(st, [[-0.5, -6.0, -7.0, -5.0], [-0.25, -1.0, -7.5, -4.5]]) == [(0, 0, -1.5), (1, 0, -2.25)]
+    assert finished(st) == [h1, None] and st.finished_flags == [True, False] and not st.done
+
+    # beams: [0, 0] at -1.5, [1, 0] at -2.25
+    nxt = advance(st, [[-1.5, -0.5, -9.0, -8.0], [-8.0, -8.5, -9.0, -0.25]])
+    h3 = ([1, 0, EOS], -2.5, pytest.approx(-2.5 / 9), "stop")  # float32
+    assert finished(st) == [h3, h1] and st.finished_flags == [True, True]
+    assert st.finished_scores.tolist() == pytest.approx([-2.5 / 9, -0.3125])
+    if es is True:
+        assert nxt is None and st.done
+        return
+    assert nxt == [(0, 1, -2.0), (0, 0, -3.0)] and not st.done
+
+    # beams: [0, 0, 1] at -2, [0, 0, 0] at -3
+    nxt = advance(st, [[-9.0, -9.5, -10.0, -1.0], [-3.0, -4.0, -9.0, -10.0]])
+    assert finished(st) == [([0, 0, 1, EOS], -3.0, -0.1875, "stop"), h3]
+    if es == "never":
+        assert nxt == [(1, 0, -6.0), (1, 1, -7.0)] and not st.done
+    else:
+        assert nxt is None and st.done
+    assert st.num_generated == 4
+
+
+@pytest.mark.parametrize("es", [False, True, "never"])
+def test_select_early_stopping_modes_at_length_penalty_1(es):
+    """max_tokens 4. Step 1: EOS -0.5 finishes. Step 2: EOS -1.25 (rank 1) finishes with -1.25 / 2 = -0.625 and
+    fills the list; beam 1's EOS (-2.5) ranks 3rd, outside the first k, and is not offered. The best running beam
+    -2.25 scores -2.25 / 2 = -1.125 <= -0.625: False stops, True stops (full list); "never" divides by
+    max_tokens: -2.25 / 4 = -0.5625 > -0.625 and runs on."""
+    st = hand_state(2, 4, 1.0, es)
+    assert advance(st, [[-1.0, -2.0, -4.0, -0.5]] * 2) == [(0, 0, -1.0), (0, 1, -2.0)]
+    assert finished(st) == [([EOS], -0.5, -0.5, "stop"), None]
+    nxt = advance(st, [[-3.0, -5.0, -6.0, -0.25], [-0.25, -6.5, -7.5, -0.5]])
+    assert finished(st) == [([EOS], -0.5, -0.5, "stop"), ([0, EOS], -1.25, -0.625, "stop")]
+    assert st.finished_flags == [True, True]
+    assert nxt == ([(1, 0, -2.25), (0, 0, -4.0)] if es == "never" else None)
+    assert st.done == (es != "never")
+
+
+def test_select_a_running_beam_that_only_ties_the_worst_hypothesis_stops():
+    """length_penalty 1, early_stopping False. Step 1: EOS -0.75 finishes. Step 2: EOS -1.25 finishes with -0.625;
+    the best running beam -1.5 scores -1.5 / 2 = -0.75, equal to the worst hypothesis: it cannot beat it, stop."""
+    st = hand_state(2, 6, 1.0, False)
+    advance(st, [[-1.0, -2.0, -4.0, -0.75]] * 2)
+    assert advance(st, [[-0.5, -5.0, -6.0, -0.25], [-5.5, -6.5, -7.5, -4.5]]) is None and st.done
+    assert finished(st) == [([0, EOS], -1.25, -0.625, "stop"), ([EOS], -0.75, -0.75, "stop")]
+
+
+def test_select_at_max_tokens_every_candidate_stops_with_length():
+    """No EOS, max_tokens 2, length_penalty 1. Step 1: tokens 1 (-0.5) and 0 (-1) run on. Step 2 reaches max_tokens:
+    every candidate stops, the first k become hypotheses ([0, 0] at -1.25 -> -0.625, [1, 1] at -1.5 -> -0.75) with
+    reason "length", and the search is over."""
+    st = hand_state(2, 2, 1.0, False, eos=())
+    assert advance(st, [[-1.0, -0.5, -2.0]] * 2) == [(0, 1, -0.5), (0, 0, -1.0)]
+    assert finished(st) == [None, None] and not st.done
+    assert advance(st, [[-2.0, -1.0, -3.0], [-0.25, -4.0, -5.0]]) is None and st.done
+    assert finished(st) == [([0, 0], -1.25, -0.625, "length"), ([1, 1], -1.5, -0.75, "length")]
+    assert st.num_generated == 2
+
+
+class ForkLog:
+    """The scheduler as ``step_groups`` sees it: records which beam's sequence is forked into which."""
+
+    def __init__(self):
+        self.forks = []
+
+    def fork(self, parent, child):
+        self.forks.append((parent.seq_id, child.seq_id))
+
+
+class Words:
+    """A tokenizer that spells token t as "wt" and drops the EOS only when asked to skip special tokens."""
+
+    @staticmethod
+    def decode(ids, skip_special_tokens=False):
+        return " ".join(f"w{t}" for t in ids if not (skip_special_tokens and t == EOS))
+
+
+def probs_row(p):
+    return torch.tensor(p, dtype=torch.float32).log()
+
+
+@pytest.mark.parametrize("max_tokens, step3, reason", [
+    (3, [[0.5, 0.3, 0.15, 0.05], [0.9, 0.05, 0.03, 0.02]], "length"),
+    (5, [[0.05, 0.03, 0.02, 0.9], [0.05, 0.03, 0.02, 0.9]], "stop")], ids=["at-max-tokens", "early"])
+def test_step_groups_forks_reassigns_and_outputs_by_hand(max_tokens, step3, reason):
+    """Two beams (seq ids 7 and 8) over a 4-token vocabulary, EOS = 3, on the engine's glue: ``step_groups`` (rows
+    in any order), ``_reassign`` (fork into a dead beam's sequence) and ``outputs``. Probabilities, worked out by
+    hand. Step 1 (both rows [.5, .3, .15, .05]): tokens 0 (.5) and 1 (.3) of beam 7 survive; the second child takes
+    over sequence 8 by a fork. Step 2 (rows given as 8 then 7): 7 = [0] x [.2, .12, .08, .6], 8 = [1] x
+    [.9, .05, .03, .02]: EOS of 7 (.3) finishes with ln(.3) / 2; the runners are [1, 0] (.27, in sequence 8) and
+    [0, 0] (.1, in 7): no fork. Step 3 at max_tokens 3: every candidate stops; [1, 0, 0] (.135, ln / 3 = -0.667)
+    joins [0, 3] (-0.602) and [0, 0, 0] (.09, -0.803) misses: the beams finish "length". At max_tokens 5 with EOS
+    at .9 in both rows: [1, 0, 3] (.243, -0.472) and [0, 3] stay, the best runner .0135 (-1.435) cannot beat
+    -0.602: the search is over early and the beams finish "stop"."""
+    sp = SamplingParams(use_beam_search=True, beam_width=2, n=2, temperature=0, max_tokens=max_tokens)
+    seqs = [Sequence(7, [11, 12]), Sequence(8, [11, 12])]
+    g = SequenceGroup("r", seqs, sp)
+    st = init_group(g, frozenset({EOS}), max_model_len=64)
+    sched = ForkLog()
+
+    step_groups(sched, torch.stack([probs_row([0.5, 0.3, 0.15, 0.05])] * 2), [(seqs[0], g), (seqs[1], g)])
+    assert sched.forks == [(7, 8)] and st.num_forks == 1 and st.beams == seqs
+    assert outputs(g, Words()) == [CompletionOutput(0, "w0", [0], pytest.approx(math.log(0.5)), None),
+                                   CompletionOutput(1, "w1", [1], pytest.approx(math.log(0.3)), None)]
+
+    step_groups(sched, torch.stack([probs_row([0.9, 0.05, 0.03, 0.02]), probs_row([0.2, 0.12, 0.08, 0.6])]),
+                [(seqs[1], g), (seqs[0], g)])
+    assert sched.forks == [(7, 8)] and st.num_forks == 1 and st.beams == [seqs[1], seqs[0]]
+    assert [(s.output_token_ids, s.cumulative_logprob) for s in st.beams] == \
+        [([1, 0], pytest.approx(math.log(0.27))), ([0, 0], pytest.approx(math.log(0.1)))]
+    assert not st.done and all(s.status == "waiting" and s.finish_reason is None for s in seqs)
+
+    step_groups(sched, torch.stack([probs_row(r) for r in step3]), [(seqs[1], g), (seqs[0], g)])
+    assert st.done and all(s.finish_reason == reason and s.is_finished() for s in seqs)
+    last = ([1, 0, 0], 0.135, "length") if reason == "length" else ([1, 0, EOS], 0.243, "stop")
+    want = [([0, EOS], 0.3, "stop"), last] if reason == "length" else [last, ([0, EOS], 0.3, "stop")]
+    assert outputs(g, Words()) == [CompletionOutput(i, " ".join(f"w{t}" for t in ids if t != EOS), ids,
+                                                    pytest.approx(math.log(p)), r)
+                                   for i, (ids, p, r) in enumerate(want)]
+    g.sampling_params = SamplingParams(use_beam_search=True, beam_width=2, n=1, temperature=0)
+    assert [o.token_ids for o in outputs(g)] == [want[0][0]] and outputs(g)[0].text is None
+
+
+def test_init_group_takes_the_request_parameters():
+    """EOS ids: the model's plus the request's stop tokens, or only the stop tokens with ignore_eos; the search
+    length is max_tokens cut to what fits after the prompt in max_model_len (a 12-token prompt in 16: 4; max_tokens 1:
+    1)."""
+    def state(**kw):
+        sp = SamplingParams(use_beam_search=True, beam_width=3, temperature=0, **kw)
+        return init_group(SequenceGroup("r", [Sequence(i, list(range(12))) for i in range(3)], sp),
+                          frozenset({EOS, 2}), max_model_len=16)
+
+    st = state(max_tokens=10, stop_token_ids=[9], length_penalty=0.5, early_stopping=True)
+    assert (st.beam_width, st.max_new_tokens, st.eos_token_ids) == (3, 4, {2, 3, 9})
+    assert (st.length_penalty, st.early_stopping, len(st.beams)) == (0.5, True, 3)
+    st = state(max_tokens=3, ignore_eos=True, stop_token_ids=[9], early_stopping="never")
+    assert (st.max_new_tokens, st.eos_token_ids, st.early_stopping) == (3, {9}, "never")
+    assert state(max_tokens=1).max_new_tokens == 1
+
+
+def test_reassign_forks_each_extra_child_into_the_first_dead_beam():
+    """Four beams (ids 0-3); the next beams are three children of beam 2 and one of beam 0. Beam 2's first child
+    keeps sequence 2 and beam 0's keeps 0; the other two children of 2 take over the dead beams 1 then 3, in order,
+    by two forks. Each new beam holds its parent's tokens plus its own and its cumulative log-prob."""
+    seqs = [Sequence(i, [5]) for i in range(4)]
+    for s in seqs:
+        s.output_token_ids = [s.seq_id]
+    st = BeamSearchState(4, 8, frozenset(), 1.0, False, beams=list(seqs))
+    sched = ForkLog()
+    _reassign(sched, st, [(2, 7, -1.0), (2, 8, -2.0), (2, 9, -3.0), (0, 6, -4.0)])
+    assert sched.forks == [(2, 1), (2, 3)] and st.num_forks == 2
+    assert st.beams == [seqs[2], seqs[1], seqs[3], seqs[0]]
+    assert [(s.output_token_ids, s.cumulative_logprob) for s in st.beams] == \
+        [([2, 7], -1.0), ([2, 8], -2.0), ([2, 9], -3.0), ([0, 6], -4.0)]

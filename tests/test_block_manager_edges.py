@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from pagedattn.config import SchedulerConfig
-from pagedattn.memory import AllocStatus, BlockManager
+from pagedattn.memory import AllocStatus, BlockManager, BlockPool, NoFreeBlocksError
 from pagedattn.memory.block_manager import block_hashes
 from pagedattn.scheduler import Scheduler
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
@@ -233,3 +233,173 @@ def test_prefix_caching_without_token_ids_and_a_forked_childs_digests():
     m.append_slot(1)
     m.append_slot(1, tokens + [7, 8])  # the 7th token copied the shared block into block 2; the 8th fills it
     assert m.gpu.block_hash[2] == block_hashes(tokens + [7, 8], 4, 2)[1]
+
+
+def test_a_failed_allocation_that_would_revive_evictable_hits_changes_nothing():
+    """Automatic caching, 4 blocks of 4. The 9-token prompt T caches blocks 0 and 1; freed, they wait on the
+    evictable list, and a plain 8-token prompt takes the free blocks 3 and 2 (FIFO: 3, then the freed 2). T again
+    hits blocks 0 and 1, but reviving them takes them off the free list too: it needs 3 blocks with 2 free, and
+    fails before touching anything. Once the plain prompt is gone it fits: hits 0, 1 and the least recently freed
+    cached block, 3."""
+    m = BlockManager(block_size=4, num_gpu_blocks=4, enable_prefix_caching=True)
+    t = list(range(100, 109))
+    m.allocate(0, 9, t)
+    m.free(0)
+    m.allocate(1, 8, list(range(8)))
+    assert m.block_table(1) == [3, 2] and m.num_free_gpu_blocks == 2
+    with pytest.raises(NoFreeBlocksError, match="need 3 blocks, 2 free"):
+        m.allocate(2, 9, t)
+    assert 2 not in m.tables and m.num_free_gpu_blocks == 2 and m.gpu.ref_counts == [0, 0, 1, 1]
+    m.check_invariants()
+    m.free(1)
+    assert m.allocate(2, 9, t) == 8 and m.block_table(2) == [0, 1, 3]
+
+
+def test_allocation_without_token_ids_caches_nothing():
+    """A prompt given by its length only (no token ids) cannot be looked up or cached, with automatic caching
+    on, or at block size 1 (where a one-token prefix would be a full block)."""
+    m = BlockManager(block_size=4, num_gpu_blocks=4, enable_prefix_caching=True)
+    assert m.allocate(0, 8) == 0 and m.block_table(0) == [0, 1]
+    assert not m.gpu.cached and m.prefix_queries == 0
+    m = BlockManager(block_size=1, num_gpu_blocks=4)
+    assert m.allocate(0, 2) == 0 and m.block_table(0) == [0, 1] and not m.gpu.cached
+
+
+def test_no_prefix_is_marked_unless_asked():
+    """Block size 1, no automatic caching: the first token is a full block, but without ``prefix_len`` nothing is
+    cached or pinned. A one-token prefix marked by request 0 is pinned (block 0, held by the manager); a
+    4-token request that does not mark it cannot share it, so it needs the whole 4-block pool plus the pinned
+    block: never."""
+    m = BlockManager(block_size=1, num_gpu_blocks=4, watermark=0.0)
+    m.allocate(0, 3, [5, 6, 7])
+    assert m.pinned == [] and m.prefix_queries == 0 and m.gpu.ref_counts == [1, 1, 1, 0]
+    m.free(0)
+    m.allocate(1, 1, [5], prefix_len=1)
+    m.free(1)
+    assert m.pinned == [3] and m.gpu.ref_counts == [0, 0, 0, 1]
+    assert m.can_allocate_tokens(4, [5, 6, 7, 8]) is AllocStatus.NEVER
+    with pytest.raises(ValueError, match="needs 4 blocks of 1, but 1 of the pool's num_gpu_blocks=4 hold "
+                                         "user-marked prefixes it does not share"):
+        m.check_request(4, [5, 6, 7, 8])
+
+
+def test_a_request_sharing_a_pinned_prefix_may_use_the_whole_pool():
+    """4 blocks of 4; request 0 marks an 8-token prefix: blocks 0 and 1 are pinned. A 16-token request marking
+    the same prefix needs 4 blocks, 2 of them the pinned ones: it fits. One with another prefix would need 4
+    blocks plus the 2 pinned: never."""
+    m = BlockManager(block_size=4, num_gpu_blocks=4, watermark=0.0)
+    p = list(range(8))
+    m.allocate(0, 9, p + [50], prefix_len=8)
+    m.free(0)
+    assert m.pinned == [0, 1]
+    m.check_request(16, p + list(range(60, 68)), prefix_len=8)
+    assert m.can_allocate_tokens(16, p + list(range(60, 68)), prefix_len=8) is AllocStatus.OK
+    with pytest.raises(ValueError, match="2 of the pool's num_gpu_blocks=4 hold user-marked prefixes"):
+        m.check_request(16, list(range(20, 36)), prefix_len=8)
+
+
+def test_watermark_counts_the_pinned_prefixes_of_others():
+    """10 blocks of 4, watermark 20 % = 2 blocks; request 0 pins a 2-block prefix. A 28-token request with
+    another prefix needs 7 blocks: 7 + 2 pinned fit in 10, but 10 - 2 - 7 = 1 block would stay free, under the
+    watermark: never (the pool cannot keep its watermark even when everything else is gone)."""
+    m = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.2)
+    m.allocate(0, 9, list(range(9)), prefix_len=8)
+    m.free(0)
+    assert m.can_allocate_tokens(28, list(range(100, 128)), prefix_len=8) is AllocStatus.NEVER
+    assert m.can_allocate_tokens(24, list(range(100, 124)), prefix_len=8) is AllocStatus.OK  # 10 - 2 - 6 = 2
+
+
+def test_a_sequence_may_grow_to_exactly_max_model_len():
+    m = BlockManager(block_size=4, num_gpu_blocks=4, max_model_len=6)
+    m.allocate(0, 5)
+    m.append_slot(0)
+    assert m.num_tokens(0) == 6
+    with pytest.raises(ValueError, match="sequence 0 would exceed max_model_len=6"):
+        m.append_slot(0)
+    assert m.num_tokens(0) == 6
+
+
+def test_freeing_twice_names_the_sequence():
+    m = BlockManager(block_size=4, num_gpu_blocks=4)
+    m.allocate(3, 2)
+    m.free(3)
+    with pytest.raises(KeyError, match="sequence 3 has no block table"):
+        m.free(3)
+
+
+def test_never_reason_of_a_request_sharing_a_pinned_prefix_is_the_watermark():
+    """10 blocks of 4, watermark 2 blocks; request 0 pins an 8-token prefix (2 blocks). A 36-token request marking
+    the same prefix needs 9 blocks, 2 of them the pinned ones: 9 <= 10, so no limit on its size is broken, but
+    10 - 9 = 1 block would stay free, under the watermark: never, because of the watermark. A 36-token request
+    with another prefix would need 9 blocks plus the 2 pinned ones: never, because of them."""
+    m = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.2)
+    p = list(range(8))
+    m.allocate(0, 9, p + [50], prefix_len=8)
+    m.free(0)
+    g = SequenceGroup("r", [Sequence(1, p + list(range(60, 88)))], SamplingParams())
+    g.prefix_len = 8
+    assert m.can_allocate(g) is AllocStatus.NEVER
+    assert m.never_reason(g) == "request can never fit in the KV cache (watermark)"
+    h = SequenceGroup("s", [Sequence(2, list(range(100, 136)))], SamplingParams())
+    h.prefix_len = 8
+    assert m.can_allocate(h) is AllocStatus.NEVER
+    assert m.never_reason(h) == ("request of 36 tokens needs 9 blocks of 4, but 2 of the pool's num_gpu_blocks=10 "
+                                 "hold user-marked prefixes it does not share")
+
+
+def test_a_group_may_need_every_block_but_the_watermark():
+    m = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.2)
+    m.check_group_blocks(8, "beam search")
+    with pytest.raises(ValueError, match=r"beam search may need 9 blocks of 4, but the pool has only "
+                                         r"num_gpu_blocks=10 \(2 kept free\)"):
+        m.check_group_blocks(9, "beam search")
+
+
+def test_location_is_the_device_and_length_of_the_table():
+    m = BlockManager(block_size=4, num_gpu_blocks=4, num_cpu_blocks=4)
+    assert m.location(0) is None
+    m.allocate(0, 6)
+    assert m.location(0) == ("gpu", 6)
+    m.swap_out([0])
+    assert m.location(0) == ("cpu", 6)
+
+
+@pytest.mark.parametrize("watermark", [-0.01, 1.0, float("nan")])
+def test_a_watermark_outside_0_1_is_refused(watermark):
+    """A negative watermark would report OK for a prompt larger than the free blocks (the allocation then fails);
+    1 would refuse every request as never fitting."""
+    with pytest.raises(ValueError, match=r"watermark must be a fraction of the pool in \[0, 1\), got"):
+        BlockManager(block_size=4, num_gpu_blocks=4, watermark=watermark)
+    assert BlockManager(block_size=4, num_gpu_blocks=4, watermark=0.0).watermark_blocks == 0
+
+
+# ------------------------------------------------------------------------------------------------ the block pool
+def test_pool_limits_and_messages():
+    """A pool refuses a negative size or an empty block; sharing a free block and exhausting the pool are errors
+    naming the device ("gpu" by default); ``decref`` says whether it freed the block."""
+    with pytest.raises(ValueError, match="num_blocks must be >= 0, got -1"):
+        BlockPool(-1, 4)
+    with pytest.raises(ValueError, match="block_size must be > 0, got 0"):
+        BlockPool(2, 0)
+    p = BlockPool(2, 4)
+    with pytest.raises(RuntimeError, match="gpu block 0 is free; cannot share it"):
+        p.incref(0)
+    assert (p.allocate(), p.allocate()) == (0, 1)
+    with pytest.raises(NoFreeBlocksError, match="all 2 gpu blocks are in use"):
+        p.allocate()
+    p.incref(0)
+    assert p.decref(0) is False and p.decref(0) is True and p.num_free == 1
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    (lambda p: p.ref_counts.__setitem__(0, 1), "a used block is free"),
+    (lambda p: (p._free.remove(1), p._evictable.__setitem__(1, None)), "an evictable block has no hash"),
+    (lambda p: p.block_hash.__setitem__(0, b"h"), "a plain free block still has a hash"),
+    (lambda p: (p.allocate(), p.cached.__setitem__(b"h", 0)), "prefix cache maps disagree"),
+])
+def test_pool_check_names_the_broken_invariant(corrupt, message):
+    p = BlockPool(2, 4)
+    p.check()
+    corrupt(p)
+    with pytest.raises(AssertionError, match=f"^{message}$"):
+        p.check()

@@ -6,7 +6,7 @@ from pagedattn.config import SchedulerConfig
 from pagedattn.memory import BlockManager
 from pagedattn.memory.accounting import breakdown
 from pagedattn.memory.contiguous import ContiguousKVManager
-from pagedattn.scheduler import Scheduler
+from pagedattn.scheduler import Scheduler, _add_moves
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
 from pagedattn.sim import SYSTEMS, make_kv_manager, simulate
 from pagedattn.workloads import TraceRequest, make_trace
@@ -232,3 +232,86 @@ def test_shares_without_memory_bound_steps_are_nan_not_an_average():
     assert not r.steps["memory_bound"].any()
     assert all(math.isnan(v) for v in r.shares().values())
     assert sum(r.shares(memory_bound_only=False).values()) == pytest.approx(100)
+
+
+def test_prefill_token_budget_is_inclusive_and_continuous_batching_admits_beside_running_groups():
+    """max_num_batched_tokens = 12, four 4-token prompts: the first three fill the budget exactly (4 + 4 + 4 = 12)
+    and the fourth waits; the next step admits it while the three run (continuous batching), and marks every
+    scheduled sequence's tokens computed."""
+    kv = BlockManager(block_size=4, num_gpu_blocks=40, watermark=0.0)
+    s = Scheduler(SchedulerConfig(max_num_seqs=10, max_num_batched_tokens=12, max_model_len=64), kv)
+    gs = [group(i, 4) for i in range(4)]
+    for g in gs:
+        s.add(g)
+    out = s.schedule()
+    assert out.prefill_groups == gs[:3] and out.num_batched_tokens == 12
+    s.mark_computed(out)
+    assert [g.seqs[0].num_computed_tokens for g in gs] == [4, 4, 4, 0]
+    out = s.schedule()
+    assert out.prefill_groups == gs[3:] and s.running == gs
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_static_batching_admits_only_when_the_whole_batch_is_done(static):
+    """Two seats, three requests: r0 and r1 start; r0 finishes (``free_finished`` returns it). Continuous batching
+    (the default) admits r2 into the free seat at once; static batching waits for r1 too."""
+    kv = BlockManager(block_size=4, num_gpu_blocks=20, watermark=0.0)
+    cfg = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=100, max_model_len=64)
+    s = Scheduler(cfg, kv, static_batching=True) if static else Scheduler(cfg, kv)
+    gs = [group(i, 4) for i in range(3)]
+    for g in gs:
+        s.add(g)
+    assert s.schedule().prefill_groups == gs[:2]
+    gs[0].seqs[0].finish("stop")
+    assert s.free_finished() == [gs[0]] and s.running == [gs[1]]
+    out = s.schedule()
+    if static:
+        assert not out.prefill_groups and out.decode_groups == [gs[1]]
+    else:
+        assert out.prefill_groups == [gs[2]]
+
+
+def test_a_waiting_group_with_a_finished_sample_takes_seats_for_its_waiting_samples_only():
+    """Two seats; r0 runs. r1 (two samples, one finished before a recomputation) waits with one waiting sample:
+    it takes the one free seat, and its finished sample stays finished."""
+    kv = BlockManager(block_size=4, num_gpu_blocks=20, watermark=0.0)
+    s = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=100, max_model_len=64), kv)
+    s.add(group(0, 4))
+    s.schedule()
+    g = group(1, 4, n=2)
+    g.seqs[1].finish("stop")
+    s.add(g)
+    assert s.schedule().prefill_groups == [g]
+    assert [q.status for q in g.seqs] == ["running", "finished"]
+
+
+def test_swapped_groups_come_back_before_any_admission_and_up_to_max_num_seqs():
+    """Three seats; four swapped groups (r0 with a finished sample) and a waiting one, all fitting in the pool. No
+    new request is admitted while groups are swapped out; r0 (one swapped sample), r1 and r2 come back and fill the
+    three seats exactly, running (r0's finished sample stays finished); r3 stays swapped."""
+    kv = BlockManager(block_size=4, num_gpu_blocks=20, num_cpu_blocks=20, watermark=0.0)
+    s = Scheduler(SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=100, max_model_len=64,
+                                  preemption_mode="swap"), kv)
+    gs = [group(0, 2, n=2)] + [group(i, 2) for i in range(1, 4)]
+    for g in gs:
+        kv.allocate_group(g)
+        g.set_status("waiting", "running")
+    gs[0].seqs[1].finish("stop")
+    kv.free_seq(gs[0].seqs[1])
+    for g in gs:
+        kv.swap_out_group(g)
+        g.set_status("running", "swapped")
+        s.swapped.append(g)
+    s.add(group(5, 2))
+    out = s.schedule()
+    assert not out.prefill_groups and out.decode_groups == gs[:3] and list(s.swapped) == gs[3:]
+    assert [q.status for q in gs[0].seqs] == ["running", "finished"]
+    assert all(g.seqs[0].status == "running" for g in gs[1:3]) and gs[3].seqs[0].status == "swapped"
+
+
+def test_a_block_moved_twice_in_one_step_is_an_error():
+    moves = {1: 5}
+    _add_moves(moves, {2: 6})
+    assert moves == {1: 5, 2: 6}
+    with pytest.raises(RuntimeError, match=r"blocks \[2\] moved twice in one step"):
+        _add_moves(moves, {2: 7, 3: 8})

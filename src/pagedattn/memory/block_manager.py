@@ -80,6 +80,8 @@ class BlockManager:
         check_block_size(block_size)
         if num_gpu_blocks <= 0:
             raise ValueError(f"num_gpu_blocks must be > 0, got {num_gpu_blocks}")
+        if not 0.0 <= watermark < 1.0:
+            raise ValueError(f"watermark must be a fraction of the pool in [0, 1), got {watermark}")
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.gpu = BlockPool(num_gpu_blocks, block_size, "gpu")
