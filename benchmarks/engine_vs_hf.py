@@ -11,7 +11,8 @@ EOS ignored, one torch thread. Two workloads:
   HF ``generate()`` runs static batches of ``--var-batch`` requests in order, each until its longest output.
 
 The same run measures this machine's limits on one thread (copy bandwidth over a buffer larger than the L2, fp32
-matmul GFLOP/s), and from them each decode step's roofline: ``max(bytes / bandwidth, FLOPs / GFLOP/s)`` with
+matmul GFLOP/s) at the start of every repeat (they drift on a shared host: 8.4-13.5 GB/s within one afternoon), and
+from each repeat's, each decode step's roofline in that repeat: ``max(bytes / bandwidth, FLOPs / GFLOP/s)`` with
 bytes = the weights read (every linear layer and the LM head, plus the batch's embedding rows) + the K/V read
 (every context token, every layer) and FLOPs = ``2 x batch x linear parameters`` + attention. Ours is reported as a
 multiple of it per decode step; HF ``generate()``'s decode step is ``(t(N tokens) - t(1 token)) / (N - 1)``.
@@ -208,8 +209,8 @@ def bench_fixed(hf, costs, machine, batch: int, a, loads: list) -> dict:
         run_hf_cb(hf, warm, [4] * len(warm), len(warm))
     reps = []
     for _ in range(a.repeats):
-        r = {"ours": run_ours(llm, prompts, out_lens), "hf_generate": run_hf_generate(hf, prompts, a.output_len),
-             "hf_generate_1": run_hf_generate(hf, prompts, 1)}
+        r = {"machine": measure_machine(), "ours": run_ours(llm, prompts, out_lens),
+             "hf_generate": run_hf_generate(hf, prompts, a.output_len), "hf_generate_1": run_hf_generate(hf, prompts, 1)}
         if llm_torch is not None:
             r["ours_torch_attention"] = run_ours(llm_torch, prompts, out_lens)
         if not a.no_cb:
@@ -228,7 +229,8 @@ def bench_variable(hf, costs, machine, a, loads: list) -> dict:
     run_ours(llm, prompts[:2], [4, 4])
     reps = []
     for _ in range(a.var_repeats):
-        r = {"ours": run_ours(llm, prompts, out_lens), "hf_generate": run_hf_static(hf, prompts, out_lens, batch)}
+        r = {"machine": measure_machine(), "ours": run_ours(llm, prompts, out_lens),
+             "hf_generate": run_hf_static(hf, prompts, out_lens, batch)}
         if not a.no_cb:
             r["hf_continuous_batching"] = run_hf_cb(hf, prompts, out_lens, batch)
         reps.append(r)
@@ -245,16 +247,21 @@ def summarise(reps: list[dict], costs, machine, prompts, batch: int, fixed_out: 
     systems = [k for k in ("ours", "hf_generate", "hf_continuous_batching", "ours_torch_attention") if k in reps[0]]
     useful = sum(len(t) for t in reps[0]["ours"]["tokens"])
     plens = [len(p) for p in prompts]
-    # the run's roofline: one prefill of every prompt + our engine's decode steps (its batches and contexts)
+    # the run's roofline: one prefill of every prompt + our engine's decode steps (its batches and contexts, the same
+    # in every repeat), at the machine's limits measured at the start of each repeat (they drift on a shared host)
     steps = reps[0]["ours"]["steps"]
-    roof_decode = [decode_roofline(costs, machine, b, ctx) for kind, b, ctx, *_ in steps if kind == "decode"]
-    roof_run = prefill_roofline(costs, machine, plens) + sum(r["seconds"] for r in roof_decode)
+
+    def roof_run(m: dict) -> float:
+        return prefill_roofline(costs, m, plens) + sum(decode_roofline(costs, m, b, ctx)["seconds"]
+                                                         for kind, b, ctx, *_ in steps if kind == "decode")
+    roofs = [roof_run(r["machine"]) for r in reps]
     row = {"batch_size": batch, "num_prompts": len(prompts), "generated_tokens": useful,
            "prompt_len": {"mean": sum(plens) / len(plens), "min": min(plens), "max": max(plens)},
-           "roofline_run_seconds": roof_run,
+           "machine_per_repeat": [{k: r["machine"][k] for k in ("copy_gb_per_s", "matmul_gflop_per_s")} for r in reps],
+           "roofline_run_seconds": spread(roofs),
            "tokens_per_cpu_s": {k: spread([useful / r[k]["cpu"] for r in reps]) for k in systems},
            "tokens_per_wall_s": {k: spread([useful / r[k]["wall"] for r in reps]) for k in systems},
-           "run_roofline_multiple": {k: spread([r[k]["cpu"] / roof_run for r in reps]) for k in systems},
+           "run_roofline_multiple": {k: spread([r[k]["cpu"] / x for r, x in zip(reps, roofs)]) for k in systems},
            "speedup_cpu": {f"vs_{k}": spread([r[k]["cpu"] / r["ours"]["cpu"] for r in reps]) for k in systems[1:]},
            "speedup_wall": {f"vs_{k}": spread([r[k]["wall"] / r["ours"]["wall"] for r in reps]) for k in systems[1:]},
            "tokens_equal_hf_generate": min(tokens_equal(r["ours"]["tokens"], r["hf_generate"]["tokens"]) for r in reps),
@@ -263,13 +270,13 @@ def summarise(reps: list[dict], costs, machine, prompts, batch: int, fixed_out: 
            "tokens_equal_vs_hf_generate": {k: min(tokens_equal(r[k]["tokens"], r["hf_generate"]["tokens"])
                                                   for r in reps) for k in systems if k != "hf_generate"}}
     # our decode steps at the full batch: CPU time per step over its roofline; engine share outside the forward
-    full = [[(cpu, decode_roofline(costs, machine, b, ctx)["seconds"], fwd, st)
+    full = [[(cpu, decode_roofline(costs, r["machine"], b, ctx)["seconds"], fwd, st)
              for kind, b, ctx, fwd, st, cpu in r["ours"]["steps"] if kind == "decode" and b == batch] for r in reps]
     if full[0]:
         row["ours_full_batch_decode"] = {
             "steps_per_run": len(full[0]),
             "step_ms": spread([1e3 * statistics.median(c for c, *_ in f) for f in full]),
-            "roofline_ms": 1e3 * statistics.median(x for _, x, *_ in full[0]),
+            "roofline_ms": 1e3 * statistics.median(statistics.median(x for _, x, *_ in f) for f in full),
             "roofline_multiple": spread([statistics.median(c / x for c, x, *_ in f) for f in full]),
             "outside_forward_share": spread([1 - sum(x[2] for x in f) / sum(x[3] for x in f) for f in full])}
         bound = decode_roofline(costs, machine, batch, steps[-1][2])["bound"]
@@ -277,8 +284,8 @@ def summarise(reps: list[dict], costs, machine, prompts, batch: int, fixed_out: 
     if fixed_out is not None and fixed_out > 1:  # HF generate's decode step from two runs of the same batch
         hf_step = [(r["hf_generate"]["cpu"] - r["hf_generate_1"]["cpu"]) / (fixed_out - 1) for r in reps]
         row["hf_generate_decode"] = {"step_ms": spread([1e3 * x for x in hf_step]),
-                                     "roofline_multiple": spread([x / statistics.median(
-                                         y for _, y, *_ in full[0]) for x in hf_step])}
+                                     "roofline_multiple": spread([x / statistics.median(y for _, y, *_ in f)
+                                                                  for x, f in zip(hf_step, full)])}
     return row
 
 
@@ -404,7 +411,8 @@ def write(a, machine, costs, loads, rows, var, complete: bool) -> dict:
                             "repeats": a.repeats, "var_repeats": a.var_repeats,
                             "timing": "process CPU seconds (wall beside), systems interleaved within each repeat; "
                                       "median [min-max] over repeats; speedups are per-repeat ratios"},
-               "roofline": "per decode step max(bytes / copy bandwidth, FLOPs / matmul rate); bytes = weights "
+               "roofline": "per decode step max(bytes / copy bandwidth, FLOPs / matmul rate), at the limits measured "
+                           "at the start of each repeat (machine: the run's first measurement); bytes = weights "
                            "(linear layers, norms, batch embedding rows) + K/V of every context token; the run's "
                            "roofline adds one prefill of every prompt to our engine's decode steps",
                "engine": {"block_size": 16, "attention_backend": kernels.get_backend("auto").name,
