@@ -59,6 +59,17 @@ def test_inputs_are_shuffled_and_shared():
         assert not torch.equal(used.unique(), used[: used.unique().numel()])  # ids not in allocation order
 
 
+def poison_unused_slots(kc, vc, table, lens, block_size) -> None:
+    """Set every cache slot that no sequence's context uses to NaN (the tail of each last block, unreferenced
+    blocks), in place: a kernel that reads one returns NaN."""
+    used = torch.zeros(kc.shape[:2], dtype=torch.bool)
+    for s, n in enumerate(lens):
+        for t in range(n):
+            used[int(table[s, t // block_size]), t % block_size] = True
+    used = used.to(kc.device)
+    kc[~used], vc[~used] = float("nan"), float("nan")
+
+
 def naive_attention_f64(q, kc, vc, table, ctx, scale):
     """The oracle: walk each sequence's block table token by token, in float64."""
     q, kc, vc = q.double().cpu(), kc.double().cpu(), vc.double().cpu()
@@ -125,11 +136,7 @@ def test_reference_buckets_are_exact_and_nan_safe(monkeypatch, bucket_cost):
     gen = _gen("buckets", bucket_cost)
     lens, bs = [37, 0, 5, 64, 16, 17, 3, 48], 8
     q, kc, vc, table, ctx = make_paged(lens, 4, 2, 16, bs, torch.float64, gen)
-    used = torch.zeros(kc.shape[:2], dtype=torch.bool)
-    for s, n in enumerate(lens):
-        for t in range(n):
-            used[int(table[s, t // bs]), t % bs] = True
-    kc[~used], vc[~used] = float("nan"), float("nan")
+    poison_unused_slots(kc, vc, table, lens, bs)
     plan = reference.plan_decode(table, ctx, bs)
     assert len(plan.buckets) == (6 if bucket_cost == 0 else 1)  # block counts 5, 1, 8, 2, 3, 1, 6 -> 6 distinct
     oracle = naive_attention_f64(q, kc, vc, table, ctx, 0.25)
@@ -181,11 +188,7 @@ def test_cpu_kernel_compiled_head_dims_nan_safe(cpu_kernel, head_dim):
     gen = _gen("cpu-head-dims", head_dim)
     lens, bs = [37, 0, 5, 64, 16, 129], 16
     q, kc, vc, table, ctx = make_paged(lens, 8, 2, head_dim, bs, torch.float64, gen)
-    used = torch.zeros(kc.shape[:2], dtype=torch.bool)
-    for s, n in enumerate(lens):
-        for t in range(n):
-            used[int(table[s, t // bs]), t % bs] = True
-    kc[~used], vc[~used] = float("nan"), float("nan")
+    poison_unused_slots(kc, vc, table, lens, bs)
     for scale in (head_dim ** -0.5, 2.0):
         oracle = naive_attention_f64(q, kc, vc, table, ctx, scale)
         assert rel_err(cpu_kernel(q, kc, vc, table, ctx, scale), oracle) < 1e-12
@@ -333,12 +336,7 @@ def test_unused_cache_slots_may_hold_nan(backend):
     lens, bs = [13, 30, 5], 8
     q, kc, vc, table, ctx = make_paged(lens, 4, 2, 16, bs, torch.float32, gen, share=False)
     oracle = naive_attention_f64(q, kc, vc, table, ctx, 0.25)
-    used = torch.zeros(kc.shape[:2], dtype=torch.bool)
-    for s, n in enumerate(lens):
-        for t in range(n):
-            used[int(table[s, t // bs]), t % bs] = True
-    kc[~used.to(DEVICE)] = float("nan")
-    vc[~used.to(DEVICE)] = float("nan")
+    poison_unused_slots(kc, vc, table, lens, bs)
     kw = {"split_kv": True, "partition_size": 16} if backend == "triton" else {}
     out = ops.paged_attention(q, kc, vc, table, ctx, 0.25, **kw)
     assert torch.isfinite(out).all()
@@ -374,11 +372,7 @@ def test_cpu_kernel_property_nan_safe(cpu_kernel, case):
     q, kc, vc, table, ctx = make_paged(case["lens"], 4, case["num_kv_heads"], case["head_dim"], case["block_size"],
                                        torch.float64, gen)
     oracle = naive_attention_f64(q, kc, vc, table, ctx, 0.3)
-    used = torch.zeros(kc.shape[:2], dtype=torch.bool)
-    for s, n in enumerate(case["lens"]):
-        for t in range(n):
-            used[int(table[s, t // case["block_size"]]), t % case["block_size"]] = True
-    kc[~used], vc[~used] = float("nan"), float("nan")
+    poison_unused_slots(kc, vc, table, case["lens"], case["block_size"])
     out = cpu_kernel(q, kc, vc, table, ctx, 0.3)
     assert torch.isfinite(out).all() and rel_err(out, oracle) < 1e-12
 

@@ -109,9 +109,8 @@ class BlockManager:
 
     def block_table(self, seq_id: int, num_tokens: int | None = None) -> list[int]:
         blocks = self.tables[seq_id].blocks
-        if num_tokens is None or len(blocks) * self.block_size < num_tokens + self.block_size:
-            return blocks  # a paged table holds no block past its tokens: the usual case, no copy
-        return blocks[:-(-num_tokens // self.block_size)]
+        need = len(blocks) if num_tokens is None else -(-num_tokens // self.block_size)
+        return blocks if len(blocks) <= need else blocks[:need]  # usually all of them: no copy
 
     def num_tokens(self, seq_id: int) -> int:
         return self.tables[seq_id].num_tokens
