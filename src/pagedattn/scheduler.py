@@ -110,13 +110,16 @@ class Scheduler:
         """Free the blocks of finished sequences; drop and return the groups that are done."""
         done = []
         for g in self.running:
+            finished = 0
             for s in g.seqs:
-                if s.is_finished():
+                if s.status == "finished":
                     self.kv.free_seq(s)
-            if g.is_finished():
+                    finished += 1
+            if finished == len(g.seqs):
                 done.append(g)
         if done:
-            self.running = [g for g in self.running if not g.is_finished()]
+            gone = set(map(id, done))
+            self.running = [g for g in self.running if id(g) not in gone]
         return done
 
     # ------------------------------------------------------------------------------------------- scheduling
@@ -135,7 +138,7 @@ class Scheduler:
 
     def _schedule_prefills(self, out: SchedulerOutputs) -> None:
         num_tokens = 0
-        num_seqs = self.num_running_seqs()
+        num_seqs = None  # counted when a group could be admitted (most steps admit none: a scan saved)
         while self.waiting:
             g = self.waiting[0]
             status = self.kv.can_allocate(g)
@@ -149,6 +152,8 @@ class Scheduler:
             tokens = seqs[0].get_len()
             if out.prefill_groups and num_tokens + tokens > self.config.max_num_batched_tokens:
                 break
+            if num_seqs is None:
+                num_seqs = self.num_running_seqs()
             if num_seqs + len(seqs) > self.config.max_num_seqs:
                 break
             self.waiting.popleft()
@@ -164,16 +169,19 @@ class Scheduler:
     def _schedule_decodes(self, out: SchedulerOutputs) -> None:
         queue = deque(self.running)  # FCFS priority: earliest arrival first
         running: list[SequenceGroup] = []
+        can_append, append = self.kv.can_append_slots, self.kv.append_slots
         while queue:
             g = queue.popleft()
-            while not self.kv.can_append_slots(g):
+            while not can_append(g):
                 if queue:  # preempt the lowest-priority group (the latest arrival) ...
                     self._preempt(queue.pop(), out)
                 else:  # ... or this one, when it is the last
                     self._preempt(g, out)
                     break
             else:
-                out.blocks_to_copy += self.kv.append_slots(g)
+                copies = append(g)
+                if copies:
+                    out.blocks_to_copy += copies
                 running.append(g)
         self.running = running
         if not out.preempted:
@@ -182,6 +190,8 @@ class Scheduler:
 
     def _schedule_swap_ins(self, out: SchedulerOutputs) -> None:
         """Swapped groups come back in FCFS order as soon as their blocks fit (§4.5)."""
+        if not self.swapped:
+            return
         num_seqs = self.num_running_seqs()
         while self.swapped:
             g = self.swapped[0]

@@ -218,10 +218,20 @@ class SequenceGroup:
         return self.seqs[0].get_prompt_len() + self.sampling_params.max_tokens
 
     def get_seqs(self, status: Status | None = None) -> list[Sequence]:
-        return self.seqs if status is None else [s for s in self.seqs if s.status == status]
+        """The group's sequences, or those in ``status`` (a new list; the one-sequence case, most requests, skips
+        the scan: the scheduler asks this of every running group several times per step)."""
+        if status is None:
+            return self.seqs
+        if len(self.seqs) == 1:
+            s = self.seqs[0]
+            return [s] if s.status == status else []
+        return [s for s in self.seqs if s.status == status]
 
     def is_finished(self) -> bool:
-        return all(s.is_finished() for s in self.seqs)
+        for s in self.seqs:
+            if s.status != "finished":
+                return False
+        return True
 
     def set_status(self, old: Status, new: Status) -> None:
         for s in self.get_seqs(old):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -27,7 +27,6 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from pagedattn.config import OPT_13B, ModelSpec, SchedulerConfig, blocks_needed, paper_slots
-from pagedattn.memory.accounting import breakdown, max_request_waste
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.scheduler import Scheduler, SchedulerOutputs
@@ -108,8 +107,12 @@ class CostModel:
         swap = self.swap_time(len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out), block_size)
         if out.prefill_groups:
             return self.prefill_time(out.num_batched_tokens) + swap
-        seqs = [s for g in out.decode_groups for s in g.get_seqs("running")]
-        return self.decode_time(len(seqs), sum(s.get_len() for s in seqs)) + swap
+        num_seqs = context = 0
+        for g in out.decode_groups:
+            for s in g.get_seqs("running"):
+                num_seqs += 1
+                context += len(s.token_ids)
+        return self.decode_time(num_seqs, context) + swap
 
 
 #: Mean distinct parents among a beam group's ``k`` next beams per step, by beam width, measured on the real engine:
@@ -271,6 +274,32 @@ class SimResult:
         return len(self.requests) / self.duration
 
 
+class StepRecords:
+    """A replay's per-step records: one tuple per step (no dict per step), turned into columns and a ``DataFrame``
+    once at the end, one row per step of ``SimResult.steps``."""
+
+    COLUMNS = ("step", "time", "dt", "kind", "num_running", "num_batched", "num_waiting", "num_swapped",
+               "memory_bound", "max_request_waste", "token_states", "reserved", "internal", "external")
+    SHARING = ("physical_blocks", "logical_blocks")  # paged only: Fig. 15's blocks with and without sharing
+
+    def __init__(self, paged: bool) -> None:
+        self.paged = paged
+        self.rows: list[tuple] = []
+
+    def add(self, step: int, time: float, dt: float, prefill: bool, num_running: int, num_batched: int,
+            num_waiting: int, num_swapped: int, memory_bound: bool, stats) -> None:
+        row = (step, time, dt, "prefill" if prefill else "decode", num_running, num_batched, num_waiting,
+               num_swapped, memory_bound, stats.max_request_waste, stats.token_states, stats.reserved,
+               stats.internal, stats.external)
+        self.rows.append(row + (stats.physical_blocks, stats.logical_blocks) if self.paged else row)
+
+    def frame(self) -> pd.DataFrame:
+        if not self.rows:
+            return pd.DataFrame()
+        names = self.COLUMNS + (self.SHARING if self.paged else ())
+        return pd.DataFrame({name: list(col) for name, col in zip(names, zip(*self.rows))})
+
+
 def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | None = None, block_size: int = 16,
              cost: CostModel | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096,
              max_model_len: int = 2048, preemption_mode: str = "recompute", num_cpu_blocks: int = 0,
@@ -301,8 +330,9 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     pending = sorted(trace, key=lambda r: r.arrival_time)
     target: dict[int, int] = {}  # seq_id -> output length from the trace
     final_len: dict[int, int] = {}  # seq_id -> prompt + output (its final KV length)
+    stop_len: dict[int, int] = {}  # seq_id -> its token count once its output is done
     groups: list[SequenceGroup] = []
-    rows: list[dict] = []
+    rows = StepRecords(paged=system == "paged")
     rng = np.random.default_rng(seed)
     trace_outputs = np.array([r.output_len for r in trace])
     now, i, step, next_seq, computed, copied = 0.0, 0, 0, 0, 0, 0
@@ -324,6 +354,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
             g.prefix_len = (prefix_lens or {}).get(r.request_id, 0)
             for s, out_len in zip(seqs, lens):
                 target[s.seq_id], final_len[s.seq_id] = out_len, r.prompt_len + out_len
+                stop_len[s.seq_id] = len(tokens) + out_len
             next_seq += n
             groups.append(g)
             sched.add(g)
@@ -351,25 +382,19 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                 dt += cost.prefill_time(charged) - cost.prefill_time(out.num_batched_tokens)
         running = out.scheduled_groups
         if record_steps:
-            b = breakdown(kv, final_len)
             head = sched.waiting[0] if sched.waiting else None
-            rows.append({"step": step, "time": now, "dt": dt, "kind": "prefill" if out.is_prefill else "decode",
-                         "num_running": len(sched.running), "num_batched": len(running),
-                         "num_waiting": len(sched.waiting), "num_swapped": len(sched.swapped),
-                         # memory-bound: a request waits although the scheduler would admit it but for memory
-                         "memory_bound": head is not None and head.metrics.arrival_time <= now
-                         and len(sched.running) < max_num_seqs,
-                         "max_request_waste": max_request_waste(kv), **asdict(b),
-                         **({"physical_blocks": kv.num_used_gpu_blocks - len(kv.pinned),
-                             "logical_blocks": kv.num_logical_blocks()} if system == "paged" else {})})
+            # memory-bound: a request waits although the scheduler would admit it but for memory
+            bound = head is not None and head.metrics.arrival_time <= now and len(sched.running) < max_num_seqs
+            rows.add(step, now, dt, out.is_prefill, len(sched.running), len(running), len(sched.waiting),
+                     len(sched.swapped), bound, kv.stats(final_len))
         now += dt
         step += 1
         for g in running:
+            if g.metrics.first_token_time is None:
+                g.metrics.first_token_time = now
             for s in g.get_seqs("running"):
                 s.append_token(0)
-                if g.metrics.first_token_time is None:
-                    g.metrics.first_token_time = now
-                if s.get_output_len() >= target[s.seq_id]:
+                if len(s.token_ids) >= stop_len[s.seq_id]:  # its output reached the trace's length
                     s.finish("length")
             if g.is_finished():
                 g.metrics.finish_time = now
@@ -385,5 +410,4 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                           "prompt_len": g.seqs[0].get_prompt_len(), "output_len": target[g.seqs[0].seq_id],
                           "total_output_len": sum(target[s.seq_id] for s in g.seqs),
                           "error": g.error} for g in groups])
-    hit = kv.prefix_hit_rate if system == "paged" and kv.prefix_queries else None
-    return SimResult(system, pd.DataFrame(rows), reqs, dict(sched.num_preemptions), hit, computed)
+    return SimResult(system, rows.frame(), reqs, dict(sched.num_preemptions), kv.stats().prefix_hit_rate, computed)

@@ -12,9 +12,11 @@ end: prompt + output tokens). Shared physical blocks (§4.4) are counted once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from pagedattn.memory.block_manager import BlockManager
-from pagedattn.memory.contiguous import ContiguousKVManager
+if TYPE_CHECKING:
+    from pagedattn.memory.block_manager import BlockManager
+    from pagedattn.memory.contiguous import ContiguousKVManager
 
 KINDS = ("token_states", "reserved", "internal", "external")
 
@@ -27,52 +29,98 @@ class SlotBreakdown:
     external: int
 
 
+@dataclass(frozen=True)
+class KVStats:
+    """One snapshot of a KV manager's device memory, what the simulator records every step and the experiments
+    read (``KVManager.stats``): Fig. 2's four kinds of slot (§3), the most slots one request wastes (§4.2: under
+    one block when paged), and for a paged manager the blocks that Fig. 15's sharing saving compares (§4.4):
+    ``physical_blocks`` held by sequences (the pinned prefixes' blocks, held by the manager, excluded) and
+    ``logical_blocks``, what the device-resident sequences would hold without sharing. ``prefix_hit_rate``: the
+    share of looked-up full prompt blocks found in the prefix cache, None when none was looked up (or the manager
+    has no prefix cache). A contiguous manager has no blocks to share: those fields are None."""
+
+    token_states: int
+    reserved: int
+    internal: int
+    external: int
+    max_request_waste: int
+    physical_blocks: int | None = None
+    logical_blocks: int | None = None
+    prefix_hit_rate: float | None = None
+
+    @property
+    def breakdown(self) -> SlotBreakdown:
+        return SlotBreakdown(self.token_states, self.reserved, self.internal, self.external)
+
+
 def breakdown(manager: BlockManager | ContiguousKVManager, final_len: dict[int, int]) -> SlotBreakdown:
     """The Fig. 2 classification of the manager's device slots right now."""
-    if isinstance(manager, ContiguousKVManager):
-        return _contiguous(manager, final_len)
-    return _paged(manager, final_len)
+    return manager.stats(final_len).breakdown
 
 
-def _paged(m: BlockManager, final_len: dict[int, int]) -> SlotBreakdown:
+def max_request_waste(manager: BlockManager | ContiguousKVManager) -> int:
+    """The most slots any one request holds beyond its tokens (paged: < one block, §4.2; Orca: its reservation's
+    unfilled part, including the buddy block's slack)."""
+    return manager.stats({}).max_request_waste
+
+
+def paged_stats(m: BlockManager, final_len: dict[int, int]) -> KVStats:
+    """``KVStats`` of a ``BlockManager``, in one pass over its device tables when no block is shared (a running
+    replay's usual state; the simulator asks this every step), else counting each shared block once."""
     bs = m.block_size
-    device = [(s, t) for s, t in m.tables.items() if t.device == "gpu"]
-    allocated = m.gpu.num_used * bs
-    if sum(len(t.blocks) for _, t in device) == m.gpu.num_used:  # nothing shared: O(sequences) fast path
-        states = sum(t.num_tokens for _, t in device)
-        ends = sum(min(len(t.blocks) * bs, max(final_len.get(s, t.num_tokens), t.num_tokens)) for s, t in device)
-        return SlotBreakdown(states, ends - states, allocated - ends, m.gpu.num_blocks * bs - allocated)
+    states = ends = nblocks = waste = 0
+    for seq_id, t in m.tables.items():
+        if t.device != "gpu":
+            continue
+        n, size = t.num_tokens, len(t.blocks) * bs
+        nblocks += len(t.blocks)
+        states += n
+        end = final_len.get(seq_id, n)
+        end = n if end < n else end  # a sequence past its final length (never in a replay) fills what it holds
+        ends += size if size < end else end
+        if size - n > waste:
+            waste = size - n
+    used = m.gpu.num_used
+    allocated = used * bs
+    if nblocks != used:  # shared blocks (or pinned prefixes): each physical block counted once
+        states, reserved = _shared_blocks(m, final_len)
+        ends = states + reserved
+    hit = m.prefix_hits / m.prefix_queries if m.prefix_queries else None
+    return KVStats(states, ends - states, allocated - ends, m.gpu.num_blocks * bs - allocated, waste,
+                   used - len(m.pinned), nblocks, hit)
+
+
+def _shared_blocks(m: BlockManager, final_len: dict[int, int]) -> tuple[int, int]:
+    """Token-state and reserved slots when blocks are shared: a block's slots are filled (or will be) as far as its
+    furthest sharer fills them."""
+    bs = m.block_size
     filled: dict[int, int] = {}  # physical block -> slots holding tokens
     future: dict[int, int] = {}  # physical block -> slots that some sharer will still fill
-    for seq_id, t in device:
+    for seq_id, t in m.tables.items():
+        if t.device != "gpu":
+            continue
         end = max(final_len.get(seq_id, t.num_tokens), t.num_tokens)
         for i, b in enumerate(t.blocks):
             lo = i * bs
             filled[b] = max(filled.get(b, 0), min(bs, max(0, t.num_tokens - lo)))
             future[b] = max(future.get(b, 0), min(bs, max(0, end - lo)))
     states = sum(filled.values())
-    reserved = sum(future[b] - filled[b] for b in filled)
-    return SlotBreakdown(states, reserved, allocated - states - reserved, m.gpu.num_blocks * bs - allocated)
+    return states, sum(future[b] - filled[b] for b in filled)
 
 
-def _contiguous(m: ContiguousKVManager, final_len: dict[int, int]) -> SlotBreakdown:
-    states = reserved = internal = 0
+def contiguous_stats(m: ContiguousKVManager, final_len: dict[int, int]) -> KVStats:
+    """``KVStats`` of a ``ContiguousKVManager``: a reservation's slots beyond its tokens are reserved up to the
+    request's final length and internal fragmentation after it; a buddy block's rounding slack is external."""
+    exact = m.placement == "exact"
+    states = reserved = internal = waste = 0
     for seq_id, r in m.tables.items():
-        end = min(max(final_len.get(seq_id, r.num_tokens), r.num_tokens), r.reserved)
-        states += r.num_tokens
-        reserved += end - r.num_tokens
-        internal += r.reserved - end
-    return SlotBreakdown(states, reserved, internal, m.total_slots - states - reserved - internal)
-
-
-def max_request_waste(manager: BlockManager | ContiguousKVManager) -> int:
-    """The most slots any one request holds beyond its tokens (paged: < one block, §4.2; Orca: its reservation's
-    unfilled part, including the buddy block's slack)."""
-    if isinstance(manager, ContiguousKVManager):
-        from pagedattn.memory.contiguous import next_pow2
-
-        exact = manager.placement == "exact"
-        return max(((r.reserved if exact else next_pow2(r.reserved)) - r.num_tokens
-                    for r in manager.tables.values()), default=0)
-    bs = manager.block_size
-    return max((len(t.blocks) * bs - t.num_tokens for t in manager.tables.values() if t.device == "gpu"), default=0)
+        n, size = r.num_tokens, r.reserved
+        end = final_len.get(seq_id, n)
+        end = n if end < n else size if end > size else end  # min(max(final, n), size)
+        states += n
+        reserved += end - n
+        internal += size - end
+        w = (size if exact else 1 << max(0, (size - 1).bit_length())) - n  # the buddy block: next_pow2(size)
+        if w > waste:
+            waste = w
+    return KVStats(states, reserved, internal, m.total_slots - states - reserved - internal, waste)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from pagedattn.config import blocks_needed, check_block_size
+from pagedattn.memory.accounting import KVStats, paged_stats
 from pagedattn.memory.block_pool import BlockPool, NoFreeBlocksError
 from pagedattn.memory.interface import AllocStatus, BlockCopies
 
@@ -146,6 +147,11 @@ class BlockManager:
     def prefix_hit_rate(self) -> float:
         """Share of looked-up full prompt blocks that were found in the prefix cache."""
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+    def stats(self, final_len: dict[int, int] | None = None) -> KVStats:
+        """A snapshot of the device memory (``memory.accounting.KVStats``); ``final_len[seq_id]``: each sequence's
+        KV length at its end, where known (what tells reserved slots from internal fragmentation)."""
+        return paged_stats(self, final_len or {})
 
     def num_logical_blocks(self) -> int:
         """Blocks the device-resident sequences would hold without sharing (paper Fig. 15's denominator)."""
@@ -430,7 +436,11 @@ class BlockManager:
         return []
 
     def can_append_slots(self, group) -> bool:
-        need = sum(self.needs_new_block(s.seq_id) for s in group.get_seqs(status="running"))
+        need, bs, refs = 0, self.block_size, self.gpu.ref_counts
+        for s in group.get_seqs(status="running"):  # needs_new_block, inlined: the scheduler asks this per step
+            t = self.tables[s.seq_id]
+            if t.num_tokens % bs == 0 or refs[t.blocks[-1]] > 1:
+                need += 1
         return need <= self.gpu.num_free
 
     def append_slots(self, group) -> list[tuple[int, int]]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pagedattn.memory.interface import AllocStatus, BlockCopies, BlockMoves
+from pagedattn.memory.accounting import KVStats, contiguous_stats
 
 Policy = Literal["max", "pow2", "oracle"]
 
@@ -253,6 +254,10 @@ class ContiguousKVManager:
     def cache_layout(self) -> tuple[int, int, int]:
         return self.total_slots, self.block_size, 0
 
+    def stats(self, final_len: dict[int, int] | None = None) -> KVStats:
+        """A snapshot of the device memory (``memory.accounting.KVStats``; see ``BlockManager.stats``)."""
+        return contiguous_stats(self, final_len or {})
+
     def num_filled_slots(self) -> int:
         return sum(r.num_tokens for r in self.tables.values())
 
@@ -265,8 +270,11 @@ class ContiguousKVManager:
         return copies
 
     def can_append_slots(self, group) -> bool:
-        return all(self.tables[s.seq_id].num_tokens < self.tables[s.seq_id].reserved
-                   for s in group.get_seqs(status="running"))
+        for s in group.get_seqs(status="running"):
+            r = self.tables[s.seq_id]
+            if r.num_tokens >= r.reserved:
+                return False
+        return True
 
     def append_slots(self, group) -> list[tuple[int, int]]:
         for s in group.get_seqs(status="running"):

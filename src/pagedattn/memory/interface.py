@@ -11,7 +11,10 @@ Sequence groups and sequences are duck-typed (``group.get_seqs(status)``, ``grou
 from __future__ import annotations
 
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from pagedattn.memory.accounting import KVStats
 
 BlockCopies = list[tuple[int, int]]  # (src, dst) device blocks the executor copies before the forward pass
 BlockMoves = dict[int, int]  # {src block: dst block} between the device and the CPU pool
@@ -96,6 +99,11 @@ class KVManager(Protocol):
 
     def num_filled_slots(self) -> int:
         """Device slots holding a token's K/V, a shared slot counted once."""
+
+    def stats(self, final_len: dict[int, int] | None = None) -> KVStats:
+        """A snapshot of the device memory: Fig. 2's kinds of slot, the largest waste of one request, the blocks
+        sharing saves and the prefix hit rate (``memory.accounting.KVStats``). ``final_len[seq_id]``: a sequence's
+        KV length at its end, where known."""
 
     def check_invariants(self) -> None:
         """Assert the manager's own invariants (tests call it after every step)."""

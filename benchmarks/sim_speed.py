@@ -1,0 +1,94 @@
+"""How fast one paper-scale replay runs (issue 26): this tree's simulator against another commit's, side by side.
+
+The replay is the one the issue measured: 1,000 real ShareGPT requests at 5 req/s, OPT-13B on an A100-40GB (15.7K
+slots), step records on, for the paged system and for Orca (Oracle). The other commit is exported with
+``git archive`` into a temporary folder, and each round runs one replay of each tree in a fresh subprocess
+(``PYTHONPATH`` pointing at that tree's ``src``), the two in alternating order, so that load on a shared machine
+hits both alike. Each replay's time is the child's CPU time (``time.process_time``) around ``simulate``; the
+fastest of the rounds is reported, and the ratio of the fastest times is the speed-up.
+
+    python benchmarks/sim_speed.py --baseline 7c2b051 --rounds 5 [--out results/benchmarks/sim_speed.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from io import BytesIO
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+CHILD = """
+import json, sys, time
+from pagedattn.sim import simulate
+from pagedattn.workloads import make_trace
+trace = make_trace("sharegpt", {n}, {rate}, seed=0)
+t = time.process_time()
+r = simulate(trace, "{system}")
+print(json.dumps({{"cpu_s": time.process_time() - t, "steps": len(r.steps)}}))
+"""
+
+
+def export(ref: str, into: Path) -> Path:
+    """The tree of commit ``ref`` under ``into`` (``git archive``, no work tree or worktree needed)."""
+    blob = subprocess.run(["git", "-C", str(REPO), "archive", ref, "src"], check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(blob)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def replay(src: Path, system: str, n: int, rate: float) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(src / "src"), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", CHILD.format(n=n, rate=rate, system=system)], env=env, check=True,
+                         capture_output=True, text=True, cwd=str(REPO)).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pagedattn.results import hardware_label, today, write_benchmark
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline", required=True, help="the commit to compare with (e.g. the golden-digest commit)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--rate", type=float, default=5.0)
+    ap.add_argument("--out", default=None, help="JSON to write (default: results/benchmarks/sim_speed.json)")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"baseline": export(args.baseline, Path(tmp)), "this tree": REPO}
+        best: dict = {}
+        for i in range(args.rounds):
+            order = list(trees) if i % 2 == 0 else list(reversed(trees))
+            for system in ("paged", "orca_oracle"):
+                for name in order:
+                    got = replay(trees[name], system, args.requests, args.rate)
+                    key = (name, system)
+                    if key not in best or got["cpu_s"] < best[key]["cpu_s"]:
+                        best[key] = got
+            print(f"round {i + 1}: " + ", ".join(f"{k[0]} {k[1]} {v['cpu_s']:.3f} s" for k, v in best.items()),
+                  flush=True)
+    rows = {}
+    for system in ("paged", "orca_oracle"):
+        base, new = best[("baseline", system)], best[("this tree", system)]
+        if base["steps"] != new["steps"]:
+            raise SystemExit(f"{system}: the two trees took different numbers of steps ({base['steps']} vs "
+                             f"{new['steps']}): not the same replay")
+        rows[system] = {"baseline_cpu_s": base["cpu_s"], "cpu_s": new["cpu_s"], "steps": new["steps"],
+                        "speedup": base["cpu_s"] / new["cpu_s"]}
+        print(f"{system:12s} baseline {base['cpu_s']:.3f} s, this tree {new['cpu_s']:.3f} s: "
+              f"{rows[system]['speedup']:.2f}x ({new['steps']} steps)")
+    write_benchmark({"benchmark": "sim_speed", "hardware": hardware_label(), "date": today(),
+                     "baseline": args.baseline, "rounds": args.rounds, "requests": args.requests,
+                     "rate": args.rate, "load_average": os.getloadavg(), "replays": rows},
+                    "sim_speed", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
