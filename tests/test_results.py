@@ -136,7 +136,8 @@ def notebook(cells: list[tuple[str, str]], outputs: bool = False) -> str:
                        "metadata": {"kernelspec": {"name": "python3", "language": "python", "display_name": "P"},
                                     "language_info": {"name": "python"},
                                     **({"papermill": {"duration": 1.5}} if outputs else {})},
-                       "cells": [{"id": f"c{i}", "cell_type": t, "source": src, "metadata": {"tags": ["parameters"]} if i == 0 else {},
+                       "cells": [{"id": f"c{i}", "cell_type": t, "source": src,
+                                  "metadata": {"tags": ["parameters"]} if i == 0 else {},
                                   **({"outputs": [{"output_type": "stream", "name": "stdout", "text": "7"}] if outputs
                                       else [], "execution_count": 3 if outputs else None} if t == "code" else {})}
                                  for i, (t, src) in enumerate(cells)]})
@@ -165,7 +166,8 @@ def tmp_repo(tmp_path, monkeypatch):
 def test_provenance_names_imported_sources_the_notebook_and_requirements(tmp_repo):
     files = json.loads((tmp_repo / "results" / "01_x" / "summary.json").read_text())["provenance"]["files"]
     assert set(files) == {"src/pagedattn/fake_sim.py", "notebooks/01_x.ipynb", "requirements.txt"}
-    assert files["requirements.txt"] == source_hash(tmp_repo / "requirements.txt") and len(files["requirements.txt"]) == 16
+    assert files["requirements.txt"] == source_hash(tmp_repo / "requirements.txt")
+    assert len(files["requirements.txt"]) == 16
 
 
 def test_write_summary_records_the_real_sources_sorted(tmp_path, monkeypatch):

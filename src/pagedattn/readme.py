@@ -131,7 +131,8 @@ def render_fig2(results_dir: Path = RESULTS_DIR) -> str:
     lines = ["| system | token states % (paper) | ours, real ShareGPT | ours, synthetic | "
              "mean batch (paper) | ours, real ShareGPT | ours, synthetic |", "|---|---|---|---|---|---|---|"]
     for system, label in FIG2_SYSTEMS.items():
-        lines.append("| " + " | ".join([label, *cells("token_states_pct", system), *cells("mean_batch", system)]) + " |")
+        row = [label, *cells("token_states_pct", system), *cells("mean_batch", system)]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 

@@ -224,7 +224,7 @@ def render_summary_md(results_dir: str | os.PathLike = RESULTS_DIR, root: Path =
     for path in summaries:
         doc = json.loads(path.read_text())
         failed = path.parent / STALE_FILE
-        reasons = ([failed.read_text().strip()] if failed.exists() else []) + [r for r in [stale_reason(doc, root)] if r]
+        reasons = [r for r in [failed.read_text().strip() if failed.exists() else None, stale_reason(doc, root)] if r]
         lines += [f"## {doc['experiment']}{' (STALE)' if reasons else ''}", ""]
         lines += [f"**Stale:** {r}" for r in reasons] + ([""] if reasons else [])
         lines += [f"- hardware: {doc['hardware']}", f"- model: {doc['model']}",
@@ -256,7 +256,8 @@ def full_run(runs: list[dict]) -> bool:
 def _timing_table(runs: list[dict]) -> list[str]:
     """SUMMARY.md's timing section: one row per ``run.json`` and the total."""
     if not runs:
-        return ["", "## Run time", "", "No run of `python -m pagedattn.reproduce` is recorded yet (`results/*/run.json`).", ""]
+        return ["", "## Run time", "",
+                "No run of `python -m pagedattn.reproduce` is recorded yet (`results/*/run.json`).", ""]
     title = ("the last full `make reproduce`" if full_run(runs)
              else "the latest run of each notebook (not one full `make reproduce`)")
     lines = ["", "## Run time", "", f"From `run.json`: {title}.", "",
