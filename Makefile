@@ -34,10 +34,11 @@ mutants: $(STAMP)
 
 ## Run every notebook headlessly with papermill into results/<notebook>/ and regenerate results/SUMMARY.md.
 ## QUICK=1: small parameters, written to results/quick/ (git-ignored), never over the committed results.
+## JOBS=N: worker processes per notebook (default: one per core); SCHEDULER=tcp://HOST:8786: a Dask scheduler.
 reproduce: $(STAMP)
-	$(BIN)/python -m pagedattn.reproduce $(QUICK_FLAG)
+	$(BIN)/python -m pagedattn.reproduce $(QUICK_FLAG) $(if $(JOBS),--jobs $(JOBS),) $(if $(SCHEDULER),--scheduler $(SCHEDULER),)
 
-## Regenerate results/SUMMARY.md from the summary.json files present.
+## Regenerate results/SUMMARY.md and README.md's generated blocks from the summary.json and run.json files present.
 summary: $(STAMP)
 	$(BIN)/python -m pagedattn.results
 

@@ -2,13 +2,15 @@
 and ``reproduce.main`` with a faked notebook runner (no notebook is executed here)."""
 import json
 import math
+import sys
+import types
 from pathlib import Path
 
 import pytest
 
-from pagedattn import reproduce
-from pagedattn.results import (KINDS, QUICK_RESULTS_DIR, RESULTS_DIR, STALE_FILE, Claim, build_summary_md,
-                               write_summary)
+from pagedattn import readme, reproduce
+from pagedattn.results import (KINDS, QUICK_RESULTS_DIR, REPO_ROOT, RESULTS_DIR, STALE_FILE, Claim, build_summary_md,
+                               check, provenance, render_summary_md, source_hash, write_summary)
 
 FIELDS = {"name", "paper", "ours", "unit", "tolerance", "holds", "note", "kind", "band"}
 
@@ -75,7 +77,7 @@ def fake_notebooks(tmp_path, monkeypatch):
     monkeypatch.setattr(reproduce, "NOTEBOOKS_DIR", nbs)
     ran = []
 
-    def fake_run(path, quick, results_dir, parameters=None, timeout_s=None):
+    def fake_run(path, quick, results_dir, parameters=None, timeout_s=None, jobs=None, scheduler=None):
         ran.append((Path(path).stem, quick, Path(results_dir)))
         if Path(path).stem == "02_b" and fake_run.fail:
             raise RuntimeError("cell 7 raised KeyError")
@@ -116,6 +118,7 @@ def test_quick_runs_write_to_the_ignored_root(fake_notebooks, monkeypatch):
     ran, fake_run = fake_notebooks
     fake_run.fail = False
     monkeypatch.setattr(reproduce, "build_summary_md", lambda root: Path(root) / "SUMMARY.md")
+    monkeypatch.setattr(reproduce, "write_run_record", lambda *a, **kw: None)  # nothing under the real results/quick
     monkeypatch.setattr(reproduce, "run_notebook", lambda path, quick, results_dir, **kw: ran.append(
         (Path(path).stem, quick, Path(results_dir))) or Path(results_dir))
     assert reproduce.main(["--quick", "--only", "01"]) == 0
@@ -123,3 +126,175 @@ def test_quick_runs_write_to_the_ignored_root(fake_notebooks, monkeypatch):
     assert QUICK_RESULTS_DIR.parent == RESULTS_DIR
     ignored = Path(__file__).resolve().parents[1] / ".gitignore"
     assert "/results/quick/" in ignored.read_text().split()
+
+
+# --- freshness (issue 26, part 4): provenance hashes, --check, STALE in SUMMARY.md -------------------------------
+
+def notebook(cells: list[tuple[str, str]], outputs: bool = False) -> str:
+    """A minimal .ipynb; ``outputs`` adds what an execution adds (outputs, counts, papermill metadata)."""
+    return json.dumps({"nbformat": 4, "nbformat_minor": 5,
+                       "metadata": {"kernelspec": {"name": "python3", "language": "python", "display_name": "P"},
+                                    "language_info": {"name": "python"},
+                                    **({"papermill": {"duration": 1.5}} if outputs else {})},
+                       "cells": [{"id": f"c{i}", "cell_type": t, "source": src,
+                                  "metadata": {"tags": ["parameters"]} if i == 0 else {},
+                                  **({"outputs": [{"output_type": "stream", "name": "stdout", "text": "7"}] if outputs
+                                      else [], "execution_count": 3 if outputs else None} if t == "code" else {})}
+                                 for i, (t, src) in enumerate(cells)]})
+
+
+@pytest.fixture
+def tmp_repo(tmp_path, monkeypatch):
+    """A repository copy in miniature: one imported pagedattn module (registered in sys.modules), a notebook,
+    requirements.txt, and results/01_x/summary.json written with their provenance."""
+    (tmp_path / "src" / "pagedattn").mkdir(parents=True)
+    mod = tmp_path / "src" / "pagedattn" / "fake_sim.py"
+    mod.write_text("STEP = 1\n")
+    monkeypatch.setitem(sys.modules, "pagedattn.fake_sim", types.SimpleNamespace(__file__=str(mod)))
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "01_x.ipynb").write_text(notebook([("code", "quick = False"), ("markdown", "# x")]))
+    (tmp_path / "requirements.txt").write_text("torch==2.13.0\n")
+    out = tmp_path / "results" / "01_x"
+    out.mkdir(parents=True)
+    doc = {"experiment": "01_x", "hardware": "h", "model": "m", "date": "d", "quick": False,
+           "claims": [{"name": "c", "paper": 1, "ours": 1, "holds": True}],
+           "provenance": provenance("notebooks/01_x.ipynb", root=tmp_path)}
+    (out / "summary.json").write_text(json.dumps(doc))
+    return tmp_path
+
+
+def test_provenance_names_imported_sources_the_notebook_and_requirements(tmp_repo):
+    files = json.loads((tmp_repo / "results" / "01_x" / "summary.json").read_text())["provenance"]["files"]
+    assert set(files) == {"src/pagedattn/fake_sim.py", "notebooks/01_x.ipynb", "requirements.txt"}
+    assert files["requirements.txt"] == source_hash(tmp_repo / "requirements.txt")
+    assert len(files["requirements.txt"]) == 16
+
+
+def test_write_summary_records_the_real_sources_sorted(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGEDATTN_NOTEBOOK", "notebooks/01_kv_memory_waste.ipynb")
+    text = write_summary(tmp_path, "01_x", "cpu", "m", False, [Claim("c", 1, 1, holds=True)]).read_text()
+    files = json.loads(text)["provenance"]["files"]
+    assert {"src/pagedattn/results.py", "requirements.txt", "notebooks/01_kv_memory_waste.ipynb"} <= set(files)
+    assert all(not Path(f).is_absolute() for f in files)
+    assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"  # deterministic bytes
+    assert check(tmp_path) == []
+
+
+def test_fresh_until_a_source_changes_and_then_named(tmp_repo, monkeypatch):
+    results = tmp_repo / "results"
+    monkeypatch.setitem(readme.HEADLINES, "01_x", ("Fig. x", "here", ["c"]))
+    assert "| `01_x` | Fig. x | here | `c` 1 → 1 holds |" in readme.render_table(results, tmp_repo)
+    assert check(results, tmp_repo) == [] and "STALE" not in render_summary_md(results, tmp_repo)
+    (tmp_repo / "src" / "pagedattn" / "fake_sim.py").write_text("STEP = 2\n")
+    (tmp_repo / "requirements.txt").unlink()
+    reason = "changed since the run: requirements.txt (deleted), src/pagedattn/fake_sim.py"
+    assert check(results, tmp_repo) == [f"01_x: {reason}"]
+    md = render_summary_md(results, tmp_repo)
+    assert "## 01_x (STALE)" in md and f"**Stale:** {reason}" in md
+    assert "`01_x` (STALE)" in readme.render_table(results, tmp_repo)
+
+
+def test_executing_a_notebook_leaves_it_fresh_but_editing_its_source_does_not(tmp_repo):
+    nb, results = tmp_repo / "notebooks" / "01_x.ipynb", tmp_repo / "results"
+    nb.write_text(notebook([("code", "quick = False"), ("markdown", "# x")], outputs=True))
+    (results / "01_x" / "01_x.ipynb").write_text(notebook([("code", "other")]))  # the executed copy is not hashed
+    (results / "01_x" / "table.csv").write_text("a\n1\n")
+    assert check(results, tmp_repo) == []
+    nb.write_text(notebook([("code", "quick = True"), ("markdown", "# x")]))
+    assert check(results, tmp_repo) == ["01_x: changed since the run: notebooks/01_x.ipynb"]
+
+
+def test_no_provenance_is_stale(tmp_path):
+    (tmp_path / "02_y").mkdir()
+    (tmp_path / "02_y" / "summary.json").write_text(json.dumps({
+        "experiment": "02_y", "hardware": "h", "model": "m", "date": "d", "quick": False, "claims": []}))
+    assert check(tmp_path) == ["02_y: no provenance recorded"]
+    assert "## 02_y (STALE)\n\n**Stale:** no provenance recorded" in render_summary_md(tmp_path)
+
+
+def test_check_cli_exits_1_on_stale_results(monkeypatch, capsys):
+    from pagedattn import results
+
+    monkeypatch.setattr(results, "check", lambda: ["01_x: no provenance recorded"])
+    assert results.main(["--check"]) == 1 and "01_x: no provenance recorded" in capsys.readouterr().out
+    monkeypatch.setattr(results, "check", lambda: [])
+    assert results.main(["--check"]) == 0
+
+
+def test_committed_summary_md_is_what_pagedattn_results_writes():
+    """CI: results/SUMMARY.md is generated, staleness included (regenerate: python -m pagedattn.results)."""
+    assert (RESULTS_DIR / "SUMMARY.md").read_text() == render_summary_md(), \
+        "results/SUMMARY.md is out of date: run `python -m pagedattn.results` and commit it"
+
+
+# --- README blocks (issue 26, part 5) ----------------------------------------------------------------------------
+
+def test_committed_readme_blocks_are_what_pagedattn_results_writes():
+    assert (REPO_ROOT / "README.md").read_text() == readme.render_readme(), \
+        "README.md's generated blocks are out of date: run `python -m pagedattn.results` and commit it"
+
+
+def test_every_headline_pattern_matches_a_committed_claim():
+    for name, (_, _, patterns) in readme.HEADLINES.items():
+        doc = json.loads((RESULTS_DIR / name / "summary.json").read_text())
+        for pattern in patterns:
+            assert readme.headline_claims(doc, [pattern]), f"{name}: {pattern} matches no claim"
+
+
+def test_blocks_take_their_numbers_from_summary_json(tmp_path):
+    claims = [Claim(f"{m}.{s}{v}", 1.0, 10.0 + i, "%", "", i % 2 == 0,
+                    band={"min": 9.0, "max": 99.0, "over": "x"} if i == 0 else None)
+              for i, (m, s, v) in enumerate((m, s, v) for m in ("token_states_pct", "mean_batch")
+                                            for s in readme.FIG2_SYSTEMS for v in ("", ".synthetic"))]
+    write_summary(tmp_path / "01_kv_memory_waste", "01_kv_memory_waste", "cpu", "m", False, claims)
+    fig2 = readme.render_fig2(tmp_path)
+    assert "| Orca (Max) | 1 | 10 % [9 .. 99] holds | 11 % **fails** |" in fig2
+    table = readme.render_table(tmp_path)
+    row = next(line for line in table.splitlines() if line.startswith("| `01_kv_memory_waste`"))
+    assert "`token_states_pct.paged` 1 → 16 % holds" in row and "STALE" not in row
+    assert "| `02_attention_kernel` |" in table and "no `summary.json` yet" in table
+
+
+def test_replace_blocks_rewrites_between_markers_and_needs_them():
+    text = "a\n<!-- results:begin t -->\nold\n<!-- results:end t -->\nb"
+    assert readme.replace_blocks(text, {"t": "new\nrows"}) == \
+        "a\n<!-- results:begin t -->\nnew\nrows\n<!-- results:end t -->\nb"
+    with pytest.raises(ValueError, match="results:begin u"):
+        readme.replace_blocks(text, {"u": "x"})
+
+
+# --- timing record (issue 26, part 3) and --jobs / --scheduler ---------------------------------------------------
+
+def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebooks):
+    ran, fake_run = fake_notebooks
+    fake_run.fail = False
+    out = tmp_path / "results"
+    assert reproduce.main(["--results-dir", str(out), "--jobs", "3"]) == 0
+    record = json.loads((out / "01_a" / "run.json").read_text())
+    assert set(record) == {"notebook", "seconds", "jobs", "scheduler", "machine", "date", "started", "all_notebooks"}
+    assert record["jobs"] == 3 and record["notebook"] == "01_a" and record["all_notebooks"] is True
+    md = (out / "SUMMARY.md").read_text()
+    assert "the last full `make reproduce`" in md and "| `03_c` |" in md and "| total |" in md
+    assert "took" in readme.render_timing(out)
+    assert reproduce.main(["--results-dir", str(out), "--only", "02"]) == 0  # a partial run: no longer one full run
+    assert "not one full" in (out / "SUMMARY.md").read_text()
+    assert "No full `make reproduce` is recorded yet" in readme.render_timing(out)
+
+
+def test_jobs_and_scheduler_reach_only_notebooks_that_declare_them(tmp_path, monkeypatch):
+    import os
+
+    import papermill
+
+    (tmp_path / "new.ipynb").write_text(notebook([("code", "quick = False\njobs = 1\nscheduler = None")]))
+    (tmp_path / "old.ipynb").write_text(notebook([("code", "quick = False")]))
+    seen = {}
+    monkeypatch.setattr(papermill, "execute_notebook", lambda src, out, parameters, **kw: seen.update(
+        {Path(src).stem: (parameters, [os.environ.get(k) for k in
+                                       ("PAGEDATTN_JOBS", "PAGEDATTN_SCHEDULER", "PAGEDATTN_NOTEBOOK")])}))
+    for name in ("new", "old"):
+        reproduce.run_notebook(tmp_path / f"{name}.ipynb", False, tmp_path / "out", jobs=2, scheduler="tcp://h:8786")
+    assert seen["new"][0]["jobs"] == 2 and seen["new"][0]["scheduler"] == "tcp://h:8786"
+    assert "jobs" not in seen["old"][0] and "scheduler" not in seen["old"][0]
+    assert seen["old"][1][:2] == ["2", "tcp://h:8786"] and seen["old"][1][2].endswith("old.ipynb")
+    assert "PAGEDATTN_JOBS" not in os.environ  # restored after the run

@@ -8,16 +8,27 @@ Full runs write the committed ``results/``; quick runs (``--quick``) write to ``
 ignores, so a first try never overwrites the committed results. A notebook that fails does not stop the others; its
 folder gets a ``STALE`` file, so that SUMMARY.md marks whatever ``summary.json`` it holds as stale, and the command
 exits 1.
+
+``--jobs N`` (default: one per core) and ``--scheduler tcp://HOST:PORT`` (a Dask scheduler) reach each notebook as
+the papermill parameters ``jobs`` and ``scheduler`` when its parameters cell declares them, and always as the
+environment variables ``PAGEDATTN_JOBS`` and ``PAGEDATTN_SCHEDULER``. ``PAGEDATTN_NOTEBOOK`` names the notebook, for
+the provenance block of its ``summary.json``. Each successful notebook's duration, jobs, machine and date go to
+``<root>/<notebook>/run.json`` (apart from summary.json, whose bytes must not depend on how the run was made).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime as _dt
+import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from pagedattn.results import QUICK_RESULTS_DIR, REPO_ROOT, RESULTS_DIR, STALE_FILE, build_summary_md
+from pagedattn.lab import KERNEL_NAME
+from pagedattn.results import (NOTEBOOK_ENV, QUICK_RESULTS_DIR, REPO_ROOT, RESULTS_DIR, RUN_FILE, STALE_FILE,
+                               build_summary_md, hardware_label, today)
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 
@@ -35,11 +46,14 @@ def kernel_name() -> str:
 
 
 def run_notebook(path: str | os.PathLike, quick: bool, results_dir: str | os.PathLike = RESULTS_DIR,
-                 parameters: dict | None = None, timeout_s: int | None = None) -> Path:
+                 parameters: dict | None = None, timeout_s: int | None = None, jobs: int | None = None,
+                 scheduler: str | None = None) -> Path:
     """Execute one notebook; return the executed copy's path (``<results_dir>/<name>/<name>.ipynb``).
 
-    ``timeout_s`` bounds each cell: by default an hour in quick mode and six hours in a full run, whose sensitivity
-    bands (``sensitivity.py``) replay the simulator a few hundred times in one cell on a 2-core machine."""
+    ``jobs`` and ``scheduler`` are passed as parameters only to a notebook that declares them (so that one not yet
+    converted still runs), and as ``PAGEDATTN_JOBS`` / ``PAGEDATTN_SCHEDULER`` to every one. ``timeout_s`` bounds
+    each cell: by default an hour in quick mode and six hours in a full run, whose sensitivity bands
+    (``sensitivity.py``) replay the simulator a few hundred times in one cell on a 2-core machine."""
     import papermill as pm
 
     if timeout_s is None:
@@ -48,13 +62,51 @@ def run_notebook(path: str | os.PathLike, quick: bool, results_dir: str | os.Pat
     out_dir = Path(results_dir) / path.stem
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / path.name
+    options = {k: v for k, v in {"jobs": jobs, "scheduler": scheduler}.items() if v is not None}
+    declared = pm.inspect_notebook(str(path))
     params = {"quick": bool(quick), "results_dir": str(Path(results_dir).resolve())}
+    params.update({k: v for k, v in options.items() if k in declared})
     params.update(parameters or {})
-    env_src = str(REPO_ROOT / "src")
-    os.environ["PYTHONPATH"] = env_src + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
-    pm.execute_notebook(str(path), str(out), parameters=params, kernel_name=kernel_name(), cwd=str(NOTEBOOKS_DIR),
-                        progress_bar=False, execution_timeout=timeout_s, log_output=False)
+    pythonpath = os.pathsep.join([str(REPO_ROOT / "src")] + ([os.environ["PYTHONPATH"]]
+                                                              if os.environ.get("PYTHONPATH") else []))
+    env = {"PYTHONPATH": pythonpath, NOTEBOOK_ENV: _relative_to_repo(path),
+           **{f"PAGEDATTN_{k.upper()}": str(v) for k, v in options.items()}}
+    with environ(env):
+        pm.execute_notebook(str(path), str(out), parameters=params, kernel_name=kernel_name(),
+                            cwd=str(NOTEBOOKS_DIR), progress_bar=False, execution_timeout=timeout_s, log_output=False)
     return out
+
+
+def _relative_to_repo(path: Path) -> str:
+    path = path.resolve()
+    return (path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path).as_posix()
+
+
+@contextlib.contextmanager
+def environ(values: dict[str, str]):
+    """Set environment variables (inherited by the notebook's kernel) for the duration of a block."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def write_run_record(out_dir: Path, notebook: str, seconds: float, jobs: int, scheduler: str | None,
+                     started: str, all_notebooks: bool) -> Path:
+    """``<out_dir>/run.json``: how long the notebook took, with how many jobs, on which machine, when; ``started``
+    (the command's start time) and ``all_notebooks`` (no ``--only``) let SUMMARY.md tell one full run apart."""
+    record = {"notebook": notebook, "seconds": round(seconds, 1), "jobs": jobs, "scheduler": scheduler,
+              "machine": hardware_label("cpu"), "date": today(), "started": started, "all_notebooks": all_notebooks}
+    path = Path(out_dir) / RUN_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path
 
 
 def select(notebooks: list[Path], only: list[str] | None) -> list[Path]:
@@ -90,23 +142,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", help="notebook name prefixes to run, e.g. 01 03")
     ap.add_argument("--results-dir", default=None,
                     help=f"root to write to (default: {RESULTS_DIR}, or {QUICK_RESULTS_DIR} with --quick)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="worker processes for each notebook's sweeps (default: one per core)")
+    ap.add_argument("--scheduler", default=None, help="a Dask scheduler address, e.g. tcp://HOST:8786")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
     results_dir = Path(args.results_dir or (QUICK_RESULTS_DIR if args.quick else RESULTS_DIR))
     try:
         notebooks = select(sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")), args.only)
     except ValueError as e:
         ap.error(str(e))
     failed = []
+    started = _dt.datetime.now().isoformat(timespec="seconds")
     for nb in notebooks:
         t0 = time.perf_counter()
         print(f"[reproduce] {nb.name} (quick={args.quick}) ...", flush=True)
         summary = results_dir / nb.stem / "summary.json"
         before = summary.stat().st_mtime_ns if summary.exists() else None
         try:
-            out = run_notebook(nb, args.quick, results_dir)
+            out = run_notebook(nb, args.quick, results_dir, jobs=args.jobs, scheduler=args.scheduler)
+            seconds = time.perf_counter() - t0
             (results_dir / nb.stem / STALE_FILE).unlink(missing_ok=True)
+            write_run_record(results_dir / nb.stem, nb.stem, seconds, args.jobs, args.scheduler, started,
+                             all_notebooks=args.only is None)
             print(f"[reproduce]   -> {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out} "
-                  f"in {time.perf_counter() - t0:.0f} s", flush=True)
+                  f"in {seconds:.0f} s", flush=True)
         except Exception as e:  # keep going: one broken notebook must not hide the others' results
             print(f"[reproduce]   FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             failed.append(nb.name)
