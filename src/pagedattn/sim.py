@@ -10,7 +10,9 @@ framework overhead; a step that swaps (§4.5) also pays its PCIe copies. Its con
 (1.555 TB/s, 312 TFLOP/s fp16) derated by efficiencies we chose (``bandwidth_efficiency`` 0.7, ``flops_efficiency``
 0.5, a 4 ms step overhead) and a PCIe model we assumed (32 GB/s x 0.8, 5 us per copy). None of them is fitted to the
 paper's figures, but none is measured either: how far an agreement with the paper rests on them is what
-``pagedattn.sensitivity`` reports, as a band over 0.5-0.9, 0.3-0.7 and 0-8 ms.
+``pagedattn.sensitivity`` reports, as a band over 0.5-0.9, 0.3-0.7 and 0-8 ms. Measured constants exist beside
+them: ``CostModel.measured_a100()`` (``pagedattn.cost_profile``: Vidur's A100 operator profiles, MIT) and the band
+``sensitivity.MEASURED_BAND``; the defaults stay the assumed ones until the switch is made on purpose.
 
 Beam search (§4.4, Fig. 14b) has no model to score candidates here, so ``BeamModel`` draws which beams survive each
 step, with a mean number of distinct parents measured on the real engine (notebook 04); see its docstring.
