@@ -10,7 +10,9 @@ framework overhead; a step that swaps (§4.5) also pays its PCIe copies. Its con
 (1.555 TB/s, 312 TFLOP/s fp16) derated by efficiencies we chose (``bandwidth_efficiency`` 0.7, ``flops_efficiency``
 0.5, a 4 ms step overhead) and a PCIe model we assumed (32 GB/s x 0.8, 5 us per copy). None of them is fitted to the
 paper's figures, but none is measured either: how far an agreement with the paper rests on them is what
-``pagedattn.sensitivity`` reports, as a band over 0.5-0.9, 0.3-0.7 and 0-8 ms.
+``pagedattn.sensitivity`` reports, as a band over 0.5-0.9, 0.3-0.7 and 0-8 ms. Measured constants exist beside
+them: ``CostModel.measured_a100()`` (``pagedattn.cost_profile``: Vidur's A100 operator profiles, MIT) and the band
+``sensitivity.MEASURED_BAND``; the defaults stay the assumed ones until the switch is made on purpose.
 
 Beam search (§4.4, Fig. 14b) has no model to score candidates here, so ``BeamModel`` draws which beams survive each
 step, with a mean number of distinct parents measured on the real engine (notebook 04); see its docstring.
@@ -47,7 +49,13 @@ class CostModel:
     ``n`` swapped blocks cost ``2 x num_layers x n`` copies of ``block_size x kv_bytes_per_token / (2 x num_layers)``
     bytes, each ``copy_latency_s`` plus its bytes over the PCIe bandwidth. Assumptions, not measurements: PCIe 4.0
     x16 (32 GB/s per direction, the A100 datasheet's 64 GB/s bidirectional) at 80 % efficiency, and 5 us per copy
-    (the order of one small ``cudaMemcpyAsync`` between pinned host memory and the GPU)."""
+    (the order of one small ``cudaMemcpyAsync`` between pinned host memory and the GPU).
+
+    The per-step overhead is ``step_overhead_s + step_overhead_per_seq_s x batch`` (sequences decoded, or prompts
+    prefilled). Two named sets of constants: ``assumed()``, the defaults (0.7, 0.5, a flat 4 ms: chosen, not
+    measured), and ``measured_a100()``, derived from Vidur's A100 operator profiles (``pagedattn.cost_profile``,
+    which names the source files, commits and licence): decode bandwidth efficiency 0.65, prefill FLOP efficiency
+    0.64, overhead 0.79 ms + 0.043 ms per sequence."""
 
     weight_bytes: float = 26e9  # paper Table 1: 26 GB of OPT-13B weights
     params: float = 13e9
@@ -58,6 +66,8 @@ class CostModel:
     flops_per_s: float = 312e12  # A100 datasheet, fp16 tensor cores
     flops_efficiency: float = 0.5  # assumed (band 0.3-0.7)
     step_overhead_s: float = 0.004  # scheduler, sampling, kernel launches; assumed (band 0-8 ms)
+    # added per sequence in the step (0: a flat overhead); measured_a100() sets Vidur's fitted slope
+    step_overhead_per_seq_s: float = 0.0
     kernel_overhead: float = 1.0  # multiplier on the KV read time (block-size dependent, Fig. 18a/b)
     pcie_bytes_per_s: float = 32e9  # PCIe 4.0 x16, one direction
     pcie_efficiency: float = 0.8  # assumed
@@ -73,6 +83,28 @@ class CostModel:
     allreduce_bytes_per_s: float = 150e9  # assumed: 300 GB/s NVLink x 0.5
     allreduce_latency_s: float = 10e-6  # assumed, per all-reduce
 
+    @classmethod
+    def assumed(cls, **overrides) -> "CostModel":
+        """Today's chosen constants, named: bandwidth efficiency 0.7, FLOP efficiency 0.5, a flat 4 ms per step."""
+        return cls(**{"bandwidth_efficiency": 0.7, "flops_efficiency": 0.5, "step_overhead_s": 0.004,
+                      "step_overhead_per_seq_s": 0.0, **overrides})
+
+    @classmethod
+    def measured_a100(cls, **overrides) -> "CostModel":
+        """Constants measured on an A100 (``pagedattn.cost_profile.measured()``, from Vidur's Llama-2-7B profiles):
+        the decode bandwidth efficiency and large-prefill FLOP efficiency (fractions of the datasheet, so they carry
+        over to this model's A100-40GB peaks) and the fitted per-step overhead ``a + b x batch``."""
+        from pagedattn.cost_profile import measured
+
+        m = measured()
+        fit = m["overhead_fit"]
+        return cls(**{"bandwidth_efficiency": m["bandwidth_efficiency"], "flops_efficiency": m["flops_efficiency"],
+                      "step_overhead_s": fit.intercept_s, "step_overhead_per_seq_s": fit.per_seq_s, **overrides})
+
+    def overhead(self, num_seqs: int) -> float:
+        """The per-step framework overhead of a step over ``num_seqs`` sequences."""
+        return self.step_overhead_s + self.step_overhead_per_seq_s * num_seqs
+
     def allreduce_time(self, num_tokens: int) -> float:
         """One all-reduce per layer of ``num_tokens`` activations across ``tp_size`` GPUs (0 on one GPU)."""
         if self.tp_size <= 1:
@@ -84,12 +116,14 @@ class CostModel:
         bw = self.hbm_bytes_per_s * self.bandwidth_efficiency * self.tp_size
         mem = (self.weight_bytes + self.kernel_overhead * context_tokens * self.kv_bytes_per_token) / bw
         compute = 2 * self.params * num_seqs / (self.flops_per_s * self.flops_efficiency * self.tp_size)
-        return self.step_overhead_s + max(mem, compute) + self.allreduce_time(num_seqs)
+        return self.overhead(num_seqs) + max(mem, compute) + self.allreduce_time(num_seqs)
 
-    def prefill_time(self, num_tokens: int) -> float:
+    def prefill_time(self, num_tokens: int, num_seqs: int = 1) -> float:
+        """A prefill step of ``num_tokens`` prompt tokens from ``num_seqs`` prompts (the latter only moves the
+        per-sequence overhead)."""
         bw = self.hbm_bytes_per_s * self.bandwidth_efficiency * self.tp_size
         compute = 2 * self.params * num_tokens / (self.flops_per_s * self.flops_efficiency * self.tp_size)
-        return self.step_overhead_s + max(self.weight_bytes / bw, compute) + self.allreduce_time(num_tokens)
+        return self.overhead(num_seqs) + max(self.weight_bytes / bw, compute) + self.allreduce_time(num_tokens)
 
     def copy_time(self, num_tokens: int) -> float:
         """Seconds to copy ``num_tokens`` tokens' K/V within the GPUs' HBM (read once, written once), as beam search
@@ -106,7 +140,7 @@ class CostModel:
     def step_time(self, out: SchedulerOutputs, block_size: int = 16) -> float:
         swap = self.swap_time(len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out), block_size)
         if out.prefill_groups:
-            return self.prefill_time(out.num_batched_tokens) + swap
+            return self.prefill_time(out.num_batched_tokens, len(out.prefill_groups)) + swap
         num_seqs = context = 0
         for g in out.decode_groups:
             for s in g.get_seqs("running"):
