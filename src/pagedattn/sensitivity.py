@@ -44,8 +44,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -248,18 +249,35 @@ def _traces_fingerprint() -> str:
     return h.hexdigest()
 
 
+def _cache_entry(key: dict) -> tuple[str, Path]:
+    """The cache's JSON key (``key`` plus the simulator's fingerprint) and its file."""
+    blob = json.dumps({**key, "_code": _fingerprint()}, sort_keys=True, default=str)
+    return blob, CACHE_DIR / f"{hashlib.sha256(blob.encode()).hexdigest()[:24]}.json"
+
+
+_MISSING = object()
+
+
+def _load(path: Path) -> Any:
+    return json.loads(path.read_text())["value"] if path.exists() else _MISSING
+
+
+def _store(blob: str, path: Path, value: Any) -> None:
+    """Write atomically: a file of this process's own, renamed into place (workers of a sweep may store at once)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": json.loads(blob), "value": value}, default=str))
+    tmp.replace(path)
+
+
 def cached(key: dict, fn: Callable[[], Any], cache: bool = True) -> Any:
     """``fn()``, stored as JSON under ``CACHE_DIR`` by ``key`` (plus the simulator's fingerprint)."""
-    blob = json.dumps({**key, "_code": _fingerprint()}, sort_keys=True, default=str)
-    path = CACHE_DIR / f"{hashlib.sha256(blob.encode()).hexdigest()[:24]}.json"
-    if cache and path.exists():
-        return json.loads(path.read_text())["value"]
-    value = fn()
-    if cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": json.loads(blob), "value": value}, default=str))
-        tmp.replace(path)
+    blob, path = _cache_entry(key)
+    value = _load(path) if cache else _MISSING
+    if value is _MISSING:
+        value = fn()
+        if cache:
+            _store(blob, path, value)
     return value
 
 
@@ -297,22 +315,39 @@ def _claims_to_json(claims: list[Claim]) -> list[dict]:
     return [json_safe(asdict(c)) for c in claims]
 
 
+def _json_claims_at(claims_at: Callable[[Point], list[Claim]], point: Point) -> list[dict]:
+    return _claims_to_json(claims_at(point))
+
+
 def sweep(experiment: str, claims_at: Callable[[Point], list[Claim]], pts: list[Point], key: dict,
           default: list[Claim] | None = None, cache: bool = True, progress: bool = False) -> pd.DataFrame:
     """Evaluate ``claims_at`` at every point (cached); one row per (point, claim): its value and whether it holds.
+    The points not in the cache are computed in parallel (``pagedattn.parallel.pmap``), so ``claims_at`` must be
+    picklable: a module-level function or a ``functools.partial`` of one.
 
     ``default``: the claims of the experiment's main run, used for the default point instead of recomputing it
     (``claims_at(DEFAULT)`` must compute the same thing)."""
-    from tqdm.auto import tqdm
+    from pagedattn.parallel import pmap
 
-    rows = []
-    for p in tqdm(pts, desc=f"sensitivity {experiment}", disable=not progress, leave=False):
+    got: dict[int, Any] = {}
+    entries = {}
+    for i, p in enumerate(pts):
         if p.is_default and default is not None:
-            got = _claims_to_json(default)
-        else:
-            got = cached({"fn": "claims_at", "experiment": experiment, "point": asdict(p), **key},
-                         lambda p=p: _claims_to_json(claims_at(p)), cache)
-        for c in got:
+            got[i] = _claims_to_json(default)
+            continue
+        entries[i] = _cache_entry({"fn": "claims_at", "experiment": experiment, "point": asdict(p), **key})
+        value = _load(entries[i][1]) if cache else _MISSING
+        if value is not _MISSING:
+            got[i] = value
+    todo = [i for i in entries if i not in got]
+    for i, value in zip(todo, pmap(partial(_json_claims_at, claims_at), [pts[i] for i in todo],
+                                   desc=f"sensitivity {experiment}", progress=progress)):
+        got[i] = value
+        if cache:
+            _store(*entries[i], value)
+    rows = []
+    for i, p in enumerate(pts):
+        for c in got[i]:
             if c.get("kind", "reproduction") == "reproduction":
                 rows.append({**asdict(p), "point": p.label(), "is_default": p.is_default, "claim": c["name"],
                              "ours": c["ours"], "holds": c["holds"]})

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -384,7 +385,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     default = claims(best, best_mem, kernel, engine_best, rates, engine_worse)
     # the synthetic ShareGPT trace is its own .synthetic claim (no trace axis)
     pts = sensitivity.points(quick, trace_axis=False, rate_scales=() if quick else (1 / 1.2, 1.2))
-    band = sensitivity.sweep(EXPERIMENT, lambda p: claims_at(p, params, kernel, rates), pts,
+    band = sensitivity.sweep(EXPERIMENT, partial(claims_at, params=params, kernel=kernel, rates=rates), pts,
                              {"params": asdict(params), "rates": rates, "kernel": kernel.round(6).to_dict("list")},
                              default, progress=progress)
     band.to_csv(out_dir / "sensitivity.csv", index=False)

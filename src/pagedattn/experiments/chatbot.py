@@ -17,6 +17,7 @@ there is no rate axis, and the chatbot rounds exist only as real conversations, 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -112,7 +113,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
         df.to_csv(out_dir / f"{name}.csv", index=False)
     hw = hardware_label("sim")
     pts = sensitivity.points(quick, rate_axis=False, trace_axis=False)
-    tables["sensitivity"] = sensitivity.sweep(EXPERIMENT, lambda p: claims_at(p, base, params), pts,
+    tables["sensitivity"] = sensitivity.sweep(EXPERIMENT, partial(claims_at, base=base, params=params), pts,
                                               {"params": asdict(params)}, claims(tables["sustainable"]),
                                               progress=progress)
     tables["sensitivity"].to_csv(out_dir / "sensitivity.csv", index=False)

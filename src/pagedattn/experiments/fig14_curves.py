@@ -23,6 +23,7 @@ Fig. 15's, as a check of the model.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -192,7 +193,7 @@ def beam_bands(sp: sharing.Params, params: Params, default: list[Claim],
     x = params.beam_parents_shift
     pts = sensitivity.points(params.quick, rate_axis=False, trace_axis=False)[:3]
     pts += [sensitivity.Point(beam_parents_shift=-x), sensitivity.Point(beam_parents_shift=x)]
-    t = sensitivity.sweep(f"{EXPERIMENT}.beam", lambda p: beam_claims_at(p, sp, params), pts,
+    t = sensitivity.sweep(f"{EXPERIMENT}.beam", partial(beam_claims_at, sp=sp, params=params), pts,
                           {"params": asdict(params), "sharing_params": asdict(sp)}, default, progress=progress)
     return sensitivity.with_bands(default, t, sensitivity.describe(pts)), t
 

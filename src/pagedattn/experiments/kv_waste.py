@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -259,7 +260,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     hw = hardware_label("sim")
     default = claims(breakdowns, batches, params.block_size, params.memory_bound_min_pct)
     pts = sensitivity.points(quick, trace_axis=False)  # both ShareGPT traces are in every point's claims
-    tables["sensitivity"] = sensitivity.sweep(EXPERIMENT, lambda p: claims_at(p, params, rates), pts,
+    tables["sensitivity"] = sensitivity.sweep(EXPERIMENT, partial(claims_at, params=params, fig2_rates=rates), pts,
                                               {"params": asdict(params), "rates": rates}, default, progress=progress)
     tables["sensitivity"].to_csv(out_dir / "sensitivity.csv", index=False)
     write_summary(out_dir, EXPERIMENT, hw, MODEL, quick,

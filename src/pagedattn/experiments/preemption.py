@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -343,7 +344,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     default = claims(micro, paper_micro, load_gpu_micro(out_dir))
     pts = sensitivity.points(quick, rate_axis=False, trace_axis=False,
                              copy_latencies=() if quick else (CostModel.copy_latency_s / 2, 2 * CostModel.copy_latency_s))
-    band = sensitivity.sweep(EXPERIMENT, lambda p: claims_at(p, params), pts, {"params": asdict(params)}, default)
+    band = sensitivity.sweep(EXPERIMENT, partial(claims_at, params=params), pts, {"params": asdict(params)}, default)
     band.to_csv(out_dir / "sensitivity.csv", index=False)
     tables["sensitivity"] = band
     write_summary(out_dir, EXPERIMENT, f"{hw} + {hardware_label('sim')}", model, quick,

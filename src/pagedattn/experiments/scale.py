@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 
 import pandas as pd
@@ -321,7 +321,7 @@ def bands(params: Params, default: list[Claim], progress: bool = True) -> tuple[
     tables = []
     for m in params.models:
         mine = [c for c in default if c.name.startswith(f"rate_ratio.{m}.sharegpt.")]
-        t = sensitivity.sweep(f"{EXPERIMENT}.{m}", lambda p: claims_at(p, params, m), pts,
+        t = sensitivity.sweep(f"{EXPERIMENT}.{m}", partial(claims_at, params=params, model=m), pts,
                               {"params": asdict(params)}, mine, progress=progress)
         default = sensitivity.with_bands(default, t, sensitivity.describe(pts))
         tables.append(t.assign(model=m))

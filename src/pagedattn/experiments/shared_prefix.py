@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -416,7 +417,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
              f"vocab {params.cpu_vocab}), {params.cpu_slots} token slots")
     default = claims(tables["sim_offline"], tables.get("cpu_offline"), tables["sim_rate_ratios"])
     pts = sensitivity.points(quick, rate_axis=False, trace_axis=False)
-    tables["sensitivity"] = sensitivity.sweep(EXPERIMENT, lambda p: claims_at(p, params), pts,
+    tables["sensitivity"] = sensitivity.sweep(EXPERIMENT, partial(claims_at, params=params), pts,
                                               {"params": asdict(params)}, default, progress=progress)
     tables["sensitivity"].to_csv(out_dir / "sensitivity.csv", index=False)
     write_summary(out_dir, EXPERIMENT, hw, model, quick,

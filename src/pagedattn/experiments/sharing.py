@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -170,7 +171,7 @@ def sim_bands(params: Params, default: list[Claim], progress: bool = True) -> tu
     # the savings carry the synthetic ShareGPT trace as their own .synthetic claims (no trace axis)
     for which, axes in (("savings", {"trace_axis": False}), ("gain", {"rate_axis": False, "trace_axis": False})):
         pts = sensitivity.points(params.quick, **axes)
-        t = sensitivity.sweep(f"{EXPERIMENT}.{which}", lambda p: sim_claims_at(p, params, which), pts,
+        t = sensitivity.sweep(f"{EXPERIMENT}.{which}", partial(sim_claims_at, params=params, which=which), pts,
                               {"params": asdict(params)}, default, progress=progress)
         default = sensitivity.with_bands(default, t, sensitivity.describe(pts))
         tables.append(t.assign(sweep=which))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -205,7 +206,7 @@ def sim_bands(params: SimParams, default: list[Claim], progress: bool = True) ->
     # their own .synthetic claims (no trace axis)
     for which, axes in (("rates", {"rate_axis": False, "trace_axis": False}), ("batches", {})):
         pts = sensitivity.points(params.quick, **axes)
-        t = sensitivity.sweep(f"{EXPERIMENT}.{which}", lambda p: sim_claims_at(p, params, which), pts,
+        t = sensitivity.sweep(f"{EXPERIMENT}.{which}", partial(sim_claims_at, params=params, which=which), pts,
                               {"params": asdict(params)}, [c for c in default if c.name.startswith(
                                   "rate_ratio." if which == "rates" else "mean_batch.")], progress=progress)
         default = sensitivity.with_bands(default, t, sensitivity.describe(pts))

@@ -1,0 +1,77 @@
+"""The sweep executor (``pagedattn.parallel``, issue 26): the same results, in the same order, in this process, on a
+process pool and on a Dask ``LocalCluster``; and an experiment's ``summary.json`` byte for byte the same whichever
+computed it."""
+import math
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from pagedattn import parallel, sensitivity
+from pagedattn.parallel import call, pmap
+
+
+@pytest.fixture
+def restore_settings():
+    yield
+    parallel.configure()
+    parallel.shutdown()
+
+
+def _tasks():
+    from pagedattn.sim import simulate  # noqa: F401 (a module-level function, picklable by reference)
+
+    return [(math.sqrt, (x,), {}) for x in range(20)] + [(divmod, (17, k), {}) for k in (1, 2, 3)]
+
+
+def test_pmap_in_process_and_on_a_pool(restore_settings):
+    want = [call(t) for t in _tasks()]
+    assert pmap(call, _tasks(), jobs=1) == want
+    assert pmap(call, _tasks(), jobs=2) == want  # order kept however the tasks finish
+    parallel.configure(jobs=2)
+    assert parallel.num_jobs() == 2 and pmap(call, _tasks()) == want
+
+
+def test_errors_reach_the_caller(restore_settings):
+    with pytest.raises(ZeroDivisionError):
+        pmap(call, [(divmod, (1, 0), {}), (divmod, (1, 1), {})], jobs=2)
+    with pytest.raises(ValueError, match="jobs must be an integer >= 1"):
+        parallel.configure(jobs=0)
+
+
+def test_jobs_from_the_environment(monkeypatch, restore_settings):
+    monkeypatch.setenv("PAGEDATTN_JOBS", "3")
+    assert parallel.num_jobs() == 3
+    monkeypatch.setenv("PAGEDATTN_JOBS", "two")
+    with pytest.raises(ValueError, match="PAGEDATTN_JOBS"):
+        parallel.num_jobs()
+    monkeypatch.setenv(parallel.IN_WORKER, "1")  # a sweep inside a worker runs serially there
+    assert parallel.num_jobs() == 1 and parallel.scheduler_address() is None
+
+
+_points = sensitivity.points
+
+
+def _summary_bytes(monkeypatch, **settings) -> bytes:
+    """09's quick run with three computed sensitivity points (the quick grid computes only one), under
+    ``parallel.configure(**settings)``, with a fresh sweep cache: its summary.json."""
+    from pagedattn.experiments import chatbot
+
+    grid = _points(quick=True) + [sensitivity.Point(0.5, 0.3, 0.008), sensitivity.Point(0.9, 0.3, 0.004)]
+    monkeypatch.setattr(sensitivity, "points", lambda *a, **k: grid)
+    monkeypatch.setattr(sensitivity, "CACHE_DIR", Path(tempfile.mkdtemp()))
+    parallel.configure(**settings)
+    out = Path(tempfile.mkdtemp())
+    chatbot.run(quick=True, results_dir=out, progress=False)
+    return (out / chatbot.EXPERIMENT / "summary.json").read_bytes()
+
+
+def test_summary_identical_with_one_job_two_jobs_and_a_cluster(monkeypatch, restore_settings):
+    distributed = pytest.importorskip("distributed")
+    one = _summary_bytes(monkeypatch, jobs=1)
+    assert b"band: holds at all 4 points" in one or b"of 4 points" in one  # four points, three computed
+    assert _summary_bytes(monkeypatch, jobs=2) == one
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cl:
+        assert _summary_bytes(monkeypatch, scheduler=cl.scheduler_address) == one
+        assert pmap(call, _tasks()) == [call(t) for t in _tasks()]
+        parallel.shutdown()  # close the client before its cluster goes
