@@ -225,6 +225,32 @@ def build_app(engine: AsyncEngine, model_name: str):
     return app
 
 
+@contextlib.contextmanager
+def serve_in_thread(app, host: str = "127.0.0.1"):
+    """Serve ``app`` with uvicorn on an ephemeral port of ``host`` in a background thread (tests, notebooks); yields
+    the base URL and always shuts the server down (in-flight streams get 5 s to end)."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((host, 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the server failed to start")
+            time.sleep(0.01)
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
 # ------------------------------------------------------------------------------------------------ CLI
 def load_engine(model: str, kv_manager: str = "paged", num_slots: int = 8192, block_size: int = 16,
                 max_model_len: int | None = None, seed: int = 0, **engine_kw):
