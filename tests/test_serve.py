@@ -172,6 +172,15 @@ def test_replayer_end_to_end_writes_the_latency_csv(server, tmp_path):
     assert_all_blocks_free(async_engine.engine)
 
 
+def test_replayer_writes_the_trace_for_aiperf(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    replay.main(["--trace", "alpaca", "--rate", "2", "--num-requests", "5", "--write-trace", str(path)])
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    trace = replay.make_trace("alpaca", 5, 2.0, 0)
+    assert [(r["input_length"], r["output_length"]) for r in rows] == [(t.prompt_len, t.output_len) for t in trace]
+    assert rows[-1]["timestamp"] == pytest.approx(1000 * trace[-1].arrival_time, abs=1e-3)
+
+
 def test_replayer_time_limit_cancels_what_is_in_flight(server):
     url, async_engine = server
     trace = [replay.TraceRequest("long", 0.0, 8, 250)]

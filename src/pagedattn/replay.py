@@ -194,6 +194,15 @@ def format_summary(s: dict) -> str:
         f"latency (ms): {ms(s['latency'])}", f"TTFT (ms): {ms(s['ttft'])}", f"TPOT (ms): {ms(s['tpot'])}"])
 
 
+def write_mooncake(trace: list[TraceRequest], path: str) -> None:
+    """The trace as a Mooncake-style JSONL (``timestamp`` in ms, ``input_length``, ``output_length``), the format that
+    AIPerf's trace replay reads: another client can then send the same requests at the same times."""
+    with open(path, "w") as f:
+        for r in trace:
+            f.write(json.dumps({"timestamp": round(1000 * r.arrival_time, 3), "input_length": r.prompt_len,
+                                "output_length": r.output_len}) + "\n")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pagedattn.replay", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (with or without /v1)")
@@ -210,6 +219,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="do not send ignore_eos (for an endpoint that refuses unknown fields)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="the CSV (default: replay_<trace>_rate<R>.csv)")
+    p.add_argument("--write-trace", metavar="JSONL", default=None,
+                   help="only write the trace as Mooncake JSONL (for AIPerf) and exit; no server is contacted")
     return p.parse_args(argv)
 
 
@@ -219,6 +230,10 @@ def main(argv=None) -> dict:
 
     trace = make_trace(a.trace, a.num_requests, a.rate, a.seed) if a.scale == 1 else \
         scaled_trace(a.trace, a.num_requests, a.scale, a.rate, a.seed)
+    if a.write_trace:
+        write_mooncake(trace, a.write_trace)
+        print(f"wrote {len(trace)} requests of {a.trace} at {a.rate:g} req/s to {a.write_trace}")
+        return {"requests": len(trace)}
     card = asyncio.run(fetch_model_card(a.url)) if a.model is None or a.vocab_size is None else {}
     model = a.model or card["id"]
     vocab = a.vocab_size or card.get("vocab_size") or 512
