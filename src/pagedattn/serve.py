@@ -253,9 +253,10 @@ def serve_in_thread(app, host: str = "127.0.0.1"):
 
 # ------------------------------------------------------------------------------------------------ CLI
 def load_engine(model: str, kv_manager: str = "paged", num_slots: int = 8192, block_size: int = 16,
-                max_model_len: int | None = None, seed: int = 0, **engine_kw):
+                max_model_len: int | None = None, seed: int = 0, max_step_metrics: int | None = 10_000, **engine_kw):
     """An ``LLMEngine`` for MODEL (a checkpoint folder, or ``tiny:opt``) under ``kv_manager`` over ``num_slots``
-    token slots (``experiments.common.make_engine``, the same systems the simulator replays)."""
+    token slots (``experiments.common.make_engine``, the same systems the simulator replays), keeping the metrics of
+    the last ``max_step_metrics`` steps (a server runs for days)."""
     from pagedattn.experiments.common import make_engine, tiny_opt
 
     if model == TINY_SPEC:
@@ -270,7 +271,8 @@ def load_engine(model: str, kv_manager: str = "paged", num_slots: int = 8192, bl
         model_obj, config = model, AutoConfig.from_pretrained(model)
     limit = config.max_position_embeddings
     max_model_len = min(max_model_len or limit, limit)
-    return make_engine(model_obj, kv_manager, num_slots, block_size, max_model_len, **engine_kw)
+    return make_engine(model_obj, kv_manager, num_slots, block_size, max_model_len,
+                       max_step_metrics=max_step_metrics, **engine_kw)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
