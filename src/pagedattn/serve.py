@@ -126,6 +126,7 @@ async def stream_events(outputs, head: dict, include_usage: bool):
     """Server-sent events in OpenAI's format: one chunk per new piece of each choice (its new text and token ids),
     the finish reason with a choice's last piece, then the usage chunk if asked, then ``data: [DONE]``."""
     sent: dict[int, tuple[int, int]] = {}  # choice index -> (tokens sent, characters sent)
+    ended: set[int] = set()  # choices whose finish reason was sent
     last = None
     try:
         async for out in outputs:
@@ -137,11 +138,11 @@ async def stream_events(outputs, head: dict, include_usage: bool):
             for c in out.outputs:
                 n_tok, n_chr = sent.get(c.index, (0, 0))
                 text = c.text or ""
-                if len(c.token_ids) > n_tok or (c.finish_reason and (c.index, "end") not in sent):
+                if len(c.token_ids) > n_tok or (c.finish_reason and c.index not in ended):
                     choices.append(_choice(c, text[n_chr:], c.token_ids[n_tok:], c.finish_reason))
                     sent[c.index] = (len(c.token_ids), len(text))
                     if c.finish_reason:
-                        sent[(c.index, "end")] = (0, 0)
+                        ended.add(c.index)
             if choices:
                 yield _sse({**head, "choices": choices})
     except RuntimeError as e:  # the engine failed
