@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 QUICK  ?= 0
 QUICK_FLAG := $(if $(filter 1 true yes,$(QUICK)),--quick,)
 
-.PHONY: venv test test-fast mutants reproduce lab model summary clean-results kernels-compile gpu
+.PHONY: venv test test-fast mutants reproduce lab model summary clean-results kernels-compile gpu serve
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,13 @@ summary: $(STAMP)
 ## Open JupyterLab on the notebooks with the pagedattn (.venv) kernel (LAB_ARGS="--no-browser" etc. go to JupyterLab).
 lab: $(STAMP)
 	$(BIN)/python -m pagedattn.lab $(LAB_ARGS)
+
+## Serve the engine over an OpenAI-compatible HTTP API on 127.0.0.1:$(PORT) (MODEL: a checkpoint folder; default: the
+## random-weight tiny OPT, no weights needed). SERVE_ARGS="--kv-manager orca_oracle --num-slots 4096" etc. go to it.
+MODEL ?= tiny:opt
+PORT  ?= 8000
+serve: $(STAMP)
+	$(BIN)/python -m pagedattn.serve $(MODEL) --port $(PORT) $(SERVE_ARGS)
 
 ## Train the small OPT on the standard library (opt-stdlib).
 model: $(STAMP)

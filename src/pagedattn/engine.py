@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
@@ -49,6 +50,15 @@ class EngineArgs:
     device: str | None = None
     dtype: Any = None
     enable_prefix_caching: bool = False
+    max_step_metrics: int | None = 10_000  # the last steps kept in ``step_metrics`` (None: all, 0: none)
+
+
+class StepMetricsRing(deque):
+    """``LLMEngine.step_metrics``: the last ``maxlen`` steps' ``StepMetrics``, oldest first. A bounded ring, so
+    that a server running for days keeps a fixed amount; it also takes slices (``ring[-10:]``) as a list did."""
+
+    def __getitem__(self, key):
+        return list(self)[key] if isinstance(key, slice) else super().__getitem__(key)
 
 
 @dataclass
@@ -152,7 +162,10 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv, self.backend, self.device, self.dtype)
         self.processor = OutputProcessor(self.scheduler, self.tokenizer, eos_token_ids(self.model, self.tokenizer),
                                          self.max_model_len)
-        self.step_metrics: list[StepMetrics] = []
+        if args.max_step_metrics is not None and (as_int(args.max_step_metrics) is None or args.max_step_metrics < 0):
+            raise ValueError(f"max_step_metrics must be None or an integer >= 0, got {args.max_step_metrics!r}")
+        self.step_metrics = StepMetricsRing(maxlen=args.max_step_metrics)
+        self.num_steps = 0  # steps that ran the model, since the start (``step_metrics`` keeps the last ones)
         self._seq_ids = itertools.count()
 
     @classmethod
@@ -241,8 +254,9 @@ class LLMEngine:
     def _record(self, out: SchedulerOutputs, result: StepResult, step_time: float, blocks_used: int) -> None:
         inp, sched = result.inp, self.scheduler
         n_tokens = int(inp.input_ids.shape[0])
+        self.num_steps += 1
         self.step_metrics.append(StepMetrics(
-            len(self.step_metrics), "prefill" if out.is_prefill else "decode", len(inp.meta.context_lens_list),
+            self.num_steps - 1, "prefill" if out.is_prefill else "decode", len(inp.meta.context_lens_list),
             n_tokens if out.is_prefill else 0, n_tokens, blocks_used, sum(inp.meta.context_lens_list),
             len(out.preempted), len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out), len(out.blocks_to_copy),
             step_time, result.forward_time, len(sched.running), len(sched.waiting), len(sched.swapped)))

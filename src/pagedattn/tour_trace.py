@@ -98,11 +98,11 @@ def record_trace(engine, arrivals: dict[int, list[tuple]] | None = None, max_ste
     frames.append(snapshot(engine, -1, "start", new_requests=new))
     while (engine.has_unfinished_requests() or arrivals) and step < max_steps:
         new = _add(engine, arrivals.pop(step, [])) if step else []
-        n_metrics = len(engine.step_metrics)
+        n_steps = engine.num_steps
         outs = engine.step() if engine.has_unfinished_requests() else []
         done = [o.request_id for o in outs if o.finished]
         outputs.update({o.request_id: o for o in outs if o.finished})
-        m = engine.step_metrics[n_metrics:] if len(engine.step_metrics) > n_metrics else []
+        m = engine.step_metrics[-1:] if engine.num_steps > n_steps else []
         kind = m[0].kind if m else "idle"
         frames.append(snapshot(engine, step, kind, m[0].num_blocks_copied if m else 0, new, done))
         step += 1

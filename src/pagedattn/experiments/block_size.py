@@ -237,6 +237,7 @@ def engine_run(hf, trace: list[TraceRequest], block_size: int, slots: int, seed:
     tokens) and the engine."""
     from pagedattn.engine import LLMEngine
 
+    engine_kw.setdefault("max_step_metrics", None)  # engine_summary reads every step
     engine = LLMEngine(hf, block_size=block_size, num_gpu_blocks=max(1, slots // block_size),
                        attention_backend="torch", **engine_kw)
     rng = np.random.default_rng(seed)

@@ -244,6 +244,7 @@ def _saving_driver(engine: LLMEngine, targets: dict[int, int] | None = None) -> 
 def engine_for(model, tokenizer, params: Params, **kw) -> LLMEngine:
     kw.setdefault("num_gpu_blocks", params.engine_blocks)
     kw.setdefault("num_cpu_blocks", params.engine_blocks)
+    kw.setdefault("max_step_metrics", None)  # the savings are summed over every step
     return LLMEngine(model, tokenizer, block_size=params.block_size, max_model_len=params.max_model_len,
                      max_num_seqs=params.max_num_seqs, preemption_mode="swap", **kw)
 
