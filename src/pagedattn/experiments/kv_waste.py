@@ -26,9 +26,9 @@ from functools import partial
 from pathlib import Path
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from pagedattn import sensitivity
+from pagedattn.parallel import pmap
 from pagedattn.config import paper_slots
 from pagedattn.experiments import validated
 from pagedattn.experiments.common import ServingParams
@@ -65,12 +65,19 @@ class Params(ServingParams):
                  memory_bound_min_pct=50.0)
 
 
+def _replay_one(run: tuple, placement: str = "buddy", cost: CostModel | None = None) -> SimResult:
+    """One replay of a sweep: ``(trace, system, block_size)`` on the paper's KV budget."""
+    trace, system, block_size = run
+    return simulate(trace, system, paper_slots(), block_size, cost or CostModel(), placement=placement)
+
+
 def run_systems(trace, params: Params, systems=SYSTEMS, placement: str = "buddy",
                 progress: bool = True, cost: CostModel | None = None) -> dict[str, SimResult]:
-    """Replay one trace through each system on the same KV budget and cost model."""
-    cost = cost or CostModel()
-    return {s: simulate(trace, s, paper_slots(), params.block_size, cost, placement=placement)
-            for s in tqdm(systems, desc="systems", disable=not progress, leave=False)}
+    """Replay one trace through each system on the same KV budget and cost model (in parallel:
+    ``pagedattn.parallel``)."""
+    runs = [(trace, s, params.block_size) for s in systems]
+    return dict(zip(systems, pmap(partial(_replay_one, placement=placement, cost=cost), runs, "systems",
+                                  progress)))
 
 
 def steady_state(r: SimResult) -> SimResult:
@@ -89,13 +96,16 @@ def fig2_rate(trace, params: Params, progress: bool = True) -> tuple[float | Non
     """Fig. 2's rate by the rule stated above (the paged system's memory-bound share on a fixed grid, lowest rate
     first); ``None`` if no rate qualifies. Also returns the share at every rate tried."""
     rows = []
-    for rate in tqdm(params.fig2_rate_grid, desc="Fig. 2 rate rule", disable=not progress, leave=False):
-        t = with_rate(trace, rate, params.seed)
-        pct = memory_bound_pct(steady_state(simulate(t, "paged", paper_slots(), params.block_size, CostModel())))
+    runs = [(with_rate(trace, rate, params.seed), "paged", params.block_size) for rate in params.fig2_rate_grid]
+    for rate, pct in zip(params.fig2_rate_grid, pmap(_memory_bound_pct, runs, "Fig. 2 rate rule", progress)):
         rows.append({"rate": rate, "paged_memory_bound_pct": pct})
-        if pct >= params.memory_bound_min_pct:
+        if pct >= params.memory_bound_min_pct:  # the lowest such rate (the grid's rates, all replayed at once)
             return rate, pd.DataFrame(rows)
     return None, pd.DataFrame(rows)
+
+
+def _memory_bound_pct(run: tuple) -> float:
+    return memory_bound_pct(steady_state(_replay_one(run)))
 
 
 def breakdown_table(results: dict[str, SimResult]) -> pd.DataFrame:
@@ -136,10 +146,10 @@ def block_size_waste(trace, params: Params, progress: bool = True) -> pd.DataFra
     """Exercise 6: the share of *allocated* slots that hold no token, for paging at each block size vs pre-allocating
     the maximum length (Orca Max) or the exact length (Orca Oracle), over the memory-bound steady-state steps."""
     rows = []
-    cost = CostModel()
     runs = [("paged", bs) for bs in params.sweep_block_sizes] + [("orca_max", None), ("orca_oracle", None)]
-    for system, bs in tqdm(runs, desc="exercise 6", disable=not progress, leave=False):
-        r = simulate(trace, system, paper_slots(), bs or params.block_size, cost)
+    results = pmap(_replay_one, [(trace, system, bs or params.block_size) for system, bs in runs], "exercise 6",
+                   progress)
+    for (system, bs), r in zip(runs, results):
         sh = steady_state(r).shares()
         allocated = sh["token_states"] + sh["reserved"] + sh["internal"]
         rows.append({"system": system, "label": LABELS[system], "block_size": bs,
