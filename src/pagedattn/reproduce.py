@@ -18,11 +18,13 @@ the provenance block of its ``summary.json``. Each successful notebook's duratio
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import datetime as _dt
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +47,13 @@ def kernel_name() -> str:
     return "python3"
 
 
+def notebook_path(path: str | os.PathLike) -> str:
+    """``path`` as the notebooks (run from ``notebooks/``) should see it: relative when it lies in the repository
+    (``../results``), so that an executed copy names no machine's folders; absolute otherwise."""
+    path = Path(path).resolve()
+    return os.path.relpath(path, NOTEBOOKS_DIR) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
 def run_notebook(path: str | os.PathLike, quick: bool, results_dir: str | os.PathLike = RESULTS_DIR,
                  parameters: dict | None = None, timeout_s: int | None = None, jobs: int | None = None,
                  scheduler: str | None = None) -> Path:
@@ -64,17 +73,31 @@ def run_notebook(path: str | os.PathLike, quick: bool, results_dir: str | os.Pat
     out = out_dir / path.name
     options = {k: v for k, v in {"jobs": jobs, "scheduler": scheduler}.items() if v is not None}
     declared = pm.inspect_notebook(str(path))
-    params = {"quick": bool(quick), "results_dir": str(Path(results_dir).resolve())}
+    params = {"quick": bool(quick), "results_dir": notebook_path(results_dir)}
     params.update({k: v for k, v in options.items() if k in declared})
     params.update(parameters or {})
     pythonpath = os.pathsep.join([str(REPO_ROOT / "src")] + ([os.environ["PYTHONPATH"]]
                                                               if os.environ.get("PYTHONPATH") else []))
     env = {"PYTHONPATH": pythonpath, NOTEBOOK_ENV: _relative_to_repo(path),
            **{f"PAGEDATTN_{k.upper()}": str(v) for k, v in options.items()}}
-    with environ(env):
-        pm.execute_notebook(str(path), str(out), parameters=params, kernel_name=kernel_name(),
-                            cwd=str(NOTEBOOKS_DIR), progress_bar=False, execution_timeout=timeout_s, log_output=False)
+    with environ(env), tempfile.TemporaryDirectory() as sockets:
+        km = ipc_kernel_manager(sockets)
+        try:
+            pm.execute_notebook(str(path), str(out), parameters=params, kernel_name=km.kernel_name, km=km,
+                                cwd=str(NOTEBOOKS_DIR), progress_bar=False, execution_timeout=timeout_s,
+                                log_output=False)
+        finally:
+            if km.has_kernel:
+                asyncio.run(km.shutdown_kernel(now=True))
     return out
+
+
+def ipc_kernel_manager(folder: str):
+    """A kernel manager whose kernel talks over Unix sockets in ``folder`` (this machine only), not TCP: no port
+    is opened, and the kernel has no "running over TCP without encryption" warning to print for every notebook."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    return AsyncKernelManager(kernel_name=kernel_name(), transport="ipc", ip=os.path.join(folder, "kernel"))
 
 
 def _relative_to_repo(path: Path) -> str:
