@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from pagedattn import kernels
-from pagedattn.engine import LLM
+from pagedattn.llm import LLM
 from pagedattn.results import REPO_ROOT, hardware_label, today
 from pagedattn.sequence import SamplingParams
 

@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from engine_vs_hf import (MODEL, TRACE, decode_roofline, length_pairs, make_model, measure_machine,
                           median_thread_time, model_costs, random_prompts)
-from pagedattn.engine import LLM
+from pagedattn.llm import LLM
 from pagedattn.kernels import cpu
 from pagedattn.sequence import SamplingParams
 

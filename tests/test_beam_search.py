@@ -18,7 +18,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
 from pagedattn.beam_search import NEG, BeamSearchState, _reassign, init_group, outputs, step_groups, worst_case_blocks
-from pagedattn.engine import LLM
+from pagedattn.llm import LLM
 from pagedattn.memory import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.sequence import CompletionOutput, SamplingParams, Sequence, SequenceGroup

@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
-from pagedattn.engine import LLM, EngineArgs, LLMEngine
+from pagedattn.engine import EngineArgs, LLMEngine
+from pagedattn.llm import LLM
 from pagedattn.memory import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.sequence import SamplingParams

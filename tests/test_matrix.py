@@ -28,7 +28,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalL
 from pagedattn import kernels
 from pagedattn.beam_search import worst_case_blocks
 from pagedattn.config import blocks_needed
-from pagedattn.engine import LLM, LLMEngine
+from pagedattn.engine import LLMEngine
+from pagedattn.llm import LLM
 from pagedattn.model import load_model
 from pagedattn.sequence import SamplingParams
 

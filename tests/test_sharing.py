@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from pagedattn import kernels
-from pagedattn.engine import LLM
+from pagedattn.llm import LLM
 from pagedattn.memory import BlockManager
 from pagedattn.sequence import SamplingParams
 

@@ -291,12 +291,3 @@ class LLMEngine:
                     assert where is None, f"waiting {q} holds blocks"
                 else:
                     assert where == ("gpu" if status == "running" else "cpu", q.get_len() - 1), f"{q}: {where}"
-
-
-def __getattr__(name: str):
-    """``LLM`` and ``error_output`` moved to ``pagedattn.llm``; ``from pagedattn.engine import LLM`` still works."""
-    if name in ("LLM", "error_output"):
-        from pagedattn import llm
-
-        return getattr(llm, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -102,7 +102,7 @@ def copy_on_write() -> dict:
 
 def generate(model, tokenizer, quick: bool) -> dict:
     """``LLM.generate`` on ``PROMPTS`` (greedy): the whole engine on ``opt-stdlib``. Returns the LLM and outputs."""
-    from pagedattn.engine import LLM
+    from pagedattn.llm import LLM
     from pagedattn.sequence import SamplingParams
 
     llm = LLM(model, tokenizer, block_size=DEFAULT_BLOCK_SIZE, num_gpu_blocks=64)
