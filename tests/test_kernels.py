@@ -10,6 +10,7 @@ partly shared between sequences (as after fork, §4.4), and NaN-poisoned outputs
 from __future__ import annotations
 
 import os
+import time
 import zlib
 
 import torch
@@ -264,6 +265,46 @@ def test_cpu_backend_falls_back_without_a_compiler(monkeypatch):
                        naive_attention_f64(q, kc, vc, table, ctx, 0.3)) < 1e-12
     finally:
         cpu.load_library.cache_clear()
+
+
+def test_cpu_library_abi_is_checked_at_load(cpu_kernel):
+    """The loaded library reports the ABI version the ctypes signatures were written for; a library that reports
+    another version, or lacks a function, is refused with the reason."""
+    from types import SimpleNamespace
+
+    from pagedattn.kernels import cpu
+
+    assert cpu.load_library().pagedattn_abi_version() == cpu.ABI_VERSION
+
+    def lib(version, names=tuple(cpu._SIGNATURES)):
+        funcs = {n: (lambda: 0) for n in names}
+        return SimpleNamespace(pagedattn_abi_version=lambda: version, **funcs)
+
+    assert cpu.bind(lib(cpu.ABI_VERSION)) is None
+    assert cpu.bind(lib(cpu.ABI_VERSION + 1)) == f"ABI version {cpu.ABI_VERSION + 1}, expected {cpu.ABI_VERSION}"
+    assert cpu.bind(lib(cpu.ABI_VERSION, names=("rope_f32",))).startswith("it exports no ")
+    assert cpu.bind(SimpleNamespace()) == "it exports no pagedattn_abi_version()"
+
+
+def test_cpu_library_cache_folder_and_pruning(monkeypatch, tmp_path):
+    """The build cache follows $PAGEDATTN_CACHE_DIR, else $XDG_CACHE_HOME; a new build removes older builds that no
+    one used for an hour, and keeps recent ones (another checkout may be using them)."""
+    from pagedattn.kernels import cpu
+
+    monkeypatch.delenv("PAGEDATTN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cpu.cache_dir() == tmp_path / "xdg" / "pagedattn"
+    monkeypatch.setenv("PAGEDATTN_CACHE_DIR", str(tmp_path / "mine"))
+    assert cpu.cache_dir() == tmp_path / "mine"
+    new, recent, old, other = (tmp_path / n for n in ("cpu_attention_new.so", "cpu_attention_recent.so",
+                                                      "cpu_attention_old.so", "unrelated.so"))
+    for f in (new, recent, old, other):
+        f.write_bytes(b"")
+    day_ago = time.time() - 86400
+    for f in (new, old, other):
+        os.utime(f, (day_ago, day_ago))
+    assert cpu.prune(tmp_path, keep=new) == [old]
+    assert new.exists() and recent.exists() and other.exists() and not old.exists()
 
 
 # ------------------------------------------------------------------------------------------ Triton attention

@@ -14,8 +14,11 @@ at batch 64, torch's RMSNorm took 35-80 us per call on ``[64, 256]`` and ``max(d
 :func:`pagedattn.model.llama.apply_rope`; RMSNorm and argmax follow transformers' formula and torch's tie rule.
 
 The sources are compiled on first use with the system's C++ compiler (``$CXX``, else ``c++``/``g++``/``clang++``) into
-``$PAGEDATTN_CACHE_DIR`` (default ``~/.cache/pagedattn``), keyed by a hash of the source, compiler and flags, and
-loaded with ``ctypes``: no torch headers, so it builds in about a second and does not depend on the torch version.
+``$PAGEDATTN_CACHE_DIR`` (default ``$XDG_CACHE_HOME/pagedattn``, else ``~/.cache/pagedattn``), keyed by a hash of the
+source, compiler and flags (a new build removes the older ones), and loaded with ``ctypes``: no torch headers, so it
+builds in about a second and does not depend on the torch version. The ctypes signatures are declared here
+(``_SIGNATURES``); the library exports ``pagedattn_abi_version()``, and a library whose version is not
+``ABI_VERSION`` is refused at load.
 Without a compiler, or with ``PAGEDATTN_CPU_KERNEL=0``, :func:`available` is False and ``get_backend("auto")`` falls
 back to the torch reference. :func:`paged_attention_cpu` itself falls back to the reference for inputs the kernel
 does not take (not on the CPU, fp16/bf16, a non-contiguous cache, a query that needs gradients).
@@ -29,6 +32,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -100,7 +104,7 @@ def load_library() -> ctypes.CDLL | None:
         return None
     key = hashlib.sha256(repr([[(f.read_text(), x) for f, x in SOURCES.items()], cxx, FLAGS, NATIVE,
                                _cpu_id()]).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("PAGEDATTN_CACHE_DIR", Path.home() / ".cache" / "pagedattn"))
+    cache = cache_dir()
     lib = cache / f"cpu_attention_{key}.so"
     try:
         if not lib.exists():
@@ -116,27 +120,73 @@ def load_library() -> ctypes.CDLL | None:
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
+            prune(cache, keep=lib)
         dll = ctypes.CDLL(str(lib))
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", "") or str(e)
         warnings.warn(f"the CPU decode kernel did not build ({detail.strip()[:500]}): decode attention uses the "
                       "torch reference", RuntimeWarning, stacklevel=2)
         return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    for name in _FUNCTIONS.values():
-        fn = getattr(dll, name)
-        fn.argtypes = [ptr] * 6 + [i64] * 8 + [ctypes.c_double]
-        fn.restype = ctypes.c_int
-    for name in _WRITES.values():
-        fn = getattr(dll, name)
-        fn.argtypes = [ptr] * 5 + [i64] * 5
-        fn.restype = ctypes.c_int
-    dll.rms_norm_f32.argtypes = [ptr] * 4 + [i64] * 2 + [ctypes.c_double]
-    dll.rope_f32.argtypes = [ptr] * 3 + [i64] * 4
-    dll.argmax_rows_f32.argtypes = [ptr, i64, i64, ptr]
-    for fn in (dll.rms_norm_f32, dll.rope_f32, dll.argmax_rows_f32):
-        fn.restype = None
+    problem = bind(dll)
+    if problem:
+        warnings.warn(f"the CPU decode kernel at {lib} is not the one this code expects ({problem}): decode "
+                      "attention uses the torch reference", RuntimeWarning, stacklevel=2)
+        return None
     return dll
+
+
+#: The version of the exported signatures below; ``pagedattn_abi_version()`` in ``cpu_attention.cpp`` must return it.
+ABI_VERSION = 2
+_I64, _PTR, _F64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
+#: name -> (argument types, return type) of every function the library exports
+_SIGNATURES = {**{name: ([_PTR] * 6 + [_I64] * 8 + [_F64], ctypes.c_int) for name in _FUNCTIONS.values()},
+               **{name: ([_PTR] * 5 + [_I64] * 5, ctypes.c_int) for name in _WRITES.values()},
+               "rms_norm_f32": ([_PTR] * 4 + [_I64] * 2 + [_F64], None),
+               "rope_f32": ([_PTR] * 3 + [_I64] * 4, None),
+               "argmax_rows_f32": ([_PTR, _I64, _I64, _PTR], None)}
+
+
+def bind(dll: ctypes.CDLL) -> str | None:
+    """Declare the ctypes signatures of ``dll``'s functions; a reason to refuse it (another ABI version, a missing
+    function), or None."""
+    try:
+        version = dll.pagedattn_abi_version
+    except AttributeError:
+        return "it exports no pagedattn_abi_version()"
+    version.argtypes, version.restype = [], ctypes.c_int
+    if version() != ABI_VERSION:
+        return f"ABI version {version()}, expected {ABI_VERSION}"
+    for name, (args, ret) in _SIGNATURES.items():
+        try:
+            fn = getattr(dll, name)
+        except AttributeError:
+            return f"it exports no {name}()"
+        fn.argtypes, fn.restype = args, ret
+    return None
+
+
+def cache_dir() -> Path:
+    """Where compiled libraries live: ``$PAGEDATTN_CACHE_DIR``, else ``$XDG_CACHE_HOME/pagedattn``, else
+    ``~/.cache/pagedattn``."""
+    if os.environ.get("PAGEDATTN_CACHE_DIR"):
+        return Path(os.environ["PAGEDATTN_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pagedattn"
+
+
+def prune(cache: Path, keep: Path, max_age_s: float = 3600.0) -> list[Path]:
+    """Remove older builds from ``cache`` (``cpu_attention_*.so`` other than ``keep``, unused for ``max_age_s``:
+    another checkout sharing the folder may still be using a recent one). Returns what was removed."""
+    removed = []
+    now = time.time()
+    for old in cache.glob("cpu_attention_*.so"):
+        try:
+            st = old.stat()
+            if old != keep and now - max(st.st_atime, st.st_mtime) > max_age_s:
+                old.unlink()
+                removed.append(old)
+        except OSError:
+            pass
+    return removed
 
 
 def available() -> bool:

@@ -195,7 +195,7 @@ class BlockManager:
         """Tokens whose full blocks may be cached: all (automatic caching) or the user-marked prefix."""
         return num_tokens if self.enable_prefix_caching else min(prefix_len, num_tokens)
 
-    def _match(self, hashes: list[int], num_tokens: int) -> list[int]:
+    def _match(self, hashes: list[bytes], num_tokens: int) -> list[int]:
         """Cached blocks of the longest cached prefix, leaving at least the last token to compute."""
         hits = []
         for h in hashes[: (num_tokens - 1) // self.block_size]:

@@ -53,7 +53,7 @@ class PagedAttention(torch.nn.Module):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
-        self.backend: KernelBackend | None = None  # set by the executor (``bind_kv_cache``)
+        self.backend: KernelBackend | None = None  # set by the executor (``ModelRunner._bind_caches``)
         self.k_cache: Tensor | None = None
         self.v_cache: Tensor | None = None
 
