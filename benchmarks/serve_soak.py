@@ -43,7 +43,7 @@ def containers(a: AsyncEngine) -> dict[str, int]:
              "engine.requests": len(e.requests), "waiting": len(s.waiting), "running": len(s.running),
              "swapped": len(s.swapped), "kv.tables": len(getattr(kv, "tables", {})), "kv.used_blocks": used,
              "step_metrics": len(e.step_metrics)}
-    sizes["generators"] = len(e.processor.generators)
+    sizes["generators"] = len(e.sampler.generators)
     sizes["pending_copies"] = len(s.pending_copies)
     if e.processor.detokenizer is not None:
         sizes["detokenizer.states"] = len(e.processor.detokenizer.states)

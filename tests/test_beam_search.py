@@ -302,14 +302,9 @@ def test_select_at_max_tokens_every_candidate_stops_with_length():
     assert st.num_generated == 2
 
 
-class ForkLog:
-    """The scheduler as ``step_groups`` sees it: records which beam's sequence is forked into which."""
-
-    def __init__(self):
-        self.forks = []
-
-    def fork(self, parent, child):
-        self.forks.append((parent.seq_id, child.seq_id))
+def fork_ids(forks):
+    """``(parent, child)`` forks by sequence id."""
+    return [(p.seq_id, c.seq_id) for p, c in forks]
 
 
 class Words:
@@ -329,7 +324,7 @@ def probs_row(p):
     (5, [[0.05, 0.03, 0.02, 0.9], [0.05, 0.03, 0.02, 0.9]], "stop")], ids=["at-max-tokens", "early"])
 def test_step_groups_forks_reassigns_and_outputs_by_hand(max_tokens, step3, reason):
     """Two beams (seq ids 7 and 8) over a 4-token vocabulary, EOS = 3, on the engine's glue: ``step_groups`` (rows
-    in any order), ``_reassign`` (fork into a dead beam's sequence) and ``outputs``. Probabilities, worked out by
+    in any order), ``_reassign`` (the forks into a dead beam's sequence) and ``outputs``. Probabilities, worked out by
     hand. Step 1 (both rows [.5, .3, .15, .05]): tokens 0 (.5) and 1 (.3) of beam 7 survive; the second child takes
     over sequence 8 by a fork. Step 2 (rows given as 8 then 7): 7 = [0] x [.2, .12, .08, .6], 8 = [1] x
     [.9, .05, .03, .02]: EOS of 7 (.3) finishes with ln(.3) / 2; the runners are [1, 0] (.27, in sequence 8) and
@@ -341,21 +336,19 @@ def test_step_groups_forks_reassigns_and_outputs_by_hand(max_tokens, step3, reas
     seqs = [Sequence(7, [11, 12]), Sequence(8, [11, 12])]
     g = SequenceGroup("r", seqs, sp)
     st = init_group(g, frozenset({EOS}), max_model_len=64)
-    sched = ForkLog()
-
-    step_groups(sched, torch.stack([probs_row([0.5, 0.3, 0.15, 0.05])] * 2), [(seqs[0], g), (seqs[1], g)])
-    assert sched.forks == [(7, 8)] and st.num_forks == 1 and st.beams == seqs
+    forks = step_groups(torch.stack([probs_row([0.5, 0.3, 0.15, 0.05])] * 2), [(seqs[0], g), (seqs[1], g)])
+    assert fork_ids(forks) == [(7, 8)] and st.num_forks == 1 and st.beams == seqs
     assert outputs(g, Words()) == [CompletionOutput(0, "w0", [0], pytest.approx(math.log(0.5)), None),
                                    CompletionOutput(1, "w1", [1], pytest.approx(math.log(0.3)), None)]
 
-    step_groups(sched, torch.stack([probs_row([0.9, 0.05, 0.03, 0.02]), probs_row([0.2, 0.12, 0.08, 0.6])]),
-                [(seqs[1], g), (seqs[0], g)])
-    assert sched.forks == [(7, 8)] and st.num_forks == 1 and st.beams == [seqs[1], seqs[0]]
+    forks = step_groups(torch.stack([probs_row([0.9, 0.05, 0.03, 0.02]), probs_row([0.2, 0.12, 0.08, 0.6])]),
+                        [(seqs[1], g), (seqs[0], g)])
+    assert forks == [] and st.num_forks == 1 and st.beams == [seqs[1], seqs[0]]
     assert [(s.output_token_ids, s.cumulative_logprob) for s in st.beams] == \
         [([1, 0], pytest.approx(math.log(0.27))), ([0, 0], pytest.approx(math.log(0.1)))]
     assert not st.done and all(s.status == "waiting" and s.finish_reason is None for s in seqs)
 
-    step_groups(sched, torch.stack([probs_row(r) for r in step3]), [(seqs[1], g), (seqs[0], g)])
+    assert step_groups(torch.stack([probs_row(r) for r in step3]), [(seqs[1], g), (seqs[0], g)]) == []
     assert st.done and all(s.finish_reason == reason and s.is_finished() for s in seqs)
     last = ([1, 0, 0], 0.135, "length") if reason == "length" else ([1, 0, EOS], 0.243, "stop")
     want = [([0, EOS], 0.3, "stop"), last] if reason == "length" else [last, ([0, EOS], 0.3, "stop")]
@@ -391,9 +384,8 @@ def test_reassign_forks_each_extra_child_into_the_first_dead_beam():
     for s in seqs:
         s.output_token_ids = [s.seq_id]
     st = BeamSearchState(4, 8, frozenset(), 1.0, False, beams=list(seqs))
-    sched = ForkLog()
-    _reassign(sched, st, [(2, 7, -1.0), (2, 8, -2.0), (2, 9, -3.0), (0, 6, -4.0)])
-    assert sched.forks == [(2, 1), (2, 3)] and st.num_forks == 2
+    forks = _reassign(st, [(2, 7, -1.0), (2, 8, -2.0), (2, 9, -3.0), (0, 6, -4.0)])
+    assert fork_ids(forks) == [(2, 1), (2, 3)] and st.num_forks == 2
     assert st.beams == [seqs[2], seqs[1], seqs[3], seqs[0]]
     assert [(s.output_token_ids, s.cumulative_logprob) for s in st.beams] == \
         [([2, 7], -1.0), ([2, 8], -2.0), ([2, 9], -3.0), ([0, 6], -4.0)]

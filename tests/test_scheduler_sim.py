@@ -6,7 +6,7 @@ from pagedattn.config import SchedulerConfig
 from pagedattn.memory import BlockManager
 from pagedattn.memory.accounting import breakdown
 from pagedattn.memory.contiguous import ContiguousKVManager
-from pagedattn.scheduler import Scheduler, _add_moves
+from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs, _add_moves
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
 from pagedattn.sim import SYSTEMS, make_kv_manager, simulate
 from pagedattn.workloads import TraceRequest, make_trace
@@ -126,7 +126,7 @@ def test_preemption_leaves_finished_samples_finished(mode):
     s.add(g1)
     s.schedule()
     g1.seqs[1].finish("length")
-    s.free_finished()
+    s.update_from_output(SchedulerOutputs(), ModelOutput())  # a sample stopped by its caller: freed
     for q in (g0.seqs[0], g1.seqs[0]):
         q.append_token(0)
     out = s.schedule()
@@ -245,7 +245,7 @@ def test_prefill_token_budget_is_inclusive_and_continuous_batching_admits_beside
         s.add(g)
     out = s.schedule()
     assert out.prefill_groups == gs[:3] and out.num_batched_tokens == 12
-    s.mark_computed(out)
+    s.update_from_output(out, ModelOutput())
     assert [g.seqs[0].num_computed_tokens for g in gs] == [4, 4, 4, 0]
     out = s.schedule()
     assert out.prefill_groups == gs[3:] and s.running == gs
@@ -253,7 +253,7 @@ def test_prefill_token_budget_is_inclusive_and_continuous_batching_admits_beside
 
 @pytest.mark.parametrize("static", [False, True])
 def test_static_batching_admits_only_when_the_whole_batch_is_done(static):
-    """Two seats, three requests: r0 and r1 start; r0 finishes (``free_finished`` returns it). Continuous batching
+    """Two seats, three requests: r0 and r1 start; r0 finishes (``update_from_output`` returns it). Continuous batching
     (the default) admits r2 into the free seat at once; static batching waits for r1 too."""
     kv = BlockManager(block_size=4, num_gpu_blocks=20, watermark=0.0)
     cfg = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=100, max_model_len=64)
@@ -263,7 +263,7 @@ def test_static_batching_admits_only_when_the_whole_batch_is_done(static):
         s.add(g)
     assert s.schedule().prefill_groups == gs[:2]
     gs[0].seqs[0].finish("stop")
-    assert s.free_finished() == [gs[0]] and s.running == [gs[1]]
+    assert s.update_from_output(SchedulerOutputs(), ModelOutput()) == [gs[0]] and s.running == [gs[1]]
     out = s.schedule()
     if static:
         assert not out.prefill_groups and out.decode_groups == [gs[1]]

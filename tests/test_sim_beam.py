@@ -20,6 +20,12 @@ def tiny(system, distinct_parents, cost=None):
                     beam=BeamModel(2, distinct_parents))
 
 
+
+def step(kv, model: BeamModel, beams, rng, first: bool) -> int:
+    """One step of the beam model's forks, applied as the scheduler applies them (``KVManager.fork_into``); the
+    K/V tokens copied (none on the paged manager)."""
+    return sum(len(kv.fork_into(parent.seq_id, child.seq_id)) for parent, child in model.forks(beams, rng, first))
+
 def test_one_parent_per_step_shares_all_but_the_last_block():
     """Step k appends token k's slot (4 + k tokens). With one parent per step the dead beam is re-forked from it, so
     only the copied-on-write last block is private: physical blocks 1 (prompt), 3 while the second block fills, 4
@@ -57,7 +63,7 @@ def test_a_step_refork_frees_the_dead_beams_blocks_and_keeps_reference_counts():
         s.append_token(0)
     kv.append_slots(g)  # 5 tokens each: a private second block per beam
     assert kv.num_used_gpu_blocks == 4
-    copied = BeamModel(3, 1.0).step(kv, g.seqs, random.Random(0), first=False)
+    copied = step(kv, BeamModel(3, 1.0), g.seqs, random.Random(0), first=False)
     assert copied == 0 and kv.num_used_gpu_blocks == 2  # two dead beams' blocks freed, all three share the parent's
     kv.check_invariants()
     assert len({tuple(kv.block_table(s.seq_id)) for s in g.seqs}) == 1
@@ -68,9 +74,9 @@ def test_orca_fork_copies_the_parents_filled_slots():
     g = beam_group(2)
     kv.allocate_group(g)  # two reservations of 12 slots, 4 filled
     g.set_status("waiting", "running")
-    assert BeamModel(2, 1.0).step(kv, g.seqs, random.Random(0), first=True) == 4
+    assert step(kv, BeamModel(2, 1.0), g.seqs, random.Random(0), first=True) == 4
     kv.append_slots(g)
-    assert BeamModel(2, 2.0).step(kv, g.seqs, random.Random(0), first=False) == 0  # nobody dies
+    assert step(kv, BeamModel(2, 2.0), g.seqs, random.Random(0), first=False) == 0  # nobody dies
 
 
 def test_parents_per_step_have_the_stated_mean():

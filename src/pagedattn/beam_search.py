@@ -190,13 +190,18 @@ def init_group(group: SequenceGroup, eos_token_ids: frozenset[int], max_model_le
 
 
 def is_beam_group(g: SequenceGroup) -> bool:
-    return getattr(g, "beam_state", None) is not None
+    return g.beam_state is not None
 
 
-def step_groups(scheduler, logits: Tensor, rows: list[tuple[Sequence, SequenceGroup]]) -> None:
+Forks = list[tuple[Sequence, Sequence]]  # (parent, child): the child's K/V becomes a copy of the parent's
+
+
+def step_groups(logits: Tensor, rows: list[tuple[Sequence, SequenceGroup]]) -> Forks:
     """Advance every beam group among this step's ``rows`` (one logits row each) by one token: select the next
-    beams (HF semantics), fork surviving parents into the sequences of dead beams (``scheduler.fork``), append the
-    tokens, and finish groups whose search is over (their blocks are freed by the scheduler's ``free_finished``)."""
+    beams (HF semantics), give each its parent's history plus its token, and finish groups whose search is over.
+    Returns the K/V forks this takes (a surviving parent into a dead beam's sequence), for the scheduler to apply
+    (``Scheduler.update_from_output``), which also frees the blocks of the finished beams."""
+    forks: Forks = []
     by_group: dict[int, tuple[SequenceGroup, dict[int, int]]] = {}
     for i, (s, g) in enumerate(rows):
         if is_beam_group(g):
@@ -209,13 +214,16 @@ def step_groups(scheduler, logits: Tensor, rows: list[tuple[Sequence, SequenceGr
             for b in st.beams:
                 b.finish("length" if st.num_generated >= st.max_new_tokens else "stop")
             continue
-        _reassign(scheduler, st, nxt)
+        forks += _reassign(st, nxt)
+    return forks
 
 
-def _reassign(scheduler, st: BeamSearchState, nxt: list[tuple[int, int, float]]) -> None:
+def _reassign(st: BeamSearchState, nxt: list[tuple[int, int, float]]) -> Forks:
     """Map the next beams onto the ``k`` sequences: a parent's first child keeps the parent's sequence, further
-    children take over dead beams' sequences (``scheduler.fork``: free + fork, or a copy on a contiguous manager).
-    Every beam has the same length, so a child's computed tokens are its parent's."""
+    children take over dead beams' sequences; returns those ``(parent, dead beam)`` forks, in order, for the
+    scheduler (``Scheduler.fork``: free + fork, or a copy on a contiguous manager). Every beam has the same length,
+    so a child's computed tokens are its parent's."""
+    forks: Forks = []
     old = st.beams
     snapshot = [(b.output_token_ids, b.cumulative_logprob) for b in old]
     taken: set[int] = set()
@@ -229,7 +237,7 @@ def _reassign(scheduler, st: BeamSearchState, nxt: list[tuple[int, int, float]])
         if slot_of[j] is None:
             d = free_slots.pop(0)
             slot_of[j] = d
-            scheduler.fork(old[p], old[d])
+            forks.append((old[p], old[d]))
             st.num_forks += 1
     new_beams = []
     for j, (p, tok, score) in enumerate(nxt):
@@ -238,6 +246,7 @@ def _reassign(scheduler, st: BeamSearchState, nxt: list[tuple[int, int, float]])
         s.cumulative_logprob = score
         new_beams.append(s)
     st.beams = new_beams
+    return forks
 
 
 def outputs(g: SequenceGroup, tokenizer=None) -> list[CompletionOutput]:

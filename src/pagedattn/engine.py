@@ -2,8 +2,9 @@
 
 One ``step()`` is one iteration of iteration-level batching (§4.5), in three parts: the ``Scheduler`` picks the groups
 to run and the block moves (swap, copy-on-write); the ``ModelRunner`` performs the moves and one forward pass through
-the paged KV cache (§4.1); the ``OutputProcessor`` samples one token per sequence (§4.4 for n > 1 and beams), checks
-stops, has finished sequences' blocks freed and builds the outputs. Prefill and decode steps never mix (vLLM v0).
+the paged KV cache (§4.1); the ``Sampler`` picks one token per sequence (§4.4 for n > 1 and beams), the scheduler
+applies them (``update_from_output``: tokens, stops, beam forks, freeing finished sequences' blocks), and the
+``OutputProcessor`` builds the outputs. Prefill and decode steps never mix (vLLM v0).
 Names and behaviour follow vLLM. The KV manager is any ``memory.KVManager`` (paged by default; Orca's contiguous one
 for the baselines). The ``LLM`` facade is in ``pagedattn.llm``; model loading in ``pagedattn.model.loader``.
 
@@ -26,8 +27,8 @@ from pagedattn.executor import ModelRunner, StepResult
 from pagedattn.memory import AllocStatus, BlockManager, KVManager
 from pagedattn.model.loader import eos_token_ids, load_for_engine
 from pagedattn.output_processor import OutputProcessor
-from pagedattn.sampling import make_generator
-from pagedattn.scheduler import Scheduler, SchedulerOutputs
+from pagedattn.sampling import Sampler, make_generator
+from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
 from pagedattn.sequence import RequestOutput, SamplingParams, Sequence, SequenceGroup, as_int, as_token_ids
 
 
@@ -160,8 +161,8 @@ class LLMEngine:
                                                    args.preemption_mode), self.kv)
         self.backend = kernels.get_backend(args.attention_backend)
         self.runner = ModelRunner(self.model, self.kv, self.backend, self.device, self.dtype)
-        self.processor = OutputProcessor(self.scheduler, self.tokenizer, eos_token_ids(self.model, self.tokenizer),
-                                         self.max_model_len)
+        self.sampler = Sampler(eos_token_ids(self.model, self.tokenizer), self.max_model_len)
+        self.processor = OutputProcessor(self.tokenizer)
         if args.max_step_metrics is not None and (as_int(args.max_step_metrics) is None or args.max_step_metrics < 0):
             raise ValueError(f"max_step_metrics must be None or an integer >= 0, got {args.max_step_metrics!r}")
         self.step_metrics = StepMetricsRing(maxlen=args.max_step_metrics)
@@ -185,11 +186,11 @@ class LLMEngine:
     @property
     def eos_token_ids(self) -> frozenset[int]:
         """Tokens that end a sequence (unless ``ignore_eos``): the model config's and the tokenizer's."""
-        return self.processor.eos_token_ids
+        return self.sampler.eos_token_ids
 
     @eos_token_ids.setter
     def eos_token_ids(self, ids: frozenset[int]) -> None:
-        self.processor.eos_token_ids = frozenset(ids)
+        self.sampler.eos_token_ids = frozenset(ids)
 
     # -------------------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams | None = None,
@@ -215,22 +216,27 @@ class LLMEngine:
             beam_search.init_group(group, self.eos_token_ids, self.max_model_len)
         if self.kv.can_allocate(group) is AllocStatus.NEVER:
             raise ValueError(self.kv.never_reason(group))
-        self.processor.add(group, make_generator(params.seed, self.device))
+        self.processor.add(group)
+        self.sampler.add(request_id, make_generator(params.seed, self.device))
         self.scheduler.add(group)
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Stop requests wherever they are (waiting, running or swapped) and free their blocks."""
         for rid in [request_id] if isinstance(request_id, str) else list(request_id):
             if self.scheduler.abort(rid) is not None:
-                self.processor.forget(rid)
+                self._forget(rid)
 
     abort = abort_request
 
     def free_finished(self) -> None:
         """Free the blocks of sequences finished outside ``step`` (a caller that stops samples itself, as EOS
-        would) and forget the requests that are then done."""
-        for g in self.scheduler.free_finished():
-            self.processor.forget(g.request_id)
+        would) and forget the requests that are then done: the scheduler's bookkeeping of a step that ran nothing."""
+        for g in self.scheduler.update_from_output(SchedulerOutputs(), ModelOutput(now=self.now())):
+            self._forget(g.request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self.processor.forget(request_id)
+        self.sampler.forget(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -246,9 +252,18 @@ class LLMEngine:
         out = self.scheduler.schedule()
         result = self.runner.execute(out)
         blocks_used = self.kv.num_used_gpu_blocks
-        outputs = self.processor.process(out, result, finished_only)
-        if result is not None:
-            self._record(out, result, time.perf_counter() - t0, blocks_used)
+        outputs = []
+        for g in out.ignored:  # refused: they can never be served
+            outputs.append(self.processor.fail(g, g.error))
+            self.sampler.forget(g.request_id)
+        if result is None:
+            if out.is_empty() and not (out.preempted or out.ignored) and self.scheduler.has_unfinished():
+                raise RuntimeError("the scheduler made no progress with requests left")
+            return outputs
+        for g in self.scheduler.update_from_output(out, self.sampler(out, result)):
+            self._forget(g.request_id)
+        outputs += self.processor.outputs(out.scheduled_groups, finished_only)
+        self._record(out, result, time.perf_counter() - t0, blocks_used)
         return outputs
 
     def _record(self, out: SchedulerOutputs, result: StepResult, step_time: float, blocks_used: int) -> None:

@@ -4,16 +4,19 @@ One row of logits per sequence. Greedy rows (``temperature == 0``) take the argm
 their temperature, filtered by top-k and top-p in one sort, and sampled with the exponential-race trick
 (``argmax(p / q)``, ``q ~ Exp(1)``), which equals multinomial sampling but lets each seeded request draw its noise
 from its own ``torch.Generator``, so a seeded request gives the same tokens whatever else shares its batch.
-Stop conditions (EOS, stop ids, ``max_tokens``, ``max_model_len``) are checked by ``check_stop``.
+Stop conditions (EOS, stop ids, ``max_tokens``, ``max_model_len``) are checked by ``check_stop``. ``Sampler`` turns a
+step's logits into its ``scheduler.ModelOutput``.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from pagedattn.kernels import cpu
+from pagedattn.scheduler import ModelOutput
 from pagedattn.sequence import FinishReason, SamplingParams, Sequence
 
 
@@ -95,3 +98,41 @@ def check_stop(seq: Sequence, params: SamplingParams, eos_token_ids: frozenset[i
     if seq.get_output_len() >= params.max_tokens or seq.get_len() >= max_model_len:
         return "length"
     return None
+
+
+class Sampler:
+    """A step's new tokens (§4.4 for n > 1 and beams): beam groups pick theirs together (``beam_search.step_groups``,
+    which also decides their forks), every other sequence is sampled per request (``sample``, seeded by the
+    request's own generator). It returns them as a ``scheduler.ModelOutput`` with the engine's stop rule
+    (``check_stop``): the scheduler applies them (``Scheduler.update_from_output``). It keeps each unfinished
+    request's generator, and the EOS ids."""
+
+    def __init__(self, eos_token_ids: frozenset[int], max_model_len: int) -> None:
+        self.eos_token_ids, self.max_model_len = frozenset(eos_token_ids), max_model_len
+        self.generators: dict[str, torch.Generator | None] = {}
+
+    def add(self, request_id: str, generator: torch.Generator | None) -> None:
+        self.generators[request_id] = generator
+
+    def forget(self, request_id: str) -> None:
+        self.generators.pop(request_id, None)
+
+    def stop(self, seq: Sequence, group) -> FinishReason | None:
+        return check_stop(seq, group.sampling_params, self.eos_token_ids, self.max_model_len)
+
+    def __call__(self, out, result) -> ModelOutput:
+        """The tokens of ``result`` (``executor.StepResult``: one logits row per running sequence of ``out``)."""
+        from pagedattn import beam_search
+
+        rows, logits = result.inp.rows, result.logits
+        forks = []
+        keep = [i for i, (_, g) in enumerate(rows) if g.beam_state is None]
+        if len(keep) < len(rows):  # beam groups pick their tokens together (§4.4)
+            forks = beam_search.step_groups(logits, rows)
+            rows, logits = [rows[i] for i in keep], logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
+        # log-probabilities only rank the samples of n > 1 / best_of requests; greedy n = 1 skips them
+        want_logprobs = any(len(g.seqs) > 1 for g in out.scheduled_groups)
+        tokens, logprobs = sample(logits, [SamplingRow(g.sampling_params, self.generators[g.request_id])
+                                           for _, g in rows], want_logprobs) if rows else ([], None)
+        return ModelOutput([(s, g, tok, lp) for (s, g), tok, lp in zip(rows, tokens, logprobs or [0.0] * len(tokens))],
+                           forks, self.stop, time.perf_counter())

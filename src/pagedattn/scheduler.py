@@ -13,17 +13,20 @@ Every step the scheduler decides which sequence groups run next:
 The scheduler talks to its KV manager only through ``memory.KVManager``, the protocol that ``memory.BlockManager``
 (paged) and ``memory.contiguous.ContiguousKVManager`` (Orca) implement, so the same loop serves the real engine and
 the simulation. It never touches tensors: the block moves it decides travel to the executor in ``SchedulerOutputs``.
-It owns ``Sequence.num_computed_tokens``: the cached prefix at admission, 0 when preempted by recomputation, the
-whole sequence after each step that computed it (``mark_computed``).
+It owns a step's bookkeeping after the forward pass (``update_from_output``: tokens computed and appended, stop checks,
+beam forks, freeing, per-request times), for the engine and the simulator alike, and so
+``Sequence.num_computed_tokens``: the cached prefix at admission, 0 when preempted by recomputation, the whole
+sequence after each step that computed it.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from pagedattn.config import SchedulerConfig
 from pagedattn.memory.interface import AllocStatus, BlockCopies, KVManager
-from pagedattn.sequence import SequenceGroup
+from pagedattn.sequence import Sequence, SequenceGroup
 
 
 @dataclass
@@ -55,6 +58,20 @@ class SchedulerOutputs:
 
     def is_empty(self) -> bool:
         return not (self.prefill_groups or self.decode_groups or self.blocks_to_swap_out)
+
+
+@dataclass
+class ModelOutput:
+    """What a step's forward pass decided, for ``Scheduler.update_from_output``: a new token for each sequence that
+    ran outside beam search (with its group and log-probability), the K/V forks beam search chose (its beams' own
+    tokens are already in place: a beam search rewrites its beams' histories), the rule that stops a sequence
+    (``stop(seq, group)``: a finish reason or None; the engine's is ``sampling.check_stop``, the simulator's the
+    trace's output length), and the clock at the end of the step."""
+
+    tokens: list[tuple[Sequence, SequenceGroup, int, float]] = field(default_factory=list)
+    forks: list[tuple[Sequence, Sequence]] = field(default_factory=list)
+    stop: Callable[[Sequence, SequenceGroup], str | None] | None = None
+    now: float = 0.0
 
 
 class Scheduler:
@@ -99,14 +116,34 @@ class Scheduler:
         block copies that this takes run before the next step's forward pass, with its ``blocks_to_copy``."""
         self.pending_copies += self.kv.fork_into(parent.seq_id, child.seq_id)
 
-    @staticmethod
-    def mark_computed(out: SchedulerOutputs) -> None:
-        """After the step's forward pass: the K/V of every token of the step's sequences are in the cache."""
+    # ------------------------------------------------------------------------------------------ after a step
+    def update_from_output(self, out: SchedulerOutputs, output: ModelOutput) -> list[SequenceGroup]:
+        """A step's bookkeeping once its forward pass (or the simulator's stand-in) has run, for the real engine and
+        the simulator alike (§4.3-§4.5): the K/V of every token the step computed is now cached; beam search's forks
+        are applied (§4.4: a surviving beam's K/V shared into a dead beam's sequence); each new token is appended
+        and its sequence checked against ``output.stop``; each scheduled request gets its first-token and finish
+        times; the blocks of finished sequences are freed. Returns the groups that finished (dropped from
+        ``running``)."""
         for g in out.scheduled_groups:
             for s in g.get_seqs("running"):
                 s.num_computed_tokens = s.get_len()
+        for parent, child in output.forks:
+            self.fork(parent, child)
+        stop = output.stop
+        for s, g, token, logprob in output.tokens:
+            s.append_token(token, logprob)
+            reason = stop(s, g) if stop is not None else None
+            if reason is not None:
+                s.finish(reason)
+        now = output.now
+        for g in out.scheduled_groups:
+            if g.metrics.first_token_time is None:
+                g.metrics.first_token_time = now
+            if g.metrics.finish_time is None and g.is_finished():
+                g.metrics.finish_time = now
+        return self._free_finished()
 
-    def free_finished(self) -> list[SequenceGroup]:
+    def _free_finished(self) -> list[SequenceGroup]:
         """Free the blocks of finished sequences; drop and return the groups that are done."""
         done = []
         for g in self.running:

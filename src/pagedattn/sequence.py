@@ -210,6 +210,7 @@ class SequenceGroup:
         self.prompt = prompt
         self.error: str | None = None
         self.prefix_len = 0  # tokens of the prompt marked as a shared prefix (paper §4.4, Fig. 16)
+        self.beam_state = None  # a beam search's state (``beam_search.BeamSearchState``), for beam requests only
         self.prompt_token_ids: list[int] = seqs[0].prompt_token_ids  # copied once, for the request's outputs
 
     @property

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from pagedattn.config import OPT_13B, ModelSpec, SchedulerConfig, blocks_needed, paper_slots
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
-from pagedattn.scheduler import Scheduler, SchedulerOutputs
+from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
 from pagedattn.workloads import TraceRequest
 
@@ -198,19 +198,13 @@ class BeamModel:
         d = int(m) + (rng.random() < m - int(m))
         return sorted(rng.sample(range(self.width), d))
 
-    def step(self, kv, beams: list[Sequence], rng: random.Random, first: bool) -> int:
-        """One step's survivors: every beam that is not a parent is re-forked from a parent. Returns the K/V
-        tokens a contiguous manager copies (0 for the paged one: forking copies nothing)."""
+    def forks(self, beams: list[Sequence], rng: random.Random, first: bool) -> list[tuple[Sequence, Sequence]]:
+        """One step's survivors: every beam that is not a parent is re-forked from a parent drawn uniformly among
+        them; returns those ``(parent, beam)`` forks for the scheduler (``Scheduler.update_from_output``). The paged
+        manager then shares the parent's blocks (nothing copied); a contiguous one refills the beam's reservation
+        with the parent's K/V, one slot copy per token, charged with the next step (``KVManager.fork_into``)."""
         parents = self.parents(rng, first)
-        copied = 0
-        for d, beam in enumerate(beams):
-            if d in parents:
-                continue
-            parent = beams[rng.choice(parents)]
-            # paged: the beam shares the parent's blocks, nothing copied; contiguous: its reservation is refilled
-            # with the parent's K/V, one slot copy per token (KVManager.fork_into)
-            copied += len(kv.fork_into(parent.seq_id, beam.seq_id))
-        return copied
+        return [(beams[rng.choice(parents)], beam) for d, beam in enumerate(beams) if d not in parents]
 
 
 def make_kv_manager(system: str, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
@@ -365,11 +359,15 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     target: dict[int, int] = {}  # seq_id -> output length from the trace
     final_len: dict[int, int] = {}  # seq_id -> prompt + output (its final KV length)
     stop_len: dict[int, int] = {}  # seq_id -> its token count once its output is done
+
+    def stop(s: Sequence, g: SequenceGroup) -> str | None:  # the trace's output length
+        return "length" if len(s.token_ids) >= stop_len[s.seq_id] else None
+
     groups: list[SequenceGroup] = []
     rows = StepRecords(paged=system == "paged")
     rng = np.random.default_rng(seed)
     trace_outputs = np.array([r.output_len for r in trace])
-    now, i, step, next_seq, computed, copied = 0.0, 0, 0, 0, 0, 0
+    now, i, step, next_seq, computed = 0.0, 0, 0, 0, 0
     if beam is not None:
         n, beam_rng = beam.width, random.Random(seed)
     bar = tqdm(total=len(pending), desc=f"sim {system}", disable=not progress, leave=False)
@@ -405,9 +403,8 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                 raise RuntimeError("scheduler made no progress with requests left (a request can never fit?)")
             break
         dt = cost.step_time(out, block_size)
-        if beam is not None:  # this step's copy-on-write blocks and the previous step's contiguous fork copies
-            dt += cost.copy_time(copied + len(out.blocks_to_copy) * block_size)
-            copied = 0
+        if beam is not None:  # this step's copy-on-write blocks and the previous step's forks (slots, on Orca)
+            dt += cost.copy_time(len(out.blocks_to_copy) * kv.block_size)
         if out.is_prefill:  # prompt tokens charged (computed): the uncached ones, or all of them in the ablation
             charged = sum(g.get_seqs("running")[0].get_len() for g in out.prefill_groups) if charge_cached \
                 else out.num_batched_tokens
@@ -423,19 +420,15 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                      len(sched.swapped), bound, kv.stats(final_len))
         now += dt
         step += 1
+        # the model's stand-in: a dummy token per running sequence, and the beam model's forks for each beam group
+        # that goes on
+        output = ModelOutput([], [], stop, now)
         for g in running:
-            if g.metrics.first_token_time is None:
-                g.metrics.first_token_time = now
-            for s in g.get_seqs("running"):
-                s.append_token(0)
-                if len(s.token_ids) >= stop_len[s.seq_id]:  # its output reached the trace's length
-                    s.finish("length")
-            if g.is_finished():
-                g.metrics.finish_time = now
-                bar.update(1)
-            elif beam is not None:
-                copied += beam.step(kv, g.get_seqs("running"), beam_rng, first=g.seqs[0].get_output_len() == 1)
-        sched.free_finished()
+            seqs = g.get_seqs("running")
+            output.tokens += [(s, g, 0, 0.0) for s in seqs]
+            if beam is not None and any(len(s.token_ids) + 1 < stop_len[s.seq_id] for s in seqs):
+                output.forks += beam.forks(seqs, beam_rng, first=g.seqs[0].get_output_len() == 0)
+        bar.update(len(sched.update_from_output(out, output)))
         if max_steps is not None and step >= max_steps:
             break
     bar.close()

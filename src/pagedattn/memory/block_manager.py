@@ -400,7 +400,7 @@ class BlockManager:
     def can_allocate(self, group) -> AllocStatus:
         """Whether a waiting group's prompt (all its tokens, when recomputing) fits now (§4.3, §4.5)."""
         s = group.get_seqs(status="waiting")[0]
-        return self.can_allocate_tokens(s.get_len(), s.token_ids, getattr(group, "prefix_len", 0))
+        return self.can_allocate_tokens(s.get_len(), s.token_ids, group.prefix_len)
 
     def never_reason(self, group) -> str:
         """Why a waiting group (its prompt) or a swapped group (its blocks) can never be served."""
@@ -409,7 +409,7 @@ class BlockManager:
                 self.check_swap_in(group)
             else:
                 s = group.get_seqs("waiting")[0]
-                self.check_request(s.get_len(), s.token_ids, getattr(group, "prefix_len", 0))
+                self.check_request(s.get_len(), s.token_ids, group.prefix_len)
         except ValueError as e:
             return str(e)
         return "request can never fit in the KV cache (watermark)"
@@ -424,7 +424,7 @@ class BlockManager:
         """Allocate the prompt once and share it across the group's sequences (parallel sampling, §4.4); returns
         the number of prompt tokens already cached."""
         seqs = group.get_seqs(status="waiting")
-        cached = self.allocate(seqs[0].seq_id, seqs[0].get_len(), seqs[0].token_ids, getattr(group, "prefix_len", 0))
+        cached = self.allocate(seqs[0].seq_id, seqs[0].get_len(), seqs[0].token_ids, group.prefix_len)
         for s in seqs[1:]:
             self.fork(seqs[0].seq_id, s.seq_id)
         return cached

@@ -5,8 +5,9 @@ Two managers implement it: ``BlockManager`` (paged: block tables over a pool of 
 ``memory/`` talks to them only through ``KVManager``, so the same scheduler loop serves the real engine and the
 simulator, and a caller never asks which manager it holds.
 
-Sequence groups and sequences are duck-typed (``group.get_seqs(status)``, ``group.request_id``, ``seq.seq_id``,
-``seq.get_len()``, ``seq.token_ids``): this package imports neither ``sequence.py`` nor torch.
+Sequence groups and sequences are duck-typed (``group.get_seqs(status)``, ``group.request_id``,
+``group.prefix_len``, ``seq.seq_id``, ``seq.get_len()``, ``seq.token_ids``): this package imports neither
+``sequence.py`` nor torch.
 """
 from __future__ import annotations
 
