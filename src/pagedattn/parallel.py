@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import signal
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterable
 
@@ -71,8 +72,12 @@ def scheduler_address() -> str | None:
 
 
 def _mark_worker() -> None:
+    """A pool worker's set-up: sweeps inside it run serially, and an interrupt meant for the parent (a notebook
+    kernel being stopped signals its whole process group) does not print a traceback from every worker: the parent
+    shuts the pool down."""
     os.environ[IN_WORKER] = "1"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def process_pool(jobs: int) -> Executor:
