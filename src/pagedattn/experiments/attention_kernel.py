@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import json
+import os
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -30,6 +31,7 @@ import torch
 
 from pagedattn.experiments import validated
 from pagedattn.experiments.common import fastest
+from pagedattn.parallel import pmap
 from pagedattn.paper import DEFAULT_BLOCK_SIZE, FIG18A_PAGED_OVER_CONTIGUOUS
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 
@@ -119,7 +121,6 @@ def correctness_sweep(quick: bool = True, backends: tuple[str, ...] = ("torch", 
     The split path uses 64-token partitions (a multiple of every tile), so contexts over 64 span several.
     """
     from pagedattn import kernels
-    from pagedattn.kernels import paged_attention_ref
 
     device = default_device()
     dtypes = ["float32", "float16", "bfloat16"]
@@ -137,33 +138,63 @@ def correctness_sweep(quick: bool = True, backends: tuple[str, ...] = ("torch", 
     grid = grid or {}
     shapes, gqa = grid.get("shapes", shapes), grid.get("gqa", gqa)
     head_dims, num_heads = grid.get("head_dims", head_dims), grid.get("num_heads", num_heads)
-    rows = []
+    # every case carries its own seed: ``seed`` + the rows before it in the sequential order (one row per case for
+    # torch, one per path for Triton), so that the cases run in parallel (``pagedattn.parallel``) in any order; a
+    # worker runs Triton in the same mode (interpreted or compiled) as this process
+    cases = []
+    n_rows = 0
     for name in backends:
-        ops = kernels.get_backend(name)
+        interpreted = kernels.get_backend(name).interpreted
         for (bs, lens) in shapes:
             for ratio in gqa:
                 for hd in head_dims:
                     for dt in dtypes:
-                        case_seed = seed + len(rows)
-                        q, kc, vc, table, ctx = make_paged_inputs(lens, num_heads, num_heads // ratio, hd, bs, dt,
-                                                                  device, case_seed)
-                        ref = paged_attention_ref(q.double(), kc.double(), vc.double(), table, ctx, hd ** -0.5)
-                        paths = [("default", {})]
-                        if name == "triton":
-                            paths = [("single", {"split_kv": False}),
-                                     ("split_kv", {"split_kv": True, "partition_size": 64})]
-                        for path, kw in paths:
-                            out = torch.full_like(q, float("nan"))
-                            if name == "triton":
-                                ops.paged_attention(q, kc, vc, table, ctx, hd ** -0.5, out=out, **kw)
-                            else:
-                                out = ops.paged_attention(q, kc, vc, table, ctx, hd ** -0.5)
-                            err = rel_err(out, ref)
-                            rows.append({"backend": name, "interpreted": ops.interpreted, "path": path, "dtype": dt,
-                                         "block_size": bs, "gqa_ratio": ratio, "head_dim": hd,
-                                         "context_lens": " ".join(map(str, lens)), "max_rel_err": err,
-                                         "tolerance": TOLERANCE[dt], "ok": bool(err < TOLERANCE[dt])})
-    return pd.DataFrame(rows)
+                        cases.append((name, interpreted, bs, tuple(lens), ratio, hd, dt, num_heads, device,
+                                      seed + n_rows))
+                        n_rows += 2 if name == "triton" else 1
+    return pd.DataFrame([row for rows in pmap(_correctness_case, cases, "kernel correctness") for row in rows])
+
+
+def _correctness_case(case: tuple) -> list[dict]:
+    """One case of :func:`correctness_sweep` (one row per path): ``(backend, interpreted, block size, context
+    lengths, GQA ratio, head dim, dtype, heads, device, seed)``. Runs on one torch thread, wherever it runs."""
+    from pagedattn import kernels
+    from pagedattn.kernels import paged_attention_ref
+
+    name, interpreted, bs, lens, ratio, hd, dt, num_heads, device, case_seed = case
+    if name == "triton":
+        if interpreted:
+            kernels.enable_triton_interpreter()
+        elif not os.environ.get("TRITON_INTERPRET"):
+            os.environ["TRITON_INTERPRET"] = "0"  # compiled, as in the process that made the case
+    ops = kernels.get_backend(name)
+    if ops.interpreted != interpreted:
+        raise RuntimeError(f"Triton runs {'' if ops.interpreted else 'not '}interpreted in this process, unlike in "
+                           "the one that made the case")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        q, kc, vc, table, ctx = make_paged_inputs(list(lens), num_heads, num_heads // ratio, hd, bs, dt, device,
+                                                  case_seed)
+        ref = paged_attention_ref(q.double(), kc.double(), vc.double(), table, ctx, hd ** -0.5)
+        paths = [("default", {})]
+        if name == "triton":
+            paths = [("single", {"split_kv": False}), ("split_kv", {"split_kv": True, "partition_size": 64})]
+        rows = []
+        for path, kw in paths:
+            out = torch.full_like(q, float("nan"))
+            if name == "triton":
+                ops.paged_attention(q, kc, vc, table, ctx, hd ** -0.5, out=out, **kw)
+            else:
+                out = ops.paged_attention(q, kc, vc, table, ctx, hd ** -0.5)
+            err = rel_err(out, ref)
+            rows.append({"backend": name, "interpreted": ops.interpreted, "path": path, "dtype": dt,
+                         "block_size": bs, "gqa_ratio": ratio, "head_dim": hd,
+                         "context_lens": " ".join(map(str, lens)), "max_rel_err": err,
+                         "tolerance": TOLERANCE[dt], "ok": bool(err < TOLERANCE[dt])})
+        return rows
+    finally:
+        torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------------------------------------------- benchmark

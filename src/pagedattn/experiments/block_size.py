@@ -45,6 +45,7 @@ from pagedattn.config import paper_slots
 from pagedattn.experiments import validated
 from pagedattn.experiments.common import (TINY_OPT_SHAPE, Arrival, Clock, ExperimentParams, fastest, greedy, replay,
                                           requests_frame, scaled_trace, tiny_opt)
+from pagedattn.parallel import pmap
 from pagedattn.paper import DEFAULT_BLOCK_SIZE, FIG18B_BEST_BLOCK_SIZES
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.sim import CostModel, simulate
@@ -182,23 +183,27 @@ def sim_sweep(traces: dict[str, list[TraceRequest]], multipliers: pd.DataFrame, 
     """Normalized latency, mean batch and KV waste per block size at paper scale, with the measured kernel
     multiplier ("measured kernel") and without it (``kernel_overhead = 1``: memory effects only); step-time
     constants from ``base`` (default ``CostModel()``)."""
-    rows = []
     jobs = [(w, bs, k) for w in traces for bs in block_sizes for k in variants]
     mult = multipliers.set_index(["trace", "block_size"])["kernel_overhead"]
-    for w, bs, kind in tqdm(jobs, desc="block-size sweep (sim)", disable=not progress, leave=False):
-        cost = replace(base or CostModel(),
-                       kernel_overhead=float(mult[(w, bs)]) if kind == "measured kernel" else 1.0)
-        r = simulate(traces[w], "paged", paper_slots(), bs, cost, record_steps=True)
-        steps = r.steps
-        alloc = steps[["token_states", "reserved", "internal"]].sum(axis=1)
-        dec = steps[steps.kind == "decode"]
-        waste = 100 * (1 - (steps.token_states * steps.dt).sum() / (alloc * steps.dt).sum())
-        rows.append({"scale": "paper (sim)", "trace": w, "block_size": bs, "variant": kind,
-                     "kernel_overhead": cost.kernel_overhead, "normalized_latency_s": r.normalized_latency(),
-                     "mean_batch": r.mean_batch(), "kv_waste_pct": waste,
-                     "max_request_waste_slots": int(steps["max_request_waste"].max()),
-                     "preemptions": sum(r.num_preemptions.values()), "decode_steps": len(dec)})
-    return pd.DataFrame(rows)
+    tasks = [(traces[w], w, bs, kind, replace(base or CostModel(),
+                                             kernel_overhead=float(mult[(w, bs)]) if kind == "measured kernel" else 1.0))
+             for w, bs, kind in jobs]
+    return pd.DataFrame(pmap(_sweep_row, tasks, "block-size sweep (sim)", progress))
+
+
+def _sweep_row(task: tuple) -> dict:
+    """One replay of :func:`sim_sweep`: ``(trace, trace name, block size, variant, cost model)``."""
+    trace, w, bs, kind, cost = task
+    r = simulate(trace, "paged", paper_slots(), bs, cost, record_steps=True)
+    steps = r.steps
+    alloc = steps[["token_states", "reserved", "internal"]].sum(axis=1)
+    dec = steps[steps.kind == "decode"]
+    waste = 100 * (1 - (steps.token_states * steps.dt).sum() / (alloc * steps.dt).sum())
+    return {"scale": "paper (sim)", "trace": w, "block_size": bs, "variant": kind,
+            "kernel_overhead": cost.kernel_overhead, "normalized_latency_s": r.normalized_latency(),
+            "mean_batch": r.mean_batch(), "kv_waste_pct": waste,
+            "max_request_waste_slots": int(steps["max_request_waste"].max()),
+            "preemptions": sum(r.num_preemptions.values()), "decode_steps": len(dec)}
 
 
 def best_block_sizes(df: pd.DataFrame, within: float = BEST_WITHIN) -> dict[str, list[int]]:
@@ -301,6 +306,11 @@ def knee_rate(trace: list[TraceRequest], params: Params) -> float:
     return KNEE_FRACTION * sustainable_rate(nl, 0.25, 16.0, params.knee_bisection_steps)
 
 
+def knee_rates(traces: dict[str, list[TraceRequest]], params: Params, progress: bool = False) -> dict[str, float]:
+    """:func:`knee_rate` of each trace, the bisections in parallel (``pagedattn.parallel``)."""
+    return dict(zip(traces, pmap(partial(knee_rate, params=params), list(traces.values()), "knee rates", progress)))
+
+
 # ------------------------------------------------------------------------------------------------ claims, run
 def claims(best: dict[str, list[int]], best_memory_only: dict[str, list[int]], kernel: pd.DataFrame,
            engine_best: dict[str, list[int]], rates: dict | None = None,
@@ -361,7 +371,8 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     base = {w: make_trace(w, params.num_requests, 1.0, params.seed) for w in (*TRACES, SENSITIVITY)}
-    rates = {w: params.rates[w] if w in params.rates else knee_rate(base[w], params) for w in base}
+    knees = knee_rates({w: t for w, t in base.items() if w not in params.rates}, params, progress)
+    rates = {w: params.rates[w] if w in params.rates else knees[w] for w in base}
     traces = {w: with_rate(base[w], rates[w], params.seed) for w in base}
     kernel = measure_kernel(params.block_sizes, params.kernel_batch, params.kernel_contexts, params.kernel_rounds,
                             seed=params.seed)

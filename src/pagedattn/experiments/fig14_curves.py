@@ -27,12 +27,12 @@ from functools import partial
 from pathlib import Path
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.experiments import sharing, validated
 from pagedattn.experiments.throughput import NL_THRESHOLD_S
+from pagedattn.parallel import pmap
 from pagedattn.paper import FIG14_GAIN, FIG15_SAVING
 from pagedattn.results import RESULTS_DIR, Claim
 from pagedattn.sensitivity import widened
@@ -74,11 +74,12 @@ def beam_gain(sp: sharing.Params, widths: tuple, progress: bool = True, cost: Co
     """Fig. 14b rows: sustainable Alpaca rate of ours and Orca (Oracle) with beam search of each width (the beam
     model's measured mean distinct parents moved by ``shift``), by Fig. 14's rule (``sharing.sim_rate``)."""
     cost = cost or CostModel()
+    jobs = [(k, s) for k in widths for s in ("orca_oracle", "paged")]  # one bisection each (``pagedattn.parallel``)
+    got = dict(zip(jobs, pmap(partial(_beam_rate, sp=sp, cost=cost, shift=shift), jobs, "sim beam gain", progress)))
     rows = []
-    base = make_trace("alpaca", sp.gain_requests, 1.0, sp.seed)
-    for k in tqdm(widths, desc="sim beam gain", disable=not progress, leave=False):
+    for k in widths:
         beam = BeamModel.measured(k, shift)
-        orca, paged = (sharing.sim_rate(sp, s, k, "swap", base, cost, beam) for s in ("orca_oracle", "paged"))
+        orca, paged = got[(k, "orca_oracle")], got[(k, "paged")]
         rows.append({"scale": "paper (sim)", "trace": "alpaca", "method": "beam", "width": k, "preemption": "swap",
                      "distinct_parents": beam.distinct_parents, "rate_paged": paged, "rate_orca_oracle": orca,
                      "gain": paged / orca, "threshold_s": NL_THRESHOLD_S, "num_requests": sp.gain_requests,
@@ -86,40 +87,53 @@ def beam_gain(sp: sharing.Params, widths: tuple, progress: bool = True, cost: Co
     return pd.DataFrame(rows)
 
 
+def _beam_rate(job: tuple, sp: sharing.Params, cost: CostModel, shift: float) -> float:
+    """One bisection of :func:`beam_gain`: ``(width, system)``."""
+    k, system = job
+    base = make_trace("alpaca", sp.gain_requests, 1.0, sp.seed)
+    return sharing.sim_rate(sp, system, k, "swap", base, cost, BeamModel.measured(k, shift))
+
+
 def beam_savings(sp: sharing.Params, widths: tuple, cost: CostModel | None = None,
                  shift: float = 0.0) -> pd.DataFrame:
     """Fig. 15's beam rows from the beam model: memory saved by sharing, time-weighted, at the Fig. 13 Alpaca rate."""
-    rows = []
     trace = make_trace("alpaca", sp.sim_requests["alpaca"], sp.sim_rates["alpaca"], sp.seed)
-    for k in widths:
-        beam = BeamModel.measured(k, shift)
-        r = simulate(trace, "paged", paper_slots(), sp.block_size, cost or CostModel(), seed=sp.seed,
-                     preemption_mode="swap", num_cpu_blocks=sp.sim_cpu_blocks, beam=beam)
-        rows.append({"trace": "alpaca", "method": "beam", "width": k, "distinct_parents": beam.distinct_parents,
-                     "rate": sp.sim_rates["alpaca"], "saving_pct": 100 * r.sharing_saving(),
-                     "mean_batch": r.mean_batch(), "preemptions": sum(r.num_preemptions.values()),
-                     "paper_saving_pct": FIG15_SAVING["alpaca"]["beam"][k]})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(pmap(partial(_beam_saving_row, trace=trace, sp=sp, cost=cost, shift=shift), widths,
+                             "sim beam savings"))
+
+
+def _beam_saving_row(k: int, trace, sp: sharing.Params, cost: CostModel | None, shift: float) -> dict:
+    """One row of :func:`beam_savings`: beam width ``k``."""
+    beam = BeamModel.measured(k, shift)
+    r = simulate(trace, "paged", paper_slots(), sp.block_size, cost or CostModel(), seed=sp.seed,
+                 preemption_mode="swap", num_cpu_blocks=sp.sim_cpu_blocks, beam=beam)
+    return {"trace": "alpaca", "method": "beam", "width": k, "distinct_parents": beam.distinct_parents,
+            "rate": sp.sim_rates["alpaca"], "saving_pct": 100 * r.sharing_saving(),
+            "mean_batch": r.mean_batch(), "preemptions": sum(r.num_preemptions.values()),
+            "paper_saving_pct": FIG15_SAVING["alpaca"]["beam"][k]}
 
 
 def curves(gain: pd.DataFrame, sp: sharing.Params, params: Params, progress: bool = True) -> pd.DataFrame:
     """Normalised latency of both systems at each width (parallel sampling, and beam search where ``gain`` has
     beam rows), over the rate grid (swap preemption, as in the gains)."""
-    rows = []
     g = gain[gain.preemption == "swap"]
-    jobs = [(r.method, r.width, r.rate_paged, f) for r in g.itertuples() for f in params.load_fractions]
-    for method, n, rate_paged, f in tqdm(jobs, desc="fig14 curves", disable=not progress, leave=False):
-        num = sp.gain_requests_n1 if n == 1 else sp.gain_requests
-        rate = f * float(rate_paged)
-        trace = with_rate(make_trace("alpaca", num, 1.0, sp.seed), rate, sp.seed)
-        beam = BeamModel.measured(n) if method == "beam" else None
-        for s in SYSTEMS:
-            r = simulate(trace, s, paper_slots(), sp.block_size, CostModel(), n=n, seed=sp.seed,
-                         preemption_mode="swap", num_cpu_blocks=sp.sim_cpu_blocks, record_steps=False, beam=beam)
-            rows.append({"method": method, "width": n, "load_fraction": f, "rate": rate, "system": s,
-                         "label": LABELS[s], "normalized_latency_s": r.normalized_latency(),
-                         "preemptions": sum(r.num_preemptions.values())})
-    return pd.DataFrame(rows)
+    jobs = [(r.method, int(r.width), float(r.rate_paged), f, s) for r in g.itertuples() for f in params.load_fractions
+            for s in SYSTEMS]
+    return pd.DataFrame(pmap(partial(_curve_row, sp=sp), jobs, "fig14 curves", progress))
+
+
+def _curve_row(job: tuple, sp: sharing.Params) -> dict:
+    """One point of :func:`curves`: ``(method, width, our sustainable rate, load fraction, system)``."""
+    method, n, rate_paged, f, s = job
+    num = sp.gain_requests_n1 if n == 1 else sp.gain_requests
+    rate = f * rate_paged
+    trace = with_rate(make_trace("alpaca", num, 1.0, sp.seed), rate, sp.seed)
+    beam = BeamModel.measured(n) if method == "beam" else None
+    r = simulate(trace, s, paper_slots(), sp.block_size, CostModel(), n=n, seed=sp.seed,
+                 preemption_mode="swap", num_cpu_blocks=sp.sim_cpu_blocks, record_steps=False, beam=beam)
+    return {"method": method, "width": n, "load_fraction": f, "rate": rate, "system": s,
+            "label": LABELS[s], "normalized_latency_s": r.normalized_latency(),
+            "preemptions": sum(r.num_preemptions.values())}
 
 
 def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None) -> list[Claim]:

@@ -29,6 +29,7 @@ random token ids of the real lengths (a random-weight model: only lengths matter
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -37,6 +38,7 @@ import torch
 from pagedattn.experiments import validated
 from pagedattn.experiments.common import tiny_opt
 from pagedattn.experiments.throughput import RealParams
+from pagedattn.parallel import pmap
 from pagedattn.results import RESULTS_DIR, Claim
 from pagedattn.workloads import describe_trace, synthetic_prompt
 
@@ -185,27 +187,31 @@ def _paged_rows(model, prompts, out_lens, params: Params) -> list[dict]:
 
 
 def measure(params: Params, progress: bool = True) -> pd.DataFrame:
-    """Every system's samples over time (bytes), one table."""
+    """Every system's samples over time (bytes), one table. The four systems run in parallel
+    (``pagedattn.parallel``): what is sampled is bytes held in cache tensors, not time."""
+    frames = [pd.DataFrame(rows) for rows in pmap(partial(_measure_system, params=params), list(SYSTEMS),
+                                                  "Fig. 2 on running engines", progress)]
+    df = pd.concat(frames, ignore_index=True)
+    df["label"] = df["system"].map(SYSTEMS)
+    df.attrs["scale"] = params.real.scale
+    return df
+
+
+def _measure_system(system: str, params: Params) -> list[dict]:
+    """One system's samples (``measure``), on ``params.real.threads`` torch threads, with its own model (the same
+    seeded weights in every process)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(params.real.threads)
     try:
         model = tiny_opt(params.real.seed, **params.real.model)
         prompts, out_lens = requests(params)
-        runs = {"hf_dynamic": lambda: _padded_cache_rows("hf_dynamic", model, prompts, out_lens, params, False),
-                "hf_static": lambda: _padded_cache_rows("hf_static", model, prompts, out_lens, params, True),
-                "hf_continuous": lambda: _hf_continuous_rows(model, prompts, out_lens, params),
-                "paged": lambda: _paged_rows(model, prompts, out_lens, params)}
-        frames = []
-        for s, fn in runs.items():
-            if progress:
-                print(f"measuring {SYSTEMS[s]} ...", flush=True)
-            frames.append(pd.DataFrame(fn()))
+        if system in ("hf_dynamic", "hf_static"):
+            return _padded_cache_rows(system, model, prompts, out_lens, params, system == "hf_static")
+        if system == "hf_continuous":
+            return _hf_continuous_rows(model, prompts, out_lens, params)
+        return _paged_rows(model, prompts, out_lens, params)
     finally:
         torch.set_num_threads(threads)
-    df = pd.concat(frames, ignore_index=True)
-    df["label"] = df["system"].map(SYSTEMS)
-    df.attrs["scale"] = params.real.scale
-    return df
 
 
 def shares(samples: pd.DataFrame, waiting_only: bool = False) -> pd.DataFrame:

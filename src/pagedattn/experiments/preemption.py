@@ -47,6 +47,7 @@ from pagedattn.config import paper_slots
 from pagedattn.experiments import validated
 from pagedattn.experiments.block_size import BLOCK_SIZES, ENGINE_SHAPE, engine_run, model_label
 from pagedattn.experiments.common import Clock, ExperimentParams, fastest, scaled_trace, tiny_opt
+from pagedattn.parallel import pmap
 from pagedattn.paper import FIG19_COMPARABLE_BLOCK_SIZES, FIG19_RECOMPUTE_OVER_SWAP_MAX
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.scheduler import SchedulerOutputs
@@ -207,21 +208,26 @@ def memory_bound_rate(trace, params: Params) -> float:
 def sim_end_to_end(params: Params, progress: bool = True) -> pd.DataFrame:
     """Fig. 19b at paper scale: normalized latency with each preemption mode per block size (simulated), on the
     real trace and the synthetic sensitivity row, each at its memory-bound rate."""
-    cpu_tokens = SWAP_SPACE_BYTES // CostModel().kv_bytes_per_token
-    rows = []
-    for name in (params.sim_trace, params.sim_sensitivity):
+    traces = {}
+    for name in (params.sim_trace, params.sim_sensitivity):  # each rate rule's grid runs in parallel itself
         base = make_trace(name, params.sim_requests, 1.0, params.seed)
         rate = params.sim_rate or memory_bound_rate(base, params)
-        trace = with_rate(base, rate, params.seed)
-        jobs = [(bs, m) for bs in params.block_sizes for m in MODES]
-        for bs, mode in tqdm(jobs, desc=f"preemption (sim, {name})", disable=not progress, leave=False):
-            r = simulate(trace, "paged", paper_slots(), bs, CostModel(), preemption_mode=mode,
-                         num_cpu_blocks=int(cpu_tokens // bs) if mode == "swap" else 0, record_steps=False)
-            rows.append({"scale": "paper (sim)", "trace": name, "rate": rate, "block_size": bs, "mode": mode,
-                         "normalized_latency_s": r.normalized_latency(),
-                         "preempted_by_swap": r.num_preemptions.get("swap", 0),
-                         "preempted_by_recompute": r.num_preemptions.get("recompute", 0)})
-    return pd.DataFrame(rows)
+        traces[name] = (rate, with_rate(base, rate, params.seed))
+    jobs = [(name, rate, trace, bs, m) for name, (rate, trace) in traces.items() for bs in params.block_sizes
+            for m in MODES]
+    return pd.DataFrame(pmap(_e2e_row, jobs, "preemption (sim)", progress))
+
+
+def _e2e_row(job: tuple) -> dict:
+    """One replay of :func:`sim_end_to_end`: ``(trace name, rate, trace, block size, mode)``."""
+    name, rate, trace, bs, mode = job
+    cpu_tokens = SWAP_SPACE_BYTES // CostModel().kv_bytes_per_token
+    r = simulate(trace, "paged", paper_slots(), bs, CostModel(), preemption_mode=mode,
+                 num_cpu_blocks=int(cpu_tokens // bs) if mode == "swap" else 0, record_steps=False)
+    return {"scale": "paper (sim)", "trace": name, "rate": rate, "block_size": bs, "mode": mode,
+            "normalized_latency_s": r.normalized_latency(),
+            "preempted_by_swap": r.num_preemptions.get("swap", 0),
+            "preempted_by_recompute": r.num_preemptions.get("recompute", 0)}
 
 
 def engine_end_to_end(params: Params, progress: bool = True) -> tuple[pd.DataFrame, str]:

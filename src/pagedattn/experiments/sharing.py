@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
+from pagedattn.parallel import pmap
 from pagedattn.engine import LLMEngine
 from pagedattn.experiments import validated
 from pagedattn.experiments.common import ServingParams, make_engine
@@ -96,23 +97,29 @@ class Params(ServingParams):
 def sim_parallel_savings(params: Params, progress: bool = True,
                          point: sensitivity.Point = sensitivity.DEFAULT) -> pd.DataFrame:
     """Fig. 15 parallel rows: time-weighted saving of ``n`` samples at the Fig. 13 rate of each trace (under one
-    point's assumptions, ``pagedattn.sensitivity``: step time, the rate itself or at equal load, the trace)."""
-    rows = []
+    point's assumptions, ``pagedattn.sensitivity``: step time, the rate itself or at equal load, the trace). The
+    replays (trace x width) run in parallel (``pagedattn.parallel``)."""
     cost = point.cost()
+    jobs = []
     for w in (*WORKLOADS, SENSITIVITY):
         like = "sharegpt" if w == SENSITIVITY else w
         num = params.sim_requests[like]
         rate = sensitivity.rate_at(point, w, params.sim_rates[like], num, params.seed)
         trace = make_trace(w, num, rate, params.seed)
-        for n in tqdm(params.widths, desc=f"sim parallel {w}", disable=not progress, leave=False):
-            r = simulate(trace, "paged", paper_slots(), params.block_size, cost, n=n, seed=params.seed,
-                         preemption_mode="swap", num_cpu_blocks=params.sim_cpu_blocks)
-            d = r.steps
-            rows.append({"scale": "paper (sim)", "trace": w, "method": "parallel", "width": n,
-                         "rate": rate, "saving_pct": 100 * r.sharing_saving(),
-                         "saving_step_weighted_pct": 100 * (1 - d["physical_blocks"].sum() / d["logical_blocks"].sum()),
-                         "mean_batch": r.mean_batch(), "preemptions": sum(r.num_preemptions.values())})
-    return pd.DataFrame(rows)
+        jobs += [(w, rate, trace, n) for n in params.widths]
+    return pd.DataFrame(pmap(partial(_saving_row, params=params, cost=cost), jobs, "sim parallel savings", progress))
+
+
+def _saving_row(job: tuple, params: Params, cost: CostModel) -> dict:
+    """One row of :func:`sim_parallel_savings`: ``(trace name, rate, trace, n)``."""
+    w, rate, trace, n = job
+    r = simulate(trace, "paged", paper_slots(), params.block_size, cost, n=n, seed=params.seed,
+                 preemption_mode="swap", num_cpu_blocks=params.sim_cpu_blocks)
+    d = r.steps
+    return {"scale": "paper (sim)", "trace": w, "method": "parallel", "width": n,
+            "rate": rate, "saving_pct": 100 * r.sharing_saving(),
+            "saving_step_weighted_pct": 100 * (1 - d["physical_blocks"].sum() / d["logical_blocks"].sum()),
+            "mean_batch": r.mean_batch(), "preemptions": sum(r.num_preemptions.values())}
 
 
 def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | None = None) -> pd.DataFrame:
@@ -123,19 +130,31 @@ def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | N
     other recovery (§4.5), since how a preempted request comes back sets part of the gain. Orca (Oracle) reserves
     each request's whole length up front and never preempts, so its rate is measured once."""
     cost = cost or CostModel()
-    rows = []
     hi = params.sim_rates["alpaca"] * 16
-    for n in tqdm(params.gain_ns, desc="sim gain", disable=not progress, leave=False):
+    # one bisection per task (Orca once per n; paged per recovery mode), longest first (n = 1: the longer trace)
+    jobs = [(n, "orca_oracle", "swap") for n in params.gain_ns]
+    jobs += [(n, "paged", mode) for n in params.gain_ns for mode in (("swap", "recompute") if n == 1 else ("swap",))]
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i][0] != 1)
+    got = pmap(partial(_gain_rate, params=params, cost=cost), [jobs[i] for i in order], "sim gain", progress)
+    rate = {jobs[i]: r for i, r in zip(order, got)}
+    rows = []
+    for n in params.gain_ns:
         num = params.gain_requests_n1 if n == 1 else params.gain_requests
-        base = make_trace("alpaca", num, 1.0, params.seed)
-        orca = sim_rate(params, "orca_oracle", n, "swap", base, cost)
+        orca = rate[(n, "orca_oracle", "swap")]
         for mode in ("swap", "recompute") if n == 1 else ("swap",):
-            paged = sim_rate(params, "paged", n, mode, base, cost)
+            paged = rate[(n, "paged", mode)]
             rows.append({"scale": "paper (sim)", "trace": "alpaca", "method": "parallel" if n > 1 else "n=1",
                          "width": n, "preemption": mode, "rate_paged": paged, "rate_orca_oracle": orca,
                          "gain": paged / orca, "threshold_s": NL_THRESHOLD_S, "num_requests": num,
                          "at_upper_bound": max(paged, orca) >= hi})
     return pd.DataFrame(rows)
+
+
+def _gain_rate(job: tuple, params: Params, cost: CostModel) -> float:
+    """One bisection of :func:`sim_parallel_gain`: ``(n, system, preemption mode)`` on its Alpaca trace."""
+    n, system, mode = job
+    num = params.gain_requests_n1 if n == 1 else params.gain_requests
+    return sim_rate(params, system, n, mode, make_trace("alpaca", num, 1.0, params.seed), cost)
 
 
 def sim_rate(params: Params, system: str, n: int, mode: str, base: list[TraceRequest], cost: CostModel,
@@ -288,7 +307,10 @@ def parallel_agreement(model, tokenizer, params: Params, progress: bool = True) 
     trace = real_trace("alpaca", params.agree_requests, params)
     prompts = stdlib_prompts(tokenizer, [r.prompt_len for r in trace], params.seed + 1)
     rows = []
-    for n in tqdm(params.agree_ns, desc="agreement", disable=not progress, leave=False):
+    # the simulator's side first, every n in parallel (``pagedattn.parallel``); the engine's runs one after another
+    sims = pmap(partial(_agreement_sim, trace=trace, params=params), params.agree_ns, "agreement (sim)", progress)
+    for n, (sim_saving, sim_steps) in zip(tqdm(params.agree_ns, desc="agreement", disable=not progress,
+                                               leave=False), sims):
         lens = sample_lengths(trace, n, params.seed, params.max_model_len)
         e = engine_for(model, tokenizer, params)
         targets = {}
@@ -298,16 +320,20 @@ def parallel_agreement(model, tokenizer, params: Params, progress: bool = True) 
             for s, out_len in zip(e.requests[r.request_id].seqs, ls):
                 targets[s.seq_id] = out_len
         res = _saving_driver(e, targets)
-        sim = simulate(trace, "paged", params.engine_blocks * params.block_size, params.block_size, CostModel(),
-                       max_num_seqs=params.max_num_seqs, max_num_batched_tokens=max(params.max_model_len, 2048),
-                       max_model_len=params.max_model_len, n=n, seed=params.seed, preemption_mode="swap",
-                       num_cpu_blocks=params.engine_blocks)
-        d = sim.steps
         rows.append({"trace": "alpaca", "method": "parallel", "width": n, "num_requests": len(trace),
-                     "engine_saving_pct": res["saving_pct"],
-                     "sim_saving_pct": 100 * (1 - d["physical_blocks"].sum() / d["logical_blocks"].sum()),
-                     "engine_steps": res["steps"], "sim_steps": len(d), "engine_copies": res["copies"]})
+                     "engine_saving_pct": res["saving_pct"], "sim_saving_pct": sim_saving,
+                     "engine_steps": res["steps"], "sim_steps": sim_steps, "engine_copies": res["copies"]})
     return pd.DataFrame(rows)
+
+
+def _agreement_sim(n: int, trace: list[TraceRequest], params: Params) -> tuple[float, int]:
+    """The simulator's side of :func:`parallel_agreement` for ``n`` samples: step-weighted saving (%), steps."""
+    sim = simulate(trace, "paged", params.engine_blocks * params.block_size, params.block_size, CostModel(),
+                   max_num_seqs=params.max_num_seqs, max_num_batched_tokens=max(params.max_model_len, 2048),
+                   max_model_len=params.max_model_len, n=n, seed=params.seed, preemption_mode="swap",
+                   num_cpu_blocks=params.engine_blocks)
+    d = sim.steps
+    return 100 * (1 - d["physical_blocks"].sum() / d["logical_blocks"].sum()), len(d)
 
 
 def real_orca_gain(model, tokenizer, params: Params, progress: bool = True) -> pd.DataFrame:
