@@ -17,7 +17,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
-from pagedattn.beam_search import NEG, BeamSearchState, _reassign, init_group, outputs, step_groups, worst_case_blocks
+from pagedattn.beam_search import (NEG, BeamSearchState, BeamStep, _reassign, init_group, outputs, step_groups,
+                                   worst_case_blocks)
 from pagedattn.llm import LLM
 from pagedattn.memory import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
@@ -302,9 +303,14 @@ def test_select_at_max_tokens_every_candidate_stops_with_length():
     assert st.num_generated == 2
 
 
-def fork_ids(forks):
-    """``(parent, child)`` forks by sequence id."""
-    return [(p.seq_id, c.seq_id) for p, c in forks]
+def apply(step):
+    """Apply a ``BeamStep``'s histories and finished beams as ``Scheduler.update_from_output`` does (the forks
+    concern the KV manager, which these tests leave out); its forks by sequence id."""
+    for s, ids, logprob in step.rewrites:
+        s.output_token_ids, s.cumulative_logprob = ids, logprob
+    for s, reason in step.finished:
+        s.finish(reason)
+    return [(p.seq_id, c.seq_id) for p, c in step.forks]
 
 
 class Words:
@@ -336,19 +342,22 @@ def test_step_groups_forks_reassigns_and_outputs_by_hand(max_tokens, step3, reas
     seqs = [Sequence(7, [11, 12]), Sequence(8, [11, 12])]
     g = SequenceGroup("r", seqs, sp)
     st = init_group(g, frozenset({EOS}), max_model_len=64)
-    forks = step_groups(torch.stack([probs_row([0.5, 0.3, 0.15, 0.05])] * 2), [(seqs[0], g), (seqs[1], g)])
-    assert fork_ids(forks) == [(7, 8)] and st.num_forks == 1 and st.beams == seqs
+    step = step_groups(torch.stack([probs_row([0.5, 0.3, 0.15, 0.05])] * 2), [(seqs[0], g), (seqs[1], g)])
+    assert [s.output_token_ids for s in seqs] == [[], []]  # nothing changes until the scheduler applies it
+    assert apply(step) == [(7, 8)] and st.num_forks == 1 and st.beams == seqs
     assert outputs(g, Words()) == [CompletionOutput(0, "w0", [0], pytest.approx(math.log(0.5)), None),
                                    CompletionOutput(1, "w1", [1], pytest.approx(math.log(0.3)), None)]
 
-    forks = step_groups(torch.stack([probs_row([0.9, 0.05, 0.03, 0.02]), probs_row([0.2, 0.12, 0.08, 0.6])]),
-                        [(seqs[1], g), (seqs[0], g)])
-    assert forks == [] and st.num_forks == 1 and st.beams == [seqs[1], seqs[0]]
+    step = step_groups(torch.stack([probs_row([0.9, 0.05, 0.03, 0.02]), probs_row([0.2, 0.12, 0.08, 0.6])]),
+                       [(seqs[1], g), (seqs[0], g)])
+    assert apply(step) == [] and st.num_forks == 1 and st.beams == [seqs[1], seqs[0]]
     assert [(s.output_token_ids, s.cumulative_logprob) for s in st.beams] == \
         [([1, 0], pytest.approx(math.log(0.27))), ([0, 0], pytest.approx(math.log(0.1)))]
     assert not st.done and all(s.status == "waiting" and s.finish_reason is None for s in seqs)
 
-    assert step_groups(torch.stack([probs_row(r) for r in step3]), [(seqs[1], g), (seqs[0], g)]) == []
+    step = step_groups(torch.stack([probs_row(r) for r in step3]), [(seqs[1], g), (seqs[0], g)])
+    assert not step.rewrites and [(s.seq_id, r) for s, r in step.finished] == [(8, reason), (7, reason)]
+    assert apply(step) == []
     assert st.done and all(s.finish_reason == reason and s.is_finished() for s in seqs)
     last = ([1, 0, 0], 0.135, "length") if reason == "length" else ([1, 0, EOS], 0.243, "stop")
     want = [([0, EOS], 0.3, "stop"), last] if reason == "length" else [last, ([0, EOS], 0.3, "stop")]
@@ -384,8 +393,9 @@ def test_reassign_forks_each_extra_child_into_the_first_dead_beam():
     for s in seqs:
         s.output_token_ids = [s.seq_id]
     st = BeamSearchState(4, 8, frozenset(), 1.0, False, beams=list(seqs))
-    forks = _reassign(st, [(2, 7, -1.0), (2, 8, -2.0), (2, 9, -3.0), (0, 6, -4.0)])
-    assert fork_ids(forks) == [(2, 1), (2, 3)] and st.num_forks == 2
+    step = BeamStep()
+    _reassign(st, [(2, 7, -1.0), (2, 8, -2.0), (2, 9, -3.0), (0, 6, -4.0)], step)
+    assert apply(step) == [(2, 1), (2, 3)] and st.num_forks == 2
     assert st.beams == [seqs[2], seqs[1], seqs[3], seqs[0]]
     assert [(s.output_token_ids, s.cumulative_logprob) for s in st.beams] == \
         [([2, 7], -1.0), ([2, 8], -2.0), ([2, 9], -3.0), ([0, 6], -4.0)]

@@ -193,15 +193,23 @@ def is_beam_group(g: SequenceGroup) -> bool:
     return g.beam_state is not None
 
 
-Forks = list[tuple[Sequence, Sequence]]  # (parent, child): the child's K/V becomes a copy of the parent's
+@dataclass
+class BeamStep:
+    """What one step of beam search decided for the scheduler to apply (``Scheduler.update_from_output``), so that
+    the search itself changes no sequence: ``forks`` (a surviving parent's K/V shared into a dead beam's sequence,
+    in order), ``rewrites`` (each beam's new history: its parent's output plus its token, and its cumulative
+    log-probability) and ``finished`` (the beams of a search that is over, with the reason)."""
+
+    forks: list[tuple[Sequence, Sequence]] = field(default_factory=list)
+    rewrites: list[tuple[Sequence, list[int], float]] = field(default_factory=list)
+    finished: list[tuple[Sequence, str]] = field(default_factory=list)
 
 
-def step_groups(logits: Tensor, rows: list[tuple[Sequence, SequenceGroup]]) -> Forks:
+def step_groups(logits: Tensor, rows: list[tuple[Sequence, SequenceGroup]]) -> BeamStep:
     """Advance every beam group among this step's ``rows`` (one logits row each) by one token: select the next
-    beams (HF semantics), give each its parent's history plus its token, and finish groups whose search is over.
-    Returns the K/V forks this takes (a surviving parent into a dead beam's sequence), for the scheduler to apply
-    (``Scheduler.update_from_output``), which also frees the blocks of the finished beams."""
-    forks: Forks = []
+    beams (HF semantics) and map them onto the group's sequences (``_reassign``), or end the search. Returns the
+    forks, histories and finished beams for the scheduler to apply, which also frees the finished beams' blocks."""
+    step = BeamStep()
     by_group: dict[int, tuple[SequenceGroup, dict[int, int]]] = {}
     for i, (s, g) in enumerate(rows):
         if is_beam_group(g):
@@ -211,21 +219,19 @@ def step_groups(logits: Tensor, rows: list[tuple[Sequence, SequenceGroup]]) -> F
         idx = torch.tensor([row_of[b.seq_id] for b in st.beams], device=logits.device)
         nxt = st.select(torch.log_softmax(logits[idx].float(), dim=-1))
         if nxt is None:
-            for b in st.beams:
-                b.finish("length" if st.num_generated >= st.max_new_tokens else "stop")
+            reason = "length" if st.num_generated >= st.max_new_tokens else "stop"
+            step.finished += [(b, reason) for b in st.beams]
             continue
-        forks += _reassign(st, nxt)
-    return forks
+        _reassign(st, nxt, step)
+    return step
 
 
-def _reassign(st: BeamSearchState, nxt: list[tuple[int, int, float]]) -> Forks:
+def _reassign(st: BeamSearchState, nxt: list[tuple[int, int, float]], step: BeamStep) -> None:
     """Map the next beams onto the ``k`` sequences: a parent's first child keeps the parent's sequence, further
-    children take over dead beams' sequences; returns those ``(parent, dead beam)`` forks, in order, for the
-    scheduler (``Scheduler.fork``: free + fork, or a copy on a contiguous manager). Every beam has the same length,
-    so a child's computed tokens are its parent's."""
-    forks: Forks = []
+    children take over dead beams' sequences, in order, each by a fork of its parent (``Scheduler.fork``: free +
+    fork, or a copy on a contiguous manager). Every beam has the same length, so a child's computed tokens are its
+    parent's. Adds the forks and the new histories to ``step``; ``st.beams`` becomes the new beams."""
     old = st.beams
-    snapshot = [(b.output_token_ids, b.cumulative_logprob) for b in old]
     taken: set[int] = set()
     slot_of: list[int | None] = [None] * len(nxt)
     for j, (p, _, _) in enumerate(nxt):
@@ -237,16 +243,11 @@ def _reassign(st: BeamSearchState, nxt: list[tuple[int, int, float]]) -> Forks:
         if slot_of[j] is None:
             d = free_slots.pop(0)
             slot_of[j] = d
-            forks.append((old[p], old[d]))
+            step.forks.append((old[p], old[d]))
             st.num_forks += 1
-    new_beams = []
     for j, (p, tok, score) in enumerate(nxt):
-        s = old[slot_of[j]]
-        s.output_token_ids = snapshot[p][0] + [tok]
-        s.cumulative_logprob = score
-        new_beams.append(s)
-    st.beams = new_beams
-    return forks
+        step.rewrites.append((old[slot_of[j]], old[p].output_token_ids + [tok], score))
+    st.beams = [old[slot_of[j]] for j in range(len(nxt))]
 
 
 def outputs(g: SequenceGroup, tokenizer=None) -> list[CompletionOutput]:

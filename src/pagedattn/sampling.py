@@ -125,14 +125,16 @@ class Sampler:
         from pagedattn import beam_search
 
         rows, logits = result.inp.rows, result.logits
-        forks = []
+        beams = beam_search.BeamStep()
         keep = [i for i, (_, g) in enumerate(rows) if g.beam_state is None]
         if len(keep) < len(rows):  # beam groups pick their tokens together (§4.4)
-            forks = beam_search.step_groups(logits, rows)
+            beams = beam_search.step_groups(logits, rows)
             rows, logits = [rows[i] for i in keep], logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
         # log-probabilities only rank the samples of n > 1 / best_of requests; greedy n = 1 skips them
         want_logprobs = any(len(g.seqs) > 1 for g in out.scheduled_groups)
         tokens, logprobs = sample(logits, [SamplingRow(g.sampling_params, self.generators[g.request_id])
                                            for _, g in rows], want_logprobs) if rows else ([], None)
-        return ModelOutput([(s, g, tok, lp) for (s, g), tok, lp in zip(rows, tokens, logprobs or [0.0] * len(tokens))],
-                           forks, self.stop, time.perf_counter())
+        return ModelOutput(tokens=[(s, g, tok, lp) for (s, g), tok, lp in
+                                   zip(rows, tokens, logprobs or [0.0] * len(tokens))],
+                           rewrites=beams.rewrites, forks=beams.forks, finished=beams.finished, stop=self.stop,
+                           now=time.perf_counter())

@@ -62,14 +62,21 @@ class SchedulerOutputs:
 
 @dataclass
 class ModelOutput:
-    """What a step's forward pass decided, for ``Scheduler.update_from_output``: a new token for each sequence that
-    ran outside beam search (with its group and log-probability), the K/V forks beam search chose (its beams' own
-    tokens are already in place: a beam search rewrites its beams' histories), the rule that stops a sequence
-    (``stop(seq, group)``: a finish reason or None; the engine's is ``sampling.check_stop``, the simulator's the
-    trace's output length), and the clock at the end of the step."""
+    """What a step's forward pass decided, for ``Scheduler.update_from_output`` to apply:
+
+    - ``tokens``: a new token for each sequence that was sampled (with its group and log-probability);
+    - ``fill_token``: or one token for every running sequence of the step (the simulator's dummy token);
+    - ``rewrites``, ``forks``, ``finished``: beam search's decisions (``beam_search.BeamStep``, §4.4): beams' new
+      histories, the K/V forks of surviving parents into dead beams' sequences, the beams of searches that are over;
+    - ``stop``: the rule that stops a sequence after its new token (``stop(seq, group)``: a finish reason or None;
+      the engine's is ``sampling.check_stop``, the simulator's the trace's output length);
+    - ``now``: the clock at the end of the step."""
 
     tokens: list[tuple[Sequence, SequenceGroup, int, float]] = field(default_factory=list)
+    fill_token: int | None = None
+    rewrites: list[tuple[Sequence, list[int], float]] = field(default_factory=list)
     forks: list[tuple[Sequence, Sequence]] = field(default_factory=list)
+    finished: list[tuple[Sequence, str]] = field(default_factory=list)
     stop: Callable[[Sequence, SequenceGroup], str | None] | None = None
     now: float = 0.0
 
@@ -119,29 +126,40 @@ class Scheduler:
     # ------------------------------------------------------------------------------------------ after a step
     def update_from_output(self, out: SchedulerOutputs, output: ModelOutput) -> list[SequenceGroup]:
         """A step's bookkeeping once its forward pass (or the simulator's stand-in) has run, for the real engine and
-        the simulator alike (§4.3-§4.5): the K/V of every token the step computed is now cached; beam search's forks
-        are applied (§4.4: a surviving beam's K/V shared into a dead beam's sequence); each new token is appended
-        and its sequence checked against ``output.stop``; each scheduled request gets its first-token and finish
-        times; the blocks of finished sequences are freed. Returns the groups that finished (dropped from
-        ``running``)."""
+        the simulator alike (§4.3-§4.5): the K/V of every token the step ran is now cached; the new tokens are
+        appended, each sequence checked against ``output.stop``; beam search's decisions are applied (§4.4: new
+        histories, forks of surviving beams into dead beams' sequences, finished searches); each scheduled request
+        gets its first-token time, and its finish time when it is done; the blocks of finished sequences are freed.
+        Returns the groups that finished (dropped from ``running``)."""
+        now, stop, fill = output.now, output.stop, output.fill_token
         for g in out.scheduled_groups:
+            if g.metrics.first_token_time is None:
+                g.metrics.first_token_time = now
             for s in g.get_seqs("running"):
-                s.num_computed_tokens = s.get_len()
-        for parent, child in output.forks:
-            self.fork(parent, child)
-        stop = output.stop
+                s.num_computed_tokens = len(s.token_ids)
+                if fill is not None:
+                    s.append_token(fill)
+                    reason = stop(s, g) if stop is not None else None
+                    if reason is not None:
+                        s.finish(reason)
         for s, g, token, logprob in output.tokens:
             s.append_token(token, logprob)
             reason = stop(s, g) if stop is not None else None
             if reason is not None:
                 s.finish(reason)
-        now = output.now
-        for g in out.scheduled_groups:
-            if g.metrics.first_token_time is None:
-                g.metrics.first_token_time = now
-            if g.metrics.finish_time is None and g.is_finished():
-                g.metrics.finish_time = now
-        return self._free_finished()
+        for parent, child in output.forks:
+            self.fork(parent, child)
+        for s, ids, logprob in output.rewrites:
+            s.output_token_ids, s.cumulative_logprob = ids, logprob
+        for s, reason in output.finished:
+            s.finish(reason)
+        done = self._free_finished()
+        if done and out.scheduled_groups:
+            ran = set(map(id, out.scheduled_groups))
+            for g in done:
+                if id(g) in ran:
+                    g.metrics.finish_time = now
+        return done
 
     def _free_finished(self) -> list[SequenceGroup]:
         """Free the blocks of finished sequences; drop and return the groups that are done."""

@@ -205,6 +205,7 @@ class SequenceGroup:
                  arrival_time: float = 0.0, prompt: str | None = None) -> None:
         self.request_id = request_id
         self.seqs = seqs
+        self._solo = seqs[0] if len(seqs) == 1 else None  # the only sequence of a one-sequence group
         self.sampling_params = sampling_params
         self.metrics = RequestMetrics(arrival_time)
         self.prompt = prompt
@@ -219,13 +220,13 @@ class SequenceGroup:
         return self.seqs[0].get_prompt_len() + self.sampling_params.max_tokens
 
     def get_seqs(self, status: Status | None = None) -> list[Sequence]:
-        """The group's sequences, or those in ``status`` (a new list; the one-sequence case, most requests, skips
-        the scan: the scheduler asks this of every running group several times per step)."""
+        """The group's sequences, or those in ``status``: a list to read, not to change (for a one-sequence group,
+        most requests, it is ``seqs`` itself or empty: the scheduler asks this of every running group several times
+        per step)."""
         if status is None:
             return self.seqs
-        if len(self.seqs) == 1:
-            s = self.seqs[0]
-            return [s] if s.status == status else []
+        if self._solo is not None:
+            return self.seqs if self._solo.status == status else []
         return [s for s in self.seqs if s.status == status]
 
     def is_finished(self) -> bool:

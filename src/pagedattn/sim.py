@@ -420,14 +420,14 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                      len(sched.swapped), bound, kv.stats(final_len))
         now += dt
         step += 1
-        # the model's stand-in: a dummy token per running sequence, and the beam model's forks for each beam group
-        # that goes on
-        output = ModelOutput([], [], stop, now)
-        for g in running:
-            seqs = g.get_seqs("running")
-            output.tokens += [(s, g, 0, 0.0) for s in seqs]
-            if beam is not None and any(len(s.token_ids) + 1 < stop_len[s.seq_id] for s in seqs):
-                output.forks += beam.forks(seqs, beam_rng, first=g.seqs[0].get_output_len() == 0)
+        # the model's stand-in: a dummy token for every running sequence, and the beam model's forks for each beam
+        # group that goes on
+        output = ModelOutput(fill_token=0, stop=stop, now=now)
+        if beam is not None:
+            for g in running:
+                seqs = g.get_seqs("running")
+                if any(len(s.token_ids) + 1 < stop_len[s.seq_id] for s in seqs):
+                    output.forks += beam.forks(seqs, beam_rng, first=g.seqs[0].get_output_len() == 0)
         bar.update(len(sched.update_from_output(out, output)))
         if max_steps is not None and step >= max_steps:
             break
