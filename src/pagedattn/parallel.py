@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import signal
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from functools import partial
 from typing import Any, Callable, Iterable
 
 from tqdm.auto import tqdm
@@ -80,6 +81,13 @@ def _mark_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _as_worker(fn: Callable[[Any], Any], x: Any) -> Any:
+    """``fn(x)`` in a process marked as a worker (a task on a Dask worker, which runs no ``_mark_worker``
+    initializer)."""
+    _mark_worker()
+    return fn(x)
+
+
 def process_pool(jobs: int) -> Executor:
     """The session's process pool of ``jobs`` workers (made on first use, remade when ``jobs`` changes). Workers
     start from a fork server, not by forking this process, which may hold threads (torch's) that a fork would
@@ -126,7 +134,9 @@ def pmap(fn: Callable[[Any], Any], items: Iterable[Any], desc: str | None = None
     bar = tqdm(total=len(items), desc=desc, disable=not progress, leave=False)
     try:
         if address:
-            futures = dask_client(address).map(fn, items, pure=False)
+            # each task marks its Dask worker as a worker first, so that a sweep inside it runs serially there
+            # (as on the process pool) instead of starting a pool in a daemonic process or going back to the cluster
+            futures = dask_client(address).map(partial(_as_worker, fn), items, pure=False)
             out = []
             for f in futures:  # in order: the bar moves as the head of the sweep completes
                 out.append(f.result())

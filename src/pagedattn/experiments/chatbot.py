@@ -21,13 +21,13 @@ from functools import partial
 from pathlib import Path
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.experiments import validated
 from pagedattn.experiments.common import ServingParams
 from pagedattn.experiments.throughput import NL_THRESHOLD_S, sustainable_rate
+from pagedattn.parallel import pmap
 from pagedattn.paper import FIG17_RATE_RATIO
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.sim import LABELS, SYSTEMS, CostModel, simulate
@@ -57,26 +57,38 @@ def run_at(base, rate: float, system: str, params: Params, record_steps: bool = 
                     record_steps=record_steps)
 
 
+def _curve_row(job: tuple, base, params: Params) -> dict:
+    rate, s = job
+    res = run_at(base, rate, s, params)
+    return {"rate": rate, "system": s, "label": LABELS[s], "normalized_latency_s": res.normalized_latency(),
+            "mean_batch": res.mean_batch(), "preemptions": sum(res.num_preemptions.values())}
+
+
 def latency_curves(base, params: Params, progress: bool = True) -> pd.DataFrame:
-    """Normalized latency and mean batch of every system at every rate (Fig. 17)."""
-    rows = []
+    """Normalized latency and mean batch of every system at every rate (Fig. 17); the replays run in parallel
+    (``pagedattn.parallel``)."""
     jobs = [(r, s) for r in params.rates for s in SYSTEMS]
-    for rate, s in tqdm(jobs, desc="chatbot (sim)", disable=not progress, leave=False):
-        res = run_at(base, rate, s, params)
-        rows.append({"rate": rate, "system": s, "label": LABELS[s], "normalized_latency_s": res.normalized_latency(),
-                     "mean_batch": res.mean_batch(), "preemptions": sum(res.num_preemptions.values())})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(pmap(partial(_curve_row, base=base, params=params), jobs, "chatbot (sim)", progress))
+
+
+def _latency(rate: float, base, system: str, params: Params, cost: CostModel | None) -> float:
+    """Normalized latency of one replay at ``rate`` (a bisection's probe)."""
+    return run_at(base, rate, system, params, False, cost).normalized_latency()
+
+
+def _sustainable_row(s: str, base, params: Params, cost: CostModel | None) -> dict:
+    """One system's whole bisection."""
+    lo, hi = min(params.rates) / 4, max(params.rates) * 8
+    rate = sustainable_rate(partial(_latency, base=base, system=s, params=params, cost=cost), lo, hi,
+                            params.bisection_steps)
+    return {"system": s, "label": LABELS[s], "sustainable_rate": rate, "threshold_s": NL_THRESHOLD_S,
+            "at_upper_bound": rate >= hi}
 
 
 def sustainable(base, params: Params, progress: bool = True, cost: CostModel | None = None) -> pd.DataFrame:
-    lo, hi = min(params.rates) / 4, max(params.rates) * 8
-    rows = []
-    for s in tqdm(SYSTEMS, desc="sustainable rate", disable=not progress, leave=False):
-        rate = sustainable_rate(lambda r: run_at(base, r, s, params, False, cost).normalized_latency(),
-                                lo, hi, params.bisection_steps)
-        rows.append({"system": s, "label": LABELS[s], "sustainable_rate": rate, "threshold_s": NL_THRESHOLD_S,
-                     "at_upper_bound": rate >= hi})
-    return pd.DataFrame(rows)
+    """Each system's sustainable rate; the bisections (one per system, each sequential) run in parallel."""
+    return pd.DataFrame(pmap(partial(_sustainable_row, base=base, params=params, cost=cost), SYSTEMS,
+                             "sustainable rate", progress))
 
 
 def claims(sus: pd.DataFrame) -> list[Claim]:

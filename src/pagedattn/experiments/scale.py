@@ -41,13 +41,13 @@ from functools import lru_cache, partial
 from pathlib import Path
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from pagedattn import sensitivity
 from pagedattn.config import ModelSpec
 from pagedattn.experiments import validated
 from pagedattn.experiments.common import ServingParams
 from pagedattn.experiments.throughput import NL_THRESHOLD_S, SIM_SYSTEMS, sustainable_rate
+from pagedattn.parallel import call, pmap
 from pagedattn.paper import FIG12_RATE_RATIO, GPUS, KV_GB, KV_SLOTS, PARAM_GB
 from pagedattn.results import RESULTS_DIR, Claim
 from pagedattn.sensitivity import widened
@@ -212,67 +212,99 @@ def capacity(model: str, trace_name: str, params: Params, cost: CostModel) -> fl
     return _replay(trace, "paged", model, params, cost).throughput()
 
 
+# Fig. 12's replays run in parallel (``pagedattn.parallel.pmap``): first the capacity of every (model, trace), then
+# every system's curve (a knee grid: sequential inside) and every system's bisection (sequential inside), all at once.
+def _capacity_of(job: tuple, params: Params) -> float:
+    """``capacity`` of one ``(model, trace, cost model)``."""
+    model, trace_name, cost = job
+    return capacity(model, trace_name, params, cost)
+
+
+def _latency_at(rate: float, base, system: str, model: str, params: Params, cost: CostModel) -> float:
+    """Normalized latency of one replay of ``base`` at ``rate``."""
+    return _replay(with_rate(base, rate, params.seed), system, model, params, cost).normalized_latency()
+
+
+def _latency_at_fraction(f: float, cap: float, **kw) -> float:
+    return _latency_at(f * cap, **kw)
+
+
+def _curve_rows(model: str, trace_name: str, base, system: str, cost: CostModel, cap: float,
+                params: Params) -> list[dict]:
+    """One system's Fig. 12 curve on one setup and trace (``knee_grid``)."""
+    latency_at = partial(_latency_at_fraction, cap=cap, base=base, system=system, model=model, params=params,
+                         cost=cost)
+    return [{"model": model, "trace": trace_name, "load_fraction": f, "rate": f * cap, "system": system,
+             "label": LABELS[system], "normalized_latency_s": nl, "capacity_req_s": cap,
+             "past_knee": nl > KNEE_FACTOR * NL_THRESHOLD_S}
+            for f, nl in knee_grid(params.load_fractions, latency_at, params.max_load_fraction)]
+
+
+def _sustainable_row(model: str, trace_name: str, base, system: str, cost: CostModel, cap: float,
+                     params: Params) -> dict:
+    """One system's whole bisection on one setup and trace."""
+    lo, hi = cap / 64, cap * 4
+    rate = sustainable_rate(partial(_latency_at, base=base, system=system, model=model, params=params, cost=cost),
+                            lo, hi, params.bisection_steps)
+    return {"model": model, "trace": trace_name, "system": system, "label": LABELS[system],
+            "sustainable_rate": rate, "capacity_req_s": cap, "threshold_s": NL_THRESHOLD_S,
+            "at_bound": rate >= hi or rate <= lo}
+
+
 def fig12(params: Params, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Normalized latency vs rate (the curves) and each system's sustainable rate, per model and trace."""
-    curves, rates = [], []
     jobs = [(m, w) for m in params.models for w in params.traces]
-    for m, w in tqdm(jobs, desc="fig12", disable=not progress, leave=False):
-        cost = cost_model(m)
-        cap = capacity(m, w, params, cost)
-        base = make_trace(w, params.num_requests[m][w], 1.0, params.seed)
-        for s in SIM_SYSTEMS:
-            def latency_at(f, s=s):
-                return _replay(with_rate(base, f * cap, params.seed), s, m, params, cost).normalized_latency()
-
-            for f, nl in knee_grid(params.load_fractions, latency_at, params.max_load_fraction):
-                curves.append({"model": m, "trace": w, "load_fraction": f, "rate": f * cap, "system": s,
-                               "label": LABELS[s], "normalized_latency_s": nl, "capacity_req_s": cap,
-                               "past_knee": nl > KNEE_FACTOR * NL_THRESHOLD_S})
-        rates += sustainable_rows(m, w, params, cost, cap, SIM_SYSTEMS)
-    return pd.DataFrame(curves), pd.DataFrame(rates)
+    costs = {m: cost_model(m) for m in params.models}
+    caps = dict(zip(jobs, pmap(partial(_capacity_of, params=params), [(m, w, costs[m]) for m, w in jobs],
+                               "fig12 capacity", progress)))
+    bases = {(m, w): make_trace(w, params.num_requests[m][w], 1.0, params.seed) for m, w in jobs}
+    tasks = [(fn, (m, w, bases[m, w], s, costs[m], caps[m, w]), {"params": params})
+             for fn in (_curve_rows, _sustainable_row) for m, w in jobs for s in SIM_SYSTEMS]
+    out = pmap(call, tasks, "fig12", progress)
+    curves = [row for rows in out[:len(out) // 2] for row in rows]
+    return pd.DataFrame(curves), pd.DataFrame(out[len(out) // 2:])
 
 
 def sustainable_rows(model, trace_name, params: Params, cost: CostModel, cap: float, systems) -> list[dict]:
+    """Each system's sustainable rate on one setup and trace (the bisections in parallel)."""
     base = make_trace(trace_name, params.num_requests[model][trace_name], 1.0, params.seed)
-    lo, hi = cap / 64, cap * 4
-    rows = []
-    for s in systems:
-        rate = sustainable_rate(lambda r: _replay(with_rate(base, r, params.seed), s, model, params, cost)
-                                .normalized_latency(), lo, hi, params.bisection_steps)
-        rows.append({"model": model, "trace": trace_name, "system": s, "label": LABELS[s],
-                     "sustainable_rate": rate, "capacity_req_s": cap, "threshold_s": NL_THRESHOLD_S,
-                     "at_bound": rate >= hi or rate <= lo})
-    return rows
+    return pmap(call, [(_sustainable_row, (model, trace_name, base, s, cost, cap), {"params": params})
+                       for s in systems])
 
 
-def saturation(params: Params, progress: bool = True) -> pd.DataFrame:
+def saturation(params: Params, progress: bool = True, caps: dict[str, float] | None = None) -> pd.DataFrame:
     """What bounds each setup on Alpaca: every system at ``saturation_load`` x the paged capacity, at each batch limit
     of ``saturation_seqs``, with its throughput, mean batch, share of memory-bound steps and normalized latency, and
     a decode step's roofline split at that batch (FLOP time vs HBM time, ``CostModel``; the larger one is the step's
-    bound)."""
-    rows = []
+    bound). ``caps``: the paged capacity on Alpaca of each model, if already known (``fig12``'s; else computed).
+    The replays run in parallel."""
     if "alpaca" not in params.traces:
-        return pd.DataFrame(rows)
-    jobs = [(m, n, s) for m in params.models for n in params.saturation_seqs for s in ("orca_oracle", "paged")]
-    caps = {}
-    for m, n, s in tqdm(jobs, desc="saturation", disable=not progress, leave=False):
-        cost = cost_model(m)
-        if m not in caps:
-            caps[m] = capacity(m, "alpaca", params, cost)
-        rate = params.saturation_load * caps[m]
-        trace = make_trace("alpaca", params.num_requests[m]["alpaca"], rate, params.seed)
-        r = _replay(trace, s, m, params, cost, record_steps=True, max_num_seqs=n)
-        batch = r.mean_batch()
-        context = batch * sum(t.prompt_len + t.output_len / 2 for t in trace) / len(trace)  # mid-way, on average
-        mem = (cost.weight_bytes + context * cost.kv_bytes_per_token) / (
-            cost.hbm_bytes_per_s * cost.bandwidth_efficiency * cost.tp_size)
-        flops = 2 * cost.params * batch / (cost.flops_per_s * cost.flops_efficiency * cost.tp_size)
-        rows.append({"model": m, "trace": "alpaca", "max_num_seqs": n, "system": s, "label": LABELS[s],
-                     "rate": rate, "capacity_req_s": caps[m], "throughput_req_s": r.throughput(),
-                     "mean_batch": batch, "memory_bound_share": r.memory_bound_share(),
-                     "normalized_latency_s": r.normalized_latency(), "decode_flop_ms": 1e3 * flops,
-                     "decode_hbm_ms": 1e3 * mem, "decode_bound": "compute" if flops > mem else "memory bandwidth"})
-    return pd.DataFrame(rows)
+        return pd.DataFrame([])
+    costs = {m: cost_model(m) for m in params.models}
+    caps = dict(caps or {})
+    todo = [m for m in params.models if m not in caps]
+    caps.update(zip(todo, pmap(partial(_capacity_of, params=params), [(m, "alpaca", costs[m]) for m in todo])))
+    jobs = [(m, n, s, costs[m], caps[m]) for m in params.models for n in params.saturation_seqs
+            for s in ("orca_oracle", "paged")]
+    return pd.DataFrame(pmap(partial(_saturation_row, params=params), jobs, "saturation", progress))
+
+
+def _saturation_row(job: tuple, params: Params) -> dict:
+    """One replay of ``saturation``: ``(model, max_num_seqs, system, cost model, paged capacity on Alpaca)``."""
+    m, n, s, cost, cap = job
+    rate = params.saturation_load * cap
+    trace = make_trace("alpaca", params.num_requests[m]["alpaca"], rate, params.seed)
+    r = _replay(trace, s, m, params, cost, record_steps=True, max_num_seqs=n)
+    batch = r.mean_batch()
+    context = batch * sum(t.prompt_len + t.output_len / 2 for t in trace) / len(trace)  # mid-way, on average
+    mem = (cost.weight_bytes + context * cost.kv_bytes_per_token) / (
+        cost.hbm_bytes_per_s * cost.bandwidth_efficiency * cost.tp_size)
+    flops = 2 * cost.params * batch / (cost.flops_per_s * cost.flops_efficiency * cost.tp_size)
+    return {"model": m, "trace": "alpaca", "max_num_seqs": n, "system": s, "label": LABELS[s],
+            "rate": rate, "capacity_req_s": cap, "throughput_req_s": r.throughput(),
+            "mean_batch": batch, "memory_bound_share": r.memory_bound_share(),
+            "normalized_latency_s": r.normalized_latency(), "decode_flop_ms": 1e3 * flops,
+            "decode_hbm_ms": 1e3 * mem, "decode_bound": "compute" if flops > mem else "memory bandwidth"}
 
 
 #: The claims' ratios: ours over each baseline (the paper's ranges are over its three model sizes, ShareGPT).
@@ -337,7 +369,10 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     out_dir.mkdir(parents=True, exist_ok=True)
     tables: dict = {"table1": table1()}
     tables["fig12_curves"], tables["fig12_sustainable"] = fig12(params, progress)
-    tables["saturation"] = saturation(params, progress)
+    sus = tables["fig12_sustainable"]
+    caps = {m: float(sus[(sus.model == m) & (sus.trace == "alpaca")]["capacity_req_s"].iloc[0])
+            for m in params.models if "alpaca" in params.traces}  # fig12's (the same replay): not replayed again
+    tables["saturation"] = saturation(params, progress, caps)
     claims = table1_claims(tables["table1"]) + rate_claims(tables["fig12_sustainable"])
     if params.bands:
         claims, tables["sensitivity"] = bands(params, claims, progress)

@@ -52,6 +52,7 @@ from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.experiments import validated
 from pagedattn.experiments.common import Arrival, Clock, ServingParams, greedy, make_engine, replay, tiny_opt
+from pagedattn.parallel import pmap
 from pagedattn.paper import FIG16_PREFIX
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.sensitivity import widened
@@ -213,51 +214,60 @@ class Params(ServingParams):
                  cpu_repeats=1, bisection_steps=3)
 
 
+# The sim's replays below run in parallel (``pagedattn.parallel.pmap``): each task rebuilds its requests from the
+# seed (``make_requests``, deterministic) rather than carrying ~1000 prompts of token ids to a worker.
+def _offline_row(job: tuple, params: Params) -> dict:
+    """One replay of ``sim_offline``: ``(shot, system)``."""
+    shot, s = job
+    reqs = make_requests(SHOTS[shot], params.sim_requests, seed=params.seed)
+    res = simulate_prefix(reqs, s, block_size=params.block_size)
+    return {"scale": "paper (sim)", "shot": shot, "prefix_len": SHOTS[shot], "system": s,
+            "label": LABELS[s], "throughput_req_s": res.throughput(),
+            "tokens_per_s": res.requests["output_len"].sum() / res.duration, "mean_batch": res.mean_batch,
+            "hit_rate": res.hit_rate, "ideal_hit_rate": ideal_hit_rate(reqs, params.block_size, s == "paged_auto")
+            if s in ("paged_user", "paged_auto") else None,
+            "prefill_tokens_computed": res.prefill_tokens_computed, "num_steps": res.num_steps}
+
+
 def sim_offline(params: Params, progress: bool = True) -> pd.DataFrame:
     """Paper scale, every request queued at t = 0: requests/s, mean batch, hit rate."""
-    rows = []
     jobs = [(shot, s) for shot in SHOTS for s in SYSTEMS]
-    for shot, s in tqdm(jobs, desc="offline (sim)", disable=not progress, leave=False):
-        reqs = make_requests(SHOTS[shot], params.sim_requests, seed=params.seed)
-        res = simulate_prefix(reqs, s, block_size=params.block_size)
-        rows.append({"scale": "paper (sim)", "shot": shot, "prefix_len": SHOTS[shot], "system": s,
-                     "label": LABELS[s], "throughput_req_s": res.throughput(),
-                     "tokens_per_s": res.requests["output_len"].sum() / res.duration, "mean_batch": res.mean_batch,
-                     "hit_rate": res.hit_rate, "ideal_hit_rate": ideal_hit_rate(reqs, params.block_size,
-                                                                                s == "paged_auto")
-                     if s in ("paged_user", "paged_auto") else None,
-                     "prefill_tokens_computed": res.prefill_tokens_computed, "num_steps": res.num_steps})
+    rows = pmap(partial(_offline_row, params=params), jobs, "offline (sim)", progress)
     return _with_speedup(pd.DataFrame(rows), "throughput_req_s")
 
 
-def sim_ablation(params: Params) -> pd.DataFrame:
+def _offline_throughput(job: tuple, params: Params) -> tuple[float, float]:
+    """One replay of ``sim_ablation``: ``(shot, system, charge_cached)`` -> (throughput, mean batch)."""
+    shot, s, charge = job
+    r = simulate_prefix(make_requests(SHOTS[shot], params.sim_requests, seed=params.seed), s,
+                        block_size=params.block_size, charge_cached=charge)
+    return r.throughput(), r.mean_batch
+
+
+def sim_ablation(params: Params, progress: bool = False) -> pd.DataFrame:
     """Where the gain comes from (paper scale, offline): the user-marked prefix with its cached prefill tokens
     charged anyway (memory saving only) next to the normal run (memory and prefill compute saved)."""
+    jobs = [(shot, s, charge) for shot in SHOTS for s, charge in (("orca_oracle", False), ("paged_user", True),
+                                                                   ("paged_user", False))]
+    res = dict(zip(jobs, pmap(partial(_offline_throughput, params=params), jobs, "ablation (sim)", progress)))
     rows = []
     for shot in SHOTS:
-        reqs = make_requests(SHOTS[shot], params.sim_requests, seed=params.seed)
-        base = simulate_prefix(reqs, "orca_oracle", block_size=params.block_size).throughput()
+        base = res[(shot, "orca_oracle", False)][0]
         for charge in (True, False):
-            r = simulate_prefix(reqs, "paged_user", block_size=params.block_size, charge_cached=charge)
+            throughput, mean_batch = res[(shot, "paged_user", charge)]
             rows.append({"scale": "paper (sim)", "shot": shot, "system": "paged_user",
                          "variant": "memory saving only (prefix prefill charged)" if charge
                          else "memory + prefill compute saved",
-                         "throughput_req_s": r.throughput(), "mean_batch": r.mean_batch,
-                         "speedup_vs_orca_oracle": r.throughput() / base})
+                         "throughput_req_s": throughput, "mean_batch": mean_batch,
+                         "speedup_vs_orca_oracle": throughput / base})
     return pd.DataFrame(rows)
 
 
 def sim_online(params: Params, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Paper scale, Poisson arrivals: normalized latency vs request rate (Fig. 16's axes), and for each system the
     highest swept rate whose normalized latency stays <= ``NL_THRESHOLD_S`` (read off the curve, no bisection)."""
-    rows = []
     jobs = [(shot, rate, s) for shot, rates in params.sim_rates.items() for rate in rates for s in SYSTEMS]
-    base = {shot: make_requests(SHOTS[shot], params.sim_requests, seed=params.seed) for shot in SHOTS}
-    for shot, rate, s in tqdm(jobs, desc="online (sim)", disable=not progress, leave=False):
-        res = simulate_prefix(with_rate(base[shot], rate, params.seed), s, block_size=params.block_size)
-        rows.append({"scale": "paper (sim)", "shot": shot, "rate": rate, "system": s, "label": LABELS[s],
-                     "normalized_latency_s": res.normalized_latency(), "mean_batch": res.mean_batch})
-    online = pd.DataFrame(rows)
+    online = pd.DataFrame(pmap(partial(_online_row, params=params), jobs, "online (sim)", progress))
     sus = []
     for threshold in NL_THRESHOLDS_S:
         for (shot, s), d in online.groupby(["shot", "system"], sort=False):
@@ -271,27 +281,52 @@ def sim_online(params: Params, progress: bool = True) -> tuple[pd.DataFrame, pd.
     return online, sus
 
 
+def _online_row(job: tuple, params: Params) -> dict:
+    """One replay of ``sim_online``: ``(shot, rate, system)``."""
+    shot, rate, s = job
+    reqs = make_requests(SHOTS[shot], params.sim_requests, seed=params.seed)
+    res = simulate_prefix(with_rate(reqs, rate, params.seed), s, block_size=params.block_size)
+    return {"scale": "paper (sim)", "shot": shot, "rate": rate, "system": s, "label": LABELS[s],
+            "normalized_latency_s": res.normalized_latency(), "mean_batch": res.mean_batch}
+
+
+def _latency(rate: float, reqs: list[PrefixRequest], system: str, params: Params, cost: CostModel | None,
+             memo: dict[float, float]) -> float:
+    """Normalized latency of one replay at ``rate`` (a bisection's probe), remembered in ``memo``: the bisections
+    at each threshold start from the same bounds and midpoints, and a replay is deterministic."""
+    if rate not in memo:
+        memo[rate] = simulate_prefix(with_rate(reqs, rate, params.seed), system, block_size=params.block_size,
+                                     cost=cost).normalized_latency()
+    return memo[rate]
+
+
+def _rate_ratio_rows(job: tuple, thresholds: tuple, params: Params, cost: CostModel | None) -> list[dict]:
+    """The bisections of ``sim_rate_ratios`` for one ``(shot, system)``, one per threshold, sharing their replays
+    at equal rates."""
+    from pagedattn.experiments.throughput import sustainable_rate
+
+    shot, s = job
+    rates = params.sim_rates[shot]
+    lo, hi = min(rates) / 4, max(rates) * 4
+    reqs = make_requests(SHOTS[shot], params.sim_requests, seed=params.seed)
+    nl = partial(_latency, reqs=reqs, system=s, params=params, cost=cost, memo={})
+    rows = []
+    for thr in thresholds:
+        rate = sustainable_rate(nl, lo, hi, params.bisection_steps, thr)
+        rows.append({"scale": "paper (sim)", "shot": shot, "system": s, "label": LABELS[s], "threshold_s": thr,
+                     "sustainable_rate": rate, "at_upper_bound": rate >= hi})
+    return rows
+
+
 def sim_rate_ratios(params: Params, cost: CostModel | None = None, thresholds=NL_THRESHOLDS_S,
                     systems=("orca_oracle", "paged_user", "paged_auto"), progress: bool = True) -> pd.DataFrame:
     """Fig. 16 on the paper's metric: each system's sustainable request rate (the highest rate whose normalized
     latency stays at or below the threshold; bisection over the rate, ``throughput.sustainable_rate``) and its ratio
     to Orca (Oracle)'s, per shot and threshold."""
-    from pagedattn.experiments.throughput import sustainable_rate
-
-    rows = []
-    jobs = [(shot, thr, s) for shot in SHOTS for thr in thresholds for s in systems]
-    base = {shot: make_requests(SHOTS[shot], params.sim_requests, seed=params.seed) for shot in SHOTS}
-    for shot, thr, s in tqdm(jobs, desc="sustainable rate (sim)", disable=not progress, leave=False):
-        rates = params.sim_rates[shot]
-        lo, hi = min(rates) / 4, max(rates) * 4
-
-        def nl(rate, shot=shot, s=s):
-            return simulate_prefix(with_rate(base[shot], rate, params.seed), s, block_size=params.block_size,
-                                   cost=cost).normalized_latency()
-        rate = sustainable_rate(nl, lo, hi, params.bisection_steps, thr)
-        rows.append({"scale": "paper (sim)", "shot": shot, "system": s, "label": LABELS[s], "threshold_s": thr,
-                     "sustainable_rate": rate, "at_upper_bound": rate >= hi})
-    df = pd.DataFrame(rows)
+    jobs = [(shot, s) for shot in SHOTS for s in systems]  # each: a bisection per threshold (in parallel)
+    found = dict(zip(jobs, pmap(partial(_rate_ratio_rows, thresholds=tuple(thresholds), params=params, cost=cost),
+                                jobs, "sustainable rate (sim)", progress)))
+    df = pd.DataFrame([found[(shot, s)][i] for shot in SHOTS for i in range(len(thresholds)) for s in systems])
     base_rate = df[df.system == "orca_oracle"].set_index(["shot", "threshold_s"])["sustainable_rate"]
     df["speedup_vs_orca_oracle"] = df["sustainable_rate"] / [base_rate[(a, b)] for a, b in zip(df.shot, df.threshold_s)]
     return df

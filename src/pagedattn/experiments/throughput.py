@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from pagedattn.config import paper_slots
 from pagedattn import sensitivity
 from pagedattn.experiments import validated
+from pagedattn.parallel import pmap
 from pagedattn.experiments.common import Arrival, Clock, ServingParams, greedy, make_engine, replay, requests_frame, \
     scaled_trace, tiny_opt
 from pagedattn.paper import FIG12_RATE_RATIO, FIG13_MEAN_BATCH, HEADLINE_THROUGHPUT_GAIN
@@ -64,17 +65,21 @@ def sim_run(trace, system: str, params: SimParams, cost: CostModel | None = None
     return simulate(trace, system, paper_slots(), params.block_size, cost or CostModel(), record_steps=record_steps)
 
 
+def _online_row(job: tuple, params: SimParams) -> dict:
+    """One point of ``sim_online``: ``(workload, base trace, rate, system)``."""
+    w, base, rate, s = job
+    res = sim_run(with_rate(base, rate, params.seed), s, params)
+    return {"scale": "paper (sim)", "trace": w, "rate": rate, "system": s, "label": LABELS[s],
+            "normalized_latency_s": res.normalized_latency(), "mean_batch": res.mean_batch(),
+            "throughput_req_s": res.throughput(), "preemptions": sum(res.num_preemptions.values())}
+
+
 def sim_online(params: SimParams, progress: bool = True) -> pd.DataFrame:
-    """Normalized latency and mean batch vs request rate, per workload and system (Figs. 12-13)."""
-    rows = []
-    jobs = [(w, r, s) for w, rates in params.rates.items() for r in rates for s in SIM_SYSTEMS]
+    """Normalized latency and mean batch vs request rate, per workload and system (Figs. 12-13); the replays run
+    in parallel (``pagedattn.parallel``)."""
     base = {w: make_trace(w, params.num_requests[w], 1.0, params.seed) for w in params.rates}
-    for w, rate, s in tqdm(jobs, desc="online (sim)", disable=not progress, leave=False):
-        res = sim_run(with_rate(base[w], rate, params.seed), s, params)
-        rows.append({"scale": "paper (sim)", "trace": w, "rate": rate, "system": s, "label": LABELS[s],
-                     "normalized_latency_s": res.normalized_latency(), "mean_batch": res.mean_batch(),
-                     "throughput_req_s": res.throughput(), "preemptions": sum(res.num_preemptions.values())})
-    return pd.DataFrame(rows)
+    jobs = [(w, base[w], r, s) for w, rates in params.rates.items() for r in rates for s in SIM_SYSTEMS]
+    return pd.DataFrame(pmap(partial(_online_row, params=params), jobs, "online (sim)", progress))
 
 
 def sustainable_rate(latency_at, lo: float, hi: float, steps: int, threshold: float = NL_THRESHOLD_S) -> float:
@@ -89,37 +94,48 @@ def sustainable_rate(latency_at, lo: float, hi: float, steps: int, threshold: fl
     return lo
 
 
+def _sim_latency(rate: float, base, system: str, params: SimParams, cost: CostModel | None) -> float:
+    """Normalized latency of one replay of ``base`` at ``rate`` (a bisection's probe)."""
+    return sim_run(with_rate(base, rate, params.seed), system, params, cost, record_steps=False).normalized_latency()
+
+
+def _sim_sustainable_row(job: tuple, params: SimParams, cost: CostModel | None) -> dict:
+    """One whole bisection of ``sim_sustainable``: ``(workload, base trace, system, lo, hi)``."""
+    w, base, s, lo, hi = job
+    rate = sustainable_rate(partial(_sim_latency, base=base, system=s, params=params, cost=cost), lo, hi,
+                            params.bisection_steps)
+    return {"scale": "paper (sim)", "trace": w, "system": s, "label": LABELS[s],
+            "sustainable_rate": rate, "threshold_s": NL_THRESHOLD_S, "at_upper_bound": rate >= hi}
+
+
 def sim_sustainable(params: SimParams, progress: bool = True, cost: CostModel | None = None,
                     traces: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """Each system's sustainable rate per trace (default: every workload and the sensitivity traces)."""
-    rows = []
+    """Each system's sustainable rate per trace (default: every workload and the sensitivity traces); the
+    bisections (one per trace and system, each sequential) run in parallel (``pagedattn.parallel``)."""
     ranges = {**params.rates, **{w: params.rates["sharegpt"] for w in params.sensitivity}}
     size = {**params.num_requests, **{w: params.num_requests["sharegpt"] for w in params.sensitivity}}
     traces = traces or tuple(ranges)
     base = {w: make_trace(w, size[w], 1.0, params.seed) for w in traces}
-    for w in traces:
-        lo, hi = min(ranges[w]) / 4, max(ranges[w]) * 16
-        for s in tqdm(SIM_SYSTEMS, desc=f"sustainable rate {w}", disable=not progress, leave=False):
-            rate = sustainable_rate(lambda r: sim_run(with_rate(base[w], r, params.seed), s, params, cost,
-                                                      record_steps=False).normalized_latency(),
-                                    lo, hi, params.bisection_steps)
-            rows.append({"scale": "paper (sim)", "trace": w, "system": s, "label": LABELS[s],
-                         "sustainable_rate": rate, "threshold_s": NL_THRESHOLD_S, "at_upper_bound": rate >= hi})
-    return pd.DataFrame(rows)
+    jobs = [(w, base[w], s, min(ranges[w]) / 4, max(ranges[w]) * 16) for w in traces for s in SIM_SYSTEMS]
+    return pd.DataFrame(pmap(partial(_sim_sustainable_row, params=params, cost=cost), jobs, "sustainable rate",
+                             progress))
 
 
-def sim_offline(params: SimParams) -> pd.DataFrame:
-    """All requests at t = 0: requests/s and generated tokens/s of each system."""
-    rows = []
-    for w in params.rates:
-        trace = make_trace(w, params.num_requests[w], math.inf, params.seed)
-        for s in SIM_SYSTEMS:
-            res = sim_run(trace, s, params)
-            toks = res.requests["output_len"].sum()
-            rows.append({"scale": "paper (sim)", "trace": w, "system": s, "label": LABELS[s],
-                         "requests_per_s": len(trace) / res.duration, "tokens_per_s": toks / res.duration,
-                         "mean_batch": res.mean_batch()})
-    return pd.DataFrame(rows)
+def _offline_row(job: tuple, params: SimParams) -> dict:
+    """One replay of ``sim_offline``: ``(workload, trace, system)``."""
+    w, trace, s = job
+    res = sim_run(trace, s, params)
+    toks = res.requests["output_len"].sum()
+    return {"scale": "paper (sim)", "trace": w, "system": s, "label": LABELS[s],
+            "requests_per_s": len(trace) / res.duration, "tokens_per_s": toks / res.duration,
+            "mean_batch": res.mean_batch()}
+
+
+def sim_offline(params: SimParams, progress: bool = False) -> pd.DataFrame:
+    """All requests at t = 0: requests/s and generated tokens/s of each system (replays in parallel)."""
+    traces = {w: make_trace(w, params.num_requests[w], math.inf, params.seed) for w in params.rates}
+    jobs = [(w, traces[w], s) for w in params.rates for s in SIM_SYSTEMS]
+    return pd.DataFrame(pmap(partial(_offline_row, params=params), jobs, "offline (sim)", progress))
 
 
 def rate_ratio_claims(sustainable: pd.DataFrame) -> list[Claim]:
@@ -188,15 +204,19 @@ def sim_claims_at(point: sensitivity.Point, params: SimParams, which: str) -> li
     cost = point.cost()
     if which == "rates":
         return rate_ratio_claims(sim_sustainable(params, False, cost, ("sharegpt", *params.sensitivity)))
-    rows = []
+    jobs = []
     for w, paper in FIG13_MEAN_BATCH.items():
         rate = sensitivity.rate_at(point, w, paper["rate"], params.num_requests[w], params.seed)
         trace = with_rate(make_trace(point.trace_name(w), params.num_requests[w], 1.0, params.seed), rate,
                           params.seed)
-        for s in ("orca_max", "orca_pow2", "orca_oracle", "paged"):
-            rows.append({"trace": w, "rate": paper["rate"], "system": s,
-                         "mean_batch": sim_run(trace, s, params, cost).mean_batch()})
-    return mean_batch_claims(pd.DataFrame(rows))
+        jobs += [(w, paper["rate"], trace, s) for s in ("orca_max", "orca_pow2", "orca_oracle", "paged")]
+    return mean_batch_claims(pd.DataFrame(pmap(partial(_mean_batch_row, params=params, cost=cost), jobs)))
+
+
+def _mean_batch_row(job: tuple, params: SimParams, cost: CostModel) -> dict:
+    """One replay of ``sim_claims_at``'s mean batches: ``(workload, paper's rate, trace, system)``."""
+    w, rate, trace, s = job
+    return {"trace": w, "rate": rate, "system": s, "mean_batch": sim_run(trace, s, params, cost).mean_batch()}
 
 
 def sim_bands(params: SimParams, default: list[Claim], progress: bool = True) -> tuple[list[Claim], pd.DataFrame]:
