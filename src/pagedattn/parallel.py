@@ -73,11 +73,16 @@ def scheduler_address() -> str | None:
 
 
 def _mark_worker() -> None:
-    """A pool worker's set-up: sweeps inside it run serially, and an interrupt meant for the parent (a notebook
-    kernel being stopped signals its whole process group) does not print a traceback from every worker: the parent
-    shuts the pool down."""
+    """Mark this process as a sweep's worker: a sweep inside one of its tasks runs serially there."""
     os.environ[IN_WORKER] = "1"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _start_pool_worker() -> None:
+    """A pool worker's set-up: marked as a worker, and an interrupt meant for the parent (a notebook kernel being
+    stopped signals its whole process group) prints no traceback from every worker: the parent shuts the pool
+    down."""
+    _mark_worker()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
@@ -98,7 +103,7 @@ def process_pool(jobs: int) -> Executor:
     shutdown()
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["pagedattn.sim"])
-    _pool = (jobs, ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_mark_worker))
+    _pool = (jobs, ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_pool_worker))
     return _pool[1]
 
 
