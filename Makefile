@@ -6,7 +6,9 @@ STAMP  := $(VENV)/.installed
 QUICK  ?= 0
 QUICK_FLAG := $(if $(filter 1 true yes,$(QUICK)),--quick,)
 
-.PHONY: venv test test-fast mutants reproduce lab model summary clean-results kernels-compile gpu serve
+DEVSTAMP := $(VENV)/.installed-dev
+
+.PHONY: venv test test-fast check mutants reproduce lab model summary clean-results kernels-compile gpu serve serve
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,9 +20,20 @@ $(STAMP): requirements.txt pyproject.toml
 
 venv: $(STAMP)
 
+$(DEVSTAMP): $(STAMP) requirements-dev.txt
+	$(BIN)/pip install -q -r requirements-dev.txt
+	touch $(DEVSTAMP)
+
 ## Run the test suite (unit, property-based, kernels under TRITON_INTERPRET=1, engine vs HF, notebooks in quick mode).
-test: $(STAMP)
+test: check
 	$(BIN)/python -m pytest -q tests
+
+## The layering (import-linter: the engine core imports no research code, the scheduler and simulator no torch) and
+## the KV managers' static conformance to the KVManager protocol (mypy); pinned in requirements-dev.txt.
+check: $(DEVSTAMP)
+	PYTHONPATH=src $(BIN)/lint-imports
+	MYPYPATH=src $(BIN)/mypy --python-version 3.11 --follow-imports=silent --ignore-missing-imports \
+		--no-error-summary tests/typecheck/kv_conformance.py
 
 ## The fast tier for local work: everything but notebook runs and model training (CI runs `make test`).
 test-fast: $(STAMP)
@@ -28,8 +41,7 @@ test-fast: $(STAMP)
 
 ## Mutation testing (mutmut, pinned in requirements-dev.txt) of memory/, scheduler, sampling and beam search
 ## against the fast tests that cover them; not part of CI. MUTANTS="pagedattn.sampling*" runs one module.
-mutants: $(STAMP)
-	$(BIN)/pip install -q -r requirements-dev.txt
+mutants: $(DEVSTAMP)
 	OMP_NUM_THREADS=1 $(BIN)/mutmut run --max-children $(or $(JOBS),2) $(MUTANTS); $(BIN)/mutmut results
 
 ## Run every notebook headlessly with papermill into results/<notebook>/ and regenerate results/SUMMARY.md.
