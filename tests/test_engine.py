@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
 from pagedattn.engine import EngineArgs, LLMEngine
 from pagedattn.llm import LLM
@@ -16,22 +15,18 @@ from pagedattn.memory import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.sequence import SamplingParams
 
+import tiny_models
+
 MAX_NEW = 12
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
 
 
 def tiny_llama():  # GQA: 4 query heads share 2 KV heads
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                        initializer_range=0.2)).eval()
+    return tiny_models.tiny_llama(max_position_embeddings=128)
 
 
 def tiny_opt():
-    torch.manual_seed(0)
-    return OPTForCausalLM(OPTConfig(vocab_size=256, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
-                                    num_attention_heads=4, max_position_embeddings=128, init_std=0.2,
-                                    word_embed_proj_dim=64)).eval()
+    return tiny_models.tiny_opt(max_position_embeddings=128)
 
 
 def make_prompts(n: int = 16, seed: int = 1) -> list[list[int]]:

@@ -9,7 +9,6 @@ from unittest.mock import patch
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
 from pagedattn import kernels
 from pagedattn.executor import ModelRunner
@@ -17,20 +16,7 @@ from pagedattn.memory import BlockManager
 from pagedattn.model import load_model
 from pagedattn.scheduler import SchedulerOutputs
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
-
-
-def tiny_llama(**kw):
-    torch.manual_seed(0)
-    cfg = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2)
-    return LlamaForCausalLM(LlamaConfig(**{**cfg, **kw})).eval()
-
-
-def tiny_opt(**kw):
-    torch.manual_seed(0)
-    cfg = dict(vocab_size=256, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
-               max_position_embeddings=256, init_std=0.2, word_embed_proj_dim=64)
-    return OPTForCausalLM(OPTConfig(**{**cfg, **kw})).eval()
+from tiny_models import tiny_llama, tiny_opt
 
 
 PROMPTS = [[5, 17, 99, 3, 250, 7, 7, 1, 42], [11], list(range(40, 77)), [200, 100, 50, 25, 12, 6]]

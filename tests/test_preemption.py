@@ -13,18 +13,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
 from pagedattn.engine import LLMEngine
 from pagedattn.memory import BlockManager
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
-
-
-def tiny_opt():
-    torch.manual_seed(0)
-    return OPTForCausalLM(OPTConfig(vocab_size=256, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
-                                    num_attention_heads=4, max_position_embeddings=256, init_std=0.2,
-                                    word_embed_proj_dim=64)).eval()
+from tiny_models import tiny_llama, tiny_opt
 
 
 @pytest.fixture(scope="module")
@@ -235,9 +228,7 @@ def test_groups_sharing_cached_prefix_blocks_swap_them_once_and_match_hf():
     """Issue 12 (1), its reproduction: four prompts share 8 cached prefix blocks; groups swapped out in the same
     step used to overwrite each other's ``{device block: cpu block}`` entries, and one came back reading zeros. A
     shared block is now copied once, shared on the CPU, and shared again on the device."""
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)).eval()
+    hf = tiny_llama(max_position_embeddings=2048)
     prompts_ = [list(range(10, 74)) + [100 + i] * 7 for i in range(4)]  # equal lengths: HF needs no padding
     with torch.inference_mode():
         want = hf.generate(torch.tensor(prompts_), max_new_tokens=12, min_new_tokens=12, do_sample=False,
