@@ -47,11 +47,11 @@ def kernel_name() -> str:
     return "python3"
 
 
-def notebook_path(path: str | os.PathLike) -> str:
-    """``path`` as the notebooks (run from ``notebooks/``) should see it: relative when it lies in the repository
-    (``../results``), so that an executed copy names no machine's folders; absolute otherwise."""
+def in_repo(path: str | os.PathLike, seen_from: Path = REPO_ROOT) -> str:
+    """``path`` as seen from ``seen_from`` when it lies in the repository (``../results`` from ``notebooks/``), so
+    that an executed copy or a summary names no machine's folders; absolute otherwise."""
     path = Path(path).resolve()
-    return os.path.relpath(path, NOTEBOOKS_DIR) if path.is_relative_to(REPO_ROOT) else str(path)
+    return Path(os.path.relpath(path, seen_from)).as_posix() if path.is_relative_to(REPO_ROOT) else path.as_posix()
 
 
 def run_notebook(path: str | os.PathLike, quick: bool, results_dir: str | os.PathLike = RESULTS_DIR,
@@ -73,12 +73,12 @@ def run_notebook(path: str | os.PathLike, quick: bool, results_dir: str | os.Pat
     out = out_dir / path.name
     options = {k: v for k, v in {"jobs": jobs, "scheduler": scheduler}.items() if v is not None}
     declared = pm.inspect_notebook(str(path))
-    params = {"quick": bool(quick), "results_dir": notebook_path(results_dir)}
+    params = {"quick": bool(quick), "results_dir": in_repo(results_dir, NOTEBOOKS_DIR)}
     params.update({k: v for k, v in options.items() if k in declared})
     params.update(parameters or {})
     pythonpath = os.pathsep.join([str(REPO_ROOT / "src")] + ([os.environ["PYTHONPATH"]]
                                                               if os.environ.get("PYTHONPATH") else []))
-    env = {"PYTHONPATH": pythonpath, NOTEBOOK_ENV: _relative_to_repo(path),
+    env = {"PYTHONPATH": pythonpath, NOTEBOOK_ENV: in_repo(path),
            **{f"PAGEDATTN_{k.upper()}": str(v) for k, v in options.items()}}
     with environ(env), tempfile.TemporaryDirectory() as sockets:
         km = ipc_kernel_manager(sockets)
@@ -98,11 +98,6 @@ def ipc_kernel_manager(folder: str):
     from jupyter_client.manager import AsyncKernelManager
 
     return AsyncKernelManager(kernel_name=kernel_name(), transport="ipc", ip=os.path.join(folder, "kernel"))
-
-
-def _relative_to_repo(path: Path) -> str:
-    path = path.resolve()
-    return (path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path).as_posix()
 
 
 @contextlib.contextmanager

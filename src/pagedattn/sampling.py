@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from pagedattn import beam_search
 from pagedattn.kernels import cpu
 from pagedattn.scheduler import ModelOutput
 from pagedattn.sequence import FinishReason, SamplingParams, Sequence
@@ -122,8 +123,6 @@ class Sampler:
 
     def __call__(self, out, result) -> ModelOutput:
         """The tokens of ``result`` (``executor.StepResult``: one logits row per running sequence of ``out``)."""
-        from pagedattn import beam_search
-
         rows, logits = result.inp.rows, result.logits
         beams = beam_search.BeamStep()
         keep = [i for i, (_, g) in enumerate(rows) if g.beam_state is None]

@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from pagedattn import sensitivity
-from pagedattn.parallel import pmap
+from pagedattn.parallel import num_jobs, pmap
 from pagedattn.config import paper_slots
 from pagedattn.experiments import validated
 from pagedattn.experiments.common import ServingParams
@@ -96,11 +96,14 @@ def fig2_rate(trace, params: Params, progress: bool = True) -> tuple[float | Non
     """Fig. 2's rate by the rule stated above (the paged system's memory-bound share on a fixed grid, lowest rate
     first); ``None`` if no rate qualifies. Also returns the share at every rate tried."""
     rows = []
-    runs = [(with_rate(trace, rate, params.seed), "paged", params.block_size) for rate in params.fig2_rate_grid]
-    for rate, pct in zip(params.fig2_rate_grid, pmap(_memory_bound_pct, runs, "Fig. 2 rate rule", progress)):
-        rows.append({"rate": rate, "paged_memory_bound_pct": pct})
-        if pct >= params.memory_bound_min_pct:  # the lowest such rate (the grid's rates, all replayed at once)
-            return rate, pd.DataFrame(rows)
+    grid, width = list(params.fig2_rate_grid), num_jobs()
+    for i in range(0, len(grid), width):  # a worker's worth of rates at a time: none replayed past the chosen one's
+        chunk = grid[i:i + width]
+        runs = [(with_rate(trace, rate, params.seed), "paged", params.block_size) for rate in chunk]
+        for rate, pct in zip(chunk, pmap(_memory_bound_pct, runs, "Fig. 2 rate rule", progress)):
+            rows.append({"rate": rate, "paged_memory_bound_pct": pct})
+            if pct >= params.memory_bound_min_pct:  # the lowest such rate
+                return rate, pd.DataFrame(rows)
     return None, pd.DataFrame(rows)
 
 
