@@ -25,13 +25,18 @@ def test_cost_model_of_each_setup_is_tensor_parallel_over_its_gpus():
 def test_rate_claims_are_two_sided_on_sharegpt_and_tracking_elsewhere():
     from pagedattn.experiments import scale
 
-    rows = [{"model": "OPT-66B", "trace": w, "system": s, "sustainable_rate": r}
+    from pagedattn.capacity import RateSearch
+
+    rows = [{"model": "OPT-66B", "trace": w, "system": s,
+             **RateSearch(r, 1.02 * r, 0.02, "capacity", r, 0.1, 9, offline_rate=1.1 * r).row()}
             for w in ("sharegpt", "alpaca")
             for s, r in (("paged", 10.0), ("orca_oracle", 1.0), ("orca_max", 4.0), ("ft", 2.0))]
     got = {c.name: c for c in scale.rate_claims(pd.DataFrame(rows))}
     assert got["rate_ratio.OPT-66B.sharegpt.paged_vs_orca_oracle"].holds is False  # 10x: above 2.7 x 1.25
     assert got["rate_ratio.OPT-66B.sharegpt.paged_vs_orca_max"].holds is True  # 2.5x: within 2.025-10
     assert got["rate_ratio.OPT-66B.alpaca.paged_vs_orca_oracle"].kind == "tracking"
+    note = got["rate_ratio.OPT-66B.sharegpt.paged_vs_orca_max"].note
+    assert "ratio resolution 4.0 %" in note and "offline throughput ratio 2.50" in note
 
 
 def test_knee_grid_extends_each_curve_until_it_passes_the_knee():

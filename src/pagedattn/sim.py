@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from pagedattn.capacity import RAMP_UP_FRACTION, Load, normalized_latency, steady_window
 from pagedattn.config import OPT_13B, ModelSpec, SchedulerConfig, blocks_needed, paper_slots
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
@@ -221,11 +222,6 @@ def make_kv_manager(system: str, num_slots: int, block_size: int = 16, max_model
     raise ValueError(f"unknown system {system!r}; known: {list(LABELS)}")
 
 
-def normalized_latency(requests: pd.DataFrame) -> float:
-    """Normalized latency (§6.1): the mean over requests of end-to-end latency / output length, in s/token."""
-    return float(((requests["finish_time"] - requests["arrival_time"]) / requests["output_len"]).mean())
-
-
 @dataclass
 class SimResult:
     system: str
@@ -239,20 +235,17 @@ class SimResult:
     def duration(self) -> float:
         return float(self.requests["finish_time"].max())
 
-    #: Ramp-up: the first fifth of the trace's arrivals (fixed before any result was seen).
-    RAMP_UP_FRACTION = 0.2
+    #: Ramp-up: the first fifth of the trace's arrivals (``capacity.RAMP_UP_FRACTION``, fixed before any result).
+    RAMP_UP_FRACTION = RAMP_UP_FRACTION
 
     def steady_window(self) -> tuple[float, float]:
-        """The run's steady state, ``[start, end)`` in seconds, by a rule fixed in advance: from the arrival of the
-        request at ``RAMP_UP_FRACTION`` (a fifth) of the trace, when the batch has filled from empty, to the last
-        arrival, after which no request joins and the batch drains. Statistics over this window do not depend on
-        how long the trace is, so that two notebooks replaying the same model at the same rate agree (§6.2, Fig.
-        13). It assumes that the ramp-up, about one request's lifetime, is shorter than a fifth of the arrival period
-        (true of the full runs; a quick run's short trace may still be filling its batch). An offline trace (every
-        request at t = 0) has no arrival period: its window is the whole run."""
-        arrivals = np.sort(self.requests["arrival_time"].to_numpy())
-        start, end = float(arrivals[int(self.RAMP_UP_FRACTION * len(arrivals))]), float(arrivals[-1])
-        return (start, end) if end > start else (0.0, math.inf)
+        """The run's steady state, ``[start, end)`` in seconds (``capacity.steady_window``: from the arrival of the
+        request at a fifth of the trace to the last arrival; an offline run's is the whole run). Statistics over this
+        window do not depend on how long the trace is, so that two notebooks replaying the same model at the same
+        rate agree (§6.2, Fig. 13). It assumes that the ramp-up, about one request's lifetime, is shorter than a
+        fifth of the arrival period (true of the full runs; a quick run's short trace may still be filling its
+        batch)."""
+        return steady_window(self.requests["arrival_time"])
 
     def _steps(self, steady: bool) -> pd.DataFrame:
         if not steady or self.steps.empty:
@@ -291,6 +284,10 @@ class SimResult:
 
     def normalized_latency(self) -> float:
         return normalized_latency(self.requests)
+
+    def load(self) -> Load:
+        """Arrivals, completions and normalized latency over the steady window (``capacity.Load``)."""
+        return Load.of(self.requests)
 
     def sharing_saving(self, steady: bool = True) -> float:
         """Memory saved by sharing, ``1 - physical / logical`` blocks, time-weighted over the steady-state window

@@ -77,7 +77,7 @@ class Params(ExperimentParams):
     # paper scale (simulated)
     num_requests: int = 1000
     rates: dict = field(default_factory=lambda: {"alpaca": RATES["alpaca"]})  # ShareGPT: set by the knee rule
-    knee_bisection_steps: int = 7
+    knee_resolution: float = 0.02  # the knee's sustainable-rate search (``capacity``)
     # kernel measurement (torch reference on the CPU)
     kernel_batch: int = 8
     kernel_contexts: tuple[int, ...] = (256, 1024)
@@ -89,7 +89,7 @@ class Params(ExperimentParams):
     engine_slots: int = 1024  # small enough that memory binds (~8 scaled ShareGPT requests)
     engine_load: float = 0.85  # Poisson rate = this x offline throughput at block 16
 
-    QUICK = dict(num_requests=200, knee_bisection_steps=3, block_sizes=(1, 16, 64, 256), kernel_contexts=(256,),
+    QUICK = dict(num_requests=200, knee_resolution=0.25, block_sizes=(1, 16, 64, 256), kernel_contexts=(256,),
                  kernel_rounds=2, engine_block_sizes=(16, 256), engine_requests=8)
 
 
@@ -298,12 +298,13 @@ def _engine_sweep(params: Params, progress: bool) -> tuple[pd.DataFrame, str]:
 
 def knee_rate(trace: list[TraceRequest], params: Params) -> float:
     """``KNEE_FRACTION`` x the paged system's sustainable rate at block 16 on ``trace`` (the rule for ShareGPT)."""
-    from pagedattn.experiments.throughput import sustainable_rate
+    from pagedattn.capacity import NL_THRESHOLD_S, sustainable_rate
 
-    def nl(rate):
+    def requests(rate):
         return simulate(with_rate(trace, rate, params.seed), "paged", paper_slots(), DEFAULT_BLOCK_SIZE, CostModel(),
-                        record_steps=False).normalized_latency()
-    return KNEE_FRACTION * sustainable_rate(nl, 0.25, 16.0, params.knee_bisection_steps)
+                        record_steps=False).requests
+    return KNEE_FRACTION * sustainable_rate(requests, 0.25, 16.0, NL_THRESHOLD_S, params.knee_resolution,
+                                            offline=False).rate
 
 
 def knee_rates(traces: dict[str, list[TraceRequest]], params: Params, progress: bool = False) -> dict[str, float]:

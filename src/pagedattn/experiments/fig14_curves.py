@@ -31,7 +31,7 @@ import pandas as pd
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.experiments import sharing, validated
-from pagedattn.experiments.throughput import NL_THRESHOLD_S
+from pagedattn.capacity import NL_THRESHOLD_S, RateSearch
 from pagedattn.parallel import pmap
 from pagedattn.paper import FIG14_GAIN, FIG15_SAVING
 from pagedattn.results import RESULTS_DIR, Claim
@@ -65,7 +65,7 @@ def sharing_params(quick: bool) -> sharing.Params:
     """Experiment 04's parameters with every width of Fig. 14a (quick: n = 1 and 4)."""
     p = sharing.Params.make(quick)
     if quick:  # CI-sized: two widths, short traces, a coarse search
-        return replace(p, gain_ns=(1, 4), gain_requests=100, gain_requests_n1=100, bisection_steps=2)
+        return replace(p, gain_ns=(1, 4), gain_requests=100, gain_requests_n1=100, rate_resolution=0.5)
     return replace(p, gain_ns=(1, 2, 4, 6))
 
 
@@ -81,13 +81,12 @@ def beam_gain(sp: sharing.Params, widths: tuple, progress: bool = True, cost: Co
         beam = BeamModel.measured(k, shift)
         orca, paged = got[(k, "orca_oracle")], got[(k, "paged")]
         rows.append({"scale": "paper (sim)", "trace": "alpaca", "method": "beam", "width": k, "preemption": "swap",
-                     "distinct_parents": beam.distinct_parents, "rate_paged": paged, "rate_orca_oracle": orca,
-                     "gain": paged / orca, "threshold_s": NL_THRESHOLD_S, "num_requests": sp.gain_requests,
-                     "at_upper_bound": max(paged, orca) >= sp.sim_rates["alpaca"] * 16})
+                     "distinct_parents": beam.distinct_parents, **sharing.gain_columns(paged, orca),
+                     "threshold_s": NL_THRESHOLD_S, "num_requests": sp.gain_requests})
     return pd.DataFrame(rows)
 
 
-def _beam_rate(job: tuple, sp: sharing.Params, cost: CostModel, shift: float) -> float:
+def _beam_rate(job: tuple, sp: sharing.Params, cost: CostModel, shift: float) -> RateSearch:
     """One bisection of :func:`beam_gain`: ``(width, system)``."""
     k, system = job
     base = make_trace("alpaca", sp.gain_requests, 1.0, sp.seed)
@@ -145,7 +144,9 @@ def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None) -> list[Clai
     par = swap[swap.method != "beam"].set_index("width")["gain"]
     beams = swap[swap.method == "beam"].set_index("width")["gain"]
     note = f"sim, OPT-13B/A100-40GB, Alpaca ({describe_trace('alpaca')}); gain of sustainable rates at " \
-           f"{NL_THRESHOLD_S} s/token, swap preemption"
+           f"{NL_THRESHOLD_S} s/token and the capacity rule, swap preemption"
+    if "resolution" in swap:
+        note += f"; ratio resolution {100 * float(swap['resolution'].max()):.1f} % or finer"
     beam_note = note + "; beam model: distinct parents per step measured on the real engine (notebook 04), " \
                        "forks through BlockManager.fork, K/V copies charged at HBM bandwidth"
     out = []

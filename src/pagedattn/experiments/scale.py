@@ -46,7 +46,8 @@ from pagedattn import sensitivity
 from pagedattn.config import ModelSpec
 from pagedattn.experiments import validated
 from pagedattn.experiments.common import ServingParams
-from pagedattn.experiments.throughput import NL_THRESHOLD_S, SIM_SYSTEMS, sustainable_rate
+from pagedattn.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, normalized_latency, sustainable_rate
+from pagedattn.experiments.throughput import SIM_SYSTEMS
 from pagedattn.parallel import call, pmap
 from pagedattn.paper import FIG12_RATE_RATIO, GPUS, KV_GB, KV_SLOTS, PARAM_GB
 from pagedattn.results import RESULTS_DIR, Claim
@@ -166,7 +167,7 @@ class Params(ServingParams):
     #: batch limits (``max_num_seqs``) of the saturation check; its load, as a multiple of the capacity
     saturation_seqs: tuple = (256, 1024)
     saturation_load: float = 2.0
-    bisection_steps: int = 6
+    rate_resolution: float = RESOLUTION  # the sustainable-rate search's (``capacity``)
     bands: bool = True  # step-time sensitivity bands of the ShareGPT rate ratios
 
     @classmethod
@@ -178,7 +179,7 @@ class Params(ServingParams):
             kw.setdefault("num_requests", {m: {"sharegpt": 60, "alpaca": 100} for m in MODELS})
             kw.setdefault("load_fractions", (0.3, 1.0))
             kw.setdefault("max_load_fraction", 2.0)
-            kw.setdefault("bisection_steps", 2)
+            kw.setdefault("rate_resolution", 0.5)
             kw.setdefault("bands", False)
         return cls(quick=quick, **kw)
 
@@ -222,7 +223,12 @@ def _capacity_of(job: tuple, params: Params) -> float:
 
 def _latency_at(rate: float, base, system: str, model: str, params: Params, cost: CostModel) -> float:
     """Normalized latency of one replay of ``base`` at ``rate``."""
-    return _replay(with_rate(base, rate, params.seed), system, model, params, cost).normalized_latency()
+    return normalized_latency(_requests_at(rate, base, system, model, params, cost))
+
+
+def _requests_at(rate: float, base, system: str, model: str, params: Params, cost: CostModel) -> pd.DataFrame:
+    """The per-request frame of one replay of ``base`` at ``rate`` (a bisection's probe)."""
+    return _replay(with_rate(base, rate, params.seed), system, model, params, cost).requests
 
 
 def _latency_at_fraction(f: float, cap: float, **kw) -> float:
@@ -243,12 +249,12 @@ def _curve_rows(model: str, trace_name: str, base, system: str, cost: CostModel,
 def _sustainable_row(model: str, trace_name: str, base, system: str, cost: CostModel, cap: float,
                      params: Params) -> dict:
     """One system's whole bisection on one setup and trace."""
-    lo, hi = cap / 64, cap * 4
-    rate = sustainable_rate(partial(_latency_at, base=base, system=system, model=model, params=params, cost=cost),
-                            lo, hi, params.bisection_steps)
-    return {"model": model, "trace": trace_name, "system": system, "label": LABELS[system],
-            "sustainable_rate": rate, "capacity_req_s": cap, "threshold_s": NL_THRESHOLD_S,
-            "at_bound": rate >= hi or rate <= lo}
+    # the capacity rule fails above a system's offline throughput, and ours (``cap``) is the highest of all
+    lo, hi = cap / 64, cap * 1.25
+    found = sustainable_rate(partial(_requests_at, base=base, system=system, model=model, params=params, cost=cost),
+                             lo, hi, NL_THRESHOLD_S, params.rate_resolution)
+    return {"model": model, "trace": trace_name, "system": system, "label": LABELS[system], **found.row(),
+            "capacity_req_s": cap, "threshold_s": NL_THRESHOLD_S}
 
 
 def fig12(params: Params, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -317,14 +323,15 @@ def rate_claims(sustainable: pd.DataFrame) -> list[Claim]:
     Alpaca's ratios and FasterTransformer's are in the tables, recorded as ``tracking`` claims."""
     out = []
     for (m, w), d in sustainable.groupby(["model", "trace"], sort=False):
-        s = d.set_index("system")["sustainable_rate"]
+        rows = d.set_index("system")
+        s = rows["sustainable_rate"]
         for name, other in RATIOS + (("paged_vs_ft", "ft"),):
             if other not in s or "paged" not in s:
                 continue
             ratio = float(s["paged"] / s[other])
             lo, hi = FIG12_RATE_RATIO[name]
-            note = f"sim, {m} at {num_slots(m)} slots, TP step time; NL threshold {NL_THRESHOLD_S} s/token; " \
-                   f"{describe_trace(w)}"
+            note = f"sim, {m} at {num_slots(m)} slots, TP step time; NL threshold {NL_THRESHOLD_S} s/token and the " \
+                   f"capacity rule; {describe_ratio(rows.loc['paged'], rows.loc[other])}; {describe_trace(w)}"
             if w == "sharegpt" and lo is not None:
                 a, b = widened(lo, hi)
                 out.append(Claim(f"rate_ratio.{m}.sharegpt.{name}", f"{lo}-{hi}", round(ratio, 2), "x",

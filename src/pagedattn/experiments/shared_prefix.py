@@ -56,6 +56,7 @@ from pagedattn.parallel import pmap
 from pagedattn.paper import FIG16_PREFIX
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.sensitivity import widened
+from pagedattn.capacity import RESOLUTION, Load, describe_ratio, sustainable_rate
 from pagedattn.sim import CostModel, normalized_latency, simulate
 from pagedattn.workloads import TraceRequest
 
@@ -208,10 +209,10 @@ class Params(ServingParams):
     cpu_hidden: int = 128
     cpu_layers: int = 4
     cpu_repeats: int = 3  # wall-clock runs per system; the fastest is kept
-    bisection_steps: int = 7  # sustainable-rate search (Fig. 16's metric)
+    rate_resolution: float = RESOLUTION  # sustainable-rate search (Fig. 16's metric; ``capacity``)
 
     QUICK = dict(sim_requests=200, sim_rates={"one_shot": [10, 30, 60], "five_shot": [5, 15, 40]}, cpu_requests=12,
-                 cpu_repeats=1, bisection_steps=3)
+                 cpu_repeats=1, rate_resolution=0.25)
 
 
 # The sim's replays below run in parallel (``pagedattn.parallel.pmap``): each task rebuilds its requests from the
@@ -265,13 +266,14 @@ def sim_ablation(params: Params, progress: bool = False) -> pd.DataFrame:
 
 def sim_online(params: Params, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Paper scale, Poisson arrivals: normalized latency vs request rate (Fig. 16's axes), and for each system the
-    highest swept rate whose normalized latency stays <= ``NL_THRESHOLD_S`` (read off the curve, no bisection)."""
+    highest swept rate whose normalized latency stays <= each threshold and that passes the capacity rule
+    (``capacity.Load.keeps_up``; read off the curve, no bisection)."""
     jobs = [(shot, rate, s) for shot, rates in params.sim_rates.items() for rate in rates for s in SYSTEMS]
     online = pd.DataFrame(pmap(partial(_online_row, params=params), jobs, "online (sim)", progress))
     sus = []
     for threshold in NL_THRESHOLDS_S:
         for (shot, s), d in online.groupby(["shot", "system"], sort=False):
-            ok = d[d.normalized_latency_s <= threshold]["rate"]
+            ok = d[(d.normalized_latency_s <= threshold) & d.keeps_up]["rate"]
             sus.append({"scale": "paper (sim)", "shot": shot, "system": s, "label": LABELS[s],
                         "threshold_s": threshold, "sustainable_rate": float(ok.max()) if len(ok) else float("nan"),
                         "at_top_of_sweep": bool(len(ok)) and float(ok.max()) == float(d["rate"].max())})
@@ -286,35 +288,35 @@ def _online_row(job: tuple, params: Params) -> dict:
     shot, rate, s = job
     reqs = make_requests(SHOTS[shot], params.sim_requests, seed=params.seed)
     res = simulate_prefix(with_rate(reqs, rate, params.seed), s, block_size=params.block_size)
+    load = Load.of(res.requests)
     return {"scale": "paper (sim)", "shot": shot, "rate": rate, "system": s, "label": LABELS[s],
-            "normalized_latency_s": res.normalized_latency(), "mean_batch": res.mean_batch}
+            "normalized_latency_s": res.normalized_latency(), "mean_batch": res.mean_batch,
+            "throughput_req_s": load.completion_rate, "keeps_up": load.keeps_up()}
 
 
-def _latency(rate: float, reqs: list[PrefixRequest], system: str, params: Params, cost: CostModel | None,
-             memo: dict[float, float]) -> float:
-    """Normalized latency of one replay at ``rate`` (a bisection's probe), remembered in ``memo``: the bisections
-    at each threshold start from the same bounds and midpoints, and a replay is deterministic."""
+def _requests(rate: float, reqs: list[PrefixRequest], system: str, params: Params, cost: CostModel | None,
+              memo: dict[float, pd.DataFrame]) -> pd.DataFrame:
+    """The per-request frame of one replay at ``rate`` (a bisection's probe), remembered in ``memo``: the
+    bisections at each threshold start from the same bounds and midpoints, and a replay is deterministic."""
     if rate not in memo:
         memo[rate] = simulate_prefix(with_rate(reqs, rate, params.seed), system, block_size=params.block_size,
-                                     cost=cost).normalized_latency()
+                                     cost=cost).requests
     return memo[rate]
 
 
 def _rate_ratio_rows(job: tuple, thresholds: tuple, params: Params, cost: CostModel | None) -> list[dict]:
     """The bisections of ``sim_rate_ratios`` for one ``(shot, system)``, one per threshold, sharing their replays
     at equal rates."""
-    from pagedattn.experiments.throughput import sustainable_rate
-
     shot, s = job
     rates = params.sim_rates[shot]
     lo, hi = min(rates) / 4, max(rates) * 4
     reqs = make_requests(SHOTS[shot], params.sim_requests, seed=params.seed)
-    nl = partial(_latency, reqs=reqs, system=s, params=params, cost=cost, memo={})
+    replay = partial(_requests, reqs=reqs, system=s, params=params, cost=cost, memo={})
     rows = []
     for thr in thresholds:
-        rate = sustainable_rate(nl, lo, hi, params.bisection_steps, thr)
+        found = sustainable_rate(replay, lo, hi, thr, params.rate_resolution)
         rows.append({"scale": "paper (sim)", "shot": shot, "system": s, "label": LABELS[s], "threshold_s": thr,
-                     "sustainable_rate": rate, "at_upper_bound": rate >= hi})
+                     **found.row()})
     return rows
 
 
@@ -396,9 +398,11 @@ def claims(sim: pd.DataFrame, cpu: pd.DataFrame | None, ratios: pd.DataFrame) ->
                   if t != NL_THRESHOLD_S and (shot, t, "paged_user") in r.index}
         a, b = widened(paper)
         note = (f"paper scale (sim), sustainable request rate at {NL_THRESHOLD_S} s/token (about 3x the unloaded "
-                f"latency), over Orca (Oracle); {SHOTS[shot]}-token prefix; "
+                f"latency) and the capacity rule, over Orca (Oracle); {SHOTS[shot]}-token prefix; "
                 + "".join(f"at {t} s/token: {v:.2f}x; " for t, v in others.items())
                 + f"offline throughput: {float(s.loc[(shot, 'paged_user'), 'speedup_vs_orca_oracle']):.2f}x")
+        note += "; " + describe_ratio(r.loc[(shot, NL_THRESHOLD_S, "paged_user")],
+                                      r.loc[(shot, NL_THRESHOLD_S, "orca_oracle")])
         if r.loc[(shot, NL_THRESHOLD_S, "paged_user"), "at_upper_bound"]:
             note += " (ours at the top of the search: a lower bound)"
         if c is not None:

@@ -47,7 +47,7 @@ from pagedattn.parallel import pmap
 from pagedattn.engine import LLMEngine
 from pagedattn.experiments import validated
 from pagedattn.experiments.common import ServingParams, make_engine
-from pagedattn.experiments.throughput import NL_THRESHOLD_S, sustainable_rate
+from pagedattn.capacity import NL_THRESHOLD_S, RESOLUTION, RateSearch, ratio_resolution, sustainable_rate
 from pagedattn.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, today, write_summary
 from pagedattn.sequence import SamplingParams
@@ -74,7 +74,7 @@ class Params(ServingParams):
     gain_requests: int = 1000
     gain_requests_n1: int = 3000  # n = 1 needs a longer trace before the queue, not the trace's end, sets latency
     gain_ns: tuple[int, ...] = (1, 2, 4, 6)
-    bisection_steps: int = 8
+    rate_resolution: float = RESOLUTION  # the sustainable-rate search's (``capacity``)
     # real engine (opt-stdlib, CPU)
     max_model_len: int = 512
     beam_requests: dict = field(default_factory=lambda: {"alpaca": 32, "sharegpt": 12})
@@ -89,7 +89,7 @@ class Params(ServingParams):
     threads: int = 1
 
     QUICK = dict(sim_requests={"alpaca": 120, "sharegpt": 40}, gain_requests=200, gain_requests_n1=200, gain_ns=(1, 6),
-                 bisection_steps=3, beam_requests={"alpaca": 4, "sharegpt": 1}, agree_requests=6, agree_ns=(4,),
+                 rate_resolution=0.25, beam_requests={"alpaca": 4, "sharegpt": 1}, agree_requests=6, agree_ns=(4,),
                  orca_requests=4, real_max_output=40, orca_slots=2048, widths=(2, 6))
 
 
@@ -130,7 +130,6 @@ def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | N
     other recovery (§4.5), since how a preempted request comes back sets part of the gain. Orca (Oracle) reserves
     each request's whole length up front and never preempts, so its rate is measured once."""
     cost = cost or CostModel()
-    hi = params.sim_rates["alpaca"] * 16
     # one bisection per task (Orca once per n; paged per recovery mode), longest first (n = 1: the longer trace)
     jobs = [(n, "orca_oracle", "swap") for n in params.gain_ns]
     jobs += [(n, "paged", mode) for n in params.gain_ns for mode in (("swap", "recompute") if n == 1 else ("swap",))]
@@ -144,13 +143,30 @@ def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | N
         for mode in ("swap", "recompute") if n == 1 else ("swap",):
             paged = rate[(n, "paged", mode)]
             rows.append({"scale": "paper (sim)", "trace": "alpaca", "method": "parallel" if n > 1 else "n=1",
-                         "width": n, "preemption": mode, "rate_paged": paged, "rate_orca_oracle": orca,
-                         "gain": paged / orca, "threshold_s": NL_THRESHOLD_S, "num_requests": num,
-                         "at_upper_bound": max(paged, orca) >= hi})
+                         "width": n, "preemption": mode, **gain_columns(paged, orca),
+                         "threshold_s": NL_THRESHOLD_S, "num_requests": num})
     return pd.DataFrame(rows)
 
 
-def _gain_rate(job: tuple, params: Params, cost: CostModel) -> float:
+def gain_columns(paged: RateSearch, orca: RateSearch) -> dict:
+    """A Fig. 14 gain row's rate columns: both sustainable rates, their ratio and its resolution, each search's
+    failing rule and the throughput measured at each rate (``pagedattn.capacity``)."""
+    return {"rate_paged": paged.rate, "rate_orca_oracle": orca.rate, "gain": paged.rate / orca.rate,
+            "resolution": ratio_resolution(paged, orca), "bound_by_paged": paged.bound_by,
+            "bound_by_orca_oracle": orca.bound_by, "throughput_paged": paged.completion_rate,
+            "throughput_orca_oracle": orca.completion_rate, "offline_paged": paged.offline_rate,
+            "offline_orca_oracle": orca.offline_rate,
+            "at_upper_bound": "upper bound" in (paged.bound_by, orca.bound_by)}
+
+
+def gain_detail(row) -> str:
+    """A gain claim's note: the ratio's resolution and each search's failing rule (a row of ``gain_columns``)."""
+    return (f"ratio resolution {100 * float(row['resolution']):.1f} %; failing rule: ours {row['bound_by_paged']}, "
+            f"Orca (Oracle) {row['bound_by_orca_oracle']}; offline throughput ratio "
+            f"{float(row['offline_paged']) / float(row['offline_orca_oracle']):.2f}")
+
+
+def _gain_rate(job: tuple, params: Params, cost: CostModel) -> RateSearch:
     """One bisection of :func:`sim_parallel_gain`: ``(n, system, preemption mode)`` on its Alpaca trace."""
     n, system, mode = job
     num = params.gain_requests_n1 if n == 1 else params.gain_requests
@@ -158,17 +174,18 @@ def _gain_rate(job: tuple, params: Params, cost: CostModel) -> float:
 
 
 def sim_rate(params: Params, system: str, n: int, mode: str, base: list[TraceRequest], cost: CostModel,
-             beam=None) -> float:
+             beam=None) -> RateSearch:
     """A system's sustainable Alpaca rate with ``n`` samples (or ``beam``, a ``sim.BeamModel`` of width ``n``) per
-    request, by bisection between the Fig. 13 rate / (8 n) and 16 x it (Fig. 14's rule)."""
+    request (``capacity.sustainable_rate``: latency threshold and capacity rule), by bisection between the Fig. 13
+    rate / (8 n) and 16 x it (Fig. 14's rule)."""
     rate0 = params.sim_rates["alpaca"]
 
-    def nl(rate):
+    def requests(rate):
         return simulate(with_rate(base, rate, params.seed), system, paper_slots(), params.block_size, cost,
                         n=n, seed=params.seed, preemption_mode=mode,
                         num_cpu_blocks=params.sim_cpu_blocks if mode == "swap" else 0, record_steps=False,
-                        beam=beam).normalized_latency()
-    return sustainable_rate(nl, rate0 / (8 * n), rate0 * 16, params.bisection_steps)
+                        beam=beam).requests
+    return sustainable_rate(requests, rate0 / (8 * n), rate0 * 16, NL_THRESHOLD_S, params.rate_resolution)
 
 
 def sim_claims_at(point: sensitivity.Point, params: Params, which: str) -> list[Claim]:
@@ -407,8 +424,10 @@ def claims(savings: pd.DataFrame, sim_gain: pd.DataFrame, orca: pd.DataFrame | N
         ours = round(float(g1["gain"].iloc[0]), 3) if len(g1) else None
         out.append(Claim(f"gain_over_orca_oracle.n1{suffix}", FIG14_GAIN["n1"], ours, "x", "within 25%",
                          None if ours is None else bool(abs(ours / FIG14_GAIN["n1"] - 1) <= 0.25),
-                         f"paper-scale sim, sustainable Alpaca rate at {NL_THRESHOLD_S} s/token, preemption by "
-                         f"{mode}" + (" (each swap charged its PCIe copies)" if mode == "swap" else "")))
+                         f"paper-scale sim, sustainable Alpaca rate at {NL_THRESHOLD_S} s/token and the capacity "
+                         f"rule, preemption by {mode}" + (" (each swap charged its PCIe copies)" if mode == "swap"
+                                                          else "") + (f"; {gain_detail(g1.iloc[0])}" if len(g1)
+                                                                      else "")))
     if orca is not None and len(orca):
         b = orca[(orca.method == "beam") & (orca.system == "orca_oracle")]
         ours = round(float(b["gain_over_orca_oracle"].iloc[0]), 3) if len(b) else None

@@ -1,0 +1,209 @@
+"""A system's sustainable request rate (paper §6.2, Figs. 12, 14, 16, 17): the measure, its capacity rule and its
+search.
+
+The paper compares serving systems by the request rate each sustains: the highest Poisson arrival rate at which
+normalized latency (§6.1: mean end-to-end latency over output length) stays low. On a *finite* trace that measure
+alone overstates capacity: above capacity the queue grows only for as long as the trace lasts, so its latency stays
+bounded and a rate the system cannot keep up with can still pass a latency threshold. So a rate counts here only if
+it passes two rules, both fixed before any claim was recomputed with them:
+
+- **latency**: normalized latency at or below the experiment's threshold (``NL_THRESHOLD_S`` for the paper-scale
+  replays);
+- **capacity**: over the run's steady window (from the arrival of the request at a fifth of the trace to the last
+  arrival, ``steady_window``), the number of requests in the system (arrived, not finished) does not grow: its
+  least-squares slope over the window is at most ``CAPACITY_MARGIN`` (2 %) of the window's arrival rate
+  (``queue_growth``). Above capacity the slope is the arrival rate minus the service rate, so a rate more than 2 %
+  above what the system can serve fails; below capacity the count is stationary and its slope near zero. A slope
+  fitted over the whole window is used rather than completions counted between its two ends, whose difference from
+  arrivals is dominated by the requests in flight at each end.
+
+The search (``sustainable_rate``) bisects geometrically until the highest passing rate and the lowest failing rate
+are within ``RESOLUTION`` (2 %) of each other, and reports that resolution, the rule that bound it, and the
+completion rate measured at the reported rate, so that a reader can check that no reported rate exceeds what the
+system served.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+#: Normalized latency (s/token) above which a rate is not sustainable at paper scale. The paper's curves sit near
+#: 0.03-0.05 s/token at low load and turn up sharply past capacity; 0.2 s/token is well past the knee and well below
+#: the explosion.
+NL_THRESHOLD_S = 0.2
+#: The capacity rule's margin (module docstring), fixed in advance.
+CAPACITY_MARGIN = 0.02
+#: The search's resolution: the reported rate and the lowest rate found to fail differ by at most this fraction.
+RESOLUTION = 0.02
+#: Ramp-up: the first fifth of the trace's arrivals is outside the steady window (``sim.SimResult`` uses the same).
+RAMP_UP_FRACTION = 0.2
+
+
+def normalized_latency(requests: pd.DataFrame) -> float:
+    """Normalized latency (§6.1): the mean over requests of end-to-end latency / output length, in s/token."""
+    return float(((requests["finish_time"] - requests["arrival_time"]) / requests["output_len"]).mean())
+
+
+def steady_window(arrival_times) -> tuple[float, float]:
+    """The steady state of a run, ``[start, end)`` in seconds, by a rule fixed in advance: from the arrival of the
+    request at ``RAMP_UP_FRACTION`` (a fifth) of the trace, when the batch has filled from empty, to the last
+    arrival, after which no request joins and the batch drains. An offline trace (every request at t = 0) has no
+    arrival period: its window is the whole run, ``(0, inf)``."""
+    arrivals = np.sort(np.asarray(arrival_times, dtype=float))
+    start, end = float(arrivals[int(RAMP_UP_FRACTION * len(arrivals))]), float(arrivals[-1])
+    return (start, end) if end > start else (0.0, math.inf)
+
+
+def queue_growth(arrival, finish, start: float, end: float, points: int = 256) -> float:
+    """The least-squares slope (requests/s) of the number of requests in the system (arrived, not finished) over
+    ``[start, end)``, sampled at ``points`` evenly spaced times. Over capacity it is the arrival rate minus the
+    service rate; under capacity the count is stationary and the slope near zero. A slope over the whole window is
+    far less noisy than the difference of its two ends."""
+    t = np.linspace(start, end, points, endpoint=False)
+    in_system = np.searchsorted(np.sort(arrival), t, "right") - np.searchsorted(np.sort(finish), t, "right")
+    return float(np.polyfit(t - start, in_system, 1)[0])
+
+
+@dataclass(frozen=True)
+class Load:
+    """What a run served over its steady window: arrivals and completions per second, and normalized latency."""
+
+    arrival_rate: float  # requests arriving in the window / its length
+    completion_rate: float  # requests finishing in the window / its length (the throughput at this load)
+    normalized_latency_s: float
+    queue_growth: float = 0.0  # requests/s: the slope of the number of requests in the system over the window
+
+    @classmethod
+    def of(cls, requests: pd.DataFrame) -> "Load":
+        """The load of a run's per-request frame (``arrival_time``, ``finish_time``, ``output_len``). An offline
+        run (no arrival period) has arrival rate inf, and as completion rate its steady service rate: completions
+        per second between the completions at a fifth and at four fifths of the run, while the queue still holds
+        requests (the ramp-up and the drain of the last batch, which a finite run's whole-run throughput counts,
+        are left out)."""
+        arrival = requests["arrival_time"].to_numpy(dtype=float)
+        finish = requests["finish_time"].to_numpy(dtype=float)
+        start, end = steady_window(arrival)
+        nl = normalized_latency(requests)
+        if math.isinf(end):
+            f = np.sort(finish)
+            i0, i1 = int(RAMP_UP_FRACTION * len(f)), int((1 - RAMP_UP_FRACTION) * len(f))
+            return cls(math.inf, (i1 - i0) / float(f[i1] - f[i0]) if f[i1] > f[i0] else math.inf, nl)
+        span = end - start
+        arrived = int(((arrival >= start) & (arrival < end)).sum())
+        completed = int(((finish >= start) & (finish < end)).sum())
+        return cls(arrived / span, completed / span, nl, queue_growth(arrival, finish, start, end))
+
+    def keeps_up(self, margin: float = CAPACITY_MARGIN) -> bool:
+        """The capacity rule: the number of requests in the system does not grow over the steady window by more
+        than ``margin`` of the arrival rate (completions keep up with arrivals). An offline run (no arrival period)
+        has nothing to keep up with: it passes."""
+        return math.isinf(self.arrival_rate) or self.queue_growth <= margin * self.arrival_rate
+
+    def verdict(self, threshold_s: float, margin: float = CAPACITY_MARGIN) -> str:
+        """``"ok"``, or the rule(s) that fail: ``"latency"``, ``"capacity"`` or ``"latency+capacity"``."""
+        failed = [name for name, ok in (("latency", self.normalized_latency_s <= threshold_s),
+                                        ("capacity", self.keeps_up(margin))) if not ok]
+        return "+".join(failed) or "ok"
+
+
+@dataclass(frozen=True)
+class RateSearch:
+    """The outcome of ``sustainable_rate``: ``rate`` passes both rules; ``failed_at`` (the lowest rate found to fail,
+    ``inf`` if none did) is within ``resolution`` of it; ``bound_by`` names the rule that failed there (or
+    ``"upper bound"`` / ``"lower bound"`` when the search hit an end of its range); ``completion_rate`` is the
+    throughput measured at ``rate`` (requests/s over the steady window)."""
+
+    rate: float
+    failed_at: float
+    resolution: float
+    bound_by: str
+    completion_rate: float
+    normalized_latency_s: float
+    probes: int
+    offline_rate: float = math.nan  # requests/s with every request queued at t = 0 (``offline=True``), else NaN
+
+    def row(self) -> dict:
+        """Columns for a results table: ``sustainable_rate``, ``resolution``, ``bound_by``, ``throughput_at_rate``,
+        ``nl_at_rate_s``, ``failed_at``, ``probes``, ``offline_rate``, ``at_bound``, ``at_upper_bound``."""
+        d = asdict(self)
+        return {"sustainable_rate": d.pop("rate"), "resolution": d.pop("resolution"), "bound_by": d.pop("bound_by"),
+                "throughput_at_rate": d.pop("completion_rate"), "nl_at_rate_s": d.pop("normalized_latency_s"),
+                **d, "at_bound": self.bound_by in ("upper bound", "lower bound"),
+                "at_upper_bound": self.bound_by == "upper bound"}
+
+
+def sustainable_rate(replay: Callable[[float], pd.DataFrame], lo: float, hi: float,
+                     threshold_s: float = NL_THRESHOLD_S, resolution: float = RESOLUTION,
+                     margin: float = CAPACITY_MARGIN, max_extensions: int = 3, offline: bool = True) -> RateSearch:
+    """The highest rate in ``[lo, hi]`` that passes the latency and capacity rules (module docstring), by geometric
+    bisection down to ``resolution``. ``replay(rate)`` returns the run's per-request frame. If ``lo`` fails, the
+    range is extended down by 4x at a time, up to ``max_extensions`` times; if ``hi`` passes, it is reported with
+    ``bound_by="upper bound"`` (a lower bound on the sustainable rate, with no resolution). ``offline``: also replay
+    with every request at t = 0 (``replay(inf)``) and report that throughput, the capacity the rate is checked
+    against."""
+    probes: dict[float, Load] = {}
+    found = _search(probes, replay, lo, hi, threshold_s, resolution, margin, max_extensions)
+    if offline:
+        found = replace(found, offline_rate=Load.of(replay(math.inf)).completion_rate)
+    return found
+
+
+def _search(probes: dict, replay, lo: float, hi: float, threshold_s: float, resolution: float, margin: float,
+            max_extensions: int) -> RateSearch:
+    """``sustainable_rate``'s bisection, remembering each probe's load in ``probes``."""
+
+    def load(rate: float) -> Load:
+        if rate not in probes:
+            probes[rate] = Load.of(replay(rate))
+        return probes[rate]
+
+    def ok(rate: float) -> bool:
+        return load(rate).verdict(threshold_s, margin) == "ok"
+
+    extensions = 0
+    while not ok(lo):
+        if extensions == max_extensions:
+            ld = load(lo)
+            return RateSearch(0.0, lo, math.inf, "lower bound", ld.completion_rate, ld.normalized_latency_s,
+                              len(probes))
+        lo, hi, extensions = lo / 4, lo, extensions + 1
+    if ok(hi):
+        ld = load(hi)
+        return RateSearch(hi, math.inf, math.inf, "upper bound", ld.completion_rate, ld.normalized_latency_s,
+                          len(probes))
+    while hi / lo > 1 + resolution:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    ld = load(lo)
+    return RateSearch(lo, hi, hi / lo - 1, load(hi).verdict(threshold_s, margin), ld.completion_rate,
+                      ld.normalized_latency_s, len(probes))
+
+
+def ratio_resolution(a: RateSearch | dict, b: RateSearch | dict) -> float:
+    """The resolution of the ratio ``a / b`` of two searched rates: each true rate lies in ``[rate, rate x (1 +
+    resolution))``, so the true ratio lies within a factor ``(1 + res_a) x (1 + res_b)`` band around it; this returns
+    that factor minus one."""
+    def res(x):
+        return x.resolution if isinstance(x, RateSearch) else float(x["resolution"])
+    return (1 + res(a)) * (1 + res(b)) - 1
+
+
+def describe_ratio(a: dict | pd.Series, b: dict | pd.Series, offline_ratio: float | None = None) -> str:
+    """A note for the ratio of two sustainable rates ``a / b`` (two rows of ``RateSearch.row()`` columns): its
+    resolution, the rule that bound each search, and, when given, the ratio of the two systems' offline
+    throughputs (every request queued at t = 0), the capacity measure the rate ratio is checked against."""
+    def bound(x):
+        return f"{x['bound_by']} at {float(x['failed_at']):.3g}" if math.isfinite(float(x["failed_at"])) \
+            else str(x["bound_by"])
+    res = ratio_resolution(a, b)
+    note = (f"ratio resolution {100 * res:.1f} %" if math.isfinite(res) else "ratio unresolved (a search hit its "
+            "range's end)") + f"; failing rule: {bound(a)} / {bound(b)} req/s"
+    if offline_ratio is None and "offline_rate" in a and "offline_rate" in b:
+        offline_ratio = float(a["offline_rate"]) / float(b["offline_rate"])
+    if offline_ratio is not None and math.isfinite(offline_ratio):
+        note += f"; offline throughput ratio {offline_ratio:.2f}"
+    return note

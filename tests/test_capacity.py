@@ -1,0 +1,108 @@
+"""The sustainable-rate measure (``pagedattn.capacity``): the capacity rule, the search's resolution, and that a rate
+above a system's capacity no longer passes on a finite trace (issue 30, part 1)."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pagedattn import capacity
+from pagedattn.capacity import CAPACITY_MARGIN, Load, RateSearch, describe_ratio, ratio_resolution, sustainable_rate
+from pagedattn.workloads import poisson_arrivals
+
+
+def fifo_server(service_rate: float, num_requests: int = 2000, seed: int = 0, output_len: int = 10):
+    """A replay function for one FIFO server doing ``service_rate`` requests/s (deterministic service)."""
+    def replay(rate: float) -> pd.DataFrame:
+        arrival = poisson_arrivals(num_requests, rate, seed)
+        finish = np.empty(num_requests)
+        free = 0.0
+        for i, t in enumerate(arrival):
+            free = max(free, t) + 1 / service_rate
+            finish[i] = free
+        return pd.DataFrame({"arrival_time": arrival, "finish_time": finish,
+                             "output_len": np.full(num_requests, output_len)})
+    return replay
+
+
+def test_load_under_and_over_capacity():
+    replay = fifo_server(10.0)
+    under, over = Load.of(replay(5.0)), Load.of(replay(15.0))
+    assert under.keeps_up() and under.completion_rate == pytest.approx(under.arrival_rate, rel=0.05)
+    assert not over.keeps_up()
+    assert over.completion_rate == pytest.approx(10.0, rel=0.02)  # the service rate, not the arrival rate
+    assert over.verdict(threshold_s=math.inf) == "capacity"
+    assert over.verdict(threshold_s=0.0) == "latency+capacity"
+
+
+def test_offline_run_has_no_arrival_window():
+    df = fifo_server(10.0, 100)(math.inf)
+    load = Load.of(df)
+    assert math.isinf(load.arrival_rate) and load.keeps_up()
+    assert load.completion_rate == pytest.approx(10.0)
+
+
+def test_latency_alone_overstates_capacity_on_a_finite_trace():
+    """The review's finding, reproduced on a queue with a known capacity (10 req/s): with a latency threshold that
+    tolerates the finite queue a short trace builds, latency alone passes rates well above capacity; the capacity
+    rule stops the search within its margin of the true capacity."""
+    replay = fifo_server(10.0, num_requests=400)
+    threshold = 0.5  # s/token: 5 s over 10 tokens, the wait a 400-request trace builds at 12+ req/s
+    latency_only = sustainable_rate(replay, 1.0, 100.0, threshold, margin=math.inf, offline=False)
+    both = sustainable_rate(replay, 1.0, 100.0, threshold, offline=True)
+    assert Load.of(replay(latency_only.rate)).arrival_rate > 11.0
+    # the arrivals the found rate actually brings (a 400-request trace's rate over its window is not exactly the
+    # nominal one) stay below the capacity, within the margin, and not far below it
+    arrived = Load.of(replay(both.rate)).arrival_rate
+    assert 0.8 * 10.0 <= arrived <= 10.0 / (1 - CAPACITY_MARGIN)
+    assert both.bound_by == "capacity"
+    assert both.offline_rate == pytest.approx(10.0)
+    assert both.completion_rate >= (1 - 2 * CAPACITY_MARGIN) * arrived
+
+
+@pytest.mark.parametrize("resolution", [0.02, 0.1])
+def test_search_reaches_its_resolution(resolution):
+    found = sustainable_rate(fifo_server(7.0), 0.1, 500.0, 1.0, resolution, offline=False)
+    assert 0 < found.resolution <= resolution
+    assert found.failed_at == pytest.approx(found.rate * (1 + found.resolution))
+    # rates are not on one coarse grid: the failing rate is within the resolution of the passing one
+    assert found.failed_at / found.rate <= 1 + resolution
+    row = found.row()
+    assert row["sustainable_rate"] == found.rate and not row["at_bound"]
+
+
+def test_search_bounds_are_reported():
+    top = sustainable_rate(fifo_server(100.0), 0.1, 1.0, 1.0, offline=False)
+    assert top.bound_by == "upper bound" and top.rate == 1.0 and math.isinf(top.resolution)
+    bottom = sustainable_rate(fifo_server(0.001, 50), 10.0, 20.0, 1e-6, max_extensions=1, offline=False)
+    assert bottom.bound_by == "lower bound" and bottom.rate == 0.0
+
+
+def test_ratio_resolution_and_note():
+    a = RateSearch(2.0, 2.04, 0.02, "latency", 2.0, 0.1, 9, offline_rate=2.5)
+    b = RateSearch(1.0, 1.01, 0.01, "capacity", 1.0, 0.1, 9, offline_rate=1.25)
+    assert ratio_resolution(a, b) == pytest.approx(1.02 * 1.01 - 1)
+    note = describe_ratio(a.row() | {"resolution": a.resolution}, b.row() | {"resolution": b.resolution})
+    assert "3.0 %" in note and "offline throughput ratio 2.00" in note and "latency at 2.04" in note
+
+
+def test_simulated_rate_does_not_exceed_what_the_system_served():
+    """On the simulator (a short ShareGPT-like trace, paper scale): the queue does not grow at the found rate, the
+    search's failing rate fails a rule, and the capacity rule never raises the rate latency alone gives."""
+    from pagedattn.config import paper_slots
+    from pagedattn.sim import CostModel, simulate
+    from pagedattn.workloads import make_trace, with_rate
+
+    base = make_trace("sharegpt_synthetic", 300, 1.0, 0)
+
+    def replay(rate):
+        return simulate(with_rate(base, rate, 0), "orca_oracle", paper_slots(), 16, CostModel(),
+                        record_steps=False).requests
+
+    found = sustainable_rate(replay, 0.1, 20.0, capacity.NL_THRESHOLD_S, 0.05)
+    at = Load.of(replay(found.rate))
+    assert at.keeps_up() and at.queue_growth <= CAPACITY_MARGIN * at.arrival_rate
+    assert not Load.of(replay(found.failed_at)).verdict(capacity.NL_THRESHOLD_S) == "ok"
+    # the capacity rule only ever lowers the rate that latency alone would give
+    latency_only = sustainable_rate(replay, 0.1, 20.0, capacity.NL_THRESHOLD_S, 0.05, margin=math.inf)
+    assert found.rate <= latency_only.rate
