@@ -17,7 +17,7 @@ def test_one_gpu_has_no_allreduce_and_ignores_its_constants():
 
 
 def test_tensor_parallel_splits_bytes_and_adds_one_allreduce_per_layer():
-    one = CostModel(step_overhead_s=0.0)
+    one = CostModel(step_overhead_s=0.0, step_overhead_per_seq_s=0.0)
     free = replace(one, tp_size=4, allreduce_latency_s=0.0, allreduce_bytes_per_s=float("inf"))
     assert free.decode_time(8, 4000) == pytest.approx(one.decode_time(8, 4000) / 4)  # memory-bound: 1/4 the bytes
     assert free.prefill_time(4096) == pytest.approx(one.prefill_time(4096) / 4)  # compute-bound: 1/4 the FLOPs

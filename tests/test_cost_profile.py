@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import statistics
 
+import pandas as pd
 import pytest
 
 from pagedattn import cost_profile as P
@@ -11,13 +12,15 @@ from pagedattn.config import OPT_13B
 from pagedattn.sim import CostModel
 
 
-def test_default_cost_model_is_unchanged():
+def test_defaults_are_the_measured_constants_and_the_assumed_ones_are_named():
     c = CostModel()
-    assert (c.bandwidth_efficiency, c.flops_efficiency, c.step_overhead_s, c.step_overhead_per_seq_s) == \
+    assert c == CostModel.measured_a100()
+    a = CostModel.assumed()
+    assert (a.bandwidth_efficiency, a.flops_efficiency, a.step_overhead_s, a.step_overhead_per_seq_s) == \
         (0.7, 0.5, 0.004, 0.0)
-    assert CostModel.assumed() == c
-    assert c.decode_time(8, 8 * 300) == pytest.approx(0.004 + (26e9 + 2400 * OPT_13B.kv_bytes_per_token) / (1.555e12 * 0.7))
-    assert c.prefill_time(2048, num_seqs=10) == c.prefill_time(2048)  # no per-sequence term by default
+    assert a.decode_time(8, 8 * 300) == pytest.approx(0.004 + (26e9 + 2400 * OPT_13B.kv_bytes_per_token) / (1.555e12 * 0.7))
+    assert a.prefill_time(2048, num_seqs=10) == a.prefill_time(2048)  # no per-sequence term in the assumed set
+    assert c.prefill_time(2048, num_seqs=10) > c.prefill_time(2048)  # the measured overhead grows with the batch
 
 
 def test_table_is_small_and_names_its_sources():
@@ -72,11 +75,28 @@ def test_fit_recovers_a_line():
 
 def test_measured_band_is_the_stated_rule_and_contains_the_measured_point():
     assert S.MEASURED_BAND == P.measured_band()
-    p = S.measured_point()
+    p = S.DEFAULT
+    assert p.cost() == CostModel.measured_a100() == CostModel()  # the measured constants are the defaults
     for name, (lo, hi) in S.MEASURED_BAND.items():
         assert lo <= getattr(p, name) <= hi
-    pts = S.points_measured()
-    assert pts[0] == p and len(set(pts)) == len(pts) == 1 + 4 + 4 + 2
-    assert S.points_measured(quick=True)[0] == p
-    assert p.cost() == CostModel.measured_a100()
-    assert S.points()[0] == S.DEFAULT and S.DEFAULT.cost() == CostModel()  # the assumed grid is untouched
+    pts = S.points()
+    assert pts[0] == p and len(set(pts)) == len(pts) == 1 + 4 + 4 + 2 + 1
+    assert pts[-1] == S.ASSUMED and S.ASSUMED.cost() == CostModel.assumed()  # the old constants, reported apart
+    band = [q for q in pts if q != S.ASSUMED]
+    for name, (lo, hi) in S.MEASURED_BAND.items():  # every band point inside the measured box
+        assert all(lo <= getattr(q, name) <= hi for q in band), name
+    assert S.points(quick=True) == [p, pts[1]]
+    assert len(S.points(extremes=False, rate_axis=False, trace_axis=False, assumed=False)) == 1 + 8
+
+
+def test_assumed_point_is_reported_beside_the_band_not_in_it():
+    from pagedattn.results import Claim
+
+    c = Claim("x", 1.0, 1.0, "x", "0.75-1.25", True)
+    pts = [S.DEFAULT, S.points()[1], S.ASSUMED]
+    table = pd.DataFrame([{"claim": "x", "point": q.label(), "is_default": q.is_default, "is_assumed": q == S.ASSUMED,
+                           "ours": v, "holds": h} for q, v, h in zip(pts, (1.0, 1.1, 2.0), (True, True, False))])
+    (got,) = S.with_bands([c], table, S.describe(pts))
+    assert got.holds is True and got.band["max"] == 1.1  # the assumed point's 2.0 is not in the band
+    assert "under the assumed step time (0.7, 0.5, 4 ms): 2 (fails)" in got.note
+    assert "reported apart" in got.band["over"]

@@ -15,19 +15,27 @@ from pagedattn.workloads import TraceRequest, make_trace
 
 def test_grid_is_the_stated_one():
     full = S.points()
-    assert full[0] == S.DEFAULT and len(set(full)) == len(full) == 1 + 4 + 4 + 2
-    steps = {(p.bandwidth_efficiency, p.flops_efficiency, p.step_overhead_s) for p in full}
-    assert steps == {(0.7, 0.5, 0.004), (0.9, 0.7, 0.0), (0.5, 0.3, 0.008), (0.9, 0.3, 0.004), (0.5, 0.7, 0.004)}
+    assert full[0] == S.DEFAULT and len(set(full)) == len(full) == 1 + 4 + 4 + 2 + 1
+    assert full[-1] == S.ASSUMED
+    (b0, b1), (f0, f1) = S.MEASURED_BAND["bandwidth_efficiency"], S.MEASURED_BAND["flops_efficiency"]
+    (o0, o1), (s0, s1) = S.MEASURED_BAND["step_overhead_s"], S.MEASURED_BAND["step_overhead_per_seq_s"]
+    d = S.DEFAULT
+    steps = {(p.bandwidth_efficiency, p.flops_efficiency, p.step_overhead_s, p.step_overhead_per_seq_s) for p in full}
+    assert steps == {(d.bandwidth_efficiency, d.flops_efficiency, d.step_overhead_s, d.step_overhead_per_seq_s),
+                     (b1, f1, o0, s0), (b0, f0, o1, s1), (b1, f0, d.step_overhead_s, d.step_overhead_per_seq_s),
+                     (b0, f1, d.step_overhead_s, d.step_overhead_per_seq_s), (0.7, 0.5, 0.004, 0.0)}
     assert {p.rate for p in full} == {"experiment", "equal_load"}
-    assert len(S.points(rate_axis=False, trace_axis=False)) == 5
-    corners = S.points(rate_axis=False, trace_axis=False, extremes=False)[1:]
+    assert len(S.points(rate_axis=False, trace_axis=False, assumed=False)) == 5
+    corners = S.points(rate_axis=False, trace_axis=False, extremes=False, assumed=False)[1:]
     assert {(p.bandwidth_efficiency, p.flops_efficiency, p.step_overhead_s) for p in corners} == \
-        {(b, f, o) for b in (0.5, 0.9) for f in (0.3, 0.7) for o in (0.0, 0.008)}
-    assert S.points(quick=True) == [S.DEFAULT, S.Point(0.9, 0.7, 0.0)]
+        {(b, f, o) for b in (b0, b1) for f in (f0, f1) for o in (o0, o1)}
+    assert S.points(quick=True) == [S.DEFAULT, replace(S.DEFAULT, bandwidth_efficiency=b1, flops_efficiency=f1,
+                                                       step_overhead_s=o0, step_overhead_per_seq_s=s0)]
     extra = S.points(rate_axis=False, trace_axis=False, rate_scales=(0.5,), copy_latencies=(1e-5,))
-    assert S.Point(rate_scale=0.5) in extra and S.Point(copy_latency_s=1e-5) in extra
-    assert "equal-load" in S.describe(full) and "(0.9, 0.3, 4)" in S.describe(full)
-    assert "8 corners" in S.describe(corners)
+    assert replace(d, rate_scale=0.5) in extra and replace(d, copy_latency_s=1e-5) in extra
+    text = S.describe(full)
+    assert "equal-load" in text and f"({b1:.3g}, {f0:.3g}," in text and "reported apart" in text
+    assert "0.7, 0.5, 4 ms" in text and "(0.7, 0.5, 4 +" not in text  # the assumed point is not a band corner
 
 
 def test_point_sets_the_cost_model_and_trace():

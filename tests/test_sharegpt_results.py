@@ -26,9 +26,9 @@ def test_fig2_rate_rule_reports_none_when_memory_never_fills():
 
 
 def test_fig2_rate_rule_takes_the_lowest_qualifying_rate():
-    params = kv_waste.Params.make(True, fig2_rate_grid=(0.05, 50.0, 100.0), memory_bound_min_pct=50.0)
+    params = kv_waste.Params.make(True, fig2_rate_grid=(0.05, 100.0, 200.0), memory_bound_min_pct=50.0)
     rate, table = kv_waste.fig2_rate(make_trace("sharegpt", 120, 1.0, seed=0), params, progress=False)
-    assert rate == 50.0 and list(table["rate"]) == [0.05, 50.0]  # stops at the first rate that qualifies
+    assert rate == 100.0 and list(table["rate"]) == [0.05, 100.0]  # stops at the first rate that qualifies
 
 
 def _breakdowns(real_ts: float) -> pd.DataFrame:

@@ -46,7 +46,7 @@ def test_copies_are_charged_copy_on_write_blocks_and_orca_context_copies():
     assert paged == pytest.approx(cost.copy_time(5 * 4))
     orca = tiny("orca_oracle", 1.0).steps.dt.sum() - tiny("orca_oracle", 2.0).steps.dt.sum()
     assert orca == pytest.approx(cost.copy_time(49 - 4))
-    assert cost.copy_time(10) == pytest.approx(2 * 10 * cost.kv_bytes_per_token / (1.555e12 * 0.7))
+    assert cost.copy_time(10) == pytest.approx(2 * 10 * cost.kv_bytes_per_token / (1.555e12 * cost.bandwidth_efficiency))
 
 
 def beam_group(n, prompt_len=4, max_tokens=8):

@@ -28,7 +28,7 @@ from pagedattn.workloads import make_trace
 
 DIGESTS = Path(__file__).parent / "fixtures" / "sim_digests.json"
 #: The step-time constants of the digests (the defaults of 2026-12-01, written out).
-GOLDEN_COST = dict(bandwidth_efficiency=0.7, flops_efficiency=0.5, step_overhead_s=0.004)
+GOLDEN_COST = dict(bandwidth_efficiency=0.7, flops_efficiency=0.5, step_overhead_s=0.004, step_overhead_per_seq_s=0.0)
 
 
 def _cost(**kw) -> CostModel:

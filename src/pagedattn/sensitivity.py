@@ -1,22 +1,24 @@
 """Sensitivity bands: how much of a simulator-based claim is the paper's mechanism and how much our assumptions.
 
-The simulator (``sim.py``) replays the paper's setting with a roofline step time whose efficiencies were chosen,
-not measured (``CostModel``: ``bandwidth_efficiency`` 0.7, ``flops_efficiency`` 0.5, a 4 ms step overhead), at
-request rates the paper chose for its hardware (§6.2, Fig. 13: ShareGPT 2 req/s, Alpaca 30 req/s), on a trace that
-is either the real ShareGPT conversations or a synthetic stand-in. A claim that holds at our defaults may hold only
-because of them. So every simulator-based claim is also computed at each point of a coarse grid of those
-assumptions, and it *holds* only if it holds at every point; its ``band`` (``results.Claim``) is the smallest and
-largest value across the grid (for a list, such as the best block sizes: the sizes best at every point, and those
-best at some point).
+The simulator (``sim.py``) replays the paper's setting with a roofline step time whose constants are measured
+(``CostModel``'s defaults: bandwidth efficiency 0.65, FLOP efficiency 0.64, a per-step overhead of 0.79 ms + 0.043 ms
+per sequence, derived from Vidur's A100 operator profiles, ``pagedattn.cost_profile``), at request rates the paper
+chose for its hardware (§6.2, Fig. 13: ShareGPT 2 req/s, Alpaca 30 req/s), on a trace that is either the real
+ShareGPT conversations or a synthetic stand-in. A claim that holds at our defaults may hold only because of them. So
+every simulator-based claim is also computed at each point of a coarse grid of those assumptions, and it *holds*
+only if it holds at every point; its ``band`` (``results.Claim``) is the smallest and largest value across the grid
+(for a list, such as the best block sizes: the sizes best at every point, and those best at some point).
 
 The grid, fixed before any result was seen:
 
-- **step time**: the default, and four points of the box bandwidth efficiency 0.5-0.9 x FLOP efficiency 0.3-0.7 x
-  per-step overhead 0-8 ms: its fastest and its slowest corner (the step time is monotone in each constant, so these
-  hold its extremes), and the two points where decode and prefill move apart (bandwidth 0.9 with FLOPs 0.3, and
-  bandwidth 0.5 with FLOPs 0.7, both at 4 ms). The grid is sized by the measured cost of one replay (1.5-2 s of CPU
-  for 1000 ShareGPT requests; a sustainable-rate search costs about ten replays per system) on a 2-core machine
-  shared by eight jobs: ``points(extremes=False)`` gives all eight corners;
+- **step time**: the measured point, and four points of the box ``MEASURED_BAND`` (each constant's measured spread
+  over Vidur's profiled shapes plus the 7B -> 13B transfer): its fastest and its slowest corner (the step time is
+  monotone in each constant, so these hold its extremes), and the two points where decode and prefill move apart
+  (bandwidth high with FLOPs low, and the reverse, at the measured overhead). ``points(extremes=False)`` gives all
+  eight corners of bandwidth x FLOPs x overhead (the overhead's intercept and slope move together);
+- **the assumed constants** (``ASSUMED``: 0.7, 0.5 and a flat 4 ms, the defaults before they were measured): one
+  more point, at the experiment's rate on the default trace, *outside* the band: its value and verdict are reported
+  in each claim's note, so that the change from the assumed to the measured step time is visible claim by claim;
 - **request rate** (for a claim measured at a rate): the experiment's rate, and the rate at *equal relative load*:
   the experiment's rate times the paged system's capacity at this point over its capacity at the default point,
   where capacity is the paged system's offline throughput (requests/s with every request queued at t = 0) on the
@@ -32,7 +34,7 @@ claim that rests on the PCIe model (Fig. 19's recompute/swap ratio) also gets ha
 copy. A claim that rests on the simulator's beam model (Fig. 14b) also gets one distinct parent fewer and one more
 per step than the measured mean (``sim.BeamModel``, clipped to ``[1, width]``), at the default step time.
 
-Quick mode (CI) runs one corner besides the default: the fastest step (0.9, 0.7, 0 ms) at the experiment's rate.
+Quick mode (CI) runs one corner besides the default: the fastest step at the experiment's rate.
 
 Each point is cached in ``<repo>/.cache/sensitivity/`` (ignored by git), keyed by the point, the experiment's
 parameters and a fingerprint of the simulator's sources and of the traces' contents, so rerunning a notebook costs
@@ -55,9 +57,6 @@ import pandas as pd
 from pagedattn.results import REPO_ROOT, Claim
 from pagedattn.sim import CostModel
 
-BANDWIDTH_EFFICIENCY = (0.5, 0.9)
-FLOPS_EFFICIENCY = (0.3, 0.7)
-STEP_OVERHEAD_S = (0.0, 0.008)
 CACHE_DIR = REPO_ROOT / ".cache" / "sensitivity"
 #: The simulator's sources: a change to any of them invalidates the cache (and so does a change to the traces'
 #: contents, ``_traces_fingerprint``).
@@ -107,31 +106,12 @@ class Point:
 
 
 DEFAULT = Point()
+#: The constants chosen before any was measured (``CostModel.assumed()``): a point outside every band, reported beside
+#: it (``with_bands``) so that the change of each verdict from the assumed to the measured step time is visible.
+ASSUMED = Point(0.7, 0.5, 0.004, step_overhead_per_seq_s=0.0)
 
 
-def points(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True,
-           rate_scales: tuple[float, ...] = (), copy_latencies: tuple[float, ...] = (),
-           extremes: bool = True) -> list[Point]:
-    """The grid of the module docstring, default first. ``quick``: the default and the fastest corner.
-    ``rate_scales``: also the experiment's rate times each of these, at the default step time (a rate sweep);
-    ``copy_latencies``: also each of these seconds per swap copy, at the default step time; ``extremes``: the four
-    step-time points of the module docstring (``False``: all eight corners)."""
-    (b0, b1), (f0, f1), (o0, o1) = BANDWIDTH_EFFICIENCY, FLOPS_EFFICIENCY, STEP_OVERHEAD_S
-    fastest = Point(b1, f1, o0)
-    if quick:
-        return [DEFAULT, fastest]
-    corners = [Point(b, f, o) for b in (b0, b1) for f in (f0, f1) for o in (o0, o1)]
-    if extremes:
-        mid = DEFAULT.step_overhead_s
-        corners = [fastest, Point(b0, f0, o1), Point(b1, f0, mid), Point(b0, f1, mid)]
-    rates = ("experiment", "equal_load") if rate_axis else ("experiment",)
-    out = [DEFAULT] + [replace(p, rate=r) for r in rates for p in corners]
-    if trace_axis:
-        out += [Point(trace="other", rate=r) for r in rates]
-    return out + [Point(rate_scale=x) for x in rate_scales] + [Point(copy_latency_s=x) for x in copy_latencies]
-
-
-#: The measured band (issue 30, part 3), proposed to replace the assumed box above: each constant's spread over
+#: The measured band (issue 30, part 3), which replaced the assumed box (0.5-0.9 x 0.3-0.7 x 0-8 ms): each constant's spread over
 #: Vidur's profiled A100 shapes plus the 7B -> 13B transfer, rounded outward (``cost_profile.measured_band``, which
 #: states the rule; a test checks that these literals are what the rule gives on the committed table):
 #:
@@ -147,54 +127,47 @@ MEASURED_BAND = {"bandwidth_efficiency": (0.51, 0.81), "flops_efficiency": (0.51
                  "step_overhead_s": (0.00072, 0.00090), "step_overhead_per_seq_s": (0.000042, 0.000043)}
 
 
-def measured_point(**changes) -> Point:
-    """The point of the measured constants (``CostModel.measured_a100()``), with ``changes``."""
-    m = CostModel.measured_a100()
-    return replace(Point(m.bandwidth_efficiency, m.flops_efficiency, m.step_overhead_s,
-                         step_overhead_per_seq_s=m.step_overhead_per_seq_s), **changes)
-
-
-def points_measured(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True) -> list[Point]:
-    """The grid of ``points()`` over ``MEASURED_BAND`` instead of the assumed box, the measured point first: the
-    fastest and slowest corners (each constant at its favourable / unfavourable end; the step time is monotone in
-    each) and the two points where decode and prefill move apart (bandwidth high with FLOPs low, and the reverse, at
-    the measured overhead). ``quick``: the measured point and the fastest corner.
-
-    Caveat: the equal-load rate (``rate_at``) scales by the capacity at ``DEFAULT``, the assumed constants, until
-    the default cost model is switched to the measured one; before that switch, these points' equal-load rates are
-    relative to the assumed point's capacity, not the measured point's."""
+def points(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True,
+           rate_scales: tuple[float, ...] = (), copy_latencies: tuple[float, ...] = (),
+           extremes: bool = True, assumed: bool = True) -> list[Point]:
+    """The grid of the module docstring over ``MEASURED_BAND``, default (the measured point) first. ``quick``: the
+    default and the fastest corner. ``rate_scales``: also the experiment's rate times each of these, at the default
+    step time (a rate sweep); ``copy_latencies``: also each of these seconds per swap copy, at the default step
+    time; ``extremes``: the four step-time points of the module docstring (``False``: all eight corners);
+    ``assumed``: also ``ASSUMED``, the constants before they were measured (outside the band)."""
     (b0, b1), (f0, f1) = MEASURED_BAND["bandwidth_efficiency"], MEASURED_BAND["flops_efficiency"]
     (o0, o1), (s0, s1) = MEASURED_BAND["step_overhead_s"], MEASURED_BAND["step_overhead_per_seq_s"]
-    base = measured_point()
-    fastest = measured_point(bandwidth_efficiency=b1, flops_efficiency=f1, step_overhead_s=o0,
-                             step_overhead_per_seq_s=s0)
+    fastest = replace(DEFAULT, bandwidth_efficiency=b1, flops_efficiency=f1, step_overhead_s=o0,
+                      step_overhead_per_seq_s=s0)
     if quick:
-        return [base, fastest]
-    corners = [fastest,
-               measured_point(bandwidth_efficiency=b0, flops_efficiency=f0, step_overhead_s=o1,
-                              step_overhead_per_seq_s=s1),
-               measured_point(bandwidth_efficiency=b1, flops_efficiency=f0),
-               measured_point(bandwidth_efficiency=b0, flops_efficiency=f1)]
+        return [DEFAULT, fastest]
+    if extremes:
+        corners = [fastest,
+                   replace(DEFAULT, bandwidth_efficiency=b0, flops_efficiency=f0, step_overhead_s=o1,
+                           step_overhead_per_seq_s=s1),
+                   replace(DEFAULT, bandwidth_efficiency=b1, flops_efficiency=f0),
+                   replace(DEFAULT, bandwidth_efficiency=b0, flops_efficiency=f1)]
+    else:
+        corners = [replace(DEFAULT, bandwidth_efficiency=b, flops_efficiency=f, step_overhead_s=o,
+                           step_overhead_per_seq_s=sl)
+                   for b in (b0, b1) for f in (f0, f1) for o, sl in ((o0, s0), (o1, s1))]
     rates = ("experiment", "equal_load") if rate_axis else ("experiment",)
-    out = [base] + [replace(p, rate=r) for r in rates for p in corners]
+    out = [DEFAULT] + [replace(p, rate=r) for r in rates for p in corners]
     if trace_axis:
-        out += [replace(base, trace="other", rate=r) for r in rates]
-    return out
+        out += [replace(DEFAULT, trace="other", rate=r) for r in rates]
+    out += [replace(DEFAULT, rate_scale=x) for x in rate_scales]
+    out += [replace(DEFAULT, copy_latency_s=x) for x in copy_latencies]
+    return out + ([ASSUMED] if assumed else [])
 
 
 def describe(pts: list[Point]) -> str:
-    """The ``over`` of a band: what the points sweep, in words."""
-    corners = {(p.bandwidth_efficiency, p.flops_efficiency, p.step_overhead_s) for p in pts} - {
-        (DEFAULT.bandwidth_efficiency, DEFAULT.flops_efficiency, DEFAULT.step_overhead_s)}
-    bw = sorted({c[0] for c in corners})
-    fl = sorted({c[1] for c in corners})
-    ov = sorted({1e3 * c[2] for c in corners})
-    if len(corners) == 8 or len(corners) == 1:
-        parts = [f"bw eff {'/'.join(f'{x:g}' for x in bw)} x FLOP eff {'/'.join(f'{x:g}' for x in fl)} x overhead "
-                 f"{'/'.join(f'{x:g}' for x in ov)} ms ({len(corners)} corner{'s' * (len(corners) != 1)})"]
-    else:
-        parts = ["step time (bw eff, FLOP eff, overhead ms) at " + ", ".join(
-            f"({c[0]:g}, {c[1]:g}, {1e3 * c[2]:g})" for c in sorted(corners))]
+    """The ``over`` of a band: what the points sweep, in words (``ASSUMED`` is reported apart, not in the band)."""
+    def key(p):
+        return p.bandwidth_efficiency, p.flops_efficiency, p.step_overhead_s, p.step_overhead_per_seq_s
+    band = [p for p in pts if p != ASSUMED]
+    corners = sorted({key(p) for p in band} - {key(DEFAULT)})
+    parts = ["step time (bw eff, FLOP eff, overhead ms + ms/seq) at the measured point and " + ", ".join(
+        f"({c[0]:.3g}, {c[1]:.3g}, {1e3 * c[2]:.3g} + {1e3 * c[3]:.3g})" for c in corners)] if corners else []
     if any(p.rate == "equal_load" for p in pts):
         parts.append("experiment's and equal-load rate")
     if any(p.trace == "other" for p in pts):
@@ -208,7 +181,8 @@ def describe(pts: list[Point]) -> str:
     shifts = sorted({p.beam_parents_shift for p in pts} - {0.0})
     if shifts:
         parts.append(f"beam model's distinct parents {'/'.join(f'{x:+g}' for x in shifts)}")
-    return "; ".join(parts) + f"; {len(pts)} points"
+    return "; ".join(parts) + f"; {len(band)} points" + (
+        "; the assumed constants (0.7, 0.5, 4 ms) reported apart" if len(band) < len(pts) else "")
 
 
 #: A rate ratio is judged two-sided: within the paper's range, each end moved out by this share (issue 13).
@@ -349,8 +323,8 @@ def sweep(experiment: str, claims_at: Callable[[Point], list[Claim]], pts: list[
     for i, p in enumerate(pts):
         for c in got[i]:
             if c.get("kind", "reproduction") == "reproduction":
-                rows.append({**asdict(p), "point": p.label(), "is_default": p.is_default, "claim": c["name"],
-                             "ours": c["ours"], "holds": c["holds"]})
+                rows.append({**asdict(p), "point": p.label(), "is_default": p.is_default,
+                             "is_assumed": p == ASSUMED, "claim": c["name"], "ours": c["ours"], "holds": c["holds"]})
     return pd.DataFrame(rows)
 
 
@@ -370,6 +344,14 @@ def with_bands(claims: list[Claim], table: pd.DataFrame, over: str) -> list[Clai
     out = []
     for c in claims:
         d = table[table.claim == c.name] if len(table) else table
+        old = d[d.is_assumed] if "is_assumed" in d else d.iloc[:0]
+        d = d.drop(old.index)
+        if len(old) and c.kind == "reproduction":  # the assumed constants: beside the band, not in it
+            r = old.iloc[0]
+            verdict = "" if r.holds is None or (isinstance(r.holds, float) and math.isnan(r.holds)) else \
+                f" ({'holds' if r.holds else 'fails'})"
+            c = replace(c, note=c.note + ("; " if c.note else "") +
+                        f"under the assumed step time (0.7, 0.5, 4 ms): {_short(r.ours)}{verdict}")
         if len(d) < 2 or c.kind != "reproduction":  # not swept (only the default point has it)
             out.append(c)
             continue
@@ -403,6 +385,7 @@ def breaks(table: pd.DataFrame) -> pd.DataFrame:
     """Where each claim breaks: one row per claim with the points at which it fails (empty: holds everywhere)."""
     rows = []
     for name, d in table.groupby("claim", sort=False):
+        d = d[~d.is_assumed] if "is_assumed" in d else d
         judged = d[d.holds.notna()]
         fails = judged[~judged.holds.astype(bool)]
         rows.append({"claim": name, "points": len(d), "fails_at": len(fails),

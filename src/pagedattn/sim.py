@@ -7,12 +7,14 @@ how OPT-13B on an A100-40GB (15.7K token slots, paper Table 1) is reproduced on 
 The step-time model is a roofline (``CostModel``): a decode step reads the weights and every running sequence's K/V
 from HBM; a prefill step is bound by the larger of the weight read and the prompt FLOPs; each step pays a fixed
 framework overhead; a step that swaps (§4.5) also pays its PCIe copies. Its constants are the A100-40GB datasheet's
-(1.555 TB/s, 312 TFLOP/s fp16) derated by efficiencies we chose (``bandwidth_efficiency`` 0.7, ``flops_efficiency``
-0.5, a 4 ms step overhead) and a PCIe model we assumed (32 GB/s x 0.8, 5 us per copy). None of them is fitted to the
-paper's figures, but none is measured either: how far an agreement with the paper rests on them is what
-``pagedattn.sensitivity`` reports, as a band over 0.5-0.9, 0.3-0.7 and 0-8 ms. Measured constants exist beside
-them: ``CostModel.measured_a100()`` (``pagedattn.cost_profile``: Vidur's A100 operator profiles, MIT) and the band
-``sensitivity.MEASURED_BAND``; the defaults stay the assumed ones until the switch is made on purpose.
+(1.555 TB/s, 312 TFLOP/s fp16) derated by efficiencies measured on an A100 and a per-step overhead measured as a
+function of the batch, all derived from Vidur's published A100 operator profiles (``pagedattn.cost_profile``, which
+names the source files, commits and the MIT licence): decode bandwidth efficiency 0.65, large-prefill FLOP efficiency
+0.64, overhead 0.79 ms + 0.043 ms per sequence. None of them is fitted to the paper's figures. How far an agreement
+with the paper rests on them is what ``pagedattn.sensitivity`` reports, as a band over their measured spread
+(``sensitivity.MEASURED_BAND``). The constants chosen before any were measured (0.7, 0.5, a flat 4 ms per step) stay
+as the named variant ``CostModel.assumed()``, and each band also reports the claim under them. The PCIe model is
+still assumed (32 GB/s x 0.8, 5 us per copy).
 
 Beam search (§4.4, Fig. 14b) has no model to score candidates here, so ``BeamModel`` draws which beams survive each
 step, with a mean number of distinct parents measured on the real engine (notebook 04); see its docstring.
@@ -29,6 +31,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from pagedattn.capacity import RAMP_UP_FRACTION, Load, normalized_latency, steady_window
+from pagedattn.cost_profile import measured as _measured_a100
 from pagedattn.config import OPT_13B, ModelSpec, SchedulerConfig, blocks_needed, paper_slots
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
@@ -42,6 +45,9 @@ LABELS = {"orca_max": "Orca (Max)", "orca_pow2": "Orca (Pow2)", "orca_oracle": "
           "ft": "FasterTransformer"}
 
 
+_A100 = _measured_a100()
+
+
 @dataclass
 class CostModel:
     """Roofline step time of one iteration (seconds). Defaults: OPT-13B fp16 on one A100-40GB.
@@ -53,22 +59,23 @@ class CostModel:
     (the order of one small ``cudaMemcpyAsync`` between pinned host memory and the GPU).
 
     The per-step overhead is ``step_overhead_s + step_overhead_per_seq_s x batch`` (sequences decoded, or prompts
-    prefilled). Two named sets of constants: ``assumed()``, the defaults (0.7, 0.5, a flat 4 ms: chosen, not
-    measured), and ``measured_a100()``, derived from Vidur's A100 operator profiles (``pagedattn.cost_profile``,
-    which names the source files, commits and licence): decode bandwidth efficiency 0.65, prefill FLOP efficiency
-    0.64, overhead 0.79 ms + 0.043 ms per sequence."""
+    prefilled). The defaults are ``measured_a100()``: derived from Vidur's A100 operator profiles
+    (``pagedattn.cost_profile``, which names the source files, commits and licence): decode bandwidth efficiency
+    0.65, prefill FLOP efficiency 0.64, overhead 0.79 ms + 0.043 ms per sequence. ``assumed()`` names the constants
+    chosen before any was measured (0.7, 0.5, a flat 4 ms), kept so that the change in each verdict is visible."""
 
     weight_bytes: float = 26e9  # paper Table 1: 26 GB of OPT-13B weights
     params: float = 13e9
     kv_bytes_per_token: float = OPT_13B.kv_bytes_per_token
     num_layers: int = OPT_13B.num_layers
     hbm_bytes_per_s: float = 1.555e12  # A100-40GB datasheet
-    bandwidth_efficiency: float = 0.7  # assumed (band 0.5-0.9)
+    # measured (cost_profile): decode bytes over Vidur's A100 operator times, a fraction of the datasheet
+    bandwidth_efficiency: float = _A100["bandwidth_efficiency"]
     flops_per_s: float = 312e12  # A100 datasheet, fp16 tensor cores
-    flops_efficiency: float = 0.5  # assumed (band 0.3-0.7)
-    step_overhead_s: float = 0.004  # scheduler, sampling, kernel launches; assumed (band 0-8 ms)
-    # added per sequence in the step (0: a flat overhead); measured_a100() sets Vidur's fitted slope
-    step_overhead_per_seq_s: float = 0.0
+    flops_efficiency: float = _A100["flops_efficiency"]  # measured: large prefills' FLOPs over their time
+    # scheduler, sampling, input preparation: Vidur's per-step CPU overhead, fitted as intercept + slope x batch
+    step_overhead_s: float = _A100["overhead_fit"].intercept_s
+    step_overhead_per_seq_s: float = _A100["overhead_fit"].per_seq_s
     kernel_overhead: float = 1.0  # multiplier on the KV read time (block-size dependent, Fig. 18a/b)
     pcie_bytes_per_s: float = 32e9  # PCIe 4.0 x16, one direction
     pcie_efficiency: float = 0.8  # assumed
@@ -86,7 +93,8 @@ class CostModel:
 
     @classmethod
     def assumed(cls, **overrides) -> "CostModel":
-        """Today's chosen constants, named: bandwidth efficiency 0.7, FLOP efficiency 0.5, a flat 4 ms per step."""
+        """The constants chosen before any was measured, named: bandwidth efficiency 0.7, FLOP efficiency 0.5, a
+        flat 4 ms per step (the defaults until issue 30 switched them to ``measured_a100()``)."""
         return cls(**{"bandwidth_efficiency": 0.7, "flops_efficiency": 0.5, "step_overhead_s": 0.004,
                       "step_overhead_per_seq_s": 0.0, **overrides})
 
@@ -94,13 +102,11 @@ class CostModel:
     def measured_a100(cls, **overrides) -> "CostModel":
         """Constants measured on an A100 (``pagedattn.cost_profile.measured()``, from Vidur's Llama-2-7B profiles):
         the decode bandwidth efficiency and large-prefill FLOP efficiency (fractions of the datasheet, so they carry
-        over to this model's A100-40GB peaks) and the fitted per-step overhead ``a + b x batch``."""
-        from pagedattn.cost_profile import measured
-
-        m = measured()
-        fit = m["overhead_fit"]
-        return cls(**{"bandwidth_efficiency": m["bandwidth_efficiency"], "flops_efficiency": m["flops_efficiency"],
-                      "step_overhead_s": fit.intercept_s, "step_overhead_per_seq_s": fit.per_seq_s, **overrides})
+        over to this model's A100-40GB peaks) and the fitted per-step overhead ``a + b x batch``. The defaults."""
+        fit = _A100["overhead_fit"]
+        return cls(**{"bandwidth_efficiency": _A100["bandwidth_efficiency"],
+                      "flops_efficiency": _A100["flops_efficiency"], "step_overhead_s": fit.intercept_s,
+                      "step_overhead_per_seq_s": fit.per_seq_s, **overrides})
 
     def overhead(self, num_seqs: int) -> float:
         """The per-step framework overhead of a step over ``num_seqs`` sequences."""

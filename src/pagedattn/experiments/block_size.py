@@ -52,7 +52,7 @@ from pagedattn.sim import CostModel, simulate
 from pagedattn.workloads import TraceRequest, describe_trace, make_trace, with_rate
 
 EXPERIMENT = "05_block_size"
-SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time x measured kernel multiplier)"
+SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time with A100-measured constants x measured kernel multiplier)"
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TRACES = ("sharegpt", "alpaca")
 #: Poisson request rates (req/s) of the paper-scale sweep, near the paged system's knee at block 16 so that memory

@@ -34,7 +34,7 @@ from pagedattn.sim import LABELS, SYSTEMS, CostModel, simulate
 from pagedattn.workloads import describe_trace, make_trace, trace_stats, with_rate
 
 EXPERIMENT = "09_chatbot"
-MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time)"
+MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time with A100-measured constants)"
 TRACE = "sharegpt_chat"
 #: Tolerances, fixed before the first run: the 2x within +-30 %; "alike" as within 25 % of each other.
 RATIO_BAND = (1.4, 2.6)

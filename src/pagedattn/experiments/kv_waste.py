@@ -38,7 +38,7 @@ from pagedattn.sim import LABELS, SYSTEMS, CostModel, SimResult, simulate
 from pagedattn.workloads import describe_trace, make_trace, trace_stats, with_rate
 
 EXPERIMENT = "01_kv_memory_waste"
-MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time)"
+MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time with A100-measured constants)"
 KINDS = ["token_states", "reserved", "internal", "external"]
 #: Fig. 2's rate rule, fixed before any run: the lowest rate on the grid at which the paged system is memory-bound
 #: in at least MEMORY_BOUND_MIN_PCT % of its steady-state steps.

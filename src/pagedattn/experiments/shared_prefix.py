@@ -61,7 +61,7 @@ from pagedattn.sim import CostModel, normalized_latency, simulate
 from pagedattn.workloads import TraceRequest
 
 EXPERIMENT = "07_shared_prefix"
-SIM_MODEL = "sim: LLaMA-13B KV (800 KB/token) on A100-40GB (15.7K token slots, roofline step time)"
+SIM_MODEL = "sim: LLaMA-13B KV (800 KB/token) on A100-40GB (15.7K token slots, roofline step time with A100-measured constants)"
 SHOTS = {name: v["prefix_len"] for name, v in FIG16_PREFIX.items()}  # one_shot: 80, five_shot: 341
 SUFFIX_RANGE = (16, 48)  # tokens of the per-request part of the prompt (uniform, inclusive)
 OUTPUT_RANGE = (16, 48)  # tokens generated per request (uniform, inclusive)

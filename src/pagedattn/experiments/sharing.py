@@ -56,7 +56,7 @@ from pagedattn.sim import CostModel, simulate
 from pagedattn.workloads import TraceRequest, describe_trace, make_trace, trace_stats, with_rate
 
 EXPERIMENT = "04_sharing"
-SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time)"
+SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time with A100-measured constants)"
 REAL_MODEL = "opt-stdlib (4.3M-param OPT trained on the Python stdlib, fp32, CPU)"
 WORKLOADS = ("alpaca", "sharegpt")
 #: the synthetic ShareGPT-like trace: a sensitivity row of the paper-scale parallel savings (same size and rate)

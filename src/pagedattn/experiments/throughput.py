@@ -40,7 +40,7 @@ from pagedattn.sim import LABELS, CostModel, SimResult, normalized_latency, simu
 from pagedattn.workloads import TraceRequest, describe_trace, make_trace, synthetic_prompt, with_rate
 
 EXPERIMENT = "03_throughput"
-SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time)"
+SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time with A100-measured constants)"
 SIM_SYSTEMS = ("ft", "orca_max", "orca_pow2", "orca_oracle", "paged")
 
 
