@@ -4,8 +4,10 @@ Each block lies between ``<!-- results:begin NAME -->`` and ``<!-- results:end N
 ``python -m pagedattn.results`` (:func:`write_readme`) from ``results/*/summary.json`` and ``results/*/run.json``:
 
 - ``table``: one row per notebook, its paper result, how it runs here (hand-written, no results) and its headline
-  claims (:data:`HEADLINES`), each as ``paper → ours [band] verdict``;
-- ``fig2``: Fig. 2's token-state shares and Fig. 13's mean batches from notebook 01's claims;
+  claims (:data:`HEADLINES`), each as ``paper → ours [band] verdict``; invariants (true by construction) apart, after
+  the reproduction and tracking claims, under "invariants, by construction:";
+- ``fig2``: Fig. 2's token-state shares and Fig. 13's mean batches from notebook 01's claims, an invariant's cell
+  marked ``(invariant)`` (Orca (Max)'s mean batch is floor(slots / 2048));
 - ``timing``: the duration of the last full ``make reproduce`` (``run.json``), or that none is recorded.
 
 ``tests/test_results.py`` fails when the committed README differs from :func:`render_readme`.
@@ -64,6 +66,13 @@ FIG2_SYSTEMS = {"orca_max": "Orca (Max)", "orca_pow2": "Orca (Pow2)", "orca_orac
                 "paged": "vLLM / ours (paged, block 16)"}
 
 
+INVARIANTS_LABEL = "invariants, by construction:"
+
+
+def is_invariant(c: dict) -> bool:
+    return c.get("kind", "reproduction") == "invariant"
+
+
 def verdict(c: dict) -> str:
     """``holds``, ``**fails**``, ``not judged`` (tracking, or no tolerance) or ``not measured``."""
     if c.get("ours") is None:
@@ -92,6 +101,14 @@ def headline_claims(doc: dict, patterns: list[str]) -> list[dict]:
     return [c for c in doc["claims"] if any(fnmatch.fnmatchcase(c["name"], p) for p in patterns)]
 
 
+def headline_cells(claims: list[dict]) -> str:
+    """The claims' cells: reproductions and tracking first, then the invariants apart, after
+    :data:`INVARIANTS_LABEL`."""
+    judged = "; ".join(claim_cell(c) for c in claims if not is_invariant(c))
+    invariants = "; ".join(claim_cell(c) for c in claims if is_invariant(c))
+    return " ".join(x for x in (judged, invariants and f"*{INVARIANTS_LABEL}* {invariants}") if x)
+
+
 def _summaries(results_dir: Path) -> dict[str, dict]:
     return {p.parent.name: json.loads(p.read_text()) for p in sorted(Path(results_dir).glob("*/summary.json"))}
 
@@ -110,7 +127,7 @@ def render_table(results_dir: Path = RESULTS_DIR, root: Path = REPO_ROOT) -> str
         if doc is None:
             cells = "no `summary.json` yet"
         else:
-            cells = "; ".join(claim_cell(c) for c in headline_claims(doc, patterns)) or "no headline claim found"
+            cells = headline_cells(headline_claims(doc, patterns)) or "no headline claim found"
         stale = " (STALE)" if doc is not None and _is_stale(results_dir, name, doc, root) else ""
         lines.append(f"| `{name}`{stale} | {paper} | {how} | {cells} |")
     return "\n".join(lines)
@@ -126,7 +143,8 @@ def render_fig2(results_dir: Path = RESULTS_DIR) -> str:
     def cells(metric: str, system: str) -> list[str]:
         real, synthetic = claims.get(f"{metric}.{system}"), claims.get(f"{metric}.{system}.synthetic")
         paper = _fmt((real or synthetic or {}).get("paper"), missing="-")
-        return [paper] + [claim_value(c) if c else "-" for c in (real, synthetic)]
+        return [paper] + [(claim_value(c) + (" (invariant)" if is_invariant(c) else "")) if c else "-"
+                          for c in (real, synthetic)]
 
     lines = ["| system | token states % (paper) | ours, real ShareGPT | ours, synthetic | "
              "mean batch (paper) | ours, real ShareGPT | ours, synthetic |", "|---|---|---|---|---|---|---|"]

@@ -189,7 +189,8 @@ def mean_batch_claims(online: pd.DataFrame) -> list[Claim]:
                 ours = float(d.loc[s, "mean_batch"])
                 out.append(Claim(f"mean_batch.{w}.{s}", paper[s], round(ours, 2), "requests", "within 25%",
                                  bool(abs(ours / paper[s] - 1) <= 0.25),
-                                 note=f"sim at {paper['rate']:g} req/s; {describe_trace(w)}"))
+                                 note=f"sim at {paper['rate']:g} req/s; {describe_trace(w)}",
+                                 kind="invariant" if s == "orca_max" else "reproduction"))  # floor(slots/2048)
     return out
 
 

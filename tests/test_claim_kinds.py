@@ -1,0 +1,100 @@
+"""Issue 30, part 4: checks that hold by construction are built as invariants, not reproductions, by the functions
+that make them (small frames in, no committed result read), and the README shows invariants apart."""
+import pandas as pd
+
+from pagedattn.results import Claim
+
+SYSTEMS = ("orca_max", "orca_pow2", "orca_oracle", "paged")
+
+
+def kinds(claims) -> dict[str, str]:
+    return {c.name: c.kind for c in claims}
+
+
+def test_orca_max_mean_batch_is_an_invariant_in_notebook_01():
+    from pagedattn.experiments import kv_waste
+
+    breakdowns = pd.DataFrame([{"trace": t, "system": s, "token_states": 50.0, "rate": 2.0,
+                                "memory_bound_steps_pct": 95.0, "max_request_waste_slots": 3}
+                               for t in kv_waste.SHAREGPT_TRACES for s in SYSTEMS])
+    batches = pd.DataFrame([{"trace": t, "system": s, "rate": 2.0, "mean_batch": 7.0, "paper_mean_batch": 7.0,
+                             "max_request_waste_slots": 3}
+                            for t in ("sharegpt", "sharegpt_synthetic", "alpaca") for s in SYSTEMS])
+    k = kinds(kv_waste.claims(breakdowns, batches, 16))
+    for name in ("mean_batch.orca_max", "mean_batch.orca_max.synthetic", "mean_batch_alpaca.orca_max"):
+        assert k[name] == "invariant", name
+    for s in ("orca_pow2", "orca_oracle", "paged"):
+        assert k[f"mean_batch.{s}"] == k[f"mean_batch_alpaca.{s}"] == "reproduction"
+    assert k["token_states_pct.orca_max"] == "reproduction"
+
+
+def test_orca_max_mean_batch_is_an_invariant_in_notebook_03():
+    from pagedattn.experiments import throughput
+
+    online = pd.DataFrame([{"trace": w, "rate": r, "system": s, "mean_batch": 7.0}
+                           for w, r in (("sharegpt", 2.0), ("alpaca", 30.0)) for s in SYSTEMS])
+    k = kinds(throughput.mean_batch_claims(online))
+    assert k["mean_batch.sharegpt.orca_max"] == k["mean_batch.alpaca.orca_max"] == "invariant"
+    assert {k[f"mean_batch.{w}.{s}"] for w in ("sharegpt", "alpaca") for s in SYSTEMS[1:]} == {"reproduction"}
+
+
+def test_synthetic_trace_means_are_invariants():
+    from pagedattn.experiments import trace_lengths
+
+    stats = pd.DataFrame([{"trace": t, "input_mean": 160.0, "output_mean": 340.0, "num_requests": 100,
+                           "log_corr": 0.0} for t in trace_lengths.TRACES])
+    k = kinds(trace_lengths.claims(stats))
+    assert k["trace_mean.sharegpt.input.synthetic"] == k["trace_mean.sharegpt.output.synthetic"] == "invariant"
+    assert k["trace_mean.sharegpt.input"] == "reproduction"
+
+
+def test_table1_slots_from_the_papers_kv_are_invariants():
+    from pagedattn.experiments import scale
+
+    k = kinds(scale.table1_claims(scale.table1()))
+    assert {v for n, v in k.items() if n.startswith("table1.slots_from_paper_kv.")} == {"invariant"}
+    assert {v for n, v in k.items() if not n.startswith("table1.slots_from_paper_kv.")} == {"reproduction"}
+
+
+def test_automatic_prefix_speedup_is_an_invariant():
+    from pagedattn.experiments import shared_prefix as sp
+
+    systems = ("orca_oracle", "paged_user", "paged_auto")
+    sim = pd.DataFrame([{"shot": shot, "system": s, "speedup_vs_orca_oracle": 1.5, "hit_rate": 0.9,
+                         "ideal_hit_rate": 0.9} for shot in sp.SHOTS for s in systems])
+    ratios = pd.DataFrame([{"shot": shot, "threshold_s": t, "system": s, "speedup_vs_orca_oracle": 1.5,
+                            "at_upper_bound": False} for shot in sp.SHOTS for t in sp.NL_THRESHOLDS_S for s in systems])
+    k = kinds(sp.claims(sim, None, ratios))
+    assert {k[f"prefix_speedup_auto.{shot}"] for shot in sp.SHOTS} == {"invariant"}
+    assert {k[f"prefix_speedup.{shot}"] for shot in sp.SHOTS} == {"reproduction"}
+
+
+def test_tour_arithmetic_claims_are_built_as_invariants():
+    from pagedattn.experiments import worked_examples as we
+
+    claims = we.kv_sizes()[1] + [we.forty_tokens()["claim"], we.copy_on_write()["claim"]]
+    assert len(claims) >= 7 and {c.kind for c in claims} == {"invariant"}
+
+
+def test_readme_lists_invariants_apart_and_says_so():
+    from pagedattn import readme
+
+    cs = [{**Claim("a", 1, 1, "", "equal", True, kind="invariant").__dict__},
+          {**Claim("b", 2, 3, "x", "", False).__dict__}]
+    cell = readme.headline_cells(cs)
+    assert cell.index("`b`") < cell.index(readme.INVARIANTS_LABEL) < cell.index("`a`")
+    assert cell.endswith("`a` 1 → 1 holds") and "`b` 2 → 3 x **fails**" in cell
+    assert readme.INVARIANTS_LABEL not in readme.headline_cells(cs[1:])
+
+
+def test_readme_fig2_marks_orca_max_mean_batch_as_an_invariant(tmp_path):
+    from pagedattn import readme
+    from pagedattn.results import write_summary
+
+    claims = [Claim(f"{m}.{s}{v}", 7.0, 7.0, "requests", "", True,
+                    kind="invariant" if (m, s) == ("mean_batch", "orca_max") else "reproduction")
+              for m in ("token_states_pct", "mean_batch") for s in readme.FIG2_SYSTEMS for v in ("", ".synthetic")]
+    write_summary(tmp_path / "01_kv_memory_waste", "01_kv_memory_waste", "cpu", "m", False, claims)
+    rows = {line.split(" | ")[0]: line for line in readme.render_fig2(tmp_path).splitlines()}
+    assert rows["| Orca (Max)"].endswith("| 7 | 7 requests holds (invariant) | 7 requests holds (invariant) |")
+    assert "(invariant)" not in rows["| Orca (Pow2)"]
