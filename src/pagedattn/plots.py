@@ -1,6 +1,7 @@
 """Shared plotting (matplotlib + seaborn): paper-vs-ours figures labelled with hardware, model and date."""
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -49,4 +50,149 @@ def stacked_shares(df: pd.DataFrame, title: str, label: str = ""):
     if label:
         footnote(fig, label)
     fig.tight_layout()
+    return fig
+
+
+# --- Latency-vs-rate figures (Figs. 12 and 14) and the sharing figures (Figs. 14-15) ---------------------------------
+# Every system keeps one colour, marker and line style on every panel, so that two systems on the same points (Orca
+# (Oracle) and ours where memory does not bind) both stay visible: the later-drawn one dashed over the solid one.
+SYSTEM_STYLES = {
+    "FasterTransformer": {"color": "#3b75af", "marker": "v", "ls": (0, (1, 1)), "ms": 6},
+    "Orca (Max)": {"color": "#ef8636", "marker": "s", "ls": "-.", "ms": 5},
+    "Orca (Pow2)": {"color": "#519e3e", "marker": "D", "ls": (0, (5, 1, 1, 1, 1, 1)), "ms": 5},
+    "Orca (Oracle)": {"color": "#c53a32", "marker": "o", "ls": "--", "ms": 7, "mfc": "none", "mew": 1.6},
+    "vLLM (ours)": {"color": "#8d69b8", "marker": "o", "ls": "-", "ms": 4, "lw": 3.2, "alpha": 0.75},
+}
+#: the order systems are drawn in: ours first (at the bottom, wide), so that the others stay visible over it
+DRAW_ORDER = ("vLLM (ours)", "Orca (Oracle)", "Orca (Pow2)", "Orca (Max)", "FasterTransformer")
+TRACE_TITLES = {"sharegpt": "ShareGPT (real, cl100k)", "sharegpt_synthetic": "ShareGPT-like (synthetic)",
+                "alpaca": "Alpaca (synthetic)"}
+PAPER_COLOR = "#222222"
+
+
+def _style(label: str, i: int = 0) -> dict:
+    default = {"color": sns.color_palette()[i % 10], "marker": "o", "ls": "-", "ms": 5}
+    return {"lw": 1.6, "alpha": 1.0, "mfc": None, "mew": 1.0, **SYSTEM_STYLES.get(label, default)}
+
+
+def latency_vs_rate(ax, d: pd.DataFrame, threshold: float, ymax: float, x: str = "rate",
+                    y: str = "normalized_latency_s", hue: str = "label") -> None:
+    """One Fig. 12/14 panel on a linear latency axis (as the paper's) from 0 to ``ymax``: each ``hue`` group's curve
+    in its own style; a point above ``ymax`` is drawn as an open up-triangle in a grey strip above the scale (its line
+    clipped there), each such system on its own row of the strip, so that a system off the scale is still on the panel
+    and two systems off the scale at the same rates do not hide each other; the threshold as a dotted grey line."""
+    groups = dict(list(d.groupby(hue, sort=False)))
+    order = [g for g in DRAW_ORDER if g in groups] + [g for g in groups if g not in DRAW_ORDER]
+    rows = [g for g in order if (groups[g][y] > ymax).any()]
+    row_h = 0.05 * ymax
+    for i, g in enumerate(order):
+        s, c = _style(g, i), groups[g].sort_values(x)
+        top = ymax + row_h * (rows.index(g) + 0.6) if g in rows else ymax
+        yy = c[y].where(c[y] <= ymax, top)
+        ax.plot(c[x], yy, color=s["color"], ls=s["ls"], lw=s["lw"], alpha=s["alpha"], marker=s["marker"],
+                ms=s["ms"], mfc=s["mfc"] or s["color"], mew=s["mew"], label=g, zorder=2 + i)
+        off = c[y] > ymax
+        if off.any():
+            ax.plot(c.loc[off, x], [top] * int(off.sum()), ls="none", marker="^", ms=8, mfc="white",
+                    mec=s["color"], mew=1.6, zorder=10 + i, clip_on=False)
+    ax.axhline(threshold, color="#888888", ls=":", lw=1, label=f"threshold {threshold:.3g} s/token", zorder=1)
+    ticks = [v for v in ax.get_yticks() if 0 <= v <= ymax + 1e-9]
+    if rows:
+        ax.axhspan(ymax, ymax + row_h * (len(rows) + 0.2), color="#e6e6e6", zorder=0.5, lw=0)
+    ax.set_ylim(0, ymax + row_h * (len(rows) + 0.2) if rows else ymax)
+    ax.set_yticks(ticks)
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("normalized latency (s/token)")
+
+
+def off_scale_handle(ymax: float):
+    """The legend entry of :func:`latency_vs_rate`'s off-scale marker."""
+    from matplotlib.lines import Line2D
+    return Line2D([], [], ls="none", marker="^", ms=8, mfc="white", mec="#555555", mew=1.6,
+                  label=f"above {ymax:.3g} s/token (grey strip, one row per system)")
+
+
+def mark_paper_ratio(ax, base_rate: float, ratio: tuple, threshold: float, color: str, label: str,
+                     side: int = 0) -> None:
+    """The paper's rate ratio on a latency-rate panel: where ours would reach ``threshold`` if its sustainable rate
+    were ``ratio`` (a ``(lo, hi)`` range, or one value) times ``base_rate`` (the other system's measured sustainable
+    rate): a hatched bar along the threshold line (``side`` 1 / -1: just above / below it, so that two ranges do not
+    overlap), or a star for one value, in the legend as ``label``."""
+    lo, hi = (ratio, ratio) if not isinstance(ratio, (tuple, list)) else ratio
+    if lo is None or base_rate is None or not math.isfinite(base_rate):
+        return
+    y0, y1 = ax.get_ylim()
+    h = 0.035 * (y1 - y0)
+    if hi == lo:
+        ax.plot([lo * base_rate], [threshold], ls="none", marker="*", ms=15, mfc=color, mec=PAPER_COLOR, mew=0.8,
+                label=label, zorder=20)
+    else:
+        a, b = (threshold - h, threshold + h) if side == 0 else sorted((threshold, threshold + 2 * h * side))
+        ax.fill_between([lo * base_rate, hi * base_rate], a, b, color=color, alpha=0.28,
+                        hatch="///", edgecolor=PAPER_COLOR, lw=0.6, label=label, zorder=1.5)
+
+
+def setup_title(sel: dict) -> str:
+    """A Fig. 12 panel's title: the model with its GPUs (Table 1) and the trace, e.g. ``OPT-13B (1 x A100-40GB),
+    ShareGPT (real, cl100k)``."""
+    from pagedattn.paper import GPUS
+    model, trace = sel.get("model", "OPT-13B"), sel.get("trace", "")
+    gpus, gb = GPUS[model]
+    return f"{model} ({gpus} x A100-{gb}GB), {TRACE_TITLES.get(trace, trace)}"
+
+
+def _paper_ratio_label(other: str, ratio) -> str:
+    r = f"{ratio[0]:g}-{ratio[1]:g}x" if isinstance(ratio, (tuple, list)) else f"{ratio:g}x"
+    return f"paper: ours at {r} {other}'s rate"
+
+
+def fig12_panels(curves: pd.DataFrame, sustainable: pd.DataFrame | None, threshold: float,
+                 paper_ratios: dict | None = None, panels: list[tuple] | None = None, title_of=None,
+                 ymax: float = 1.0, label: str = "", legend_cols: int | None = None):
+    """Fig. 12: normalised latency against request rate, one panel per ``panels`` entry (a dict of column values
+    selecting ``curves``' rows, e.g. ``{"model": "OPT-13B", "trace": "sharegpt"}``), on the paper's linear axis.
+
+    ``paper_ratios`` (``paper.FIG12_RATE_RATIO``: ``"paged_vs_<system>" -> (lo, hi)``, used on ShareGPT panels only,
+    where the paper gives them) marks where ours would cross the threshold at the paper's ratio over that system's
+    sustainable rate in ``sustainable`` (same selection columns, ``system``, ``sustainable_rate``). ``title_of`` maps
+    a panel's selection to its title (default: its values joined). One legend for the figure, below the panels."""
+    from pagedattn.sim import LABELS
+    if panels is None:
+        panels = [{"trace": w} for w in dict.fromkeys(curves.trace)]
+    title_of = title_of or (lambda sel: ", ".join(TRACE_TITLES.get(v, str(v)) for v in sel.values()))
+    setups = len({tuple(v for k, v in p.items() if k != "trace") for p in panels})
+    ncols = setups if setups > 1 else len(panels)  # one column per setup, or the traces side by side
+    nrows = math.ceil(len(panels) / ncols)
+    sns.set_theme(style="whitegrid", context="notebook")
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.5 * nrows + 0.9), squeeze=False)
+    handles = {}
+    for ax, sel in zip(axes.flat, panels):
+        d = curves
+        for k, v in sel.items():
+            d = d[d[k] == v]
+        latency_vs_rate(ax, d, threshold, ymax)
+        if paper_ratios and sustainable is not None and str(sel.get("trace", "")).startswith("sharegpt"):
+            s = sustainable
+            for k, v in sel.items():
+                s = s[s[k] == v]
+            rates = s.set_index("system")["sustainable_rate"]
+            marks = [(k.removeprefix("paged_vs_"), r) for k, r in paper_ratios.items()
+                     if isinstance(r, (tuple, list)) and r[0] is not None and k.removeprefix("paged_vs_") in rates]
+            for i, (other, ratio) in enumerate(marks):
+                mark_paper_ratio(ax, float(rates[other]), ratio, threshold, _style(LABELS[other])["color"],
+                                 _paper_ratio_label(LABELS[other], ratio), side=(1 if i == 0 else -1) if len(marks) > 1 else 0)
+        ax.set_xlim(left=0)  # after the paper's marks, so that the axis takes them in
+        ax.set_title(title_of(sel), fontsize=10)
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    handles["off scale"] = off_scale_handle(ymax)
+    legend_cols = legend_cols or min(4, 2 * ncols)
+    legend_rows = math.ceil(len(handles) / legend_cols)
+    fig.tight_layout(rect=(0, (0.035 * legend_rows + 0.04) / (nrows * 0.8), 1, 1))
+    fig.legend(list(handles.values()), [h.get_label() for h in handles.values()], loc="lower center",
+               ncol=legend_cols, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.02))
+    if label:
+        footnote(fig, label)
     return fig
