@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 if "ipykernel" not in sys.modules:
     matplotlib.use("Agg")  # headless outside a notebook kernel
@@ -96,7 +97,7 @@ def latency_vs_rate(ax, d: pd.DataFrame, threshold: float, ymax: float, x: str =
             ax.plot(c.loc[off, x], [top] * int(off.sum()), ls="none", marker="^", ms=8, mfc="white",
                     mec=s["color"], mew=1.6, zorder=10 + i, clip_on=False)
     ax.axhline(threshold, color="#888888", ls=":", lw=1, label=f"threshold {threshold:.3g} s/token", zorder=1)
-    ticks = [v for v in ax.get_yticks() if 0 <= v <= ymax + 1e-9]
+    ticks = [v for v in matplotlib.ticker.MaxNLocator(6).tick_values(0, ymax) if 0 <= v <= ymax * (1 + 1e-9)]
     if rows:
         ax.axhspan(ymax, ymax + row_h * (len(rows) + 0.2), color="#e6e6e6", zorder=0.5, lw=0)
     ax.set_ylim(0, ymax + row_h * (len(rows) + 0.2) if rows else ymax)
@@ -188,11 +189,140 @@ def fig12_panels(curves: pd.DataFrame, sustainable: pd.DataFrame | None, thresho
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     handles["off scale"] = off_scale_handle(ymax)
+    _figure_legend(fig, handles, ncols, nrows, legend_cols)
+    if label:
+        footnote(fig, label)
+    return fig
+
+
+def _figure_legend(fig, handles: dict, ncols: int, nrows: int, legend_cols: int | None = None) -> None:
     legend_cols = legend_cols or min(4, 2 * ncols)
     legend_rows = math.ceil(len(handles) / legend_cols)
     fig.tight_layout(rect=(0, (0.035 * legend_rows + 0.04) / (nrows * 0.8), 1, 1))
     fig.legend(list(handles.values()), [h.get_label() for h in handles.values()], loc="lower center",
                ncol=legend_cols, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.02))
+
+
+def fig14_panels(curves: pd.DataFrame, gain: pd.DataFrame, paper_gain: dict, threshold: float, setup: str,
+                 ymax: float = 1.0, label: str = ""):
+    """Fig. 14 as the paper draws it: normalised latency against request rate, Orca (Oracle) and ours, one panel per
+    sampling setting (``curves``: ``method`` ``"n=1"`` / ``"parallel"`` / ``"beam"``, ``width``), parallel sampling on
+    the first row and beam search on the second, on a linear axis (:func:`latency_vs_rate`).
+
+    The paper's gains (``paper.FIG14_GAIN``: ``"n1"`` for basic sampling, ``"beam_w6"`` for beam width 6) are marked
+    on their panels as a star on the threshold line at the paper's gain times Orca (Oracle)'s measured sustainable rate
+    there (``gain``'s ``rate_orca_oracle``; the swap rows where preemption was varied): where ours would cross the
+    threshold if it gained what the paper reports. ``setup`` (the model, GPU and trace) is the figure's title."""
+    rows = [("parallel", sorted(curves[curves.method != "beam"].width.unique())),
+            ("beam", sorted(curves[curves.method == "beam"].width.unique()))]
+    rows = [(m, ws) for m, ws in rows if ws]
+    ncols = max(len(ws) for _, ws in rows)
+    sns.set_theme(style="whitegrid", context="notebook")
+    fig, axes = plt.subplots(len(rows), ncols, figsize=(3.9 * ncols, 3.4 * len(rows) + 1.2), squeeze=False)
+    g = gain[gain.preemption.fillna("swap") == "swap"] if "preemption" in gain else gain
+    marks = {("n=1", 1): paper_gain.get("n1"), ("beam", 6): paper_gain.get("beam_w6")}
+    handles = {}
+    for i, (method, ws) in enumerate(rows):
+        for j in range(ncols):
+            ax = axes[i][j]
+            if j >= len(ws):
+                ax.axis("off")
+                continue
+            n = ws[j]
+            beam = method == "beam"
+            d = curves[((curves.method == "beam") == beam) & (curves.width == n)]
+            latency_vs_rate(ax, d, threshold, ymax)
+            key = ("beam" if beam else d.method.iloc[0] if len(d) else method, n)
+            if marks.get(key) is not None:
+                r = g[(g.method == key[0]) & (g.width == n)]["rate_orca_oracle"]
+                if len(r):
+                    what = "beam width 6" if beam else "n = 1"
+                    mark_paper_ratio(ax, float(r.iloc[0]), marks[key], threshold, "#f5c518",
+                                     f"paper: ours at {marks[key]:g}x Orca (Oracle)'s rate ({what})")
+            ax.set_xlim(left=0)
+            ax.set_title(f"beam search, width {n}" if beam else
+                         "basic sampling (n = 1)" if n == 1 else f"parallel sampling, n = {n}", fontsize=10)
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(lab, h)
+    handles["off scale"] = off_scale_handle(ymax)
+    fig.suptitle(setup, fontsize=11)
+    _figure_legend(fig, handles, ncols, len(rows), legend_cols=3)
     if label:
         footnote(fig, label)
+    return fig
+
+
+def fig15_savings(sav: pd.DataFrame, paper: dict, workloads: tuple, sensitivity_trace: str | None = None,
+                  title: str = "", label: str = ""):
+    """Fig. 15: memory saved by sharing against n (parallel sampling) and beam width, ours (solid) beside the
+    paper's (``paper.FIG15_SAVING``: dashed values per width, or a shaded range where the paper gives only a range),
+    one panel per trace in ``workloads``; ``sensitivity_trace``'s parallel savings dotted on the ShareGPT panel. One
+    legend for both panels, so that the paper's dashed lines and ranges are named."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.6 * len(workloads), 4.6), sharey=True, squeeze=False)
+    handles = {}
+    for ax, w in zip(axes[0], workloads):
+        d = sav[sav.trace == w]
+        for method, color, marker in (("parallel", "#1f77b4", "o"), ("beam", "#d62728", "s")):
+            m = d[d.method == method].sort_values("width")
+            ax.plot(m.width, m.saving_pct, marker=marker, color=color, label=f"{method} · ours")
+            p = paper[w][method]
+            if isinstance(p, dict):
+                ax.plot(list(p), list(p.values()), marker=marker, ls="--", color=color, alpha=0.6, mfc="white",
+                        label=f"{method} · paper (per width)")
+            else:
+                ax.axhspan(*p, color=color, alpha=0.12, label=f"{method} · paper (range over widths 2-6)")
+        if sensitivity_trace and w.startswith("sharegpt"):
+            m = sav[(sav.trace == sensitivity_trace) & (sav.method == "parallel")].sort_values("width")
+            ax.plot(m.width, m.saving_pct, marker="o", ls=":", color="#1f77b4",
+                    label=f"parallel · ours, {TRACE_TITLES.get(sensitivity_trace, sensitivity_trace)}")
+        ax.set_title(TRACE_TITLES.get(w, w), fontsize=10)
+        ax.set_xlabel("n (parallel sampling) / beam width")
+        ax.set_xticks(sorted(sav.width.unique()))
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    axes[0][0].set_ylabel("memory saved by sharing (%)")
+    if title:
+        fig.suptitle(title, fontsize=11)
+    _figure_legend(fig, handles, len(workloads), 1, legend_cols=3)
+    if label:
+        footnote(fig, label)
+    return fig
+
+
+def fig14_gain_bars(o: pd.DataFrame, paper_gain: dict, title: str = "", label: str = ""):
+    """Fig. 14's gains as bars: requests/s of ours and Orca (Oracle) per method (``o``: ``method`` ``"n=1"`` /
+    ``"beam"``, ``system``, ``requests_per_s``, ``gain_over_orca_oracle``), each gain written over its pair, and the
+    paper's gain (``paper.FIG14_GAIN``) as a black bar mark at Orca (Oracle)'s rate times it: where ours would be if it
+    gained what the paper reports (in the legend)."""
+    sns.set_theme(style="whitegrid", context="notebook")
+    fig, ax = plt.subplots(figsize=(6.8, 4.2))
+    labels = {"paged": "vLLM (ours)", "orca_oracle": "Orca (Oracle)"}
+    piv = o.pivot(index="method", columns="system", values="requests_per_s")[["paged", "orca_oracle"]]
+    piv = piv.rename(columns=labels)
+    piv.plot.bar(ax=ax, rot=0, color=[SYSTEM_STYLES["vLLM (ours)"]["color"], SYSTEM_STYLES["Orca (Oracle)"]["color"]])
+    top = max(piv.values.max(), (piv["Orca (Oracle)"] * [paper_gain["n1" if m == "n=1" else "beam_w6"]
+                                                          for m in piv.index]).max())
+    for i, m in enumerate(piv.index):
+        gain = o[(o.method == m) & (o.system == "orca_oracle")]["gain_over_orca_oracle"].iloc[0]
+        paper = paper_gain["n1" if m == "n=1" else "beam_w6"]
+        mark = piv.loc[m, "Orca (Oracle)"] * paper
+        ax.plot([i - 0.25, i + 0.01], [mark, mark], color=PAPER_COLOR, lw=2.5, ls="--",
+                label=f"paper: Orca (Oracle) x the paper's gain ({paper_gain['n1']:g}x n = 1; "
+                      f"{paper_gain['beam_w6']:g}x beam width 6)" if i == 0 else None)
+        ax.text(i, max(piv.loc[m].max(), mark) + 0.06 * top, f"ours {gain:.2f}x, paper {paper:g}x", ha="center",
+                fontsize=9, bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+    widths = o.groupby("method")["width"].first()
+    ax.set_xticklabels(["basic sampling (n = 1)" if m == "n=1" else f"beam search, width {widths[m]}"
+                        for m in piv.index])
+    ax.set_ylabel("requests / s")
+    ax.set_xlabel("")
+    ax.set_ylim(0, top * 1.3)
+    ax.grid(axis="x", visible=False)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
+    if label:
+        footnote(fig, label)
+    fig.tight_layout()
     return fig

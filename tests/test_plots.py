@@ -1,0 +1,60 @@
+"""The reproduced figures' library code (issue 30, part 6): every system on every panel, off-scale points kept, the
+paper's values in the legend, titles naming the model and the trace. Small frames in, no committed result read."""
+import pandas as pd
+
+from pagedattn import plots
+from pagedattn.paper import FIG12_RATE_RATIO, FIG14_GAIN, FIG15_SAVING
+
+LABELS = {"ft": "FasterTransformer", "orca_max": "Orca (Max)", "orca_oracle": "Orca (Oracle)", "paged": "vLLM (ours)"}
+
+
+def _legend_labels(fig) -> list[str]:
+    return [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+
+
+def test_fig12_panels_keep_every_system_and_mark_the_paper():
+    # FT is off the scale at every rate; Orca (Oracle) lies on ours' points.
+    lat = {"ft": [5.0, 9.0], "orca_max": [0.1, 3.0], "orca_oracle": [0.05, 0.1], "paged": [0.05, 0.1]}
+    curves = pd.DataFrame([{"model": m, "trace": w, "rate": r, "system": s, "label": LABELS[s],
+                            "normalized_latency_s": lat[s][i]}
+                           for m in ("OPT-13B", "OPT-175B") for w in ("sharegpt", "alpaca")
+                           for s in LABELS for i, r in enumerate((1.0, 2.0))])
+    sus = pd.DataFrame([{"model": m, "trace": w, "system": s, "sustainable_rate": 1.0}
+                        for m in ("OPT-13B", "OPT-175B") for w in ("sharegpt", "alpaca") for s in LABELS])
+    panels = [{"model": m, "trace": w} for w in ("sharegpt", "alpaca") for m in ("OPT-13B", "OPT-175B")]
+    fig = plots.fig12_panels(curves, sus, 0.2, FIG12_RATE_RATIO, panels, plots.setup_title, label="x")
+    axes = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in axes][:2] == ["OPT-13B (1 x A100-40GB), ShareGPT (real, cl100k)",
+                                                   "OPT-175B (8 x A100-80GB), ShareGPT (real, cl100k)"]
+    for ax in axes:
+        assert {line.get_label() for line in ax.get_lines()} >= set(LABELS.values())
+        assert ax.get_ylim()[1] > 1.0 and ax.get_yscale() == "linear"  # the off-scale strip sits above 1 s/token
+        ft = next(line for line in ax.get_lines() if line.get_label() == "FasterTransformer")
+        assert all(1.0 < y < ax.get_ylim()[1] for y in ft.get_ydata())  # drawn in the strip, not off the panel
+    legend = _legend_labels(fig)
+    assert "paper: ours at 1.7-2.7x Orca (Oracle)'s rate" in legend
+    assert "paper: ours at 2.7-8x Orca (Max)'s rate" in legend
+    assert any(label.startswith("above 1 s/token") for label in legend)
+
+
+def test_fig14_panels_mark_the_papers_gains():
+    rows = [("n=1", 1), ("parallel", 2), ("beam", 2), ("beam", 6)]
+    curves = pd.DataFrame([{"method": m, "width": n, "rate": r, "system": s, "label": LABELS[s],
+                            "normalized_latency_s": 0.1 * r} for m, n in rows
+                           for s in ("orca_oracle", "paged") for r in (1.0, 2.0, 3.0)])
+    gain = pd.DataFrame([{"method": m, "width": n, "preemption": "swap", "rate_orca_oracle": 1.0, "rate_paged": 2.0}
+                         for m, n in rows])
+    fig = plots.fig14_panels(curves, gain, FIG14_GAIN, 0.2, "OPT-13B, Alpaca")
+    legend = _legend_labels(fig)
+    assert "paper: ours at 1.3x Orca (Oracle)'s rate (n = 1)" in legend
+    assert "paper: ours at 2.3x Orca (Oracle)'s rate (beam width 6)" in legend
+    assert fig._suptitle.get_text() == "OPT-13B, Alpaca"
+
+
+def test_fig15_names_the_papers_lines_in_the_legend():
+    sav = pd.DataFrame([{"trace": w, "method": m, "width": n, "saving_pct": 10.0 * n}
+                        for w in ("alpaca", "sharegpt", "sharegpt_synthetic") for m in ("parallel", "beam")
+                        for n in (2, 4, 6)])
+    legend = _legend_labels(plots.fig15_savings(sav, FIG15_SAVING, ("alpaca", "sharegpt"), "sharegpt_synthetic"))
+    assert {"parallel · paper (per width)", "beam · paper (per width)", "beam · paper (range over widths 2-6)",
+            "parallel · paper (range over widths 2-6)"} <= set(legend)
