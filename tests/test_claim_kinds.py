@@ -63,7 +63,9 @@ def test_automatic_prefix_speedup_is_an_invariant():
     sim = pd.DataFrame([{"shot": shot, "system": s, "speedup_vs_orca_oracle": 1.5, "hit_rate": 0.9,
                          "ideal_hit_rate": 0.9} for shot in sp.SHOTS for s in systems])
     ratios = pd.DataFrame([{"shot": shot, "threshold_s": t, "system": s, "speedup_vs_orca_oracle": 1.5,
-                            "at_upper_bound": False} for shot in sp.SHOTS for t in sp.NL_THRESHOLDS_S for s in systems])
+                            "at_upper_bound": False, "resolution": 0.02, "bound_by": "latency", "failed_at": 2.0,
+                            "offline_rate": 3.0}
+                           for shot in sp.SHOTS for t in sp.NL_THRESHOLDS_S for s in systems])
     k = kinds(sp.claims(sim, None, ratios))
     assert {k[f"prefix_speedup_auto.{shot}"] for shot in sp.SHOTS} == {"invariant"}
     assert {k[f"prefix_speedup.{shot}"] for shot in sp.SHOTS} == {"reproduction"}
