@@ -17,7 +17,7 @@ import itertools
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 import torch
 
@@ -45,7 +45,7 @@ class EngineArgs:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
-    preemption_mode: str = "recompute"
+    preemption_mode: Literal["recompute", "swap"] = "recompute"
     watermark: float = 0.01
     attention_backend: str = "auto"
     device: str | None = None
@@ -151,7 +151,7 @@ class LLMEngine:
                                                      torch.device(args.device) if args.device else None)
         param = next(self.model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        config = self.model.config
+        config: Any = self.model.config  # a transformers config
         self.vocab_size = config.vocab_size
         self.max_model_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
         self.kv: KVManager = kv_manager if kv_manager is not None else \

@@ -187,7 +187,7 @@ class BlockManager:
             return []
         return self._match(block_hashes(token_ids, self.block_size, cacheable // self.block_size), num_tokens)
 
-    def _pinned_elsewhere(self, hits: list[int]) -> int:
+    def _pinned_elsewhere(self, hits: Iterable[int | None]) -> int:
         """User-marked prefix blocks (held for good) that a request with these cache hits does not share."""
         return len(set(self.pinned) - set(hits)) if self.pinned else 0
 
@@ -357,8 +357,8 @@ class BlockManager:
             dst.touch(d)
         copies = {b: dst.allocate() for b in blocks if b not in found}  # each destination starts with one reference
         for b, d in copies.items():
-            if digest[b] is not None:
-                dst.register(d, digest[b])
+            if (h := digest[b]) is not None:
+                dst.register(d, h)
         mapping = found | copies
         refs = Counter(b for s in seq_ids for b in self.tables[s].blocks)
         for s in seq_ids:
