@@ -28,7 +28,7 @@ from pagedattn.memory import AllocStatus, BlockManager, KVManager
 from pagedattn.model.loader import eos_token_ids, load_for_engine
 from pagedattn.output_processor import OutputProcessor
 from pagedattn.sampling import Sampler, make_generator
-from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
+from pagedattn.scheduler import Scheduler, SchedulerOutputs
 from pagedattn.sequence import RequestOutput, SamplingParams, Sequence, SequenceGroup, as_int, as_token_ids
 
 
@@ -227,12 +227,6 @@ class LLMEngine:
                 self._forget(rid)
 
     abort = abort_request
-
-    def free_finished(self) -> None:
-        """Free the blocks of sequences finished outside ``step`` (a caller that stops samples itself, as EOS
-        would) and forget the requests that are then done: the scheduler's bookkeeping of a step that ran nothing."""
-        for g in self.scheduler.update_from_output(SchedulerOutputs(), ModelOutput(now=self.now())):
-            self._forget(g.request_id)
 
     def _forget(self, request_id: str) -> None:
         self.processor.forget(request_id)
