@@ -41,7 +41,7 @@ from typing import Iterable
 from pagedattn.config import blocks_needed, check_block_size
 from pagedattn.memory.accounting import KVStats, paged_stats
 from pagedattn.memory.block_pool import BlockPool, NoFreeBlocksError
-from pagedattn.memory.interface import AllocStatus, BlockCopies
+from pagedattn.memory.interface import AllocStatus, BlockCopies, BlockView
 
 __all__ = ["AllocStatus", "BlockManager", "BlockTable", "block_hashes"]
 
@@ -152,6 +152,12 @@ class BlockManager:
         """A snapshot of the device memory (``memory.accounting.KVStats``); ``final_len[seq_id]``: each sequence's
         KV length at its end, where known (what tells reserved slots from internal fragmentation)."""
         return paged_stats(self, final_len or {})
+
+    def block_view(self) -> BlockView:
+        """A copy of the device pool's blocks (``interface.BlockView``): device-resident tables by seq id,
+        reference counts, pinned prefix blocks, cached blocks."""
+        tables = {s: (list(t.blocks), t.num_tokens) for s, t in sorted(self.tables.items()) if t.device == "gpu"}
+        return BlockView(tables, list(self.gpu.ref_counts), list(self.pinned), sorted(self.gpu.block_hash))
 
     def num_logical_blocks(self) -> int:
         """Blocks the device-resident sequences would hold without sharing (paper Fig. 15's denominator)."""
