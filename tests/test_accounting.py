@@ -4,7 +4,8 @@ reservations."""
 from pagedattn.memory import BlockManager
 from pagedattn.memory.accounting import breakdown, max_request_waste
 from pagedattn.memory.contiguous import ContiguousKVManager
-from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+from pagedattn.sequence import SequenceGroup
+from seq_groups import make_group
 
 
 def as_tuple(b):
@@ -44,7 +45,7 @@ def test_a_shared_block_is_reserved_for_its_longest_sharer():
 
 
 def group(i: int, prompt_len: int, max_tokens: int) -> SequenceGroup:
-    return SequenceGroup(f"r{i}", [Sequence(i, [1] * prompt_len)], SamplingParams(max_tokens=max_tokens))
+    return make_group(f"r{i}", [i], prompt_len, max_tokens=max_tokens)
 
 
 def test_contiguous_pow2_reservations():

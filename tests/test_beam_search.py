@@ -15,7 +15,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
 from pagedattn.beam_search import (NEG, BeamSearchState, BeamStep, _reassign, init_group, outputs, step_groups,
                                    worst_case_blocks)
@@ -23,6 +22,7 @@ from pagedattn.llm import LLM
 from pagedattn.memory import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.sequence import CompletionOutput, SamplingParams, Sequence, SequenceGroup
+from tiny_models import tiny_llama, tiny_opt
 
 MAX_NEW = 10
 PAD = 0
@@ -31,25 +31,15 @@ CASES = [(1.0, False, True), (0.6, True, True), (1.5, "never", True), (-0.5, "ne
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny models run several times faster on one thread on a shared 2-core VM."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _single_thread(one_thread):
+    """Every test here runs on one thread (conftest's ``one_thread``)."""
     yield
-    torch.set_num_threads(n)
 
 
 def tiny(name: str):
-    torch.manual_seed(0)
     if name == "llama":  # GQA: 4 query heads share 2 KV heads; token 223 is a frequent beam token
-        m = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                         initializer_range=0.2, eos_token_id=223, bos_token_id=1, pad_token_id=PAD))
-    else:
-        m = OPTForCausalLM(OPTConfig(vocab_size=256, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
-                                     num_attention_heads=4, max_position_embeddings=128, init_std=0.2,
-                                     word_embed_proj_dim=64, eos_token_id=252, bos_token_id=1, pad_token_id=PAD))
-    return m.eval()
+        return tiny_llama(max_position_embeddings=128, eos_token_id=223, bos_token_id=1, pad_token_id=PAD)
+    return tiny_opt(max_position_embeddings=128, eos_token_id=252, bos_token_id=1, pad_token_id=PAD)
 
 
 def prompts(n: int = 8, seed: int = 3) -> list[list[int]]:

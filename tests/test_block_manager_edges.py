@@ -12,12 +12,12 @@ from pagedattn.memory import AllocStatus, BlockManager, BlockPool, NoFreeBlocksE
 from pagedattn.memory.block_manager import block_hashes
 from pagedattn.scheduler import Scheduler
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+from seq_groups import admit, make_group
 
 
 def running_group(m: BlockManager, request_id: str, first_id: int, prompt_len: int, n: int = 1) -> SequenceGroup:
-    g = SequenceGroup(request_id, [Sequence(first_id + k, [1] * prompt_len) for k in range(n)], SamplingParams(n=n))
-    m.allocate_group(g)
-    g.set_status("waiting", "running")
+    g = make_group(request_id, [first_id + k for k in range(n)], prompt_len, n=n)
+    admit(m, g)
     return g
 
 

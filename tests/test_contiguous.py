@@ -8,10 +8,11 @@ from hypothesis import strategies as st
 from pagedattn.memory.block_manager import AllocStatus
 from pagedattn.memory.contiguous import BuddyAllocator, ContiguousKVManager, next_pow2
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+from seq_groups import make_group
 
 
 def group(prompt_len, max_tokens, rid="r", seq_id=0):
-    return SequenceGroup(rid, [Sequence(seq_id, [1] * prompt_len)], SamplingParams(max_tokens=max_tokens))
+    return make_group(rid, [seq_id], prompt_len, max_tokens=max_tokens)
 
 
 def test_arena_is_split_into_aligned_power_of_two_chunks():

@@ -4,20 +4,14 @@ import pytest
 
 from pagedattn.memory import AllocStatus, BlockManager, KVManager
 from pagedattn.memory.contiguous import ContiguousKVManager
-from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+from pagedattn.sequence import SequenceGroup
+from seq_groups import admit, make_group
 
 MEMBERS = sorted(n for n in [*vars(KVManager), *KVManager.__annotations__] if not n.startswith("_"))
 
 
 def group(rid: str, seq_ids: list[int], prompt_len: int, max_tokens: int = 8) -> SequenceGroup:
-    return SequenceGroup(rid, [Sequence(i, list(range(1, prompt_len + 1))) for i in seq_ids],
-                         SamplingParams(n=len(seq_ids), max_tokens=max_tokens))
-
-
-def admit(kv, g: SequenceGroup) -> int:
-    cached = kv.allocate_group(g)
-    g.set_status("waiting", "running")
-    return cached
+    return make_group(rid, seq_ids, list(range(1, prompt_len + 1)), n=len(seq_ids), max_tokens=max_tokens)
 
 
 @pytest.mark.parametrize("kv", [BlockManager(4, 16), ContiguousKVManager(64, "oracle", max_model_len=64)])

@@ -23,7 +23,6 @@ import re
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
 from pagedattn import kernels
 from pagedattn.beam_search import worst_case_blocks
@@ -32,6 +31,7 @@ from pagedattn.engine import LLMEngine
 from pagedattn.llm import LLM
 from pagedattn.model import load_model
 from pagedattn.sequence import SamplingParams
+from tiny_models import tiny_llama, tiny_opt
 
 MAX_NEW = 12
 PREFIX = 130
@@ -54,15 +54,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_hf(name: str):
-    torch.manual_seed(0)
     if name == "llama":  # GQA: 4 query heads share 2 KV heads
-        cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=320,
-                          initializer_range=0.2)
-        return LlamaForCausalLM(cfg).eval()
-    cfg = OPTConfig(vocab_size=256, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
-                    max_position_embeddings=320, init_std=0.2, do_layer_norm_before=False, word_embed_proj_dim=32)
-    return OPTForCausalLM(cfg).eval()
+        return tiny_llama(max_position_embeddings=320)
+    return tiny_opt(max_position_embeddings=320, do_layer_norm_before=False, word_embed_proj_dim=32)
 
 
 _CACHE: dict[str, tuple] = {}

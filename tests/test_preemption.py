@@ -16,8 +16,10 @@ import torch
 
 from pagedattn.engine import LLMEngine
 from pagedattn.memory import BlockManager
-from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+from pagedattn.sequence import SamplingParams, SequenceGroup
 from tiny_models import tiny_llama, tiny_opt
+
+import seq_groups
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +153,8 @@ def test_swap_moves_exactly_the_preempted_groups_blocks(hf, block_size):
 
 # ------------------------------------------------------------------------------------- 100 swap cycles
 def make_group(rid: int, seq_ids: list[int], num_tokens: int) -> SequenceGroup:
-    seqs = [Sequence(i, list(range(3, 3 + num_tokens))) for i in seq_ids]
-    return SequenceGroup(f"r{rid}", seqs, SamplingParams(n=len(seqs), temperature=1.0, seed=0))
+    return seq_groups.make_group(f"r{rid}", seq_ids, list(range(3, 3 + num_tokens)), n=len(seq_ids),
+                                 temperature=1.0, seed=0)
 
 
 def test_hundred_swap_cycles_lose_no_block_and_no_byte(hf):

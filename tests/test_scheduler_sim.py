@@ -7,14 +7,13 @@ from pagedattn.memory import BlockManager
 from pagedattn.memory.accounting import breakdown
 from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs, _add_moves
-from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
 from pagedattn.sim import SYSTEMS, make_kv_manager, simulate
 from pagedattn.workloads import TraceRequest, make_trace
+from seq_groups import make_group
 
 
 def group(i, prompt_len, max_tokens=8, n=1):
-    seqs = [Sequence(i * 10 + k, [1] * prompt_len) for k in range(n)]
-    return SequenceGroup(f"r{i}", seqs, SamplingParams(max_tokens=max_tokens), arrival_time=float(i))
+    return make_group(f"r{i}", [i * 10 + k for k in range(n)], prompt_len, float(i), max_tokens=max_tokens)
 
 
 def test_fcfs_admission_and_limits():

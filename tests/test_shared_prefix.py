@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import OPTConfig, OPTForCausalLM
 
 from pagedattn.engine import LLMEngine
 from pagedattn.experiments import shared_prefix as sp
 from pagedattn.sequence import SamplingParams
+from tiny_models import tiny_opt
 
 BS = 4
 PREFIX = list(range(10, 22))  # 12 tokens = 3 full blocks of 4
@@ -23,10 +23,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    return OPTForCausalLM(OPTConfig(vocab_size=128, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
-                                    num_attention_heads=4, max_position_embeddings=64, init_std=0.2,
-                                    word_embed_proj_dim=32)).eval()
+    return tiny_opt(vocab_size=128, hidden_size=32, ffn_dim=64, max_position_embeddings=64, word_embed_proj_dim=32)
 
 
 def prompts(n: int, seed: int) -> list[list[int]]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from pagedattn import kernels
 from pagedattn.llm import LLM
 from pagedattn.memory import BlockManager
 from pagedattn.sequence import SamplingParams
+from tiny_models import tiny_llama
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -21,10 +21,7 @@ def _single_thread(one_thread):
 
 @pytest.fixture(scope="module")
 def hf():
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                        initializer_range=0.2)).eval()
+    return tiny_llama(max_position_embeddings=128)
 
 
 def assert_pool_full(kv: BlockManager) -> None:

@@ -7,9 +7,9 @@ import pytest
 
 from pagedattn.memory import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
-from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
 from pagedattn.sim import BEAM_DISTINCT_PARENTS, BeamModel, CostModel, simulate
 from pagedattn.workloads import TraceRequest, make_trace
+from seq_groups import make_group
 
 # One request: a 4-token prompt (one full block of 4) and 8 output tokens, two beams.
 TINY = [TraceRequest("r0", 0.0, 4, 8)]
@@ -50,8 +50,7 @@ def test_copies_are_charged_copy_on_write_blocks_and_orca_context_copies():
 
 
 def beam_group(n, prompt_len=4, max_tokens=8):
-    seqs = [Sequence(k, [0] * prompt_len) for k in range(n)]
-    return SequenceGroup("g", seqs, SamplingParams(n=n, max_tokens=max_tokens, ignore_eos=True))
+    return make_group("g", range(n), [0] * prompt_len, n=n, max_tokens=max_tokens, ignore_eos=True)
 
 
 def test_a_step_refork_frees_the_dead_beams_blocks_and_keeps_reference_counts():

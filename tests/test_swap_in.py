@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 from pagedattn.config import SchedulerConfig
 from pagedattn.memory import AllocStatus, BlockManager, BlockPool
 from pagedattn.scheduler import Scheduler
-from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+from pagedattn.sequence import SequenceGroup
 from pagedattn.sim import simulate
 from pagedattn.workloads import TraceRequest
+from seq_groups import make_group
 
 
 def group(i: int, prompt_len: int, n: int = 1) -> SequenceGroup:
-    seqs = [Sequence(i * 10 + k, [1] * prompt_len) for k in range(n)]
-    return SequenceGroup(f"r{i}", seqs, SamplingParams(n=n, max_tokens=8), arrival_time=float(i))
+    return make_group(f"r{i}", [i * 10 + k for k in range(n)], prompt_len, float(i), n=n, max_tokens=8)
 
 
 def swap_out_grown(kv: BlockManager, g, lengths: list[int]) -> None:

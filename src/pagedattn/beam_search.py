@@ -35,12 +35,13 @@ the caches.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import Tensor
 
 from pagedattn.config import blocks_needed
-from pagedattn.sequence import CompletionOutput, SamplingParams, Sequence, SequenceGroup
+from pagedattn.sequence import CompletionOutput, FinishReason, SamplingParams, Sequence, SequenceGroup
 
 NEG = -1.0e9  # HF's "very large negative" score
 
@@ -52,7 +53,7 @@ class Hypothesis:
     token_ids: list[int]
     logprob: float
     score: float
-    finish_reason: str
+    finish_reason: FinishReason
 
 
 @dataclass
@@ -66,8 +67,8 @@ class BeamSearchState:
     length_penalty: float
     early_stopping: bool | str
     beams: list[Sequence]
-    running_scores: Tensor = None  # float32 [k]
-    finished_scores: Tensor = None  # float32 [k], sorted descending; NEG for empty slots
+    running_scores: Tensor = None  # type: ignore[assignment]  # float32 [k], set by __post_init__
+    finished_scores: Tensor = None  # type: ignore[assignment]  # float32 [k], sorted descending; NEG for empty slots
     finished_flags: list[bool] = field(default_factory=list)
     finished: list[Hypothesis | None] = field(default_factory=list)
     heuristic_unsatisfied: bool = True
@@ -129,7 +130,7 @@ class BeamSearchState:
                 c = i - k
                 if just_finished[c]:
                     toks = self.beams[parents_l[c]].output_token_ids + [tokens_l[c]]
-                    reason = "stop" if tokens_l[c] in self.eos_token_ids else "length"
+                    reason: FinishReason = "stop" if tokens_l[c] in self.eos_token_ids else "length"
                     new_hyps.append(Hypothesis(toks, top_lp_l[c], float(merged[i]), reason))
                 else:
                     new_hyps.append(None)
@@ -174,7 +175,7 @@ def worst_case_blocks(prompt_len: int, max_new: int, beam_width: int, block_size
 
 def check_fits(kv, prompt_len: int, params: SamplingParams, max_model_len: int) -> None:
     """Raise ValueError when a beam group could never fit in the device pool, even alone."""
-    k, new = params.beam_width, max_new_tokens(params, prompt_len, max_model_len)
+    k, new = cast(int, params.beam_width), max_new_tokens(params, prompt_len, max_model_len)
     kv.check_group_blocks(worst_case_blocks(prompt_len, new, k, kv.block_size),
                           f"beam search with beam_width={k} over a {prompt_len}-token prompt and max_tokens={new}")
 
@@ -183,7 +184,8 @@ def init_group(group: SequenceGroup, eos_token_ids: frozenset[int], max_model_le
     p = group.sampling_params
     eos = frozenset() if p.ignore_eos else frozenset(eos_token_ids)
     eos = eos | frozenset(p.stop_token_ids)
-    state = BeamSearchState(p.beam_width, max_new_tokens(p, group.seqs[0].get_prompt_len(), max_model_len), eos,
+    state = BeamSearchState(cast(int, p.beam_width),
+                            max_new_tokens(p, group.seqs[0].get_prompt_len(), max_model_len), eos,
                             p.length_penalty, p.early_stopping, list(group.seqs))
     group.beam_state = state
     return state
@@ -191,6 +193,11 @@ def init_group(group: SequenceGroup, eos_token_ids: frozenset[int], max_model_le
 
 def is_beam_group(g: SequenceGroup) -> bool:
     return g.beam_state is not None
+
+
+def _state(g: SequenceGroup) -> BeamSearchState:
+    """A beam group's state (``init_group`` set it)."""
+    return cast(BeamSearchState, g.beam_state)
 
 
 @dataclass
@@ -202,7 +209,7 @@ class BeamStep:
 
     forks: list[tuple[Sequence, Sequence]] = field(default_factory=list)
     rewrites: list[tuple[Sequence, list[int], float]] = field(default_factory=list)
-    finished: list[tuple[Sequence, str]] = field(default_factory=list)
+    finished: list[tuple[Sequence, FinishReason]] = field(default_factory=list)
 
 
 def step_groups(logits: Tensor, rows: list[tuple[Sequence, SequenceGroup]]) -> BeamStep:
@@ -215,11 +222,11 @@ def step_groups(logits: Tensor, rows: list[tuple[Sequence, SequenceGroup]]) -> B
         if is_beam_group(g):
             by_group.setdefault(id(g), (g, {}))[1][s.seq_id] = i
     for g, row_of in by_group.values():
-        st: BeamSearchState = g.beam_state
+        st = _state(g)
         idx = torch.tensor([row_of[b.seq_id] for b in st.beams], device=logits.device)
         nxt = st.select(torch.log_softmax(logits[idx].float(), dim=-1))
         if nxt is None:
-            reason = "length" if st.num_generated >= st.max_new_tokens else "stop"
+            reason: FinishReason = "length" if st.num_generated >= st.max_new_tokens else "stop"
             step.finished += [(b, reason) for b in st.beams]
             continue
         _reassign(st, nxt, step)
@@ -245,15 +252,16 @@ def _reassign(st: BeamSearchState, nxt: list[tuple[int, int, float]], step: Beam
             slot_of[j] = d
             step.forks.append((old[p], old[d]))
             st.num_forks += 1
+    slots = cast(list[int], slot_of)  # every beam has its slot by now
     for j, (p, tok, score) in enumerate(nxt):
-        step.rewrites.append((old[slot_of[j]], old[p].output_token_ids + [tok], score))
-    st.beams = [old[slot_of[j]] for j in range(len(nxt))]
+        step.rewrites.append((old[slots[j]], old[p].output_token_ids + [tok], score))
+    st.beams = [old[slots[j]] for j in range(len(nxt))]
 
 
 def outputs(g: SequenceGroup, tokenizer=None) -> list[CompletionOutput]:
     """A beam group's completions: while running, its beams; when done, the ``n`` best finished hypotheses, best
     first (HF's ``num_return_sequences``). ``cumulative_logprob`` is the raw sum of log-probabilities."""
-    st: BeamSearchState = g.beam_state
+    st = _state(g)
     n = g.sampling_params.n
 
     def text(ids):

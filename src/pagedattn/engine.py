@@ -17,7 +17,7 @@ import itertools
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 import torch
 
@@ -28,7 +28,7 @@ from pagedattn.memory import AllocStatus, BlockManager, KVManager
 from pagedattn.model.loader import eos_token_ids, load_for_engine
 from pagedattn.output_processor import OutputProcessor
 from pagedattn.sampling import Sampler, make_generator
-from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
+from pagedattn.scheduler import Scheduler, SchedulerOutputs
 from pagedattn.sequence import RequestOutput, SamplingParams, Sequence, SequenceGroup, as_int, as_token_ids
 
 
@@ -45,7 +45,7 @@ class EngineArgs:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
-    preemption_mode: str = "recompute"
+    preemption_mode: Literal["recompute", "swap"] = "recompute"
     watermark: float = 0.01
     attention_backend: str = "auto"
     device: str | None = None
@@ -151,7 +151,7 @@ class LLMEngine:
                                                      torch.device(args.device) if args.device else None)
         param = next(self.model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        config = self.model.config
+        config: Any = self.model.config  # a transformers config
         self.vocab_size = config.vocab_size
         self.max_model_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
         self.kv: KVManager = kv_manager if kv_manager is not None else \
@@ -227,12 +227,6 @@ class LLMEngine:
                 self._forget(rid)
 
     abort = abort_request
-
-    def free_finished(self) -> None:
-        """Free the blocks of sequences finished outside ``step`` (a caller that stops samples itself, as EOS
-        would) and forget the requests that are then done: the scheduler's bookkeeping of a step that ran nothing."""
-        for g in self.scheduler.update_from_output(SchedulerOutputs(), ModelOutput(now=self.now())):
-            self._forget(g.request_id)
 
     def _forget(self, request_id: str) -> None:
         self.processor.forget(request_id)

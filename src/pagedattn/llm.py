@@ -7,6 +7,7 @@ output with ``error`` set and finish reason ``"error"`` while the other requests
 from __future__ import annotations
 
 import itertools
+from typing import cast
 
 from pagedattn.engine import LLMEngine
 from pagedattn.sequence import CompletionOutput, RequestMetrics, RequestOutput, SamplingParams, as_int, as_token_ids
@@ -80,4 +81,4 @@ class LLM:
                     if o.finished and o.request_id in index:
                         results[index.pop(o.request_id)] = o
                         bar.update(1)
-        return results
+        return cast(list[RequestOutput], results)  # every prompt has its output by now

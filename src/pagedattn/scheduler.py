@@ -26,7 +26,7 @@ from typing import Callable
 
 from pagedattn.config import SchedulerConfig
 from pagedattn.memory.interface import AllocStatus, BlockCopies, KVManager
-from pagedattn.sequence import Sequence, SequenceGroup
+from pagedattn.sequence import FinishReason, Sequence, SequenceGroup
 
 
 @dataclass
@@ -76,8 +76,8 @@ class ModelOutput:
     fill_token: int | None = None
     rewrites: list[tuple[Sequence, list[int], float]] = field(default_factory=list)
     forks: list[tuple[Sequence, Sequence]] = field(default_factory=list)
-    finished: list[tuple[Sequence, str]] = field(default_factory=list)
-    stop: Callable[[Sequence, SequenceGroup], str | None] | None = None
+    finished: list[tuple[Sequence, FinishReason]] = field(default_factory=list)
+    stop: Callable[[Sequence, SequenceGroup], FinishReason | None] | None = None
     now: float = 0.0
 
 

@@ -9,7 +9,10 @@ import math
 import operator
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, cast
+
+if TYPE_CHECKING:  # for the annotation only: the sequence module imports no torch at run time
+    from pagedattn.beam_search import BeamSearchState
 
 Status = Literal["waiting", "running", "swapped", "finished"]
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -53,7 +56,7 @@ def as_token_ids(prompt) -> list[int]:
         bad = next(t for t, i in zip(prompt, ids) if i is None)
         raise ValueError(f"a prompt must be a string or a sequence of integer token ids; {bad!r} "
                          f"({type(bad).__name__}) is not an integer")
-    return ids
+    return cast(list[int], ids)  # no None left
 
 
 @dataclass
@@ -121,7 +124,7 @@ class SamplingParams:
     def num_seqs(self) -> int:
         """Sequences the group starts with (samples, or beams)."""
         if self.use_beam_search:
-            return self.beam_width
+            return cast(int, self.beam_width)  # set by __post_init__ for beam search
         return self.best_of or self.n
 
     @property
@@ -211,7 +214,7 @@ class SequenceGroup:
         self.prompt = prompt
         self.error: str | None = None
         self.prefix_len = 0  # tokens of the prompt marked as a shared prefix (paper §4.4, Fig. 16)
-        self.beam_state = None  # a beam search's state (``beam_search.BeamSearchState``), for beam requests only
+        self.beam_state: BeamSearchState | None = None  # a beam search's state, for beam requests only
         self.prompt_token_ids: list[int] = seqs[0].prompt_token_ids  # copied once, for the request's outputs
 
     @property

@@ -72,10 +72,10 @@ def frame_from_manager(kv, labels: dict[int, tuple[str, int]], step: int = -1, k
                        num_copies: int = 0, new_requests=(), finished=()) -> Frame:
     """Copy a ``BlockManager``'s device-side state into a ``Frame``; ``labels`` maps seq id -> (request, sample)
     (sequences without a label are shown under their seq id)."""
-    seqs = [SeqView(*labels.get(sid, (f"seq{sid}", 0)), sid, list(t.blocks), t.num_tokens)
-            for sid, t in sorted(kv.tables.items()) if t.device == "gpu"]
-    return Frame(step, kind, seqs, list(kv.gpu.ref_counts), list(kv.pinned), sorted(kv.gpu.block_hash),
-                 kv.block_size, num_copies, list(new_requests), list(finished))
+    view = kv.block_view()
+    seqs = [SeqView(*labels.get(sid, (f"seq{sid}", 0)), sid, blocks, n) for sid, (blocks, n) in view.tables.items()]
+    return Frame(step, kind, seqs, view.ref_counts, view.pinned, view.cached, kv.block_size, num_copies,
+                 list(new_requests), list(finished))
 
 
 def snapshot(engine, step: int, kind: str, num_copies: int = 0, new_requests=(), finished=()) -> Frame:

@@ -251,25 +251,26 @@ def load_real_model():
 
 
 def _saving_driver(engine: LLMEngine, targets: dict[int, int] | None = None) -> dict:
-    """Step the engine to completion; after each step record physical and logical blocks (and stop samples at
-    their ``targets`` lengths, seq_id -> output length, as EOS would)."""
+    """Step the engine to completion; after each step record physical and logical blocks (``KVManager.stats``).
+    Samples stop at their ``targets`` lengths (seq_id -> output length) as EOS would: in the engine's own stop
+    check, so the step that samples a sample's last token also frees it (``Scheduler.update_from_output``)."""
     kv = engine.kv
+    if targets:
+        engine_stop = engine.sampler.stop
+
+        def stop(seq, group):
+            return engine_stop(seq, group) or \
+                ("length" if seq.get_output_len() >= targets.get(seq.seq_id, 1 << 30) else None)
+
+        engine.sampler.stop = stop
     phys, logical = [], []
     t0 = time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
-        if targets:
-            stopped = False
-            for g in list(engine.scheduler.running):
-                for s in g.get_seqs("running"):
-                    if s.get_output_len() >= targets.get(s.seq_id, 1 << 30):
-                        s.finish("length")
-                        stopped = True
-            if stopped:
-                engine.free_finished()
-        if kv.tables:
-            phys.append(kv.num_used_gpu_blocks - len(kv.pinned))
-            logical.append(kv.num_logical_blocks())
+        st = kv.stats()
+        if st.logical_blocks:  # device-resident sequences (steps with none add 0 to both sums)
+            phys.append(st.physical_blocks)
+            logical.append(st.logical_blocks)
     wall = time.perf_counter() - t0
     phys, logical = np.array(phys), np.array(logical)
     return {"saving_pct": 100 * (1 - phys.sum() / logical.sum()), "steps": len(engine.step_metrics),

@@ -91,9 +91,9 @@ def copy_on_write() -> dict:
     kv.allocate(0, num_tokens=8)  # the prompt (8 tokens) lands in block 7
     for child in (1, 2, 3):
         kv.fork(0, child)  # samples 1..3 share it
-    before = kv.gpu.ref_counts[7]
+    before = kv.block_view().ref_counts[7]
     copy = kv.append_slot(2)  # output 3 (sequence 2) writes a token
-    after = kv.gpu.ref_counts[7]
+    after = kv.block_view().ref_counts[7]
     kv.check_invariants()
     claim = Claim("cow_refcount_4_to_3", " -> ".join(map(str, COW_REF_COUNTS)), f"{before} -> {after}", "", "equal",
                   (before, after) == COW_REF_COUNTS, "study note exercise 4", kind="invariant")

@@ -3,6 +3,6 @@ and a simulation at the paper's scale. ``KVManager`` (``interface.py``) is what 
 manager; ``BlockManager`` (paged) and ``contiguous.ContiguousKVManager`` (Orca) implement it."""
 from pagedattn.memory.block_pool import BlockPool, NoFreeBlocksError
 from pagedattn.memory.block_manager import BlockManager
-from pagedattn.memory.interface import AllocStatus, KVManager
+from pagedattn.memory.interface import AllocStatus, BlockView, KVManager
 
-__all__ = ["AllocStatus", "BlockManager", "BlockPool", "KVManager", "NoFreeBlocksError"]
+__all__ = ["AllocStatus", "BlockManager", "BlockView", "BlockPool", "KVManager", "NoFreeBlocksError"]

@@ -41,7 +41,7 @@ from typing import Iterable
 from pagedattn.config import blocks_needed, check_block_size
 from pagedattn.memory.accounting import KVStats, paged_stats
 from pagedattn.memory.block_pool import BlockPool, NoFreeBlocksError
-from pagedattn.memory.interface import AllocStatus, BlockCopies
+from pagedattn.memory.interface import AllocStatus, BlockCopies, BlockView
 
 __all__ = ["AllocStatus", "BlockManager", "BlockTable", "block_hashes"]
 
@@ -153,6 +153,12 @@ class BlockManager:
         KV length at its end, where known (what tells reserved slots from internal fragmentation)."""
         return paged_stats(self, final_len or {})
 
+    def block_view(self) -> BlockView:
+        """A copy of the device pool's blocks (``interface.BlockView``): device-resident tables by seq id,
+        reference counts, pinned prefix blocks, cached blocks."""
+        tables = {s: (list(t.blocks), t.num_tokens) for s, t in sorted(self.tables.items()) if t.device == "gpu"}
+        return BlockView(tables, list(self.gpu.ref_counts), list(self.pinned), sorted(self.gpu.block_hash))
+
     def num_logical_blocks(self) -> int:
         """Blocks the device-resident sequences would hold without sharing (paper Fig. 15's denominator)."""
         return sum(len(t.blocks) for t in self.tables.values() if t.device == "gpu")
@@ -187,7 +193,7 @@ class BlockManager:
             return []
         return self._match(block_hashes(token_ids, self.block_size, cacheable // self.block_size), num_tokens)
 
-    def _pinned_elsewhere(self, hits: list[int]) -> int:
+    def _pinned_elsewhere(self, hits: Iterable[int | None]) -> int:
         """User-marked prefix blocks (held for good) that a request with these cache hits does not share."""
         return len(set(self.pinned) - set(hits)) if self.pinned else 0
 
@@ -357,8 +363,8 @@ class BlockManager:
             dst.touch(d)
         copies = {b: dst.allocate() for b in blocks if b not in found}  # each destination starts with one reference
         for b, d in copies.items():
-            if digest[b] is not None:
-                dst.register(d, digest[b])
+            if (h := digest[b]) is not None:
+                dst.register(d, h)
         mapping = found | copies
         refs = Counter(b for s in seq_ids for b in self.tables[s].blocks)
         for s in seq_ids:

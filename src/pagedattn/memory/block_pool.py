@@ -80,8 +80,9 @@ class BlockPool:
         return False
 
     # ------------------------------------------------------------------------------------------ prefix cache
-    def lookup(self, h: bytes) -> int | None:
-        return self.cached.get(h)
+    def lookup(self, h: bytes | None) -> int | None:
+        """The block caching prefix digest ``h``, if any (None: a block without a digest, never cached)."""
+        return self.cached.get(h) if h is not None else None
 
     def touch(self, block: int) -> None:
         """A new request reuses a cached block: revive it from the evictable list, or share it."""

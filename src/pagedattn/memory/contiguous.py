@@ -258,6 +258,10 @@ class ContiguousKVManager:
         """A snapshot of the device memory (``memory.accounting.KVStats``; see ``BlockManager.stats``)."""
         return contiguous_stats(self, final_len or {})
 
+    def block_view(self) -> None:
+        """No blocks to draw: one contiguous reservation per sequence."""
+        return None
+
     def num_filled_slots(self) -> int:
         return sum(r.num_tokens for r in self.tables.values())
 

@@ -11,6 +11,7 @@ Sequence groups and sequences are duck-typed (``group.get_seqs(status)``, ``grou
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
@@ -27,6 +28,19 @@ class AllocStatus(Enum):
     OK = "ok"
     LATER = "later"
     NEVER = "never"
+
+
+@dataclass(frozen=True)
+class BlockView:
+    """A copy of a paged manager's device pool, for drawing it (the tour, the worked examples): each device-resident
+    sequence's ``tables[seq_id] = (blocks, num_tokens)`` by seq id, every device block's ``ref_counts`` (the pinned
+    prefixes' references included), the user-marked ``pinned`` prefix blocks, and the ``cached`` blocks (those
+    registered under a prefix digest), sorted."""
+
+    tables: dict[int, tuple[list[int], int]]
+    ref_counts: list[int]
+    pinned: list[int]
+    cached: list[int]
 
 
 class KVManager(Protocol):
@@ -105,6 +119,9 @@ class KVManager(Protocol):
         """A snapshot of the device memory: Fig. 2's kinds of slot, the largest waste of one request, the blocks
         sharing saves and the prefix hit rate (``memory.accounting.KVStats``). ``final_len[seq_id]``: a sequence's
         KV length at its end, where known."""
+
+    def block_view(self) -> BlockView | None:
+        """A copy of the device pool's blocks (``BlockView``), for display; None for a manager without blocks."""
 
     def check_invariants(self) -> None:
         """Assert the manager's own invariants (tests call it after every step)."""
