@@ -30,6 +30,8 @@ STABLE_CLAIMS = {
     "11": ["gain_at_fixed_latency.n1", "gain_grows_with_n.parallel", "gain_at_fixed_latency.beam_w6",
            "gain_grows_with_width.beam", "beam_model.saving_pct.alpaca.beam_w6"],
     "12": [f"token_states_pct_running.{s}" for s in ("paged", "hf_dynamic", "hf_static", "hf_continuous")],
+    "13": ["online.prediction_error_pct.median", "online.rate_ratio.paged_vs_orca_oracle.measured",
+           "online.rate_ratio.paged_vs_orca_oracle.predicted"],
 }
 
 

@@ -326,3 +326,26 @@ def fig14_gain_bars(o: pd.DataFrame, paper_gain: dict, title: str = "", label: s
         footnote(fig, label)
     fig.tight_layout()
     return fig
+
+
+def online_curves(curves: pd.DataFrame, threshold: float, title: str = "", label: str = ""):
+    """Notebook 13: normalized latency against the request rate on live servers (solid, filled markers) and the
+    simulator's prediction for the same requests and rates (dashed, open markers), one colour per system, on a linear
+    axis as the paper's Fig. 12, with the sustainable-rate threshold dotted."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for i, (name, d) in enumerate(curves.groupby("label", sort=False)):
+        s, d = _style(name, i), d.sort_values("rate")
+        ax.plot(d.rate, d.nl_measured_s, color=s["color"], marker=s["marker"], ls="-", lw=1.8,
+                label=f"{name}, measured")
+        ax.plot(d.rate, d.nl_predicted_s, color=s["color"], marker=s["marker"], ls="--", lw=1.2, mfc="white",
+                label=f"{name}, simulator")
+    ax.axhline(threshold, color="#888888", ls=":", lw=1, label=f"threshold {threshold:.3g} s/token")
+    ax.set_ylim(0, None)
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("normalized latency (s/token)")
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncol=2)
+    if label:
+        footnote(fig, label)
+    fig.tight_layout()
+    return fig

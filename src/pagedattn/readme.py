@@ -60,6 +60,10 @@ HEADLINES: dict[str, tuple[str, str, list[str]]] = {
     "12_fig2_running_engines": ("Fig. 2 on running systems",
                                 "HF `generate()`, HF continuous batching and ours on the same real ShareGPT "
                                 "requests, read from their cache tensors", ["token_states_pct_running.*"]),
+    "13_online_serving": ("Fig. 12 on live servers (§6.1-6.2)",
+                          "our server (paged, Orca Oracle/Max) on this CPU under Poisson arrivals, against the "
+                          "simulator's prediction with this CPU's step time",
+                          ["online.prediction_error_pct.median", "online.rate_ratio.paged_vs_orca_oracle.*"]),
 }
 
 FIG2_SYSTEMS = {"orca_max": "Orca (Max)", "orca_pow2": "Orca (Pow2)", "orca_oracle": "Orca (Oracle)",
