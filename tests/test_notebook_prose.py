@@ -53,6 +53,19 @@ ALLOWED = {
         (r"15\.7K − 7 × 2048 slots", "arithmetic on Table 1's constants: seven maximum-length reservations fit"),
         (r"at block size 1\b", "a point of the block-size sweep, a parameter"),
     ],
+    "02_attention_kernel.ipynb": [
+        (r"20-26 %", "the paper's Fig. 18a overhead, paper.FIG18A_PAGED_OVER_CONTIGUOUS as a percentage"),
+        (r"batch 8 and 32, contexts 64(?:-256|, 128, 256)", "the paper's Fig. 18a points, the benchmark's fixed grid"),
+        (r"tolerances 1e-5 \(fp32\), 2e-3 \(fp16\), 2e-2 \(bf16\)|64-token partitions", "the correctness check's fixed "
+         "tolerances and split size (attention_kernel)"),
+        (r"batch 8 and 32, contexts 64-4096 and block sizes 8-256", "the benchmark's fixed grid (attention_kernel)"),
+        (r"<= 1\.10|<= 10 %|>= 70 %|70 % of a measured", "the GPU claims' targets, fixed before any run"),
+        (r"batch 32, context 4096", "the bandwidth claim's fixed point"),
+        (r"block sizes 1-256, head dims 64/80/96/128|block size \(1 to 256", "the compile grid, fixed "
+         "(kernels.compile_check.grid)"),
+        (r"block 256 at context 64 moves\s+4x", "arithmetic on two grid points"),
+        (r"163 KB on sm_80, 227 KB on sm_90|64K register file", "the targets' hardware limits"),
+    ],
     "00_tour.ipynb": [
         (r"seeds/000_", "a file name"),
         (r"2 × 40 layers × 5120 \(= 40 heads × 128\) × 2 B", "OPT-13B's published architecture (40 layers, 40 heads of "
