@@ -33,7 +33,7 @@ REFERENCES = [
     r"arXiv:\d+\.\d+",
     # model, GPU and format names
     r"\b(?:OPT|LLaMA|Llama)(?:-\d+)?-\d+(?:\.\d+)?[BMK]\b",
-    r"\b[AH]100(?:-\d+GB)?\b", r"\bsm_\d+\b", r"\bcl100k(?:_base)?\b", r"\bGPT-\d\b", r"\bGQA[- ]?\d+\b",
+    r"\b[AH]100(?:-\d+GB)?s?\b", r"\bsm_\d+\b", r"\bcl100k(?:_base)?\b", r"\bGPT-\d\b", r"\bGQA[- ]?\d+\b",
     r"\b(?:fp|bf|float|int)\d+\b", r"\bMHA\b",
     # this project's notebooks (by number or file name), issues and headings' section numbers
     r"\b[Nn]otebooks?\s+\d\d(?:\s*(?:,|and|-|–|/|or)\s*\d\d)*\b", r"\b\d\d_\w+", r"\bissue \d+\b",
@@ -46,6 +46,7 @@ REFERENCES = [
 ALLOWED = {
     "*": [
         (r"\bblock size 16\b|\bblocks? of 16 tokens\b|\bpaged, block size 16\b", "the default block size (paper §6.1)"),
+        (r"\bt = 0\b", "time zero: the offline setting (every request arrives at once), a definition"),
         (r"\bmax(?:imum)? length 2048\b|\b2048 slots\b|\b2048-token\b", "Table 1's maximum length, a setup constant"),
     ],
     "01_kv_memory_waste.ipynb": [
@@ -65,6 +66,13 @@ ALLOWED = {
          "(kernels.compile_check.grid)"),
         (r"block 256 at context 64 moves\s+4x", "arithmetic on two grid points"),
         (r"163 KB on sm_80, 227 KB on sm_90|64K register file", "the targets' hardware limits"),
+    ],
+    "03_throughput.ipynb": [
+        (r"divided by 4 \(ShareGPT lengths / 4, 15\.7K / 4 = 3\.9K slots, max length 512\)|lengths / 4\b",
+         "the CPU scale's fixed reduction (throughput.RealParams): every length and the budget divided by 4"),
+        (r"widened by 25 %", "the claims' fixed tolerance (results.Claim)"),
+        (r"\b5x the (?:paged engine's latency|threshold)", "the CPU threshold's fixed rule (throughput.real_threshold) "
+         "and the plot's axis limit"),
     ],
     "00_tour.ipynb": [
         (r"seeds/000_", "a file name"),
