@@ -22,6 +22,13 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 KNOWN_EXCEPTIONS = {
     "04_sharing.ipynb": "being rewritten on another branch (Fig. 15 notebook); its prose is checked once that lands",
     "11_fig14_curves.ipynb": "being rewritten on another branch (Fig. 14 notebook); its prose is checked once that lands",
+    # not converted yet: their measured numbers are still typed in markdown (issue 28, part 3, left to do)
+    "06_preemption.ipynb": "not converted yet: measured numbers still typed in markdown",
+    "07_shared_prefix.ipynb": "not converted yet: measured numbers still typed in markdown",
+    "08_workloads.ipynb": "not converted yet: measured numbers still typed in markdown",
+    "09_chatbot.ipynb": "not converted yet: measured numbers still typed in markdown",
+    "10_table1_fig12.ipynb": "not converted yet: measured numbers still typed in markdown",
+    "12_fig2_running_engines.ipynb": "not converted yet: measured numbers still typed in markdown",
 }
 
 #: References, not results: each pattern is removed before digits are looked for.
@@ -73,6 +80,14 @@ ALLOWED = {
         (r"widened by 25 %", "the claims' fixed tolerance (results.Claim)"),
         (r"\b5x the (?:paged engine's latency|threshold)", "the CPU threshold's fixed rule (throughput.real_threshold) "
          "and the plot's axis limit"),
+    ],
+    "05_block_size.ipynb": [
+        (r"from 1 to 256 tokens|multiples of 256", "the swept block sizes and the kernel benchmark's contexts, fixed"),
+        (r"2 KB per token per K or V", "the CPU model's fixed head size (fp32 K or V rows)"),
+        (r"`init_std=0\.2`", "the random-weight model's fixed config"),
+        (r"lengths divided by 4, a pool of 1024 token slots", "the CPU engine sweep's fixed scale (block_size.Params)"),
+        (r"0\.85 x the engine's offline throughput at block 16", "the CPU sweep's fixed rate rule"),
+        (r"x 1/1\.2 and x 1\.2", "the sensitivity grid's fixed rate factors"),
     ],
     "00_tour.ipynb": [
         (r"seeds/000_", "a file name"),
