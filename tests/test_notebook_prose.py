@@ -27,7 +27,6 @@ KNOWN_EXCEPTIONS = {
     "08_workloads.ipynb": "not converted yet: measured numbers still typed in markdown",
     "09_chatbot.ipynb": "not converted yet: measured numbers still typed in markdown",
     "10_table1_fig12.ipynb": "not converted yet: measured numbers still typed in markdown",
-    "12_fig2_running_engines.ipynb": "not converted yet: measured numbers still typed in markdown",
 }
 
 #: References, not results: each pattern is removed before digits are looked for.
