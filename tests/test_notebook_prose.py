@@ -23,7 +23,6 @@ KNOWN_EXCEPTIONS = {
     "04_sharing.ipynb": "being rewritten on another branch (Fig. 15 notebook); its prose is checked once that lands",
     "11_fig14_curves.ipynb": "being rewritten on another branch (Fig. 14 notebook); its prose is checked once that lands",
     # not converted yet: their measured numbers are still typed in markdown (issue 28, part 3, left to do)
-    "06_preemption.ipynb": "not converted yet: measured numbers still typed in markdown",
     "10_table1_fig12.ipynb": "not converted yet: measured numbers still typed in markdown",
 }
 
