@@ -337,11 +337,14 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
              progress: bool = False, record_steps: bool = True, max_steps: int | None = None,
              placement: str = "buddy", n: int = 1, seed: int = 0, prompts: dict[str, list[int]] | None = None,
              prefix_lens: dict[str, int] | None = None, enable_prefix_caching: bool = False,
-             charge_cached: bool = False, beam: BeamModel | None = None) -> SimResult:
+             charge_cached: bool = False, beam: BeamModel | None = None,
+             equal_sample_lengths: bool = False) -> SimResult:
     """Replay a trace through the scheduler and a KV manager, with a step-time model (no tensors).
 
     With ``n > 1`` every request is a parallel-sampling group (§4.4): its ``n`` samples share the prompt's blocks,
-    the first generates the trace's output length and the others lengths drawn (seeded) from the trace's outputs.
+    the first generates the trace's output length and the others lengths drawn (seeded) from the trace's outputs
+    (``equal_sample_lengths=True``: every sample the trace's output length, an ablation that tells how much of a
+    saving the independent draws cost; ``gain_sources.parallel_saving_causes``).
 
     Shared prefixes (§4.4, Fig. 16): ``prompts`` gives requests real token ids (otherwise every prompt is zeros), so
     that prefix hashes match; ``prefix_lens`` marks user-shared prefixes; ``enable_prefix_caching`` finds them
@@ -380,7 +383,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
         while i < len(pending) and pending[i].arrival_time <= now:
             r = pending[i]
             room = max_model_len - r.prompt_len
-            lens = [r.output_len] * n if beam is not None else \
+            lens = [r.output_len] * n if beam is not None or equal_sample_lengths else \
                 [r.output_len] + [min(int(x), room) for x in rng.choice(trace_outputs, n - 1)]
             tokens = prompts[r.request_id] if prompts else [0] * r.prompt_len
             seqs = [Sequence(next_seq + k, tokens) for k in range(n)]

@@ -174,17 +174,18 @@ def _gain_rate(job: tuple, params: Params, cost: CostModel) -> RateSearch:
 
 
 def sim_rate(params: Params, system: str, n: int, mode: str, base: list[TraceRequest], cost: CostModel,
-             beam=None) -> RateSearch:
+             beam=None, max_num_seqs: int = 256) -> RateSearch:
     """A system's sustainable Alpaca rate with ``n`` samples (or ``beam``, a ``sim.BeamModel`` of width ``n``) per
     request (``capacity.sustainable_rate``: latency threshold and capacity rule), by bisection between the Fig. 13
-    rate / (8 n) and 16 x it (Fig. 14's rule)."""
+    rate / (8 n) and 16 x it (Fig. 14's rule). ``max_num_seqs``: the scheduler's cap on running sequences (vLLM's
+    default 256; ``gain_sources.seq_cap_gains`` raises it)."""
     rate0 = params.sim_rates["alpaca"]
 
     def requests(rate):
         return simulate(with_rate(base, rate, params.seed), system, paper_slots(), params.block_size, cost,
                         n=n, seed=params.seed, preemption_mode=mode,
                         num_cpu_blocks=params.sim_cpu_blocks if mode == "swap" else 0, record_steps=False,
-                        beam=beam).requests
+                        beam=beam, max_num_seqs=max_num_seqs).requests
     return sustainable_rate(requests, rate0 / (8 * n), rate0 * 16, NL_THRESHOLD_S, params.rate_resolution)
 
 
