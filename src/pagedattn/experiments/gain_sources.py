@@ -32,6 +32,8 @@ from pagedattn.workloads import make_trace, with_rate
 
 #: KV slot kinds of ``SimResult.steps`` (``memory.accounting.KVStats``)
 SLOT_KINDS = ("token_states", "reserved", "internal", "external")
+#: the scheduler's cap on running sequences raised to a value no Fig. 14 run reaches (``seq_cap_gains``, notebook 11)
+LIFTED_SEQ_CAP = 2048
 
 
 # ------------------------------------------------------------------------------------------- Fig. 14a, n = 1
