@@ -75,3 +75,18 @@ def test_summary_identical_with_one_job_two_jobs_and_a_cluster(monkeypatch, rest
         assert _summary_bytes(monkeypatch, scheduler=cl.scheduler_address) == one
         assert pmap(call, _tasks()) == [call(t) for t in _tasks()]
         parallel.shutdown()  # close the client before its cluster goes
+
+
+def test_real_engine_tasks_build_the_same_model_in_every_worker(restore_settings):
+    """A real-engine task builds its model in its worker from the seed (``common.tiny_opt_cached``), not pickled
+    from the notebook: every process must get the same weights."""
+    import torch
+
+    from pagedattn.experiments.common import tiny_opt, tiny_opt_cached
+    from pagedattn.experiments.throughput import TINY_OPT
+
+    want = tiny_opt(0, **TINY_OPT).state_dict()
+    for got in pmap(call, [(tiny_opt_cached, (0,), TINY_OPT)] * 2, jobs=2):
+        state = got.state_dict()
+        assert state.keys() == want.keys() and all(torch.equal(state[k], want[k]) for k in want)
+    assert tiny_opt_cached(0, **TINY_OPT) is tiny_opt_cached(0, **TINY_OPT)

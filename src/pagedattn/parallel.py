@@ -17,8 +17,11 @@ parameters), else the environment (``PAGEDATTN_JOBS``, ``PAGEDATTN_SCHEDULER``: 
 --scheduler ADDRESS`` sets them for every notebook), else one job per core on this machine. A task that itself
 calls ``pmap`` (a sweep inside a sweep) runs its inner sweep serially in its worker.
 
-Only work whose result does not depend on timing belongs here (the simulator, arithmetic, correctness checks);
-a CPU measurement shares no core with a sweep.
+What belongs here: work whose result does not depend on timing (the simulator, arithmetic, correctness checks),
+and real-engine replays timed by their own process's CPU time (``time.process_time`` with one torch thread, as
+``experiments.throughput.serve`` and ``experiments.sharing`` do), which a neighbour on another core does not add
+to, with at most one job per core. Wall-clock and kernel timings (``common.fastest`` on a device, latency
+benchmarks) share no core with a sweep.
 """
 from __future__ import annotations
 

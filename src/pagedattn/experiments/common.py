@@ -7,7 +7,9 @@ clock) passed as parameters.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -64,6 +66,33 @@ def tiny_opt(seed: int = 0, **shape):
     cfg.setdefault("ffn_dim", 4 * cfg["hidden_size"])
     torch.manual_seed(seed)
     return OPTForCausalLM(OPTConfig(**cfg)).eval()
+
+
+def tiny_opt_cached(seed: int = 0, **shape):
+    """``tiny_opt(seed, **shape)``, built once per process and shared by later calls with the same arguments: a
+    sweep's task builds its model in its worker from the seed (the same weights in every process: the
+    initialisation is seeded; ``tests/test_parallel.py`` checks it across processes) instead of receiving it
+    pickled. The engines never change the weights."""
+    return _tiny_opt(seed, tuple(sorted(shape.items())))
+
+
+@functools.lru_cache(maxsize=4)
+def _tiny_opt(seed: int, shape: tuple):
+    return tiny_opt(seed, **dict(shape))
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Run a block with ``n`` torch threads (restored after): a real-engine task sets its own, in a sweep's worker
+    or in this process when the sweep runs serially."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 # ------------------------------------------------------------------------------------------------ traces

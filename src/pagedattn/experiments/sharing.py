@@ -30,6 +30,7 @@ Three parts:
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -39,14 +40,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.parallel import pmap
 from pagedattn.engine import LLMEngine
 from pagedattn.experiments import validated
-from pagedattn.experiments.common import ServingParams, make_engine
+from pagedattn.experiments.common import ServingParams, make_engine, torch_threads
 from pagedattn.capacity import NL_THRESHOLD_S, RESOLUTION, RateSearch, ratio_resolution, sustainable_rate
 from pagedattn.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, today, write_summary
@@ -88,9 +88,9 @@ class Params(ServingParams):
     orca_width: int = 6
     threads: int = 1
 
-    QUICK = dict(sim_requests={"alpaca": 120, "sharegpt": 40}, gain_requests=200, gain_requests_n1=200, gain_ns=(1, 6),
-                 rate_resolution=0.25, beam_requests={"alpaca": 4, "sharegpt": 1}, agree_requests=6, agree_ns=(4,),
-                 orca_requests=4, real_max_output=40, orca_slots=2048, widths=(2, 6))
+    QUICK = dict(sim_requests={"alpaca": 80, "sharegpt": 30}, gain_requests=120, gain_requests_n1=120, gain_ns=(1, 6),
+                 rate_resolution=0.5, beam_requests={"alpaca": 3, "sharegpt": 1}, agree_requests=6, agree_ns=(4,),
+                 orca_requests=4, real_max_output=24, orca_slots=2048, widths=(2, 6))
 
 
 # ------------------------------------------------------------------------------------------- paper scale (sim)
@@ -245,7 +245,10 @@ def real_trace(workload: str, num: int, params: Params) -> list[TraceRequest]:
         else fit
 
 
+@functools.lru_cache(maxsize=1)
 def load_real_model():
+    """``(model, tokenizer)`` of ``opt-stdlib``, loaded once per process (a sweep's worker loads its own copy of the
+    same files; the engines never change the weights)."""
     from pagedattn.zoo import load_model
 
     return load_model("opt-stdlib")
@@ -287,28 +290,49 @@ def engine_for(model, tokenizer, params: Params, **kw) -> LLMEngine:
                      max_num_seqs=params.max_num_seqs, preemption_mode="swap", **kw)
 
 
-def real_beam_savings(model, tokenizer, params: Params, progress: bool = True) -> pd.DataFrame:
-    """Fig. 15 beam rows on the real engine: beam width k over stdlib prompts at trace lengths."""
-    rows = []
+# Each real-engine run below is one task of a sweep (``pagedattn.parallel.pmap``), run in its worker on the model
+# that worker loads (``load_real_model``) with ``params.threads`` torch threads. The savings, steps and copies do not
+# depend on timing at all; the Fig. 14 comparison times each run by its own process's CPU time, which other
+# processes on other cores do not add to, so two runs side by side on two cores are timed soundly.
+def _longest_first(jobs: list, cost) -> tuple[list, list[int]]:
+    """``jobs`` ordered by descending ``cost(job)`` (so that the pool's last task is a short one), and the
+    permutation that puts results computed in that order back into the order of ``jobs``."""
+    order = sorted(range(len(jobs)), key=lambda i: -cost(jobs[i]))
+    return [jobs[i] for i in order], sorted(range(len(jobs)), key=order.__getitem__)
+
+
+def _beam_row(job: tuple, params: Params) -> dict:
+    """One row of :func:`real_beam_savings`: ``(workload, beam width, trace, prompts)``."""
+    w, k, trace, prompts = job
+    model, tokenizer = load_real_model()
+    with torch_threads(params.threads):
+        e = engine_for(model, tokenizer, params)
+        groups = []
+        for r, p in zip(trace, prompts):
+            e.add_request(r.request_id, p, SamplingParams(use_beam_search=True, beam_width=k, temperature=0,
+                                                          max_tokens=r.output_len, ignore_eos=True))
+            groups.append(e.requests[r.request_id])
+        res = _saving_driver(e)
+    # how concentrated the search is: distinct parents among a step's k survivors (k = every beam its own)
+    beam_steps = sum(g.beam_state.num_generated - 1 for g in groups)
+    res["mean_distinct_parents"] = k - sum(g.beam_state.num_forks for g in groups) / max(1, beam_steps)
+    return {"scale": "real engine (opt-stdlib, CPU)", "trace": w, "method": "beam", "width": k,
+            "num_requests": len(trace), **res, "input_mean": float(np.mean([r.prompt_len for r in trace])),
+            "output_mean": float(np.mean([r.output_len for r in trace]))}
+
+
+def real_beam_savings(params: Params, progress: bool = True) -> pd.DataFrame:
+    """Fig. 15 beam rows on the real engine: beam width k over stdlib prompts at trace lengths; the runs (trace x
+    width) go in parallel (``pagedattn.parallel``)."""
+    _, tokenizer = load_real_model()
+    jobs = []
     for w in WORKLOADS:
         trace = real_trace(w, params.beam_requests[w], params)
         prompts = stdlib_prompts(tokenizer, [r.prompt_len for r in trace], params.seed)
-        for k in tqdm(params.widths, desc=f"engine beam {w}", disable=not progress, leave=False):
-            e = engine_for(model, tokenizer, params)
-            groups = []
-            for r, p in zip(trace, prompts):
-                e.add_request(r.request_id, p, SamplingParams(use_beam_search=True, beam_width=k, temperature=0,
-                                                              max_tokens=r.output_len, ignore_eos=True))
-                groups.append(e.requests[r.request_id])
-            res = _saving_driver(e)
-            # how concentrated the search is: distinct parents among a step's k survivors (k = every beam its own)
-            beam_steps = sum(g.beam_state.num_generated - 1 for g in groups)
-            res["mean_distinct_parents"] = k - sum(g.beam_state.num_forks for g in groups) / max(1, beam_steps)
-            rows.append({"scale": "real engine (opt-stdlib, CPU)", "trace": w, "method": "beam", "width": k,
-                         "num_requests": len(trace), **res,
-                         "input_mean": float(np.mean([r.prompt_len for r in trace])),
-                         "output_mean": float(np.mean([r.output_len for r in trace]))})
-    return pd.DataFrame(rows)
+        jobs += [(w, k, trace, prompts) for k in params.widths]
+    todo, back = _longest_first(jobs, lambda j: j[1] * sum(r.total_len for r in j[2]))
+    rows = pmap(partial(_beam_row, params=params), todo, "engine beam", progress)
+    return pd.DataFrame([rows[i] for i in back])
 
 
 def sample_lengths(trace: list[TraceRequest], n: int, seed: int, max_model_len: int) -> list[list[int]]:
@@ -320,17 +344,23 @@ def sample_lengths(trace: list[TraceRequest], n: int, seed: int, max_model_len: 
             for r in pending]
 
 
-def parallel_agreement(model, tokenizer, params: Params, progress: bool = True) -> pd.DataFrame:
+def parallel_agreement(params: Params, progress: bool = True) -> pd.DataFrame:
     """The same parallel-sampling requests (same per-sample lengths, pool, block size) on the real engine and in
-    the simulator; both savings step-weighted."""
+    the simulator; both savings step-weighted. One task per ``n`` (engine and simulator), in parallel
+    (``pagedattn.parallel``)."""
+    _, tokenizer = load_real_model()
     trace = real_trace("alpaca", params.agree_requests, params)
     prompts = stdlib_prompts(tokenizer, [r.prompt_len for r in trace], params.seed + 1)
-    rows = []
-    # the simulator's side first, every n in parallel (``pagedattn.parallel``); the engine's runs one after another
-    sims = pmap(partial(_agreement_sim, trace=trace, params=params), params.agree_ns, "agreement (sim)", progress)
-    for n, (sim_saving, sim_steps) in zip(tqdm(params.agree_ns, desc="agreement", disable=not progress,
-                                               leave=False), sims):
-        lens = sample_lengths(trace, n, params.seed, params.max_model_len)
+    todo, back = _longest_first(list(params.agree_ns), lambda n: n)
+    rows = pmap(partial(_agreement_row, trace=trace, prompts=prompts, params=params), todo, "agreement", progress)
+    return pd.DataFrame([rows[i] for i in back])
+
+
+def _agreement_row(n: int, trace: list[TraceRequest], prompts: list[list[int]], params: Params) -> dict:
+    """One row of :func:`parallel_agreement`: ``n`` samples per request on the real engine and in the simulator."""
+    lens = sample_lengths(trace, n, params.seed, params.max_model_len)
+    model, tokenizer = load_real_model()
+    with torch_threads(params.threads):
         e = engine_for(model, tokenizer, params)
         targets = {}
         for i, (r, p, ls) in enumerate(zip(trace, prompts, lens)):
@@ -339,10 +369,10 @@ def parallel_agreement(model, tokenizer, params: Params, progress: bool = True) 
             for s, out_len in zip(e.requests[r.request_id].seqs, ls):
                 targets[s.seq_id] = out_len
         res = _saving_driver(e, targets)
-        rows.append({"trace": "alpaca", "method": "parallel", "width": n, "num_requests": len(trace),
-                     "engine_saving_pct": res["saving_pct"], "sim_saving_pct": sim_saving,
-                     "engine_steps": res["steps"], "sim_steps": sim_steps, "engine_copies": res["copies"]})
-    return pd.DataFrame(rows)
+    sim_saving, sim_steps = _agreement_sim(n, trace, params)
+    return {"trace": "alpaca", "method": "parallel", "width": n, "num_requests": len(trace),
+            "engine_saving_pct": res["saving_pct"], "sim_saving_pct": sim_saving,
+            "engine_steps": res["steps"], "sim_steps": sim_steps, "engine_copies": res["copies"]}
 
 
 def _agreement_sim(n: int, trace: list[TraceRequest], params: Params) -> tuple[float, int]:
@@ -355,35 +385,44 @@ def _agreement_sim(n: int, trace: list[TraceRequest], params: Params) -> tuple[f
     return 100 * (1 - d["physical_blocks"].sum() / d["logical_blocks"].sum()), len(d)
 
 
-def real_orca_gain(model, tokenizer, params: Params, progress: bool = True) -> pd.DataFrame:
-    """Fig. 14 on the real engine: offline requests/s of paged vs Orca (Oracle) at the same KV slots, for n = 1
-    (greedy) and beam search of width ``orca_width`` (Alpaca-like lengths, stdlib prompts)."""
+def _orca_row(job: tuple, params: Params) -> dict:
+    """One run of :func:`real_orca_gain`: ``(method, width, system, trace, prompts)``, offline, timed by this
+    process's CPU time (``cpu_s``; ``wall_s`` beside it)."""
+    method, k, system, trace, prompts = job
+    model, tokenizer = load_real_model()
+    swap = {"num_cpu_blocks": params.orca_slots // params.block_size, "preemption_mode": "swap"}
+    with torch_threads(params.threads):
+        e = make_engine(model, system, params.orca_slots, params.block_size, params.max_model_len,
+                        tokenizer=tokenizer, max_num_seqs=params.max_num_seqs, **(swap if system == "paged" else {}))
+        for r, p in zip(trace, prompts):
+            sp = (SamplingParams(use_beam_search=True, beam_width=k, temperature=0, max_tokens=r.output_len,
+                                 ignore_eos=True) if k > 1 else
+                  SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True))
+            e.add_request(r.request_id, p, sp)
+        t0, w0 = time.process_time(), time.perf_counter()
+        while e.has_unfinished_requests():
+            e.step()
+        cpu, wall = time.process_time() - t0, time.perf_counter() - w0
+    m = e.step_metrics_frame()
+    dec = m[m["kind"] == "decode"]
+    return {"scale": "real engine (opt-stdlib, CPU)", "trace": "alpaca", "method": method, "width": k,
+            "system": system, "num_requests": len(trace), "kv_slots": params.orca_slots, "cpu_s": cpu,
+            "wall_s": wall, "requests_per_s": len(trace) / cpu, "steps": len(m),
+            "mean_running_groups": float(dec["num_running"].mean()), "forward_s": float(m["forward_time"].sum())}
+
+
+def real_orca_gain(params: Params, progress: bool = True) -> pd.DataFrame:
+    """Fig. 14 on the real engine: offline requests/s (CPU time) of paged vs Orca (Oracle) at the same KV slots,
+    for n = 1 (greedy) and beam search of width ``orca_width`` (Alpaca-like lengths, stdlib prompts); the four runs
+    go in parallel (``pagedattn.parallel``)."""
+    _, tokenizer = load_real_model()
     trace = real_trace("alpaca", params.orca_requests, params)
     prompts = stdlib_prompts(tokenizer, [r.prompt_len for r in trace], params.seed + 2)
-    rows = []
-    for method, k in (("n=1", 1), ("beam", params.orca_width)):
-        for system in tqdm(("paged", "orca_oracle"), desc=f"orca {method}", disable=not progress, leave=False):
-            swap = {"num_cpu_blocks": params.orca_slots // params.block_size, "preemption_mode": "swap"}
-            e = make_engine(model, system, params.orca_slots, params.block_size, params.max_model_len,
-                            tokenizer=tokenizer, max_num_seqs=params.max_num_seqs,
-                            **(swap if system == "paged" else {}))
-            for r, p in zip(trace, prompts):
-                sp = (SamplingParams(use_beam_search=True, beam_width=k, temperature=0, max_tokens=r.output_len,
-                                     ignore_eos=True) if k > 1 else
-                      SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True))
-                e.add_request(r.request_id, p, sp)
-            t0 = time.perf_counter()
-            while e.has_unfinished_requests():
-                e.step()
-            wall = time.perf_counter() - t0
-            m = e.step_metrics_frame()
-            dec = m[m["kind"] == "decode"]
-            rows.append({"scale": "real engine (opt-stdlib, CPU)", "trace": "alpaca", "method": method, "width": k,
-                         "system": system, "num_requests": len(trace), "kv_slots": params.orca_slots,
-                         "wall_s": wall, "requests_per_s": len(trace) / wall, "steps": len(m),
-                         "mean_running_groups": float(dec["num_running"].mean()),
-                         "forward_s": float(m["forward_time"].sum())})
-    df = pd.DataFrame(rows)
+    jobs = [(method, k, system, trace, prompts) for method, k in (("n=1", 1), ("beam", params.orca_width))
+            for system in ("paged", "orca_oracle")]
+    todo, back = _longest_first(jobs, lambda j: j[1])
+    got = pmap(partial(_orca_row, params=params), todo, "orca gain (real engine)", progress)
+    df = pd.DataFrame([got[i] for i in back])
     paged = df[df.system == "paged"].set_index("method")["requests_per_s"]
     df["gain_over_orca_oracle"] = df["method"].map(paged) / df["requests_per_s"]
     return df
@@ -463,15 +502,15 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
         timings["sim_gain_s"] = time.perf_counter() - t
         beam = agree = orca = None
         if real:
-            model, tokenizer = load_real_model()
+            load_real_model()  # here first: it trains the model if its folder is missing, before any worker loads it
             t = time.perf_counter()
-            beam = real_beam_savings(model, tokenizer, params, progress)
+            beam = real_beam_savings(params, progress)
             timings["engine_beam_s"] = time.perf_counter() - t
             t = time.perf_counter()
-            agree = parallel_agreement(model, tokenizer, params, progress)
+            agree = parallel_agreement(params, progress)
             timings["engine_agreement_s"] = time.perf_counter() - t
             t = time.perf_counter()
-            orca = real_orca_gain(model, tokenizer, params, progress)
+            orca = real_orca_gain(params, progress)
             timings["engine_orca_s"] = time.perf_counter() - t
     finally:
         torch.set_num_threads(threads)

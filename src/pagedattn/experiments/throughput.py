@@ -24,7 +24,6 @@ from functools import partial
 from pathlib import Path
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from pagedattn.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, ratio_resolution, sustainable_rate
 from pagedattn.config import paper_slots
@@ -32,7 +31,7 @@ from pagedattn import sensitivity
 from pagedattn.experiments import validated
 from pagedattn.parallel import pmap
 from pagedattn.experiments.common import Arrival, Clock, ServingParams, greedy, make_engine, replay, requests_frame, \
-    scaled_trace, tiny_opt
+    scaled_trace, tiny_opt_cached, torch_threads
 from pagedattn.paper import FIG12_RATE_RATIO, FIG13_MEAN_BATCH, HEADLINE_THROUGHPUT_GAIN
 from pagedattn.results import RESULTS_DIR, Claim
 from pagedattn.sensitivity import widened
@@ -55,8 +54,8 @@ class SimParams(ServingParams):
     #: traces whose sustainable rates are found too, over the ShareGPT rate range (sensitivity rows)
     sensitivity: tuple = ("sharegpt_synthetic",)
 
-    QUICK = dict(num_requests={"sharegpt": 150, "alpaca": 300}, rates={"sharegpt": [1, 2, 4], "alpaca": [10, 30, 60]},
-                 rate_resolution=0.25)
+    QUICK = dict(num_requests={"sharegpt": 100, "alpaca": 200}, rates={"sharegpt": [1, 2, 4], "alpaca": [10, 30, 60]},
+                 rate_resolution=0.5)
 
 
 def sim_run(trace, system: str, params: SimParams, cost: CostModel | None = None, record_steps: bool = True
@@ -259,7 +258,7 @@ class RealParams(ServingParams):
     model: dict = field(default_factory=lambda: dict(TINY_OPT))
     threads: int = 1
 
-    QUICK = dict(num_requests=40, offline_requests=40, rates={"sharegpt": [4, 16]}, rate_resolution=0.5,
+    QUICK = dict(num_requests=24, offline_requests=24, rates={"sharegpt": [4, 16]}, rate_resolution=1.0,
                  systems=("orca_max", "orca_oracle", "paged"))
 
     @property
@@ -299,61 +298,103 @@ def serve(engine, trace, vocab_size: int) -> pd.DataFrame:
     return df
 
 
-def real_online(model, params: RealParams, progress: bool = True) -> pd.DataFrame:
-    rows = []
+# Each real-engine replay below is one task of a sweep (``pagedattn.parallel.pmap``): it builds the model in its
+# process from the seed (``common.tiny_opt_cached``) and runs with ``params.threads`` torch threads. Running them
+# side by side is sound because every replay's time is its own process's CPU time (``serve``), which other
+# processes on other cores do not add to (with at most one job per core; beyond cache and memory-bandwidth effects).
+# What a replay computes does not depend on where it ran; its CPU timings move between runs as they always did.
+def real_model(params: RealParams):
+    """The CPU-scale model of ``params``: ``tiny_opt(params.seed, **params.model)``, built once per process."""
+    return tiny_opt_cached(params.seed, **params.model)
+
+
+def real_serve(system: str, trace, params: RealParams) -> pd.DataFrame:
+    """One replay of ``trace`` on the real engine serving as ``system`` (``serve``), in this process, with
+    ``params.threads`` torch threads."""
+    with torch_threads(params.threads):
+        return serve(params.engine(system, real_model(params)), trace, params.model["vocab_size"])
+
+
+def _real_online_row(job: tuple, params: RealParams) -> dict:
+    """One point of ``real_online``: ``(workload, rate, system)``."""
+    w, rate, s = job
+    df = real_serve(s, params.trace(w, params.num_requests, rate), params)
+    return {"scale": "cpu (real engine)", "trace": w, "rate": rate, "system": s, "label": LABELS[s],
+            "normalized_latency_s": normalized_latency(df), "mean_batch": df.attrs["mean_batch"],
+            "throughput_req_s": len(df) / df.attrs["duration"]}
+
+
+def real_online(params: RealParams, progress: bool = True) -> pd.DataFrame:
+    """Normalized latency, mean batch and throughput vs request rate on this machine, per system; the replays
+    (rates x systems) run in parallel (``pagedattn.parallel``; CPU time per replay, see above)."""
     jobs = [(w, r, s) for w, rates in params.rates.items() for r in rates for s in params.systems]
-    for w, rate, s in tqdm(jobs, desc="online (real engine)", disable=not progress, leave=False):
-        df = serve(params.engine(s, model), params.trace(w, params.num_requests, rate),
-                   params.model["vocab_size"])
-        rows.append({"scale": "cpu (real engine)", "trace": w, "rate": rate, "system": s, "label": LABELS[s],
-                     "normalized_latency_s": normalized_latency(df), "mean_batch": df.attrs["mean_batch"],
-                     "throughput_req_s": len(df) / df.attrs["duration"]})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(pmap(partial(_real_online_row, params=params), jobs, "online (real engine)", progress))
 
 
-def real_sustainable(model, params: RealParams, threshold_s: float, progress: bool = True) -> pd.DataFrame:
-    rows = []
-    for w, rates in params.rates.items():
-        for s in tqdm(params.systems, desc=f"sustainable rate (real) {w}", disable=not progress, leave=False):
-            def requests(rate, s=s, w=w):
-                return serve(params.engine(s, model), params.trace(w, params.num_requests, rate),
-                             params.model["vocab_size"])
-            found = sustainable_rate(requests, min(rates) / 4, max(rates) * 16, threshold_s, params.rate_resolution,
-                                     offline=False)  # the real engine's offline runs are ``real_offline``
-            rows.append({"scale": "cpu (real engine)", "trace": w, "system": s, "label": LABELS[s], **found.row(),
-                         "threshold_s": threshold_s})
-    return pd.DataFrame(rows)
+def _real_sustainable_row(job: tuple, params: RealParams, threshold_s: float) -> dict:
+    """One whole bisection of ``real_sustainable`` (its probes one after another): ``(workload, system)``."""
+    w, s = job
+    rates = params.rates[w]
+    found = sustainable_rate(lambda rate: real_serve(s, params.trace(w, params.num_requests, rate), params),
+                             min(rates) / 4, max(rates) * 16, threshold_s, params.rate_resolution,
+                             offline=False)  # the real engine's offline runs are ``real_offline``
+    return {"scale": "cpu (real engine)", "trace": w, "system": s, "label": LABELS[s], **found.row(),
+            "threshold_s": threshold_s}
 
 
-def real_offline(model, params: RealParams, progress: bool = True) -> pd.DataFrame:
-    """All requests at t = 0 through every system on this machine, plus HF ``generate()`` in static batches as
-    large as the budget allows at the maximum length, and HF's continuous batching on the same token slots."""
+def real_sustainable(params: RealParams, threshold_s: float, progress: bool = True) -> pd.DataFrame:
+    """Each system's sustainable rate on this machine (``capacity.sustainable_rate`` at ``threshold_s``); the
+    bisections (one per workload and system) run in parallel (``pagedattn.parallel``)."""
+    jobs = [(w, s) for w in params.rates for s in params.systems]
+    return pd.DataFrame(pmap(partial(_real_sustainable_row, params=params, threshold_s=threshold_s), jobs,
+                             "sustainable rate (real engine)", progress))
+
+
+#: ``real_offline``'s two HF baselines, run beside the systems
+HF_SYSTEMS = ("hf_generate", "hf_continuous_batching")
+
+
+def _real_offline_row(system: str, params: RealParams) -> dict:
+    """One offline run of ``real_offline``: a system on our engine, or one of ``HF_SYSTEMS``; ``seconds`` is CPU
+    time (``serve``; HF's runs time themselves the same way)."""
     from pagedattn.baselines import hf
 
     trace = params.trace("sharegpt", params.offline_requests, math.inf)
+    if system not in HF_SYSTEMS:
+        df = real_serve(system, trace, params)
+        return {"system": system, "label": LABELS[system], "seconds": df.attrs["duration"],
+                "mean_batch": df.attrs["mean_batch"], "note": ""}
+    model = real_model(params)
     out_lens = [r.output_len for r in trace]
-    useful = sum(out_lens)
-    rows = []
-    for s in tqdm(params.systems, desc="offline (real engine)", disable=not progress, leave=False):
-        df = serve(params.engine(s, model), trace, params.model["vocab_size"])
-        rows.append({"system": s, "label": LABELS[s], "seconds": df.attrs["duration"],
-                     "mean_batch": df.attrs["mean_batch"], "note": ""})
     prompts = [synthetic_prompt(r.prompt_len, params.model["vocab_size"], seed=i) for i, r in enumerate(trace)]
-    static_batch = params.num_slots // params.max_model_len
-    r = hf.generate_static(model, prompts, out_lens, static_batch)
-    rows.append({"system": "hf_generate", "label": "HF generate()", "seconds": r["seconds"],
-                 "mean_batch": float(static_batch), "note": f"static batches of {static_batch} (budget / max length)"})
-    try:
-        r = hf.continuous_batching(model, prompts, out_lens, params.num_slots, max_requests=256,
-                                   page_size=params.block_size)
-        rows.append({"system": "hf_continuous_batching", "label": "HF continuous batching", "seconds": r["seconds"],
-                     "mean_batch": float("nan"), "note": f"{params.num_slots} token slots, page {params.block_size}"})
-    except Exception as e:  # record why it could not run, never a placeholder number
-        rows.append({"system": "hf_continuous_batching", "label": "HF continuous batching", "seconds": float("nan"),
-                     "mean_batch": float("nan"), "note": f"failed: {type(e).__name__}: {e}"})
-    df = pd.DataFrame(rows)
+    with torch_threads(params.threads):
+        if system == "hf_generate":
+            static_batch = params.num_slots // params.max_model_len
+            r = hf.generate_static(model, prompts, out_lens, static_batch)
+            return {"system": system, "label": "HF generate()", "seconds": r["seconds"],
+                    "mean_batch": float(static_batch),
+                    "note": f"static batches of {static_batch} (budget / max length)"}
+        try:
+            r = hf.continuous_batching(model, prompts, out_lens, params.num_slots, max_requests=256,
+                                       page_size=params.block_size)
+            return {"system": system, "label": "HF continuous batching", "seconds": r["seconds"],
+                    "mean_batch": float("nan"), "note": f"{params.num_slots} token slots, page {params.block_size}"}
+        except Exception as e:  # record why it could not run, never a placeholder number
+            return {"system": system, "label": "HF continuous batching", "seconds": float("nan"),
+                    "mean_batch": float("nan"), "note": f"failed: {type(e).__name__}: {e}"}
+
+
+def real_offline(params: RealParams, progress: bool = True) -> pd.DataFrame:
+    """All requests at t = 0 through every system on this machine, plus HF ``generate()`` in static batches as
+    large as the budget allows at the maximum length, and HF's continuous batching on the same token slots; the
+    runs go in parallel (``pagedattn.parallel``; CPU time per run, see above)."""
+    trace = params.trace("sharegpt", params.offline_requests, math.inf)
+    # HF generate() first: the longest run
+    jobs = ["hf_generate", *params.systems, "hf_continuous_batching"]
+    df = pd.DataFrame(pmap(partial(_real_offline_row, params=params), jobs, "offline (real engine)", progress))
+    df = df.set_index("system").loc[[*params.systems, *HF_SYSTEMS]].reset_index()  # the table's order as before
     df["requests_per_s"] = len(trace) / df["seconds"]  # CPU seconds (see serve)
-    df["tokens_per_s"] = useful / df["seconds"]
+    df["tokens_per_s"] = sum(r.output_len for r in trace) / df["seconds"]
     return df
 
 
@@ -413,8 +454,6 @@ def real_claims(offline: pd.DataFrame, sustainable: pd.DataFrame) -> list[Claim]
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True, real: bool = True,
         **kw) -> dict:
     """Both scales; writes CSVs and ``summary.json`` to ``<results_dir>/03_throughput/``; returns the tables."""
-    import torch
-
     from pagedattn.results import hardware_label, write_summary
 
     sp = SimParams.make(quick)
@@ -426,17 +465,11 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     claims, tables["sensitivity"] = sim_bands(sp, rate_ratio_claims(tables["sim_sustainable"])
                                               + mean_batch_claims(tables["sim_online"]), progress)
     if real:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(rp.threads)
-        try:
-            model = tiny_opt(rp.seed, **rp.model)
-            tables["real_configs"] = system_configs(rp)
-            tables["real_offline"] = real_offline(model, rp, progress)
-            tables["real_online"] = real_online(model, rp, progress)
-            thr = real_threshold(tables["real_online"])
-            tables["real_sustainable"] = real_sustainable(model, rp, thr, progress)
-        finally:
-            torch.set_num_threads(threads)
+        tables["real_configs"] = system_configs(rp)
+        tables["real_offline"] = real_offline(rp, progress)
+        tables["real_online"] = real_online(rp, progress)
+        thr = real_threshold(tables["real_online"])
+        tables["real_sustainable"] = real_sustainable(rp, thr, progress)
         claims += real_claims(tables["real_offline"], tables["real_sustainable"])
     tables["rate_ratios"] = rate_ratio_table(pd.concat([tables["sim_sustainable"], tables.get("real_sustainable")],
                                                        ignore_index=True))
