@@ -106,3 +106,25 @@ def test_simulated_rate_does_not_exceed_what_the_system_served():
     # the capacity rule only ever lowers the rate that latency alone would give
     latency_only = sustainable_rate(replay, 0.1, 20.0, capacity.NL_THRESHOLD_S, 0.05, margin=math.inf)
     assert found.rate <= latency_only.rate
+
+
+def test_offline_bracket_finds_what_the_whole_range_finds():
+    """Starting from the offline throughput changes only the probes: the rate found agrees with a search over the
+    whole range within the resolution, in fewer replays; and it still walks out of a wrong first bracket (a latency
+    threshold far below capacity, or a range whose top is below the capacity)."""
+    calls = []
+
+    def replay(rate):
+        calls.append(rate)
+        return fifo_server(10.0, 1000)(rate)
+
+    for threshold in (1.0, 0.02):  # capacity binds; latency binds far below capacity
+        calls.clear()
+        whole = sustainable_rate(replay, 0.01, 1000.0, threshold, offline=False)
+        n_whole = len(calls)
+        calls.clear()
+        fast = sustainable_rate(replay, 0.01, 1000.0, threshold)
+        assert fast.rate == pytest.approx(whole.rate, rel=0.05) and len(calls) < n_whole
+        assert fast.resolution <= 0.02 and fast.offline_rate == pytest.approx(10.0) and fast.probes == len(calls)
+    top = sustainable_rate(replay, 0.01, 3.0, 1.0)  # the caller's range ends below capacity
+    assert top.bound_by == "upper bound" and top.rate == 3.0

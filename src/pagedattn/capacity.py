@@ -142,19 +142,29 @@ def sustainable_rate(replay: Callable[[float], pd.DataFrame], lo: float, hi: flo
     """The highest rate in ``[lo, hi]`` that passes the latency and capacity rules (module docstring), by geometric
     bisection down to ``resolution``. ``replay(rate)`` returns the run's per-request frame. If ``lo`` fails, the
     range is extended down by 4x at a time, up to ``max_extensions`` times; if ``hi`` passes, it is reported with
-    ``bound_by="upper bound"`` (a lower bound on the sustainable rate, with no resolution). ``offline``: also replay
-    with every request at t = 0 (``replay(inf)``) and report that throughput, the capacity the rate is checked
-    against."""
+    ``bound_by="upper bound"`` (a lower bound on the sustainable rate, with no resolution).
+
+    ``offline``: first replay with every request at t = 0 (``replay(inf)``) and report that throughput, the capacity
+    the rate is checked against; the search then starts from the bracket ``[offline / 2, 1.1 x offline]`` inside
+    ``[lo, hi]`` (a rate the system cannot serve fails the capacity rule, so the answer is rarely far from it), moving
+    it down or up by 4x while its ends do not straddle the answer. Only the probes differ from a search over the whole
+    range: the rules and the resolution are the same."""
     probes: dict[float, Load] = {}
-    found = _search(probes, replay, lo, hi, threshold_s, resolution, margin, max_extensions)
-    if offline:
-        found = replace(found, offline_rate=Load.of(replay(math.inf)).completion_rate)
-    return found
+    if not offline:
+        return _search(probes, replay, lo, hi, threshold_s, resolution, margin, max_extensions)
+    cap = Load.of(replay(math.inf)).completion_rate
+    a, b = max(lo, cap / 2), min(hi, 1.1 * cap)
+    found = _search(probes, replay, a, b, threshold_s, resolution, margin, max_extensions, outer=(lo, hi)) \
+        if math.isfinite(cap) and a < b else _search(probes, replay, lo, hi, threshold_s, resolution, margin,
+                                                     max_extensions)
+    return replace(found, offline_rate=cap, probes=found.probes + 1)
 
 
 def _search(probes: dict, replay, lo: float, hi: float, threshold_s: float, resolution: float, margin: float,
-            max_extensions: int) -> RateSearch:
-    """``sustainable_rate``'s bisection, remembering each probe's load in ``probes``."""
+            max_extensions: int, outer: tuple[float, float] | None = None) -> RateSearch:
+    """``sustainable_rate``'s bisection, remembering each probe's load in ``probes``. With ``outer``, ``[lo, hi]``
+    is a first bracket inside the range ``outer``: it moves down while ``lo`` fails and up while ``hi`` passes (4x at
+    a time, never past ``outer``) before the range's own rules apply at its ends."""
 
     def load(rate: float) -> Load:
         if rate not in probes:
@@ -164,6 +174,12 @@ def _search(probes: dict, replay, lo: float, hi: float, threshold_s: float, reso
     def ok(rate: float) -> bool:
         return load(rate).verdict(threshold_s, margin) == "ok"
 
+    if outer is not None:
+        o_lo, o_hi = outer
+        while lo > o_lo and not ok(lo):
+            lo, hi = max(o_lo, lo / 4), lo
+        while hi < o_hi and ok(hi):
+            lo, hi = hi, min(o_hi, hi * 4)
     extensions = 0
     while not ok(lo):
         if extensions == max_extensions:
