@@ -29,3 +29,14 @@ def triton():
 
         return module
     return pytest.importorskip("triton")
+
+
+@pytest.fixture(autouse=True)
+def _matplotlib_settings_do_not_leak():
+    """The plotting functions set a seaborn theme, which changes matplotlib's global settings; restore them after
+    every test, so that what a test draws does not depend on which tests ran before it (the tour's tests compare
+    PNGs pixel for pixel with the executed notebook's)."""
+    import matplotlib
+
+    with matplotlib.rc_context():
+        yield
