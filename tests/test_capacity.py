@@ -51,9 +51,9 @@ def test_latency_alone_overstates_capacity_on_a_finite_trace():
     latency_only = sustainable_rate(replay, 1.0, 100.0, threshold, margin=math.inf, offline=False)
     both = sustainable_rate(replay, 1.0, 100.0, threshold, offline=True)
     assert Load.of(replay(latency_only.rate)).arrival_rate > 11.0
-    # the arrivals the found rate actually brings (a 400-request trace's rate over its window is not exactly the
-    # nominal one) stay below the capacity, within the margin, and not far below it
+    # the window receives exactly the nominal rate (``poisson_arrivals``), below the capacity within the margin
     arrived = Load.of(replay(both.rate)).arrival_rate
+    assert arrived == pytest.approx(both.rate, rel=1e-9)
     assert 0.8 * 10.0 <= arrived <= 10.0 / (1 - CAPACITY_MARGIN)
     assert both.bound_by == "capacity"
     assert both.offline_rate == pytest.approx(10.0)
@@ -128,3 +128,60 @@ def test_offline_bracket_finds_what_the_whole_range_finds():
         assert fast.resolution <= 0.02 and fast.offline_rate == pytest.approx(10.0) and fast.probes == len(calls)
     top = sustainable_rate(replay, 0.01, 3.0, 1.0)  # the caller's range ends below capacity
     assert top.bound_by == "upper bound" and top.rate == 3.0
+
+
+@pytest.mark.parametrize("n", [5, 150, 400, 1000, 3000])
+def test_the_steady_window_receives_the_nominal_rate(n):
+    """A rate is what the steady window receives (``poisson_arrivals``): exactly, for every trace length and seed,
+    and one seed's arrival pattern is the same at every rate (one time scale)."""
+    for seed in (0, 1):
+        for rate in (0.5, 7.0):
+            t = poisson_arrivals(n, rate, seed)
+            start, end = capacity.steady_window(t)
+            assert ((t >= start) & (t < end)).sum() / (end - start) == pytest.approx(rate, rel=1e-9)
+        assert poisson_arrivals(n, 2.0, seed) == pytest.approx(poisson_arrivals(n, 1.0, seed) / 2)
+
+
+def test_no_rate_above_the_offline_throughput_counts():
+    """A system that keeps up online at rates above what it serves saturated (here: 10 req/s online, 6 req/s with the
+    whole trace queued) is reported at its offline throughput, with that bound named, never above it."""
+    def replay(rate):
+        return fifo_server(6.0 if math.isinf(rate) else 10.0, 1000)(rate)
+
+    found = sustainable_rate(replay, 0.1, 100.0, 10.0)
+    assert found.offline_rate == pytest.approx(6.0)
+    assert found.rate == found.offline_rate and found.bound_by == "offline throughput"
+    assert found.resolution == 0.0 and not found.row()["at_bound"]
+
+
+def test_a_trace_too_short_for_its_length_mix_is_not_judged():
+    """Requests that each stay an exponentially distributed time in the system (mean 10 s, no queueing): at 1 req/s
+    about 10 are in the system. On 100 requests, the count's slope from the mix of latencies alone (``trend_se``) is
+    several percent of the arrival rate, more than half the margin; on 3,000 it is well under it."""
+    def delay_server(num_requests):
+        latency = np.random.default_rng(1).exponential(10.0, num_requests)
+
+        def replay(rate):
+            arrival = poisson_arrivals(num_requests, rate, 0)
+            return pd.DataFrame({"arrival_time": arrival, "finish_time": arrival + latency,
+                                 "output_len": np.full(num_requests, 100)})
+        return replay
+
+    short, long = Load.of(delay_server(100)(1.0)), Load.of(delay_server(3000)(1.0))
+    assert short.in_system == pytest.approx(10.0, rel=0.3) and long.in_system == pytest.approx(10.0, rel=0.1)
+    assert short.trend_se > capacity.MAX_TREND_SE and not short.judged()
+    assert long.trend_se < capacity.MAX_TREND_SE / 2 and long.judged()
+    assert not sustainable_rate(delay_server(100), 0.5, 2.0, 1.0, offline=False).judged
+    assert sustainable_rate(delay_server(3000), 0.5, 2.0, 1.0, offline=False).judged
+
+
+def test_trend_se_is_the_spread_of_shuffled_slopes():
+    """``trend_se`` is what it says: constant latencies have no mix to shuffle (zero), and it scales with the rate
+    like the slope it measures (relative to the arrival rate, it does not depend on the time unit)."""
+    arrival = poisson_arrivals(500, 2.0, 0)
+    const = pd.DataFrame({"arrival_time": arrival, "finish_time": arrival + 3.0, "output_len": np.full(500, 10)})
+    assert Load.of(const).trend_se == pytest.approx(0.0, abs=1e-12)
+    latency = np.random.default_rng(2).exponential(3.0, 500)
+    a = pd.DataFrame({"arrival_time": arrival, "finish_time": arrival + latency, "output_len": np.full(500, 10)})
+    b = a.assign(arrival_time=a.arrival_time * 60, finish_time=a.finish_time * 60)  # minutes instead of seconds
+    assert Load.of(a).trend_se > 0 and Load.of(b).trend_se == pytest.approx(Load.of(a).trend_se, rel=1e-6)

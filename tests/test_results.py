@@ -298,3 +298,33 @@ def test_jobs_and_scheduler_reach_only_notebooks_that_declare_them(tmp_path, mon
     assert "jobs" not in seen["old"][0] and "scheduler" not in seen["old"][0]
     assert seen["old"][1][:2] == ["2", "tcp://h:8786"] and seen["old"][1][2].endswith("old.ipynb")
     assert "PAGEDATTN_JOBS" not in os.environ  # restored after the run
+
+
+def _committed_rate_rows():
+    """Every committed sustainable-rate row (``capacity.RateSearch.row()`` columns) with its system's offline
+    throughput, from the results' CSV files."""
+    import pandas as pd
+
+    for csv in sorted(RESULTS_DIR.glob("[0-9]*/*.csv")):
+        d = pd.read_csv(csv)
+        if {"sustainable_rate", "offline_rate", "bound_by"} <= set(d.columns):
+            for _, row in d.iterrows():
+                yield csv.relative_to(RESULTS_DIR), row
+
+
+def test_no_committed_sustainable_rate_exceeds_its_offline_throughput():
+    """Issue 30's acceptance: no reported sustainable rate is above the throughput its system serves with every
+    request queued (``capacity``'s offline rule), and the throughput measured at the rate is within the capacity
+    rule's margin of it: the queue grows by at most that margin of the arrival rate (twice the margin here, as the
+    window's arrival slope is itself a least-squares fit)."""
+    from pagedattn.capacity import CAPACITY_MARGIN
+
+    rows = list(_committed_rate_rows())
+    assert rows, "no sustainable-rate table among the committed results"
+    for path, row in rows:
+        rate, offline = float(row["sustainable_rate"]), float(row["offline_rate"])
+        if math.isfinite(offline):
+            assert rate <= offline * (1 + 1e-9), f"{path}: {row['system']} {rate:.4g} > offline {offline:.4g}"
+        if rate > 0 and row["bound_by"] != "lower bound":
+            assert rate * (1 - 2 * CAPACITY_MARGIN) <= float(row["throughput_at_rate"]), \
+                f"{path}: {row['system']} served {float(row['throughput_at_rate']):.4g} req/s at {rate:.4g}"

@@ -15,7 +15,25 @@ it passes two rules, both fixed before any claim was recomputed with them:
   (``queue_growth``). Above capacity the slope is the arrival rate minus the service rate, so a rate more than 2 %
   above what the system can serve fails; below capacity the count is stationary and its slope near zero. A slope
   fitted over the whole window is used rather than completions counted between its two ends, whose difference from
-  arrivals is dominated by the requests in flight at each end.
+  arrivals is dominated by the requests in flight at each end. The throughput at a rate (``Load.completion_rate``)
+  is the same kind of slope, of the cumulative completions.
+- **offline throughput**: no rate above the system's offline throughput (every request queued at t = 0, its steady
+  service rate) counts. A system cannot serve more requests per second in the long run than it does saturated; the
+  search's range ends there, and a system that keeps up at that rate is reported at it
+  (``bound_by="offline throughput"``).
+
+Two conditions make a replay able to judge these rules, both also fixed in advance:
+
+- the nominal rate is the rate the steady window receives: ``workloads.poisson_arrivals`` scales its seeded Poisson
+  sample so that the window's arrivals per second equal the rate exactly (a seeded sample of 1,000 arrivals has
+  7 % more arrivals per second in its window than its nominal rate, one of 150 has 18 % fewer);
+- the trace is long enough that its own mix of request lengths cannot fake a growth of the count: a finite sample
+  whose later requests happen to be longer shows a rising count with no queue at all (by Little's law, the count
+  follows the arrival rate times the latency of the requests just arrived). ``Load.trend_se`` estimates that noise
+  directly: the standard deviation of the count's slope over ``TREND_PERMUTATIONS`` replays of the window with the
+  requests' latencies shuffled among them (a seeded permutation; the arrivals kept), relative to the arrival rate.
+  A search whose reported or failing probe has ``trend_se`` above half the margin says so (``RateSearch.judged``:
+  the margin is then less than two standard errors of the noise), and its experiment must use a longer trace.
 
 The search (``sustainable_rate``) bisects geometrically until the highest passing rate and the lowest failing rate
 are within ``RESOLUTION`` (2 %) of each other, and reports that resolution, the rule that bound it, and the
@@ -41,6 +59,10 @@ CAPACITY_MARGIN = 0.02
 RESOLUTION = 0.02
 #: Ramp-up: the first fifth of the trace's arrivals is outside the steady window (``sim.SimResult`` uses the same).
 RAMP_UP_FRACTION = 0.2
+#: Shuffles of the requests' latencies behind ``Load.trend_se`` (module docstring); a replay judges the capacity rule
+#: only if that noise is at most ``MAX_TREND_SE`` of the arrival rate (half the margin).
+TREND_PERMUTATIONS = 32
+MAX_TREND_SE = CAPACITY_MARGIN / 2
 
 
 def normalized_latency(requests: pd.DataFrame) -> float:
@@ -58,14 +80,34 @@ def steady_window(arrival_times) -> tuple[float, float]:
     return (start, end) if end > start else (0.0, math.inf)
 
 
+def _counts(arrival, finish, start: float, end: float, points: int = 256):
+    """Times evenly spaced over ``[start, end)`` and, at each, the requests arrived and the requests finished."""
+    t = np.linspace(start, end, points, endpoint=False)
+    return t, np.searchsorted(np.sort(arrival), t, "right"), np.searchsorted(np.sort(finish), t, "right")
+
+
+def _slope(t, y) -> float:
+    return float(np.polyfit(t - t[0], y, 1)[0])
+
+
+def _trend_se(arrival, finish, start: float, end: float) -> float:
+    """The standard deviation (requests/s) of the count's slope over ``[start, end)`` when the requests' latencies
+    are shuffled among them (``TREND_PERMUTATIONS`` seeded permutations, arrivals kept): the slope the trace's mix of
+    request lengths produces by chance, with no queue (module docstring)."""
+    arrival = np.asarray(arrival, dtype=float)
+    latency = np.asarray(finish, dtype=float) - arrival
+    rng = np.random.default_rng(0)
+    return float(np.std([queue_growth(arrival, arrival + rng.permutation(latency), start, end)
+                         for _ in range(TREND_PERMUTATIONS)]))
+
+
 def queue_growth(arrival, finish, start: float, end: float, points: int = 256) -> float:
     """The least-squares slope (requests/s) of the number of requests in the system (arrived, not finished) over
     ``[start, end)``, sampled at ``points`` evenly spaced times. Over capacity it is the arrival rate minus the
     service rate; under capacity the count is stationary and the slope near zero. A slope over the whole window is
     far less noisy than the difference of its two ends."""
-    t = np.linspace(start, end, points, endpoint=False)
-    in_system = np.searchsorted(np.sort(arrival), t, "right") - np.searchsorted(np.sort(finish), t, "right")
-    return float(np.polyfit(t - start, in_system, 1)[0])
+    t, arrived, finished = _counts(arrival, finish, start, end, points)
+    return _slope(t, arrived - finished)
 
 
 @dataclass(frozen=True)
@@ -73,9 +115,11 @@ class Load:
     """What a run served over its steady window: arrivals and completions per second, and normalized latency."""
 
     arrival_rate: float  # requests arriving in the window / its length
-    completion_rate: float  # requests finishing in the window / its length (the throughput at this load)
+    completion_rate: float  # the least-squares slope of cumulative completions over the window (the throughput)
     normalized_latency_s: float
     queue_growth: float = 0.0  # requests/s: the slope of the number of requests in the system over the window
+    in_system: float = 0.0  # the mean number of requests in the system over the window
+    trend_se: float = 0.0  # the noise of ``queue_growth`` from the trace's length mix, relative to the arrival rate
 
     @classmethod
     def of(cls, requests: pd.DataFrame) -> "Load":
@@ -92,10 +136,14 @@ class Load:
             f = np.sort(finish)
             i0, i1 = int(RAMP_UP_FRACTION * len(f)), int((1 - RAMP_UP_FRACTION) * len(f))
             return cls(math.inf, (i1 - i0) / float(f[i1] - f[i0]) if f[i1] > f[i0] else math.inf, nl)
-        span = end - start
-        arrived = int(((arrival >= start) & (arrival < end)).sum())
-        completed = int(((finish >= start) & (finish < end)).sum())
-        return cls(arrived / span, completed / span, nl, queue_growth(arrival, finish, start, end))
+        rate = int(((arrival >= start) & (arrival < end)).sum()) / (end - start)
+        t, cum_arrived, cum_finished = _counts(arrival, finish, start, end)
+        return cls(rate, _slope(t, cum_finished), nl, _slope(t, cum_arrived - cum_finished),
+                   float((cum_arrived - cum_finished).mean()), _trend_se(arrival, finish, start, end) / rate)
+
+    def judged(self, max_trend_se: float = MAX_TREND_SE) -> bool:
+        """Whether the run is long enough to judge the capacity rule (``trend_se`` at most ``max_trend_se``)."""
+        return self.trend_se <= max_trend_se
 
     def keeps_up(self, margin: float = CAPACITY_MARGIN) -> bool:
         """The capacity rule: the number of requests in the system does not grow over the steady window by more
@@ -114,8 +162,10 @@ class Load:
 class RateSearch:
     """The outcome of ``sustainable_rate``: ``rate`` passes both rules; ``failed_at`` (the lowest rate found to fail,
     ``inf`` if none did) is within ``resolution`` of it; ``bound_by`` names the rule that failed there (or
-    ``"upper bound"`` / ``"lower bound"`` when the search hit an end of its range); ``completion_rate`` is the
-    throughput measured at ``rate`` (requests/s over the steady window)."""
+    ``"upper bound"`` / ``"lower bound"`` when the search hit an end of its range, ``"offline throughput"`` when the
+    system keeps up at its offline throughput, the highest rate that counts); ``completion_rate`` is the throughput
+    measured at ``rate`` (requests/s over the steady window); ``trend_se`` is the larger ``Load.trend_se`` of the
+    probes at ``rate`` and at ``failed_at``."""
 
     rate: float
     failed_at: float
@@ -125,14 +175,21 @@ class RateSearch:
     normalized_latency_s: float
     probes: int
     offline_rate: float = math.nan  # requests/s with every request queued at t = 0 (``offline=True``), else NaN
+    trend_se: float = 0.0
+
+    @property
+    def judged(self) -> bool:
+        """Whether the replays around the answer were long enough to judge the capacity rule (module docstring)."""
+        return self.trend_se <= MAX_TREND_SE
 
     def row(self) -> dict:
         """Columns for a results table: ``sustainable_rate``, ``resolution``, ``bound_by``, ``throughput_at_rate``,
-        ``nl_at_rate_s``, ``failed_at``, ``probes``, ``offline_rate``, ``at_bound``, ``at_upper_bound``."""
+        ``nl_at_rate_s``, ``failed_at``, ``probes``, ``offline_rate``, ``trend_se``, ``judged``,
+        ``at_bound``, ``at_upper_bound``."""
         d = asdict(self)
         return {"sustainable_rate": d.pop("rate"), "resolution": d.pop("resolution"), "bound_by": d.pop("bound_by"),
                 "throughput_at_rate": d.pop("completion_rate"), "nl_at_rate_s": d.pop("normalized_latency_s"),
-                **d, "at_bound": self.bound_by in ("upper bound", "lower bound"),
+                **d, "judged": self.judged, "at_bound": self.bound_by in ("upper bound", "lower bound"),
                 "at_upper_bound": self.bound_by == "upper bound"}
 
 
@@ -144,19 +201,25 @@ def sustainable_rate(replay: Callable[[float], pd.DataFrame], lo: float, hi: flo
     range is extended down by 4x at a time, up to ``max_extensions`` times; if ``hi`` passes, it is reported with
     ``bound_by="upper bound"`` (a lower bound on the sustainable rate, with no resolution).
 
-    ``offline``: first replay with every request at t = 0 (``replay(inf)``) and report that throughput, the capacity
-    the rate is checked against; the search then starts from the bracket ``[offline / 2, 1.1 x offline]`` inside
-    ``[lo, hi]`` (a rate the system cannot serve fails the capacity rule, so the answer is rarely far from it), moving
-    it down or up by 4x while its ends do not straddle the answer. Only the probes differ from a search over the whole
-    range: the rules and the resolution are the same."""
+    ``offline``: first replay with every request at t = 0 (``replay(inf)``): its throughput is the offline rule's
+    limit (module docstring), so the range ends there, and a system that passes at it is reported at it with
+    ``bound_by="offline throughput"`` (and resolution 0: no higher rate counts). The search starts from the bracket
+    ``[offline / 2, offline]`` inside ``[lo, hi]`` (a rate the system cannot serve fails the capacity rule, so the
+    answer is rarely far from it), moving it down by 4x while its lower end fails. Only the probes differ from a search
+    over the whole range: the rules and the resolution are the same."""
     probes: dict[float, Load] = {}
     if not offline:
         return _search(probes, replay, lo, hi, threshold_s, resolution, margin, max_extensions)
     cap = Load.of(replay(math.inf)).completion_rate
-    a, b = max(lo, cap / 2), min(hi, 1.1 * cap)
-    found = _search(probes, replay, a, b, threshold_s, resolution, margin, max_extensions, outer=(lo, hi)) \
-        if math.isfinite(cap) and a < b else _search(probes, replay, lo, hi, threshold_s, resolution, margin,
-                                                     max_extensions)
+    if not math.isfinite(cap):
+        found = _search(probes, replay, lo, hi, threshold_s, resolution, margin, max_extensions)
+    else:
+        hi = min(hi, cap)
+        a = max(lo, cap / 2)
+        found = _search(probes, replay, a, hi, threshold_s, resolution, margin, max_extensions, outer=(lo, hi)) \
+            if a < hi else _search(probes, replay, lo, hi, threshold_s, resolution, margin, max_extensions)
+        if found.bound_by == "upper bound" and found.rate == cap:
+            found = replace(found, bound_by="offline throughput", resolution=0.0)
     return replace(found, offline_rate=cap, probes=found.probes + 1)
 
 
@@ -185,18 +248,19 @@ def _search(probes: dict, replay, lo: float, hi: float, threshold_s: float, reso
         if extensions == max_extensions:
             ld = load(lo)
             return RateSearch(0.0, lo, math.inf, "lower bound", ld.completion_rate, ld.normalized_latency_s,
-                              len(probes))
+                              len(probes), trend_se=ld.trend_se)
         lo, hi, extensions = lo / 4, lo, extensions + 1
     if ok(hi):
         ld = load(hi)
         return RateSearch(hi, math.inf, math.inf, "upper bound", ld.completion_rate, ld.normalized_latency_s,
-                          len(probes))
+                          len(probes), trend_se=ld.trend_se)
     while hi / lo > 1 + resolution:
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    ld = load(lo)
-    return RateSearch(lo, hi, hi / lo - 1, load(hi).verdict(threshold_s, margin), ld.completion_rate,
-                      ld.normalized_latency_s, len(probes))
+    ld, failed = load(lo), load(hi)
+    return RateSearch(lo, hi, hi / lo - 1, failed.verdict(threshold_s, margin), ld.completion_rate,
+                      ld.normalized_latency_s, len(probes),
+                      trend_se=max(ld.trend_se, failed.trend_se))
 
 
 def ratio_resolution(a: RateSearch | dict, b: RateSearch | dict) -> float:
@@ -222,4 +286,9 @@ def describe_ratio(a: dict | pd.Series, b: dict | pd.Series, offline_ratio: floa
         offline_ratio = float(a["offline_rate"]) / float(b["offline_rate"])
     if offline_ratio is not None and math.isfinite(offline_ratio):
         note += f"; offline throughput ratio {offline_ratio:.2f}"
+    short = [x for x in (a, b) if "trend_se" in x and float(x["trend_se"]) > MAX_TREND_SE]
+    if short:
+        note += ("; NOT JUDGED: the trace is too short to judge the capacity rule at "
+                 + " and ".join(f"{float(x['sustainable_rate']):.3g} req/s (length-mix noise "
+                                f"{100 * float(x['trend_se']):.1f} % of the rate)" for x in short))
     return note

@@ -56,9 +56,9 @@ from pagedattn.parallel import pmap
 from pagedattn.paper import FIG16_PREFIX
 from pagedattn.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.sensitivity import widened
-from pagedattn.capacity import RESOLUTION, Load, describe_ratio, sustainable_rate
+from pagedattn.capacity import RESOLUTION, Load, describe_ratio, ratio_resolution, sustainable_rate
 from pagedattn.sim import CostModel, normalized_latency, simulate
-from pagedattn.workloads import TraceRequest
+from pagedattn.workloads import TraceRequest, poisson_arrivals
 
 EXPERIMENT = "07_shared_prefix"
 SIM_MODEL = "sim: LLaMA-13B KV (800 KB/token) on A100-40GB (15.7K token slots, roofline step time with A100-measured constants)"
@@ -100,19 +100,17 @@ def make_requests(prefix_len: int, num_requests: int, vocab_size: int = 32000, r
     prefix = rng.integers(4, vocab_size, prefix_len).tolist()
     suffix_lens = rng.integers(suffix_range[0], suffix_range[1] + 1, num_requests)
     output_lens = rng.integers(output_range[0], output_range[1] + 1, num_requests)
-    gaps = np.zeros(num_requests) if math.isinf(rate) else rng.exponential(1 / rate, num_requests)
-    arrivals = np.cumsum(gaps) - gaps[0]
     out = []
     for i in range(num_requests):
         suffix = rng.integers(4, vocab_size, int(suffix_lens[i])).tolist()
-        out.append(PrefixRequest(f"r{i}", tuple(prefix + suffix), prefix_len, int(output_lens[i]), float(arrivals[i])))
-    return out
+        out.append(PrefixRequest(f"r{i}", tuple(prefix + suffix), prefix_len, int(output_lens[i]), 0.0))
+    return out if math.isinf(rate) else with_rate(out, rate, seed)
 
 
 def with_rate(reqs: list[PrefixRequest], rate: float, seed: int = 0) -> list[PrefixRequest]:
-    """The same prompts with Poisson arrivals at ``rate`` (seeded)."""
-    gaps = np.random.default_rng(seed + 1).exponential(1 / rate, len(reqs))
-    arrivals = np.cumsum(gaps) - gaps[0]
+    """The same prompts with Poisson arrivals at ``rate`` (``workloads.poisson_arrivals``: seeded, the steady
+    window receiving exactly ``rate``)."""
+    arrivals = poisson_arrivals(len(reqs), rate, seed + 1)
     return [PrefixRequest(r.request_id, r.token_ids, r.prefix_len, r.output_len, float(t))
             for r, t in zip(reqs, arrivals)]
 
@@ -414,8 +412,12 @@ def claims(sim: pd.DataFrame, cpu: pd.DataFrame | None, ratios: pd.DataFrame) ->
             note = f"paper scale (sim), sustainable request rate at {NL_THRESHOLD_S} s/token, over Orca (Oracle)"
             if c is not None:
                 note += f"; cpu real engine (offline): {float(c.loc[(shot, 'paged_auto'), 'speedup_vs_orca_oracle']):.2f}x"
+            # both rates are searched to a resolution: equal true rates may be found up to their ratio's apart
+            res = ratio_resolution(r.loc[(shot, NL_THRESHOLD_S, "paged_auto")],
+                                   r.loc[(shot, NL_THRESHOLD_S, "paged_user")])
             out.append(Claim(f"prefix_speedup_auto.{shot}", f">= prefix_speedup.{shot}", round(auto, 2), "x",
-                             f">= user-marked ({user:.2f}x)", bool(auto >= user - 1e-9),
+                             f">= user-marked ({user:.2f}x) within the ratio's resolution ({100 * res:.1f} %)",
+                             bool(auto * (1 + res) >= user - 1e-9),
                              note + "; holds by construction (automatic caching finds at least the marked prefix), "
                                     "not a paper claim", kind="invariant"))
         if (shot, "paged_auto") in s.index:
