@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 from pagedattn import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.experiments import validated
+from pagedattn.experiments.kv_waste import kv_waste_pct
 from pagedattn.experiments.common import (TINY_OPT_SHAPE, Arrival, Clock, ExperimentParams, fastest, greedy, replay,
                                           requests_frame, scaled_trace, tiny_opt)
 from pagedattn.parallel import pmap
@@ -196,9 +197,8 @@ def _sweep_row(task: tuple) -> dict:
     trace, w, bs, kind, cost = task
     r = simulate(trace, "paged", paper_slots(), bs, cost, record_steps=True)
     steps = r.steps
-    alloc = steps[["token_states", "reserved", "internal"]].sum(axis=1)
     dec = steps[steps.kind == "decode"]
-    waste = 100 * (1 - (steps.token_states * steps.dt).sum() / (alloc * steps.dt).sum())
+    waste = kv_waste_pct(r)
     return {"scale": "paper (sim)", "trace": w, "block_size": bs, "variant": kind,
             "kernel_overhead": cost.kernel_overhead, "normalized_latency_s": r.normalized_latency(),
             "mean_batch": r.mean_batch(), "kv_waste_pct": waste,

@@ -125,6 +125,14 @@ def breakdown_table(results: dict[str, SimResult]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def kv_waste_pct(r: SimResult) -> float:
+    """Internal fragmentation of a run (§4.2): the share of allocated KV slots (token states, reserved, internal)
+    that hold no token, time-weighted by step duration, in percent."""
+    steps = r.steps
+    alloc = steps[["token_states", "reserved", "internal"]].sum(axis=1)
+    return float(100 * (1 - (steps.token_states * steps.dt).sum() / (alloc * steps.dt).sum()))
+
+
 def usage_over_time(r: SimResult, bins: int = 400) -> pd.DataFrame:
     """The run's KV breakdown and queue lengths, averaged into ``bins`` equal time bins (to keep the CSV small)."""
     d = r.steps[["time", "num_running", "num_waiting", "memory_bound", *KINDS]].copy()
