@@ -256,18 +256,21 @@ def cached(key: dict, fn: Callable[[], Any], cache: bool = True) -> Any:
 
 
 def capacity(trace_name: str, num_requests: int, seed: int, cost: CostModel, block_size: int = 16,
-             cache: bool = True) -> float:
-    """The paged system's offline throughput (requests/s, every request queued at t = 0): the capacity that the
-    equal-load rate scales with."""
+             cache: bool = True, num_slots: int | None = None) -> float:
+    """The paged system's offline throughput (requests/s, every request queued at t = 0, over the whole run): the
+    capacity that the equal-load rate scales with, and notebook 10's rate grid (``num_slots``: its KV budget, by
+    default the paper's OPT-13B one)."""
     from pagedattn.sim import simulate
     from pagedattn.workloads import make_trace
 
     def run() -> float:
+        kw = {} if num_slots is None else {"num_slots": num_slots}
         return simulate(make_trace(trace_name, num_requests, math.inf, seed), "paged", block_size=block_size,
-                        cost=cost, record_steps=False).throughput()
+                        cost=cost, record_steps=False, **kw).throughput()
 
-    return cached({"fn": "capacity", "trace": trace_name, "n": num_requests, "seed": seed, "cost": asdict(cost),
-                   "block_size": block_size}, run, cache)
+    key = {"fn": "capacity", "trace": trace_name, "n": num_requests, "seed": seed, "cost": asdict(cost),
+           "block_size": block_size}
+    return cached(key if num_slots is None else {**key, "num_slots": num_slots}, run, cache)
 
 
 def rate_at(point: Point, workload: str, rate: float, num_requests: int, seed: int = 0,

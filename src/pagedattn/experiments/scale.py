@@ -210,9 +210,10 @@ def knee_grid(base: tuple, latency_at, max_fraction: float) -> list[tuple[float,
 
 
 def capacity(model: str, trace_name: str, params: Params, cost: CostModel) -> float:
-    """The paged system's offline throughput (requests/s, every request queued at t = 0) on the setup."""
-    trace = make_trace(trace_name, params.num_requests[model][trace_name], math.inf, params.seed)
-    return _replay(trace, "paged", model, params, cost).throughput()
+    """The paged system's offline throughput (requests/s, every request queued at t = 0) on the setup
+    (``sensitivity.capacity`` on the model's KV budget)."""
+    return sensitivity.capacity(trace_name, params.num_requests[model][trace_name], params.seed, cost,
+                                params.block_size, num_slots=num_slots(model))
 
 
 # Fig. 12's replays run in parallel (``pagedattn.parallel.pmap``): first the capacity of every (model, trace), then
