@@ -26,9 +26,11 @@ def test_fit_recovers_a_known_step_time():
     assert err["decode_rel_rms"] < 1e-9 and fit.decode_time(10, 1000) == pytest.approx(1e-3 + 2e-3 + 3e-3)
 
 
-def test_served_step_time_adds_the_servers_cost_per_token():
+def test_the_servers_cost_per_token_is_added_to_each_decoded_sequence():
     fit = O.FittedStepTime(decode_s=1e-3, decode_per_seq_s=1e-4)
-    served = O.served_step_time(fit, in_process_s=2.0, served_s=3.0, tokens=10_000)
+    per_token = O.server_cost_per_token(in_process_s=2.0, served_s=3.0, tokens=10_000)
+    served = O.with_server_cost(fit, per_token)
+    assert per_token == pytest.approx(1e-4) and O.server_cost_per_token(3.0, 2.0, 10) == 0.0
     assert served.decode_per_seq_s == pytest.approx(1e-4 + 1e-4) and served.decode_s == 1e-3
 
 

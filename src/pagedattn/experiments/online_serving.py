@@ -156,15 +156,17 @@ def _arrivals(trace: list[TraceRequest], params: Params) -> list:
                     greedy(r.output_len), {}) for i, r in enumerate(trace)]
 
 
-def served_step_time(engine_fit: FittedStepTime, in_process_s: float, served_s: float,
-                     tokens: int) -> FittedStepTime:
-    """The engine's step time plus the server's work per streamed token (HTTP, server-sent events), charged to each
-    sequence of a decode step: the difference between the same offline run through the server and in-process,
-    spread over the tokens it generated (``(served - in-process) / tokens`` seconds per token)."""
-    from dataclasses import replace
+def server_cost_per_token(in_process_s: float, served_s: float, tokens: int) -> float:
+    """The server's work per streamed token (HTTP, server-sent events): the difference between the same offline run
+    through the server and in-process, spread over the tokens it generated (``(served - in-process) / tokens``
+    seconds, not below zero)."""
+    return max(served_s - in_process_s, 0.0) / tokens
 
-    extra = max(served_s - in_process_s, 0.0) / tokens
-    return replace(engine_fit, decode_per_seq_s=engine_fit.decode_per_seq_s + extra)
+
+def with_server_cost(engine_fit: FittedStepTime, per_token_s: float) -> FittedStepTime:
+    """The engine's step time plus the server's cost per streamed token, charged to each sequence of a decode
+    step."""
+    return replace(engine_fit, decode_per_seq_s=engine_fit.decode_per_seq_s + per_token_s)
 
 
 def predict(trace: list[TraceRequest], system: str, params: Params, cost: FittedStepTime) -> pd.DataFrame:
@@ -256,7 +258,7 @@ def sweep(params: Params, model, checkpoint: str, progress: bool = True
     a warm-up, its offline throughput (every request sent at t = 0), and every rate of its grid (``load_fractions``
     of that throughput), with the simulator's prediction beside each measurement. The prediction's step time is the
     system's in-process fit plus the server's cost per streamed token, measured once on the paged server
-    (``served_step_time``). Returns the curves, the offline table and the step-time fits."""
+    (``server_cost_per_token``). Returns the curves, the offline table and the step-time fits."""
     vocab = params.model["vocab_size"]
     systems = sorted(params.systems, key=lambda s: s != "paged")
     rows, offline, fits, per_token = [], [], [], None
@@ -271,9 +273,8 @@ def sweep(params: Params, model, checkpoint: str, progress: bool = True
             bar.update()
             span = float(served.finish_time.max() - served.arrival_time.min())
             if per_token is None:  # the paged server: the server's cost per streamed token
-                per_token = served_step_time(engine_fit, calib["in_process_s"], span, calib["tokens"]
-                                             ).decode_per_seq_s - engine_fit.decode_per_seq_s
-            cost = replace(engine_fit, decode_per_seq_s=engine_fit.decode_per_seq_s + per_token)
+                per_token = server_cost_per_token(calib["in_process_s"], span, calib["tokens"])
+            cost = with_server_cost(engine_fit, per_token)
             fits.append({"system": system, "label": LABELS.get(system, system), **calib,
                          **{k: v for k, v in asdict(cost).items() if k.startswith(("decode", "prefill"))},
                          "server_per_token_s": per_token})
