@@ -48,15 +48,15 @@ mutants: $(DEVSTAMP)
 ## QUICK=1: small parameters, written to results/quick/ (git-ignored), never over the committed results.
 ## JOBS=N: worker processes per notebook (default: one per core); SCHEDULER=tcp://HOST:8786: a Dask scheduler.
 reproduce: $(STAMP)
-	$(BIN)/python -m pagedattn.reproduce $(QUICK_FLAG) $(if $(JOBS),--jobs $(JOBS),) $(if $(SCHEDULER),--scheduler $(SCHEDULER),)
+	$(BIN)/python -m pagedattn.repro.reproduce $(QUICK_FLAG) $(if $(JOBS),--jobs $(JOBS),) $(if $(SCHEDULER),--scheduler $(SCHEDULER),)
 
 ## Regenerate results/SUMMARY.md and README.md's generated blocks from the summary.json and run.json files present.
 summary: $(STAMP)
-	$(BIN)/python -m pagedattn.results
+	$(BIN)/python -m pagedattn.repro.results
 
 ## Open JupyterLab on the notebooks with the pagedattn (.venv) kernel (LAB_ARGS="--no-browser" etc. go to JupyterLab).
 lab: $(STAMP)
-	$(BIN)/python -m pagedattn.lab $(LAB_ARGS)
+	$(BIN)/python -m pagedattn.repro.lab $(LAB_ARGS)
 
 ## Serve the engine over an OpenAI-compatible HTTP API on 127.0.0.1:$(PORT) (MODEL: a checkpoint folder; default: the
 ## random-weight tiny OPT, no weights needed). SERVE_ARGS="--kv-manager orca_oracle --num-slots 4096" etc. go to it.
@@ -67,7 +67,7 @@ serve: $(STAMP)
 
 ## Train the small OPT on the standard library (opt-stdlib).
 model: $(STAMP)
-	$(BIN)/python -m pagedattn.zoo train opt-stdlib
+	$(BIN)/python -m pagedattn.repro.zoo train opt-stdlib
 
 ## Compile every Triton kernel for sm_80 and sm_90 (no GPU needed): the full grid, its table in results/02_attention_kernel/.
 kernels-compile: $(STAMP)
@@ -75,4 +75,4 @@ kernels-compile: $(STAMP)
 
 ## On a machine with a GPU: settle every GPU claim (kernel correctness, Fig. 18a, bandwidth, engine vs HF, Fig. 19 swap).
 gpu:
-	PYTHONPATH=src $(PYTHON) -m pagedattn.gpu_check
+	PYTHONPATH=src $(PYTHON) -m pagedattn.repro.gpu_check

@@ -1,6 +1,6 @@
 """Paged vs contiguous decode attention (Fig. 18a of Kwon et al., SOSP 2023; §5.1, §7.1).
 
-A thin command-line wrapper over :mod:`pagedattn.experiments.attention_kernel`. On a GPU it times the Triton paged
+A thin command-line wrapper over :mod:`pagedattn.repro.experiments.attention_kernel`. On a GPU it times the Triton paged
 kernel (shuffled block table) against the same kernel on a contiguous layout (identity block table) and against
 torch SDPA on contiguous K/V, and reports the achieved bandwidth against the device's measured copy bandwidth. On
 a CPU it times the torch paths instead (torch reference paged attention vs torch SDPA), and says so.
@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pagedattn.experiments import attention_kernel as ak
-from pagedattn.results import RESULTS_DIR
+from pagedattn.repro.experiments import attention_kernel as ak
+from pagedattn.repro.results import RESULTS_DIR
 
 
 def main(argv: list[str] | None = None) -> int:

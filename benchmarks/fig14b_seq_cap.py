@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from pagedattn.experiments import fig14_curves, gain_sources
-from pagedattn.results import REPO_ROOT, hardware_label, today
+from pagedattn.repro.experiments import fig14_curves, gain_sources
+from pagedattn.repro.results import REPO_ROOT, hardware_label, today
 
 
 def gains(cap: int, widths: tuple[int, ...]) -> list[dict]:

@@ -26,8 +26,8 @@ sys.path.insert(0, str(REPO / "src"))
 
 CHILD = """
 import json, sys, time
-from pagedattn.sim import simulate
-from pagedattn.workloads import make_trace
+from pagedattn.repro.sim import simulate
+from pagedattn.repro.workloads import make_trace
 trace = make_trace("sharegpt", {n}, {rate}, seed=0)
 t = time.process_time()
 r = simulate(trace, "{system}")
@@ -51,7 +51,7 @@ def replay(src: Path, system: str, n: int, rate: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pagedattn.results import hardware_label, today, write_benchmark
+    from pagedattn.repro.results import hardware_label, today, write_benchmark
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", required=True, help="the commit to compare with (e.g. the golden-digest commit)")

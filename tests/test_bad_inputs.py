@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from pagedattn.experiments import attention_kernel, block_size, kv_waste, preemption, shared_prefix, sharing, throughput
+from pagedattn.repro.experiments import attention_kernel, block_size, kv_waste, preemption, shared_prefix, sharing, throughput
 from pagedattn.model import load_model
-from pagedattn.workloads import make_trace
+from pagedattn.repro.workloads import make_trace
 
 
 @pytest.mark.parametrize("args,match", [

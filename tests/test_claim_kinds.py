@@ -2,7 +2,7 @@
 that make them (small frames in, no committed result read), and the README shows invariants apart."""
 import pandas as pd
 
-from pagedattn.results import Claim
+from pagedattn.repro.results import Claim
 
 SYSTEMS = ("orca_max", "orca_pow2", "orca_oracle", "paged")
 
@@ -12,7 +12,7 @@ def kinds(claims) -> dict[str, str]:
 
 
 def test_orca_max_mean_batch_is_an_invariant_in_notebook_01():
-    from pagedattn.experiments import kv_waste
+    from pagedattn.repro.experiments import kv_waste
 
     breakdowns = pd.DataFrame([{"trace": t, "system": s, "token_states": 50.0, "rate": 2.0,
                                 "memory_bound_steps_pct": 95.0, "max_request_waste_slots": 3}
@@ -29,7 +29,7 @@ def test_orca_max_mean_batch_is_an_invariant_in_notebook_01():
 
 
 def test_orca_max_mean_batch_is_an_invariant_in_notebook_03():
-    from pagedattn.experiments import throughput
+    from pagedattn.repro.experiments import throughput
 
     online = pd.DataFrame([{"trace": w, "rate": r, "system": s, "mean_batch": 7.0}
                            for w, r in (("sharegpt", 2.0), ("alpaca", 30.0)) for s in SYSTEMS])
@@ -39,7 +39,7 @@ def test_orca_max_mean_batch_is_an_invariant_in_notebook_03():
 
 
 def test_synthetic_trace_means_are_invariants():
-    from pagedattn.experiments import trace_lengths
+    from pagedattn.repro.experiments import trace_lengths
 
     stats = pd.DataFrame([{"trace": t, "input_mean": 160.0, "output_mean": 340.0, "num_requests": 100,
                            "log_corr": 0.0} for t in trace_lengths.TRACES])
@@ -49,7 +49,7 @@ def test_synthetic_trace_means_are_invariants():
 
 
 def test_table1_slots_from_the_papers_kv_are_invariants():
-    from pagedattn.experiments import scale
+    from pagedattn.repro.experiments import scale
 
     k = kinds(scale.table1_claims(scale.table1()))
     assert {v for n, v in k.items() if n.startswith("table1.slots_from_paper_kv.")} == {"invariant"}
@@ -57,7 +57,7 @@ def test_table1_slots_from_the_papers_kv_are_invariants():
 
 
 def test_automatic_prefix_speedup_is_an_invariant():
-    from pagedattn.experiments import shared_prefix as sp
+    from pagedattn.repro.experiments import shared_prefix as sp
 
     systems = ("orca_oracle", "paged_user", "paged_auto")
     sim = pd.DataFrame([{"shot": shot, "system": s, "speedup_vs_orca_oracle": 1.5, "hit_rate": 0.9,
@@ -72,14 +72,14 @@ def test_automatic_prefix_speedup_is_an_invariant():
 
 
 def test_tour_arithmetic_claims_are_built_as_invariants():
-    from pagedattn.experiments import worked_examples as we
+    from pagedattn.repro.experiments import worked_examples as we
 
     claims = we.kv_sizes()[1] + [we.forty_tokens()["claim"], we.copy_on_write()["claim"]]
     assert len(claims) >= 7 and {c.kind for c in claims} == {"invariant"}
 
 
 def test_readme_lists_invariants_apart_and_says_so():
-    from pagedattn import readme
+    from pagedattn.repro import readme
 
     cs = [{**Claim("a", 1, 1, "", "equal", True, kind="invariant").__dict__},
           {**Claim("b", 2, 3, "x", "", False).__dict__}]
@@ -90,8 +90,8 @@ def test_readme_lists_invariants_apart_and_says_so():
 
 
 def test_readme_fig2_marks_orca_max_mean_batch_as_an_invariant(tmp_path):
-    from pagedattn import readme
-    from pagedattn.results import write_summary
+    from pagedattn.repro import readme
+    from pagedattn.repro.results import write_summary
 
     claims = [Claim(f"{m}.{s}{v}", 7.0, 7.0, "requests", "", True,
                     kind="invariant" if (m, s) == ("mean_batch", "orca_max") else "reproduction")

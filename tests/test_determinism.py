@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pagedattn.experiments import kv_waste
+from pagedattn.repro.experiments import kv_waste
 
 SMALL = dict(quick=True, progress=False, num_requests=80, sweep_block_sizes=(16,))
 
@@ -16,13 +16,13 @@ def summary(root: Path) -> bytes:
     """summary.json without its provenance: the files a run's process had imported, which differ between this
     test's process (every test module's imports) and a fresh interpreter, as they should."""
     doc = json.loads((root / kv_waste.EXPERIMENT / "summary.json").read_text())
-    assert "src/pagedattn/experiments/kv_waste.py" in doc.pop("provenance")["files"]
+    assert "src/pagedattn/repro/experiments/kv_waste.py" in doc.pop("provenance")["files"]
     return json.dumps(doc, indent=2).encode()
 
 
 def test_same_seed_same_summary_bytes(tmp_path):
     kv_waste.run(results_dir=tmp_path / "a", **SMALL)
-    code = f"from pagedattn.experiments import kv_waste; kv_waste.run(results_dir={str(tmp_path / 'b')!r}, **{SMALL!r})"
+    code = f"from pagedattn.repro.experiments import kv_waste; kv_waste.run(results_dir={str(tmp_path / 'b')!r}, **{SMALL!r})"
     env = {**os.environ, "PYTHONHASHSEED": "12345",
            "PYTHONPATH": os.pathsep.join([str(Path(kv_waste.__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)

@@ -9,11 +9,11 @@ compared: its kind, the requests it runs, preempts, swaps out and in, the number
 import pytest
 import torch
 
-from pagedattn.experiments.common import make_engine, tiny_opt
+from pagedattn.repro.experiments.common import make_engine, tiny_opt
 from pagedattn.scheduler import Scheduler
 from pagedattn.sequence import SamplingParams
-from pagedattn.sim import simulate
-from pagedattn.workloads import TraceRequest, synthetic_prompt
+from pagedattn.repro.sim import simulate
+from pagedattn.repro.workloads import TraceRequest, synthetic_prompt
 
 
 def zero_head_opt():

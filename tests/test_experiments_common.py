@@ -1,16 +1,16 @@
-"""The experiments' shared toolkit (``pagedattn.experiments.common``): parameters with quick defaults, the CPU model,
+"""The experiments' shared toolkit (``pagedattn.repro.experiments.common``): parameters with quick defaults, the CPU model,
 scaled traces, a system's engine, trace replay on an injected clock, and timing by the fastest run. Every clock here
 is a fake one that the test advances, so nothing depends on wall time."""
 from dataclasses import dataclass
 
 import pytest
 
-from pagedattn.experiments import validated
-from pagedattn.experiments.common import (Arrival, Clock, ExperimentParams, ServingParams, fastest, greedy,
+from pagedattn.repro.experiments import validated
+from pagedattn.repro.experiments.common import (Arrival, Clock, ExperimentParams, ServingParams, fastest, greedy,
                                           make_engine, replay, requests_frame, scaled_trace, tiny_opt)
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
-from pagedattn.workloads import TraceRequest, make_trace
+from pagedattn.repro.workloads import TraceRequest, make_trace
 
 
 @dataclass

@@ -4,7 +4,7 @@ import pandas as pd
 
 
 def test_fig14_gain_claims():
-    from pagedattn.experiments import fig14_curves
+    from pagedattn.repro.experiments import fig14_curves
 
     def gains(values, beams=None):
         rows = [{"method": "parallel", "width": n, "preemption": "swap", "gain": g} for n, g in values.items()]

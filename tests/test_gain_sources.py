@@ -4,10 +4,10 @@ import math
 import pandas as pd
 import pytest
 
-from pagedattn import parallel
-from pagedattn.experiments import gain_sources, sharing
-from pagedattn.sim import simulate
-from pagedattn.workloads import make_trace
+from pagedattn.repro import parallel
+from pagedattn.repro.experiments import gain_sources, sharing
+from pagedattn.repro.sim import simulate
+from pagedattn.repro.workloads import make_trace
 
 
 @pytest.fixture(autouse=True)

@@ -1,11 +1,11 @@
-"""``python -m pagedattn.gpu_check`` (``make gpu``): its dry run on a machine without a GPU lists every step and
+"""``python -m pagedattn.repro.gpu_check`` (``make gpu``): its dry run on a machine without a GPU lists every step and
 exits 0, and its claim filling keeps a summary's other claims."""
 from __future__ import annotations
 
 import json
 
-from pagedattn import gpu_check
-from pagedattn.results import Claim
+from pagedattn.repro import gpu_check
+from pagedattn.repro.results import Claim
 
 
 def test_dry_run_lists_every_step(capsys, tmp_path):
@@ -52,8 +52,8 @@ def test_gpu_results_fill_the_null_claims_of_02_and_06():
     GPU microbenchmark table; without them the claims stay null."""
     import pandas as pd
 
-    from pagedattn.experiments import attention_kernel as ak
-    from pagedattn.experiments import preemption as pe
+    from pagedattn.repro.experiments import attention_kernel as ak
+    from pagedattn.repro.experiments import preemption as pe
 
     nulls = [Claim("paged_over_contiguous_latency.gpu", None, None), Claim("bandwidth_fraction.gpu", None, None)]
     assert ak.with_gpu_claims(nulls, {}) == nulls

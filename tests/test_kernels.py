@@ -23,7 +23,7 @@ import pytest  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from pagedattn.experiments.attention_kernel import make_paged_inputs  # noqa: E402
+from pagedattn.repro.experiments.attention_kernel import make_paged_inputs  # noqa: E402
 from pagedattn.kernels import (copy_blocks_ref, paged_attention_ref, reshape_and_cache_ref,  # noqa: E402
                                swap_blocks_ref)
 

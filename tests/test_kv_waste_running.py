@@ -5,7 +5,7 @@ import pytest
 
 @pytest.mark.slow
 def test_fig2_running_engines_accounts_for_the_whole_budget():
-    from pagedattn.experiments import kv_waste_running as k
+    from pagedattn.repro.experiments import kv_waste_running as k
 
     p = k.Params.make(True)
     p.num_requests = 10

@@ -1,7 +1,7 @@
 """The notebooks' prose cannot drift from the run (issue 28, part 3).
 
 A number in a markdown cell is either a reference to the paper (figure, table, section, year, model or GPU name), the
-paper's own published value (``pagedattn.paper``) said as the paper's, or a fixed parameter listed below with its
+paper's own published value (``pagedattn.repro.paper``) said as the paper's, or a fixed parameter listed below with its
 reason. Every measured number is printed by a code cell (``IPython.display.Markdown`` built from the run's tables), so
 a rerun cannot leave a stale value in the text. Version history ("an earlier version ...") belongs in git.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedattn import paper
+from pagedattn.repro import paper
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -114,7 +114,7 @@ ALLOWED = {
 
 
 def paper_values() -> set[str]:
-    """The paper's published numbers (``pagedattn.paper``), as they may be written in prose."""
+    """The paper's published numbers (``pagedattn.repro.paper``), as they may be written in prose."""
     out: set[str] = set()
 
     def walk(v):

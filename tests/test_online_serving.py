@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pagedattn.experiments import online_serving as O
+from pagedattn.repro.experiments import online_serving as O
 
 
 def test_fit_recovers_a_known_step_time():

@@ -1,4 +1,4 @@
-"""The sweep executor (``pagedattn.parallel``, issue 26): the same results, in the same order, in this process, on a
+"""The sweep executor (``pagedattn.repro.parallel``, issue 26): the same results, in the same order, in this process, on a
 process pool and on a Dask ``LocalCluster``; and an experiment's ``summary.json`` byte for byte the same whichever
 computed it."""
 import math
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pagedattn import parallel, sensitivity
-from pagedattn.parallel import call, pmap
+from pagedattn.repro import parallel, sensitivity
+from pagedattn.repro.parallel import call, pmap
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def restore_settings():
 
 
 def _tasks():
-    from pagedattn.sim import simulate  # noqa: F401 (a module-level function, picklable by reference)
+    from pagedattn.repro.sim import simulate  # noqa: F401 (a module-level function, picklable by reference)
 
     return [(math.sqrt, (x,), {}) for x in range(20)] + [(divmod, (17, k), {}) for k in (1, 2, 3)]
 
@@ -55,7 +55,7 @@ _points = sensitivity.points
 def _summary_bytes(monkeypatch, **settings) -> bytes:
     """09's quick run with three computed sensitivity points (the quick grid computes only one), under
     ``parallel.configure(**settings)``, with a fresh sweep cache: its summary.json."""
-    from pagedattn.experiments import chatbot
+    from pagedattn.repro.experiments import chatbot
 
     grid = _points(quick=True) + [sensitivity.Point(0.5, 0.3, 0.008), sensitivity.Point(0.9, 0.3, 0.004)]
     monkeypatch.setattr(sensitivity, "points", lambda *a, **k: grid)
@@ -82,8 +82,8 @@ def test_real_engine_tasks_build_the_same_model_in_every_worker(restore_settings
     from the notebook: every process must get the same weights."""
     import torch
 
-    from pagedattn.experiments.common import tiny_opt, tiny_opt_cached
-    from pagedattn.experiments.throughput import TINY_OPT
+    from pagedattn.repro.experiments.common import tiny_opt, tiny_opt_cached
+    from pagedattn.repro.experiments.throughput import TINY_OPT
 
     want = tiny_opt(0, **TINY_OPT).state_dict()
     for got in pmap(call, [(tiny_opt_cached, (0,), TINY_OPT)] * 2, jobs=2):

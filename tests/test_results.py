@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pagedattn import readme, reproduce
-from pagedattn.results import (KINDS, QUICK_RESULTS_DIR, REPO_ROOT, RESULTS_DIR, STALE_FILE, Claim, build_summary_md,
+from pagedattn.repro import readme, reproduce
+from pagedattn.repro.results import (KINDS, QUICK_RESULTS_DIR, REPO_ROOT, RESULTS_DIR, STALE_FILE, Claim, build_summary_md,
                                check, provenance, render_summary_md, source_hash, write_summary)
 
 FIELDS = {"name", "paper", "ours", "unit", "tolerance", "holds", "note", "kind", "band"}
@@ -174,7 +174,7 @@ def test_write_summary_records_the_real_sources_sorted(tmp_path, monkeypatch):
     monkeypatch.setenv("PAGEDATTN_NOTEBOOK", "notebooks/01_kv_memory_waste.ipynb")
     text = write_summary(tmp_path, "01_x", "cpu", "m", False, [Claim("c", 1, 1, holds=True)]).read_text()
     files = json.loads(text)["provenance"]["files"]
-    assert {"src/pagedattn/results.py", "requirements.txt", "notebooks/01_kv_memory_waste.ipynb"} <= set(files)
+    assert {"src/pagedattn/repro/results.py", "requirements.txt", "notebooks/01_kv_memory_waste.ipynb"} <= set(files)
     assert all(not Path(f).is_absolute() for f in files)
     assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"  # deterministic bytes
     assert check(tmp_path) == []
@@ -213,7 +213,7 @@ def test_no_provenance_is_stale(tmp_path):
 
 
 def test_check_cli_exits_1_on_stale_results(monkeypatch, capsys):
-    from pagedattn import results
+    from pagedattn.repro import results
 
     monkeypatch.setattr(results, "check", lambda: ["01_x: no provenance recorded"])
     assert results.main(["--check"]) == 1 and "01_x: no provenance recorded" in capsys.readouterr().out
@@ -222,16 +222,16 @@ def test_check_cli_exits_1_on_stale_results(monkeypatch, capsys):
 
 
 def test_committed_summary_md_is_what_pagedattn_results_writes():
-    """CI: results/SUMMARY.md is generated, staleness included (regenerate: python -m pagedattn.results)."""
+    """CI: results/SUMMARY.md is generated, staleness included (regenerate: python -m pagedattn.repro.results)."""
     assert (RESULTS_DIR / "SUMMARY.md").read_text() == render_summary_md(), \
-        "results/SUMMARY.md is out of date: run `python -m pagedattn.results` and commit it"
+        "results/SUMMARY.md is out of date: run `python -m pagedattn.repro.results` and commit it"
 
 
 # --- README blocks (issue 26, part 5) ----------------------------------------------------------------------------
 
 def test_committed_readme_blocks_are_what_pagedattn_results_writes():
     assert (REPO_ROOT / "README.md").read_text() == readme.render_readme(), \
-        "README.md's generated blocks are out of date: run `python -m pagedattn.results` and commit it"
+        "README.md's generated blocks are out of date: run `python -m pagedattn.repro.results` and commit it"
 
 
 def test_every_headline_pattern_matches_a_committed_claim():
@@ -317,7 +317,7 @@ def test_no_committed_sustainable_rate_exceeds_its_offline_throughput():
     request queued (``capacity``'s offline rule), and the throughput measured at the rate is within the capacity
     rule's margin of it: the queue grows by at most that margin of the arrival rate (twice the margin here, as the
     window's arrival slope is itself a least-squares fit)."""
-    from pagedattn.capacity import CAPACITY_MARGIN
+    from pagedattn.repro.capacity import CAPACITY_MARGIN
 
     rows = list(_committed_rate_rows())
     assert rows, "no sustainable-rate table among the committed results"

@@ -4,7 +4,7 @@ import pandas as pd
 
 
 def test_table1_from_configs_matches_the_papers_setups():
-    from pagedattn.experiments import scale
+    from pagedattn.repro.experiments import scale
 
     t = scale.table1().set_index("model")
     assert t.loc["OPT-13B", "kv_bytes_per_token"] == 800 * 1024  # §3: 800 KB per token
@@ -17,16 +17,16 @@ def test_table1_from_configs_matches_the_papers_setups():
 
 
 def test_cost_model_of_each_setup_is_tensor_parallel_over_its_gpus():
-    from pagedattn.experiments import scale
+    from pagedattn.repro.experiments import scale
 
     assert [scale.cost_model(m).tp_size for m in scale.MODELS] == [1, 4, 8]
     assert scale.cost_model("OPT-175B").hbm_bytes_per_s > scale.cost_model("OPT-66B").hbm_bytes_per_s
 
 
 def test_rate_claims_are_two_sided_on_sharegpt_and_tracking_elsewhere():
-    from pagedattn.experiments import scale
+    from pagedattn.repro.experiments import scale
 
-    from pagedattn.capacity import RateSearch
+    from pagedattn.repro.capacity import RateSearch
 
     rows = [{"model": "OPT-66B", "trace": w, "system": s,
              **RateSearch(r, 1.02 * r, 0.02, "capacity", r, 0.1, 9, offline_rate=1.1 * r).row()}
@@ -41,7 +41,7 @@ def test_rate_claims_are_two_sided_on_sharegpt_and_tracking_elsewhere():
 
 
 def test_knee_grid_extends_each_curve_until_it_passes_the_knee():
-    from pagedattn.experiments import scale
+    from pagedattn.repro.experiments import scale
 
     latency = {0.5: 0.1, 1.0: 0.2, 1.25: 0.35, 1.5625: 0.41}
     got = scale.knee_grid((0.5, 1.0), lambda f: latency[round(f, 4)], 16.0)

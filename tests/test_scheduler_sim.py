@@ -7,8 +7,8 @@ from pagedattn.memory import BlockManager
 from pagedattn.memory.accounting import breakdown
 from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs, _add_moves
-from pagedattn.sim import SYSTEMS, make_kv_manager, simulate
-from pagedattn.workloads import TraceRequest, make_trace
+from pagedattn.repro.sim import SYSTEMS, make_kv_manager, simulate
+from pagedattn.repro.workloads import TraceRequest, make_trace
 from seq_groups import make_group
 
 
@@ -158,7 +158,7 @@ def test_simulation_finishes_every_request_and_returns_every_block(system):
 def test_simulation_under_pressure_preempts_and_leaks_nothing(mode):
     trace = [TraceRequest(f"r{i}", 0.0, 30 + 7 * i, 60) for i in range(12)]
     kv_holder = {}
-    import pagedattn.sim as sim
+    import pagedattn.repro.sim as sim
 
     orig = sim.make_kv_manager
 

@@ -14,11 +14,11 @@ from test_engine import assert_all_blocks_free
 from pagedattn import replay
 from pagedattn.async_engine import AsyncEngine
 from pagedattn.engine import LLMEngine
-from pagedattn.experiments.common import tiny_opt
+from pagedattn.repro.experiments.common import tiny_opt
 from pagedattn.llm import LLM
 from pagedattn.sequence import SamplingParams
 from pagedattn.serve import build_app, field_of, load_engine, serve_in_thread
-from pagedattn.workloads import synthetic_prompt
+from pagedattn.repro.workloads import synthetic_prompt
 
 MODEL = "tiny:opt"
 

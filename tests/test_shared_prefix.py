@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pagedattn.engine import LLMEngine
-from pagedattn.experiments import shared_prefix as sp
+from pagedattn.repro.experiments import shared_prefix as sp
 from pagedattn.sequence import SamplingParams
 from tiny_models import tiny_opt
 

@@ -4,11 +4,11 @@ import math
 
 import pandas as pd
 
-from pagedattn.capacity import RateSearch
+from pagedattn.repro.capacity import RateSearch
 
-from pagedattn.experiments import chatbot, kv_waste
-from pagedattn.sim import SYSTEMS, simulate
-from pagedattn.workloads import TraceRequest, make_trace, with_rate
+from pagedattn.repro.experiments import chatbot, kv_waste
+from pagedattn.repro.sim import SYSTEMS, simulate
+from pagedattn.repro.workloads import TraceRequest, make_trace, with_rate
 
 
 def test_steady_state_drops_warm_up_and_drain():

@@ -7,8 +7,8 @@ import pytest
 
 from pagedattn.memory import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
-from pagedattn.sim import BEAM_DISTINCT_PARENTS, BeamModel, CostModel, simulate
-from pagedattn.workloads import TraceRequest, make_trace
+from pagedattn.repro.sim import BEAM_DISTINCT_PARENTS, BeamModel, CostModel, simulate
+from pagedattn.repro.workloads import TraceRequest, make_trace
 from seq_groups import make_group
 
 # One request: a 4-token prompt (one full block of 4) and 8 output tokens, two beams.

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from pagedattn.sim import BeamModel, CostModel, simulate
-from pagedattn.workloads import make_trace
+from pagedattn.repro.sim import BeamModel, CostModel, simulate
+from pagedattn.repro.workloads import make_trace
 
 DIGESTS = Path(__file__).parent / "fixtures" / "sim_digests.json"
 #: The step-time constants of the digests (the defaults of 2026-12-01, written out).
@@ -48,7 +48,7 @@ def _prefix_prompts(trace, prefix_len: int, seed: int) -> tuple[dict, dict]:
 
 
 def _with_prompt_lens(trace, prompts):
-    from pagedattn.workloads import TraceRequest
+    from pagedattn.repro.workloads import TraceRequest
 
     return [TraceRequest(r.request_id, r.arrival_time, len(prompts[r.request_id]), r.output_len) for r in trace]
 

@@ -13,8 +13,8 @@ from pagedattn.config import SchedulerConfig
 from pagedattn.memory import AllocStatus, BlockManager, BlockPool
 from pagedattn.scheduler import Scheduler
 from pagedattn.sequence import SequenceGroup
-from pagedattn.sim import simulate
-from pagedattn.workloads import TraceRequest
+from pagedattn.repro.sim import simulate
+from pagedattn.repro.workloads import TraceRequest
 from seq_groups import make_group
 
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from pagedattn.workloads import TRACES, TraceRequest, make_trace, synthetic_prompt
+from pagedattn.repro.workloads import TRACES, TraceRequest, make_trace, synthetic_prompt
 
 
 @dataclass
@@ -226,7 +226,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     a = parse_args(argv)
-    from pagedattn.experiments.common import scaled_trace
+    from pagedattn.repro.experiments.common import scaled_trace
 
     trace = make_trace(a.trace, a.num_requests, a.rate, a.seed) if a.scale == 1 else \
         scaled_trace(a.trace, a.num_requests, a.scale, a.rate, a.seed)

@@ -258,7 +258,7 @@ def load_engine(model: str, kv_manager: str = "paged", num_slots: int = 8192, bl
     """An ``LLMEngine`` for MODEL (a checkpoint folder, or ``tiny:opt``) under ``kv_manager`` over ``num_slots``
     token slots (``experiments.common.make_engine``, the same systems the simulator replays), keeping the metrics of
     the last ``max_step_metrics`` steps (a server runs for days)."""
-    from pagedattn.experiments.common import make_engine, tiny_opt
+    from pagedattn.repro.experiments.common import make_engine, tiny_opt
 
     if model == TINY_SPEC:
         model_obj = tiny_opt(seed)

@@ -1,0 +1,201 @@
+"""Run every notebook headlessly with papermill into ``results/<notebook>/`` (``make reproduce``).
+
+Each notebook has a ``parameters`` cell with at least ``quick`` (small parameters) and ``results_dir`` (the root
+under which it writes ``<notebook name>/``). The executed copy is saved beside its CSV/PNG/summary.json, and
+``<root>/SUMMARY.md`` is regenerated at the end.
+
+Full runs write the committed ``results/``; quick runs (``--quick``) write to ``results/quick/``, which git
+ignores, so a first try never overwrites the committed results. A notebook that fails does not stop the others; its
+folder gets a ``STALE`` file, so that SUMMARY.md marks whatever ``summary.json`` it holds as stale, and the command
+exits 1.
+
+``--jobs N`` (default: one per core) and ``--scheduler tcp://HOST:PORT`` (a Dask scheduler) reach each notebook as
+the papermill parameters ``jobs`` and ``scheduler`` when its parameters cell declares them, and always as the
+environment variables ``PAGEDATTN_JOBS`` and ``PAGEDATTN_SCHEDULER``. ``PAGEDATTN_NOTEBOOK`` names the notebook, for
+the provenance block of its ``summary.json``. Each successful notebook's duration, jobs, machine and date go to
+``<root>/<notebook>/run.json`` (apart from summary.json, whose bytes must not depend on how the run was made).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as _dt
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pagedattn.repro.lab import KERNEL_NAME
+from pagedattn.repro.results import (NOTEBOOK_ENV, QUICK_RESULTS_DIR, REPO_ROOT, RESULTS_DIR, RUN_FILE, STALE_FILE,
+                               build_summary_md, hardware_label, today)
+
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+
+
+def kernel_name() -> str:
+    """The venv's registered kernel when present (``make`` registers it), else the current interpreter's."""
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        if KERNEL_NAME in KernelSpecManager().find_kernel_specs():
+            return KERNEL_NAME
+    except Exception:  # pragma: no cover - jupyter_client is a papermill dependency
+        pass
+    return "python3"
+
+
+def in_repo(path: str | os.PathLike, seen_from: Path = REPO_ROOT) -> str:
+    """``path`` as seen from ``seen_from`` when it lies in the repository (``../results`` from ``notebooks/``), so
+    that an executed copy or a summary names no machine's folders; absolute otherwise."""
+    path = Path(path).resolve()
+    return Path(os.path.relpath(path, seen_from)).as_posix() if path.is_relative_to(REPO_ROOT) else path.as_posix()
+
+
+def run_notebook(path: str | os.PathLike, quick: bool, results_dir: str | os.PathLike = RESULTS_DIR,
+                 parameters: dict | None = None, timeout_s: int | None = None, jobs: int | None = None,
+                 scheduler: str | None = None) -> Path:
+    """Execute one notebook; return the executed copy's path (``<results_dir>/<name>/<name>.ipynb``).
+
+    ``jobs`` and ``scheduler`` are passed as parameters only to a notebook that declares them (so that one not yet
+    converted still runs), and as ``PAGEDATTN_JOBS`` / ``PAGEDATTN_SCHEDULER`` to every one. ``timeout_s`` bounds
+    each cell: by default an hour in quick mode and six hours in a full run, whose sensitivity bands
+    (``sensitivity.py``) replay the simulator a few hundred times in one cell on a 2-core machine."""
+    import papermill as pm
+
+    if timeout_s is None:
+        timeout_s = 3600 if quick else 6 * 3600
+    path = Path(path)
+    out_dir = Path(results_dir) / path.stem
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / path.name
+    options = {k: v for k, v in {"jobs": jobs, "scheduler": scheduler}.items() if v is not None}
+    declared = pm.inspect_notebook(str(path))
+    params = {"quick": bool(quick), "results_dir": in_repo(results_dir, NOTEBOOKS_DIR)}
+    params.update({k: v for k, v in options.items() if k in declared})
+    params.update(parameters or {})
+    pythonpath = os.pathsep.join([str(REPO_ROOT / "src")] + ([os.environ["PYTHONPATH"]]
+                                                              if os.environ.get("PYTHONPATH") else []))
+    env = {"PYTHONPATH": pythonpath, NOTEBOOK_ENV: in_repo(path),
+           **{f"PAGEDATTN_{k.upper()}": str(v) for k, v in options.items()}}
+    with environ(env), tempfile.TemporaryDirectory() as sockets:
+        km = ipc_kernel_manager(sockets)
+        try:
+            pm.execute_notebook(str(path), str(out), parameters=params, kernel_name=km.kernel_name, km=km,
+                                cwd=str(NOTEBOOKS_DIR), progress_bar=False, execution_timeout=timeout_s,
+                                log_output=False)
+        finally:
+            if km.has_kernel:
+                asyncio.run(km.shutdown_kernel(now=True))
+    return out
+
+
+def ipc_kernel_manager(folder: str):
+    """A kernel manager whose kernel talks over Unix sockets in ``folder`` (this machine only), not TCP: no port
+    is opened, and the kernel has no "running over TCP without encryption" warning to print for every notebook."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    return AsyncKernelManager(kernel_name=kernel_name(), transport="ipc", ip=os.path.join(folder, "kernel"))
+
+
+@contextlib.contextmanager
+def environ(values: dict[str, str]):
+    """Set environment variables (inherited by the notebook's kernel) for the duration of a block."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def write_run_record(out_dir: Path, notebook: str, seconds: float, jobs: int, scheduler: str | None,
+                     started: str, all_notebooks: bool) -> Path:
+    """``<out_dir>/run.json``: how long the notebook took, with how many jobs, on which machine, when; ``started``
+    (the command's start time) and ``all_notebooks`` (no ``--only``) let SUMMARY.md tell one full run apart."""
+    record = {"notebook": notebook, "seconds": round(seconds, 1), "jobs": jobs, "scheduler": scheduler,
+              "machine": hardware_label("cpu"), "date": today(), "started": started, "all_notebooks": all_notebooks}
+    path = Path(out_dir) / RUN_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def select(notebooks: list[Path], only: list[str] | None) -> list[Path]:
+    """The notebooks whose names start with one of ``only`` (all when ``only`` is None); ValueError naming the
+    prefix when one matches nothing, so that a typo never passes as a successful run of zero notebooks."""
+    if only is None:
+        return notebooks
+    if not only:
+        raise ValueError("--only needs at least one notebook name prefix, e.g. --only 01 03")
+    unmatched = [p for p in only if not any(nb.name.startswith(p) for nb in notebooks)]
+    if unmatched:
+        raise ValueError(f"--only {' '.join(unmatched)} matches no notebook; known: "
+                         f"{', '.join(nb.stem for nb in notebooks)}")
+    return [nb for nb in notebooks if any(nb.name.startswith(p) for p in only)]
+
+
+def mark_stale(summary: Path, mtime_before: int | None, error: Exception) -> None:
+    """Leave a ``STALE`` file beside the summary.json of a notebook whose run failed, saying which numbers remain."""
+    first_line = (str(error).strip().splitlines() or [""])[0][:200]
+    if not summary.exists():
+        return
+    if mtime_before is not None and summary.stat().st_mtime_ns == mtime_before:
+        origin = "the numbers below are from an earlier run"
+    else:
+        origin = "the numbers below were written by that run before it failed"
+    (summary.parent / STALE_FILE).write_text(f"the run of {time.strftime('%Y-%m-%d %H:%M')} failed "
+                                             f"({type(error).__name__}: {first_line}); {origin}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="small parameters (CI-sized), written to results/quick/")
+    ap.add_argument("--only", nargs="*", help="notebook name prefixes to run, e.g. 01 03")
+    ap.add_argument("--results-dir", default=None,
+                    help=f"root to write to (default: {RESULTS_DIR}, or {QUICK_RESULTS_DIR} with --quick)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="worker processes for each notebook's sweeps (default: one per core)")
+    ap.add_argument("--scheduler", default=None, help="a Dask scheduler address, e.g. tcp://HOST:8786")
+    args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
+    results_dir = Path(args.results_dir or (QUICK_RESULTS_DIR if args.quick else RESULTS_DIR))
+    try:
+        notebooks = select(sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")), args.only)
+    except ValueError as e:
+        ap.error(str(e))
+    failed = []
+    started = _dt.datetime.now().isoformat(timespec="seconds")
+    for nb in notebooks:
+        t0 = time.perf_counter()
+        print(f"[reproduce] {nb.name} (quick={args.quick}) ...", flush=True)
+        summary = results_dir / nb.stem / "summary.json"
+        before = summary.stat().st_mtime_ns if summary.exists() else None
+        try:
+            out = run_notebook(nb, args.quick, results_dir, jobs=args.jobs, scheduler=args.scheduler)
+            seconds = time.perf_counter() - t0
+            (results_dir / nb.stem / STALE_FILE).unlink(missing_ok=True)
+            write_run_record(results_dir / nb.stem, nb.stem, seconds, args.jobs, args.scheduler, started,
+                             all_notebooks=args.only is None)
+            print(f"[reproduce]   -> {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out} "
+                  f"in {seconds:.0f} s", flush=True)
+        except Exception as e:  # keep going: one broken notebook must not hide the others' results
+            print(f"[reproduce]   FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            failed.append(nb.name)
+            mark_stale(summary, before, e)
+    print(f"[reproduce] wrote {build_summary_md(results_dir)}")
+    if failed:
+        print(f"[reproduce] failed notebooks: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

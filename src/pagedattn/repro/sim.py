@@ -1,0 +1,446 @@
+"""The simulated executor: the real scheduler and KV managers, driven at the paper's scale with no model.
+
+A trace replay runs the same ``Scheduler`` and ``BlockManager`` / ``ContiguousKVManager`` as the real engine; the
+forward pass is replaced by a step-time model and each running sequence gains one (dummy) token per step. This is
+how OPT-13B on an A100-40GB (15.7K token slots, paper Table 1) is reproduced on a laptop.
+
+The step-time model is a roofline (``CostModel``): a decode step reads the weights and every running sequence's K/V
+from HBM; a prefill step is bound by the larger of the weight read and the prompt FLOPs; each step pays a fixed
+framework overhead; a step that swaps (§4.5) also pays its PCIe copies. Its constants are the A100-40GB datasheet's
+(1.555 TB/s, 312 TFLOP/s fp16) derated by efficiencies measured on an A100 and a per-step overhead measured as a
+function of the batch, all derived from Vidur's published A100 operator profiles (``pagedattn.repro.cost_profile``, which
+names the source files, commits and the MIT licence): decode bandwidth efficiency 0.65, large-prefill FLOP efficiency
+0.64, overhead 0.79 ms + 0.043 ms per sequence. None of them is fitted to the paper's figures. How far an agreement
+with the paper rests on them is what ``pagedattn.repro.sensitivity`` reports, as a band over their measured spread
+(``sensitivity.MEASURED_BAND``). The constants chosen before any were measured (0.7, 0.5, a flat 4 ms per step) stay
+as the named variant ``CostModel.assumed()``, and each band also reports the claim under them. The PCIe model is
+still assumed (32 GB/s x 0.8, 5 us per copy).
+
+Beam search (§4.4, Fig. 14b) has no model to score candidates here, so ``BeamModel`` draws which beams survive each
+step, with a mean number of distinct parents measured on the real engine (notebook 04); see its docstring.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from pagedattn.repro.capacity import RAMP_UP_FRACTION, Load, normalized_latency, steady_window
+from pagedattn.repro.cost_profile import measured as _measured_a100
+from pagedattn.config import OPT_13B, ModelSpec, SchedulerConfig, blocks_needed, paper_slots
+from pagedattn.memory.block_manager import BlockManager
+from pagedattn.memory.contiguous import ContiguousKVManager
+from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
+from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+from pagedattn.repro.workloads import TraceRequest
+
+System = Literal["paged", "orca_max", "orca_pow2", "orca_oracle", "ft"]
+SYSTEMS: tuple[str, ...] = ("orca_max", "orca_pow2", "orca_oracle", "paged")
+LABELS = {"orca_max": "Orca (Max)", "orca_pow2": "Orca (Pow2)", "orca_oracle": "Orca (Oracle)", "paged": "vLLM (ours)",
+          "ft": "FasterTransformer"}
+
+
+_A100 = _measured_a100()
+
+
+@dataclass
+class CostModel:
+    """Roofline step time of one iteration (seconds). Defaults: OPT-13B fp16 on one A100-40GB.
+
+    Swapping (§4.5) is charged as vLLM v0 does it: one ``cudaMemcpyAsync`` per block, per layer, for K and for V, so
+    ``n`` swapped blocks cost ``2 x num_layers x n`` copies of ``block_size x kv_bytes_per_token / (2 x num_layers)``
+    bytes, each ``copy_latency_s`` plus its bytes over the PCIe bandwidth. Assumptions, not measurements: PCIe 4.0
+    x16 (32 GB/s per direction, the A100 datasheet's 64 GB/s bidirectional) at 80 % efficiency, and 5 us per copy
+    (the order of one small ``cudaMemcpyAsync`` between pinned host memory and the GPU).
+
+    The per-step overhead is ``step_overhead_s + step_overhead_per_seq_s x batch`` (sequences decoded, or prompts
+    prefilled). The defaults are ``measured_a100()``: derived from Vidur's A100 operator profiles
+    (``pagedattn.repro.cost_profile``, which names the source files, commits and licence): decode bandwidth efficiency
+    0.65, prefill FLOP efficiency 0.64, overhead 0.79 ms + 0.043 ms per sequence. ``assumed()`` names the constants
+    chosen before any was measured (0.7, 0.5, a flat 4 ms), kept so that the change in each verdict is visible."""
+
+    weight_bytes: float = 26e9  # paper Table 1: 26 GB of OPT-13B weights
+    params: float = 13e9
+    kv_bytes_per_token: float = OPT_13B.kv_bytes_per_token
+    num_layers: int = OPT_13B.num_layers
+    hbm_bytes_per_s: float = 1.555e12  # A100-40GB datasheet
+    # measured (cost_profile): decode bytes over Vidur's A100 operator times, a fraction of the datasheet
+    bandwidth_efficiency: float = _A100["bandwidth_efficiency"]
+    flops_per_s: float = 312e12  # A100 datasheet, fp16 tensor cores
+    flops_efficiency: float = _A100["flops_efficiency"]  # measured: large prefills' FLOPs over their time
+    # scheduler, sampling, input preparation: Vidur's per-step CPU overhead, fitted as intercept + slope x batch
+    step_overhead_s: float = _A100["overhead_fit"].intercept_s
+    step_overhead_per_seq_s: float = _A100["overhead_fit"].per_seq_s
+    kernel_overhead: float = 1.0  # multiplier on the KV read time (block-size dependent, Fig. 18a/b)
+    pcie_bytes_per_s: float = 32e9  # PCIe 4.0 x16, one direction
+    pcie_efficiency: float = 0.8  # assumed
+    copy_latency_s: float = 5e-6  # per cudaMemcpyAsync; assumed
+    # Tensor parallelism (Megatron-LM style, §6.1: OPT-66B on 4 GPUs, OPT-175B on 8). ``tp_size`` GPUs each hold
+    # 1/tp of the weights and of every token's K/V, so each reads 1/tp of the bytes and does 1/tp of the FLOPs
+    # (``weight_bytes`` and ``kv_bytes_per_token`` stay the model's totals); each layer then pays one all-reduce of
+    # the step's activations (``tokens x hidden_size x 2 B``) as a ring: ``2 (tp - 1) / tp`` of them over
+    # ``allreduce_bytes_per_s`` plus ``allreduce_latency_s``. Assumptions: NVLink 3 at 300 GB/s per direction x 0.5
+    # efficiency, 10 us per all-reduce (NCCL's small-message latency on one A100 node). tp_size 1: no term at all.
+    tp_size: int = 1
+    hidden_size: int = OPT_13B.num_kv_heads * OPT_13B.head_dim
+    allreduce_bytes_per_s: float = 150e9  # assumed: 300 GB/s NVLink x 0.5
+    allreduce_latency_s: float = 10e-6  # assumed, per all-reduce
+
+    @classmethod
+    def assumed(cls, **overrides) -> "CostModel":
+        """The constants chosen before any was measured, named: bandwidth efficiency 0.7, FLOP efficiency 0.5, a
+        flat 4 ms per step (the defaults until issue 30 switched them to ``measured_a100()``)."""
+        return cls(**{"bandwidth_efficiency": 0.7, "flops_efficiency": 0.5, "step_overhead_s": 0.004,
+                      "step_overhead_per_seq_s": 0.0, **overrides})
+
+    @classmethod
+    def measured_a100(cls, **overrides) -> "CostModel":
+        """Constants measured on an A100 (``pagedattn.repro.cost_profile.measured()``, from Vidur's Llama-2-7B profiles):
+        the decode bandwidth efficiency and large-prefill FLOP efficiency (fractions of the datasheet, so they carry
+        over to this model's A100-40GB peaks) and the fitted per-step overhead ``a + b x batch``. The defaults."""
+        fit = _A100["overhead_fit"]
+        return cls(**{"bandwidth_efficiency": _A100["bandwidth_efficiency"],
+                      "flops_efficiency": _A100["flops_efficiency"], "step_overhead_s": fit.intercept_s,
+                      "step_overhead_per_seq_s": fit.per_seq_s, **overrides})
+
+    def overhead(self, num_seqs: int) -> float:
+        """The per-step framework overhead of a step over ``num_seqs`` sequences."""
+        return self.step_overhead_s + self.step_overhead_per_seq_s * num_seqs
+
+    def allreduce_time(self, num_tokens: int) -> float:
+        """One all-reduce per layer of ``num_tokens`` activations across ``tp_size`` GPUs (0 on one GPU)."""
+        if self.tp_size <= 1:
+            return 0.0
+        nbytes = 2 * (self.tp_size - 1) / self.tp_size * num_tokens * self.hidden_size * 2
+        return self.num_layers * (self.allreduce_latency_s + nbytes / self.allreduce_bytes_per_s)
+
+    def decode_time(self, num_seqs: int, context_tokens: int) -> float:
+        bw = self.hbm_bytes_per_s * self.bandwidth_efficiency * self.tp_size
+        mem = (self.weight_bytes + self.kernel_overhead * context_tokens * self.kv_bytes_per_token) / bw
+        compute = 2 * self.params * num_seqs / (self.flops_per_s * self.flops_efficiency * self.tp_size)
+        return self.overhead(num_seqs) + max(mem, compute) + self.allreduce_time(num_seqs)
+
+    def prefill_time(self, num_tokens: int, num_seqs: int = 1) -> float:
+        """A prefill step of ``num_tokens`` prompt tokens from ``num_seqs`` prompts (the latter only moves the
+        per-sequence overhead)."""
+        bw = self.hbm_bytes_per_s * self.bandwidth_efficiency * self.tp_size
+        compute = 2 * self.params * num_tokens / (self.flops_per_s * self.flops_efficiency * self.tp_size)
+        return self.overhead(num_seqs) + max(self.weight_bytes / bw, compute) + self.allreduce_time(num_tokens)
+
+    def copy_time(self, num_tokens: int) -> float:
+        """Seconds to copy ``num_tokens`` tokens' K/V within the GPUs' HBM (read once, written once), as beam search
+        does: a copy-on-write block (§4.4), or Orca's whole-context copy into a forked beam's reservation."""
+        bw = self.hbm_bytes_per_s * self.bandwidth_efficiency * self.tp_size
+        return 2 * num_tokens * self.kv_bytes_per_token / bw
+
+    def swap_time(self, num_blocks: int, block_size: int = 16) -> float:
+        """Seconds to move ``num_blocks`` blocks of ``block_size`` tokens one way over PCIe (§4.5, Fig. 19a)."""
+        copies = 2 * self.num_layers * num_blocks
+        nbytes = block_size * self.kv_bytes_per_token / (2 * self.num_layers)
+        return copies * (self.copy_latency_s + nbytes / (self.pcie_bytes_per_s * self.pcie_efficiency))
+
+    def step_time(self, out: SchedulerOutputs, block_size: int = 16) -> float:
+        swap = self.swap_time(len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out), block_size)
+        if out.prefill_groups:
+            return self.prefill_time(out.num_batched_tokens, len(out.prefill_groups)) + swap
+        num_seqs = context = 0
+        for g in out.decode_groups:
+            for s in g.get_seqs("running"):
+                num_seqs += 1
+                context += len(s.token_ids)
+        return self.decode_time(num_seqs, context) + swap
+
+
+#: Mean distinct parents among a beam group's ``k`` next beams per step, by beam width, measured on the real engine:
+#: notebook 04's ``mean_distinct_parents`` (``results/04_sharing/savings.csv``, run of 2026-11-30: opt-stdlib's beam
+#: search over Alpaca-like requests; 1.69 / 3.14 / 4.52 of 2 / 4 / 6; its ShareGPT-like rows: 1.65 / 3.08 / 4.58).
+BEAM_DISTINCT_PARENTS = {2: 1.69, 4: 3.14, 6: 4.52}
+
+
+@dataclass(frozen=True)
+class BeamModel:
+    """Beam search in the simulator (§4.4, Fig. 9), where no model scores the candidates.
+
+    A beam group is ``width`` sequences that share the prompt's blocks and all run to the request's output length
+    (``ignore_eos``, as Fig. 14's runs do). After every step each group draws how many distinct parents its
+    ``width`` next beams have: 1 after the first token (HF's initial scores let only the first of ``width``
+    identical beams expand), later ``floor(m)`` or ``floor(m) + 1`` with mean ``m = distinct_parents``. The parents
+    are drawn uniformly among the beams; a parent keeps its own slot, and every other beam dies and its slot is
+    forked from a parent drawn uniformly among them, as ``beam_search._reassign`` maps slots. So the K/V managers do
+    what they do on the real engine: the paged one frees the dead beam's blocks and forks the parent's block table
+    (reference counts, no copy; the next append copies a shared, partly filled last block on write), Orca's
+    contiguous one copies the parent's whole K/V into the dead beam's reservation (HF's ``_reorder_cache``).
+
+    Assumptions, stated and not fitted: the number of distinct parents is drawn afresh each step (no memory of past
+    steps); parents are uniform among the beams (a real search tends to favour its best beams, which shares more
+    history); no beam finishes early. The default ``m`` is ``BEAM_DISTINCT_PARENTS``; ``pagedattn.repro.sensitivity``
+    moves it by one parent either way."""
+
+    width: int
+    distinct_parents: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.width, int) or self.width < 2:
+            raise ValueError(f"beam width must be an integer >= 2, got {self.width!r}")
+        if not 1 <= self.distinct_parents <= self.width:
+            raise ValueError(f"distinct_parents must be in [1, width={self.width}], got {self.distinct_parents!r}")
+
+    @classmethod
+    def measured(cls, width: int, shift: float = 0.0) -> "BeamModel":
+        """The measured mean of ``BEAM_DISTINCT_PARENTS`` (moved by ``shift``, clipped to ``[1, width]``)."""
+        if width not in BEAM_DISTINCT_PARENTS:
+            raise ValueError(f"no measured beam model for width {width}; measured: {sorted(BEAM_DISTINCT_PARENTS)}")
+        return cls(width, min(width, max(1.0, BEAM_DISTINCT_PARENTS[width] + shift)))
+
+    def parents(self, rng: random.Random, first: bool) -> list[int]:
+        """The indices of the beams that have children this step (``first``: the step of the first token). ``rng``
+        is the standard library's (a draw per group and step: numpy's per-call overhead made this a quarter of a
+        beam replay's time)."""
+        m = 1.0 if first else self.distinct_parents
+        d = int(m) + (rng.random() < m - int(m))
+        return sorted(rng.sample(range(self.width), d))
+
+    def forks(self, beams: list[Sequence], rng: random.Random, first: bool) -> list[tuple[Sequence, Sequence]]:
+        """One step's survivors: every beam that is not a parent is re-forked from a parent drawn uniformly among
+        them; returns those ``(parent, beam)`` forks for the scheduler (``Scheduler.update_from_output``). The paged
+        manager then shares the parent's blocks (nothing copied); a contiguous one refills the beam's reservation
+        with the parent's K/V, one slot copy per token, charged with the next step (``KVManager.fork_into``)."""
+        parents = self.parents(rng, first)
+        return [(beams[rng.choice(parents)], beam) for d, beam in enumerate(beams) if d not in parents]
+
+
+def make_kv_manager(system: str, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
+                    num_cpu_blocks: int = 0, watermark: float = 0.01, placement: str = "buddy",
+                    enable_prefix_caching: bool = False):
+    """The KV manager of a system, over a budget of ``num_slots`` token slots."""
+    if system == "paged":
+        return BlockManager(block_size, num_slots // block_size, num_cpu_blocks, watermark, max_model_len,
+                            enable_prefix_caching)
+    if system in ("orca_max", "ft"):
+        return ContiguousKVManager(num_slots, "max", max_model_len, placement)
+    if system.startswith("orca_"):
+        return ContiguousKVManager(num_slots, system.removeprefix("orca_"), max_model_len, placement)
+    raise ValueError(f"unknown system {system!r}; known: {list(LABELS)}")
+
+
+@dataclass
+class SimResult:
+    system: str
+    steps: pd.DataFrame  # one row per step
+    requests: pd.DataFrame  # one row per request
+    num_preemptions: dict = field(default_factory=dict)
+    prefix_hit_rate: float | None = None  # share of looked-up prompt blocks found cached (paged, when looked up)
+    prefill_tokens_computed: int = 0  # prompt tokens charged as computed (a cached prefix is not, but by ablation)
+
+    @property
+    def duration(self) -> float:
+        return float(self.requests["finish_time"].max())
+
+    #: Ramp-up: the first fifth of the trace's arrivals (``capacity.RAMP_UP_FRACTION``, fixed before any result).
+    RAMP_UP_FRACTION = RAMP_UP_FRACTION
+
+    def steady_window(self) -> tuple[float, float]:
+        """The run's steady state, ``[start, end)`` in seconds (``capacity.steady_window``: from the arrival of the
+        request at a fifth of the trace to the last arrival; an offline run's is the whole run). Statistics over this
+        window do not depend on how long the trace is, so that two notebooks replaying the same model at the same
+        rate agree (§6.2, Fig. 13). It assumes that the ramp-up, about one request's lifetime, is shorter than a
+        fifth of the arrival period (true of the full runs; a quick run's short trace may still be filling its
+        batch)."""
+        return steady_window(self.requests["arrival_time"])
+
+    def _steps(self, steady: bool) -> pd.DataFrame:
+        if not steady or self.steps.empty:
+            return self.steps
+        start, end = self.steady_window()
+        t = self.steps["time"]
+        return self.steps[(t >= start) & (t < end)]
+
+    def mean_batch(self, memory_bound_only: bool = False, steady: bool = True) -> float:
+        """Mean running requests per decode step (Fig. 13), time-weighted by step duration, over the steady-state
+        window (``steady_window``; ``steady=False``: the whole run, ramp-up and drain included)."""
+        d = self._steps(steady)
+        d = d[d["kind"] == "decode"]
+        if memory_bound_only:
+            d = d[d["memory_bound"]]
+        return float((d["num_running"] * d["dt"]).sum() / d["dt"].sum()) if len(d) else float("nan")
+
+    def shares(self, memory_bound_only: bool = True, steady: bool = True) -> dict[str, float]:
+        """Fig. 2: time-weighted share of KV slots in each kind, over the memory-bound steps of the steady-state
+        window. With no memory-bound step every share is NaN (the breakdown describes a full memory; there is none
+        to describe), never an average over all steps in disguise: ask for ``memory_bound_only=False`` to get
+        that."""
+        d = self._steps(steady)
+        if memory_bound_only:
+            d = d[d["memory_bound"]]
+        cols = ["token_states", "reserved", "internal", "external"]
+        if d.empty:
+            return {c: math.nan for c in cols}
+        tot = (d[cols].sum(axis=1) * d["dt"]).sum()
+        return {c: float(100 * (d[c] * d["dt"]).sum() / tot) for c in cols}
+
+    def memory_bound_share(self, steady: bool = True) -> float:
+        """Share of steps (in the steady-state window) that are memory-bound."""
+        d = self._steps(steady)
+        return float(d["memory_bound"].mean()) if len(d) else float("nan")
+
+    def normalized_latency(self) -> float:
+        return normalized_latency(self.requests)
+
+    def load(self) -> Load:
+        """Arrivals, completions and normalized latency over the steady window (``capacity.Load``)."""
+        return Load.of(self.requests)
+
+    def sharing_saving(self, steady: bool = True) -> float:
+        """Memory saved by sharing, ``1 - physical / logical`` blocks, time-weighted over the steady-state window
+        (Fig. 15)."""
+        d = self._steps(steady)
+        return float(1 - (d["physical_blocks"] * d["dt"]).sum() / (d["logical_blocks"] * d["dt"]).sum())
+
+    def throughput(self) -> float:
+        return len(self.requests) / self.duration
+
+
+class StepRecords:
+    """A replay's per-step records: one tuple per step (no dict per step), turned into columns and a ``DataFrame``
+    once at the end, one row per step of ``SimResult.steps``."""
+
+    COLUMNS = ("step", "time", "dt", "kind", "num_running", "num_batched", "num_waiting", "num_swapped",
+               "memory_bound", "max_request_waste", "token_states", "reserved", "internal", "external")
+    SHARING = ("physical_blocks", "logical_blocks")  # paged only: Fig. 15's blocks with and without sharing
+
+    def __init__(self, paged: bool) -> None:
+        self.paged = paged
+        self.rows: list[tuple] = []
+
+    def add(self, step: int, time: float, dt: float, prefill: bool, num_running: int, num_batched: int,
+            num_waiting: int, num_swapped: int, memory_bound: bool, stats) -> None:
+        row = (step, time, dt, "prefill" if prefill else "decode", num_running, num_batched, num_waiting,
+               num_swapped, memory_bound, stats.max_request_waste, stats.token_states, stats.reserved,
+               stats.internal, stats.external)
+        self.rows.append(row + (stats.physical_blocks, stats.logical_blocks) if self.paged else row)
+
+    def frame(self) -> pd.DataFrame:
+        if not self.rows:
+            return pd.DataFrame()
+        names = self.COLUMNS + (self.SHARING if self.paged else ())
+        return pd.DataFrame({name: list(col) for name, col in zip(names, zip(*self.rows))})
+
+
+def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | None = None, block_size: int = 16,
+             cost: CostModel | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096,
+             max_model_len: int = 2048, preemption_mode: str = "recompute", num_cpu_blocks: int = 0,
+             progress: bool = False, record_steps: bool = True, max_steps: int | None = None,
+             placement: str = "buddy", n: int = 1, seed: int = 0, prompts: dict[str, list[int]] | None = None,
+             prefix_lens: dict[str, int] | None = None, enable_prefix_caching: bool = False,
+             charge_cached: bool = False, beam: BeamModel | None = None,
+             equal_sample_lengths: bool = False) -> SimResult:
+    """Replay a trace through the scheduler and a KV manager, with a step-time model (no tensors).
+
+    With ``n > 1`` every request is a parallel-sampling group (§4.4): its ``n`` samples share the prompt's blocks,
+    the first generates the trace's output length and the others lengths drawn (seeded) from the trace's outputs
+    (``equal_sample_lengths=True``: every sample the trace's output length, an ablation that tells how much of a
+    saving the independent draws cost; ``gain_sources.parallel_saving_causes``).
+
+    Shared prefixes (§4.4, Fig. 16): ``prompts`` gives requests real token ids (otherwise every prompt is zeros), so
+    that prefix hashes match; ``prefix_lens`` marks user-shared prefixes; ``enable_prefix_caching`` finds them
+    automatically. A prefill step is charged only for its uncached tokens (``charge_cached=True``: for all of them,
+    an ablation in which sharing saves memory only).
+
+    With ``beam`` (``BeamModel``, §4.4) every request is a beam-search group of ``beam.width`` beams, all as long as
+    the trace's output (``n`` is ignored), forked after every step by the beam model; each step is also charged its
+    K/V copies (``CostModel.copy_time``: the copy-on-write blocks, and Orca's context copies of the step before).
+    Runs without beams charge no copy, as before (parallel sampling copies one block per sample, once)."""
+    num_slots = num_slots or paper_slots()
+    cost = cost or CostModel()
+    kv = make_kv_manager(system, num_slots, block_size, max_model_len, num_cpu_blocks, placement=placement,
+                         enable_prefix_caching=enable_prefix_caching)
+    sched = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, preemption_mode), kv,
+                      static_batching=(system == "ft"))
+    pending = sorted(trace, key=lambda r: r.arrival_time)
+    target: dict[int, int] = {}  # seq_id -> output length from the trace
+    final_len: dict[int, int] = {}  # seq_id -> prompt + output (its final KV length)
+    stop_len: dict[int, int] = {}  # seq_id -> its token count once its output is done
+
+    def stop(s: Sequence, g: SequenceGroup) -> str | None:  # the trace's output length
+        return "length" if len(s.token_ids) >= stop_len[s.seq_id] else None
+
+    groups: list[SequenceGroup] = []
+    rows = StepRecords(paged=system == "paged")
+    rng = np.random.default_rng(seed)
+    trace_outputs = np.array([r.output_len for r in trace])
+    now, i, step, next_seq, computed = 0.0, 0, 0, 0, 0
+    if beam is not None:
+        n, beam_rng = beam.width, random.Random(seed)
+    bar = tqdm(total=len(pending), desc=f"sim {system}", disable=not progress, leave=False)
+    while i < len(pending) or sched.has_unfinished():
+        if not sched.has_unfinished() and pending[i].arrival_time > now:
+            now = pending[i].arrival_time  # idle until the next arrival
+        while i < len(pending) and pending[i].arrival_time <= now:
+            r = pending[i]
+            room = max_model_len - r.prompt_len
+            lens = [r.output_len] * n if beam is not None or equal_sample_lengths else \
+                [r.output_len] + [min(int(x), room) for x in rng.choice(trace_outputs, n - 1)]
+            tokens = prompts[r.request_id] if prompts else [0] * r.prompt_len
+            seqs = [Sequence(next_seq + k, tokens) for k in range(n)]
+            g = SequenceGroup(r.request_id, seqs, SamplingParams(n=n, max_tokens=max(lens), ignore_eos=True),
+                              arrival_time=r.arrival_time)
+            g.prefix_len = (prefix_lens or {}).get(r.request_id, 0)
+            for s, out_len in zip(seqs, lens):
+                target[s.seq_id], final_len[s.seq_id] = out_len, r.prompt_len + out_len
+                stop_len[s.seq_id] = len(tokens) + out_len
+            next_seq += n
+            groups.append(g)
+            sched.add(g)
+            i += 1
+        out = sched.schedule()
+        for g in out.ignored:
+            g.metrics.finish_time = now
+            bar.update(1)
+        if out.is_empty():
+            if i < len(pending):
+                now = max(now, pending[i].arrival_time)
+                continue
+            if sched.has_unfinished():
+                raise RuntimeError("scheduler made no progress with requests left (a request can never fit?)")
+            break
+        dt = cost.step_time(out, block_size)
+        if beam is not None:  # this step's copy-on-write blocks and the previous step's forks (slots, on Orca)
+            dt += cost.copy_time(len(out.blocks_to_copy) * kv.block_size)
+        if out.is_prefill:  # prompt tokens charged (computed): the uncached ones, or all of them in the ablation
+            charged = sum(g.get_seqs("running")[0].get_len() for g in out.prefill_groups) if charge_cached \
+                else out.num_batched_tokens
+            computed += charged
+            if charge_cached:
+                dt += cost.prefill_time(charged) - cost.prefill_time(out.num_batched_tokens)
+        running = out.scheduled_groups
+        if record_steps:
+            head = sched.waiting[0] if sched.waiting else None
+            # memory-bound: a request waits although the scheduler would admit it but for memory
+            bound = head is not None and head.metrics.arrival_time <= now and len(sched.running) < max_num_seqs
+            rows.add(step, now, dt, out.is_prefill, len(sched.running), len(running), len(sched.waiting),
+                     len(sched.swapped), bound, kv.stats(final_len))
+        now += dt
+        step += 1
+        # the model's stand-in: a dummy token for every running sequence, and the beam model's forks for each beam
+        # group that goes on
+        output = ModelOutput(fill_token=0, stop=stop, now=now)
+        if beam is not None:
+            for g in running:
+                seqs = g.get_seqs("running")
+                if any(len(s.token_ids) + 1 < stop_len[s.seq_id] for s in seqs):
+                    output.forks += beam.forks(seqs, beam_rng, first=g.seqs[0].get_output_len() == 0)
+        bar.update(len(sched.update_from_output(out, output)))
+        if max_steps is not None and step >= max_steps:
+            break
+    bar.close()
+    reqs = pd.DataFrame([{"request_id": g.request_id, "arrival_time": g.metrics.arrival_time,
+                          "first_token_time": g.metrics.first_token_time, "finish_time": g.metrics.finish_time,
+                          "prompt_len": g.seqs[0].get_prompt_len(), "output_len": target[g.seqs[0].seq_id],
+                          "total_output_len": sum(target[s.seq_id] for s in g.seqs),
+                          "error": g.error} for g in groups])
+    return SimResult(system, rows.frame(), reqs, dict(sched.num_preemptions), kv.stats().prefix_hit_rate, computed)
