@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from pagedattn.repro.capacity import RAMP_UP_FRACTION, Load, normalized_latency, steady_window
+from pagedattn.repro.capacity import Load, normalized_latency, steady_window
 from pagedattn.repro.cost_profile import measured as _measured_a100
 from pagedattn.config import OPT_13B, ModelSpec, SchedulerConfig, blocks_needed, paper_slots
 from pagedattn.memory.block_manager import BlockManager
@@ -102,11 +102,9 @@ class CostModel:
     def measured_a100(cls, **overrides) -> "CostModel":
         """Constants measured on an A100 (``pagedattn.repro.cost_profile.measured()``, from Vidur's Llama-2-7B profiles):
         the decode bandwidth efficiency and large-prefill FLOP efficiency (fractions of the datasheet, so they carry
-        over to this model's A100-40GB peaks) and the fitted per-step overhead ``a + b x batch``. The defaults."""
-        fit = _A100["overhead_fit"]
-        return cls(**{"bandwidth_efficiency": _A100["bandwidth_efficiency"],
-                      "flops_efficiency": _A100["flops_efficiency"], "step_overhead_s": fit.intercept_s,
-                      "step_overhead_per_seq_s": fit.per_seq_s, **overrides})
+        over to this model's A100-40GB peaks) and the fitted per-step overhead ``a + b x batch``: the defaults, so
+        this is ``cls(**overrides)`` under a name that says so."""
+        return cls(**overrides)
 
     def overhead(self, num_seqs: int) -> float:
         """The per-step framework overhead of a step over ``num_seqs`` sequences."""
@@ -240,9 +238,6 @@ class SimResult:
     @property
     def duration(self) -> float:
         return float(self.requests["finish_time"].max())
-
-    #: Ramp-up: the first fifth of the trace's arrivals (``capacity.RAMP_UP_FRACTION``, fixed before any result).
-    RAMP_UP_FRACTION = RAMP_UP_FRACTION
 
     def steady_window(self) -> tuple[float, float]:
         """The run's steady state, ``[start, end)`` in seconds (``capacity.steady_window``: from the arrival of the

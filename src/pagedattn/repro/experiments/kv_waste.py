@@ -34,6 +34,7 @@ from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams
 from pagedattn.repro.paper import FIG2_SHARES, FIG13_MEAN_BATCH
 from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, write_summary
+from pagedattn.repro.capacity import RAMP_UP_FRACTION
 from pagedattn.repro.sim import LABELS, SYSTEMS, CostModel, SimResult, simulate
 from pagedattn.repro.workloads import describe_trace, make_trace, trace_stats, with_rate
 
@@ -44,7 +45,7 @@ KINDS = ["token_states", "reserved", "internal", "external"]
 #: in at least MEMORY_BOUND_MIN_PCT % of its steady-state steps.
 FIG2_RATE_GRID = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
 MEMORY_BOUND_MIN_PCT = 90.0
-WARMUP_FRAC = SimResult.RAMP_UP_FRACTION
+WARMUP_FRAC = RAMP_UP_FRACTION
 #: The ShareGPT traces: the real one (default) and the synthetic sensitivity row.
 SHAREGPT_TRACES = ("sharegpt", "sharegpt_synthetic")
 
