@@ -92,20 +92,26 @@ def paged_stats(m: BlockManager, final_len: dict[int, int]) -> KVStats:
 
 def _shared_blocks(m: BlockManager, final_len: dict[int, int]) -> tuple[int, int]:
     """Token-state and reserved slots when blocks are shared: a block's slots are filled (or will be) as far as its
-    furthest sharer fills them."""
+    furthest sharer fills them. A block full of one sharer's tokens is full for all (filled and to be filled: every
+    slot), so only the blocks past a table's full ones (usually its last) are compared slot by slot."""
     bs = m.block_size
-    filled: dict[int, int] = {}  # physical block -> slots holding tokens
-    future: dict[int, int] = {}  # physical block -> slots that some sharer will still fill
+    full: set[int] = set()  # physical blocks that some sharer fills with tokens
+    filled: dict[int, int] = {}  # other physical blocks -> slots holding tokens
+    future: dict[int, int] = {}  # other physical blocks -> slots that some sharer will still fill
     for seq_id, t in m.tables.items():
         if t.device != "gpu":
             continue
-        end = max(final_len.get(seq_id, t.num_tokens), t.num_tokens)
-        for i, b in enumerate(t.blocks):
-            lo = i * bs
-            filled[b] = max(filled.get(b, 0), min(bs, max(0, t.num_tokens - lo)))
+        blocks, n = t.blocks, t.num_tokens
+        end = max(final_len.get(seq_id, n), n)
+        k = min(len(blocks), n // bs)
+        full.update(blocks[:k])
+        for i in range(k, len(blocks)):
+            b, lo = blocks[i], i * bs
+            filled[b] = max(filled.get(b, 0), min(bs, max(0, n - lo)))
             future[b] = max(future.get(b, 0), min(bs, max(0, end - lo)))
-    states = sum(filled.values())
-    return states, sum(future[b] - filled[b] for b in filled)
+    partial = [b for b in filled if b not in full]
+    states = bs * len(full) + sum(filled[b] for b in partial)
+    return states, sum(future[b] - filled[b] for b in partial)
 
 
 def contiguous_stats(m: ContiguousKVManager, final_len: dict[int, int]) -> KVStats:
