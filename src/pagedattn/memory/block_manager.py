@@ -220,7 +220,8 @@ class BlockManager:
         need = blocks_needed(num_tokens, self.block_size)
         if self.gpu.num_blocks - self._pinned_elsewhere(hits) - need < self.watermark_blocks:
             return AllocStatus.NEVER
-        need -= sum(self.gpu.ref_counts[b] > 0 for b in hits)  # blocks already held by others cost nothing new
+        if hits:  # blocks already held by others cost nothing new
+            need -= sum(self.gpu.ref_counts[b] > 0 for b in hits)
         return AllocStatus.OK if self.gpu.num_free - need >= self.watermark_blocks else AllocStatus.LATER
 
     def allocate(self, seq_id: int, num_tokens: int, token_ids=None, prefix_len: int = 0) -> int:
@@ -447,7 +448,7 @@ class BlockManager:
             t = self.tables[s.seq_id]
             if t.num_tokens % bs == 0 or refs[t.blocks[-1]] > 1:
                 need += 1
-        return need <= self.gpu.num_free
+        return need == 0 or need <= self.gpu.num_free
 
     def append_slots(self, group) -> list[tuple[int, int]]:
         copies = []
