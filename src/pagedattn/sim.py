@@ -324,7 +324,7 @@ class StepRecords:
         if not self.rows:
             return pd.DataFrame()
         names = self.COLUMNS + (self.SHARING if self.paged else ())
-        return pd.DataFrame({name: list(col) for name, col in zip(names, zip(*self.rows))})
+        return pd.DataFrame({name: np.array(col) for name, col in zip(names, zip(*self.rows))})  # same dtypes
 
 
 def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | None = None, block_size: int = 16,

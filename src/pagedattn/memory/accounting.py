@@ -117,16 +117,14 @@ def _shared_blocks(m: BlockManager, final_len: dict[int, int]) -> tuple[int, int
 def contiguous_stats(m: ContiguousKVManager, final_len: dict[int, int]) -> KVStats:
     """``KVStats`` of a ``ContiguousKVManager``: a reservation's slots beyond its tokens are reserved up to the
     request's final length and internal fragmentation after it; a buddy block's rounding slack is external."""
-    exact = m.placement == "exact"
-    states = reserved = internal = waste = 0
+    states = ends = sizes = waste = 0
     for seq_id, r in m.tables.items():
         n, size = r.num_tokens, r.reserved
         end = final_len.get(seq_id, n)
         end = n if end < n else size if end > size else end  # min(max(final, n), size)
         states += n
-        reserved += end - n
-        internal += size - end
-        w = (size if exact else 1 << max(0, (size - 1).bit_length())) - n  # the buddy block: next_pow2(size)
-        if w > waste:
-            waste = w
-    return KVStats(states, reserved, internal, m.total_slots - states - reserved - internal, waste)
+        ends += end
+        sizes += size
+        if r.held - n > waste:  # its buddy block (exact placement: the reservation) less its tokens
+            waste = r.held - n
+    return KVStats(states, ends - states, sizes - ends, m.total_slots - sizes, waste)

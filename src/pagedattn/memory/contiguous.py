@@ -67,8 +67,11 @@ class BuddyAllocator:
         return self._chunk_order[start]
 
     def can_alloc(self, size: int) -> bool:
-        order = (next_pow2(size)).bit_length() - 1
-        return any(s for o, s in self.free_lists.items() if o >= order)
+        order = max(0, (size - 1).bit_length())  # next_pow2(size) is 2**order
+        for o, s in self.free_lists.items():  # asked every step a request waits: a loop, not a generator
+            if s and o >= order:
+                return True
+        return False
 
     def alloc(self, size: int) -> int:
         """Allocate a block of ``next_pow2(size)`` slots (lowest address first); return its offset."""
@@ -128,6 +131,7 @@ class Reservation:
     pieces: list[int]
     reserved: int  # slots reserved (contiguous, starting at pieces[0])
     num_tokens: int = 0
+    held: int = 0  # slots it takes from the arena: its buddy block (next_pow2(reserved)), or exactly ``reserved``
 
 
 class ContiguousKVManager:
@@ -219,8 +223,9 @@ class ContiguousKVManager:
                 self._release(r)
 
     def _reserve(self, size: int) -> Reservation:
-        pieces = self.arena.alloc_exact(size) if self.placement == "exact" else [self.arena.alloc(size)]
-        return Reservation(pieces, size)
+        if self.placement == "exact":
+            return Reservation(self.arena.alloc_exact(size), size, held=size)
+        return Reservation([self.arena.alloc(size)], size, held=next_pow2(size))
 
     def _release(self, r: Reservation) -> None:
         for p in r.pieces:
