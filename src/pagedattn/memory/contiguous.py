@@ -200,7 +200,7 @@ class ContiguousKVManager:
         """Nothing to check: admission already checks a group's whole reservation (``check_request``)."""
 
     def can_allocate(self, group) -> AllocStatus:
-        seqs = group.get_seqs(status="waiting")
+        seqs = group.get_seqs("waiting")
         size = self._size_of(group)
         try:
             self.check_request(group.max_total_len, size, len(seqs))
@@ -234,7 +234,7 @@ class ContiguousKVManager:
     def allocate_group(self, group) -> int:
         """One reservation per sequence (no sharing, no prefix cache: nothing is cached, returns 0)."""
         size = self._size_of(group)
-        for s in group.get_seqs(status="waiting"):
+        for s in group.get_seqs("waiting"):
             r = self._reserve(size)
             r.num_tokens = s.get_len()
             self.tables[s.seq_id] = r
@@ -279,14 +279,14 @@ class ContiguousKVManager:
         return copies
 
     def can_append_slots(self, group) -> bool:
-        for s in group.get_seqs(status="running"):
+        for s in group.get_seqs("running"):
             r = self.tables[s.seq_id]
             if r.num_tokens >= r.reserved:
                 return False
         return True
 
     def append_slots(self, group) -> list[tuple[int, int]]:
-        for s in group.get_seqs(status="running"):
+        for s in group.get_seqs("running"):
             r = self.tables[s.seq_id]
             if r.num_tokens >= r.reserved:
                 raise ValueError(f"sequence {s.seq_id} outgrew its reservation of {r.reserved} slots")
