@@ -11,6 +11,7 @@ end: prompt + output tokens). Shared physical blocks (§4.4) are counted once.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -92,26 +93,34 @@ def paged_stats(m: BlockManager, final_len: dict[int, int]) -> KVStats:
 
 def _shared_blocks(m: BlockManager, final_len: dict[int, int]) -> tuple[int, int]:
     """Token-state and reserved slots when blocks are shared: a block's slots are filled (or will be) as far as its
-    furthest sharer fills them. A block full of one sharer's tokens is full for all (filled and to be filled: every
-    slot), so only the blocks past a table's full ones (usually its last) are compared slot by slot."""
-    bs = m.block_size
-    full: set[int] = set()  # physical blocks that some sharer fills with tokens
-    filled: dict[int, int] = {}  # other physical blocks -> slots holding tokens
-    future: dict[int, int] = {}  # other physical blocks -> slots that some sharer will still fill
+    furthest sharer fills them. A block full of one sharer's tokens is full for all (every slot filled and to be
+    filled), so only the entries past each table's full blocks (usually its last) are looked at, and the full
+    blocks are counted without walking the tables: a block's reference count is the number of device-table entries
+    that point at it plus its pins (``BlockManager.check_invariants``), so a block sits among some table's full
+    blocks exactly when it has more entries than those past the full ones, and the tables' distinct blocks are the
+    pool's used blocks less those that only pins hold."""
+    bs, refs, pins = m.block_size, m.gpu.ref_counts, Counter(m.pinned)
+    alone = filled = future = 0  # blocks past the full ones with one reference (this entry's), and their slots
+    shared: dict[int, list[int]] = {}  # other such blocks -> [entries past full blocks, slots filled, to be filled]
     for seq_id, t in m.tables.items():
         if t.device != "gpu":
             continue
         blocks, n = t.blocks, t.num_tokens
         end = max(final_len.get(seq_id, n), n)
-        k = min(len(blocks), n // bs)
-        full.update(blocks[:k])
-        for i in range(k, len(blocks)):
+        for i in range(min(len(blocks), n // bs), len(blocks)):
             b, lo = blocks[i], i * bs
-            filled[b] = max(filled.get(b, 0), min(bs, max(0, n - lo)))
-            future[b] = max(future.get(b, 0), min(bs, max(0, end - lo)))
-    partial = [b for b in filled if b not in full]
-    states = bs * len(full) + sum(filled[b] for b in partial)
-    return states, sum(future[b] - filled[b] for b in partial)
+            f = n - lo if n > lo else 0  # under a block: it is past the full ones
+            u = bs if end - lo > bs else end - lo if end > lo else 0
+            if refs[b] == 1:
+                alone, filled, future = alone + 1, filled + f, future + u
+            elif (p := shared.get(b)) is None:
+                shared[b] = [1, f, u]
+            else:
+                p[0], p[1], p[2] = p[0] + 1, max(p[1], f), max(p[2], u)
+    partial = [p for b, p in shared.items() if refs[b] - pins[b] == p[0]]  # among no table's full blocks
+    full = m.gpu.num_used - sum(refs[b] == k for b, k in pins.items()) - alone - len(partial)
+    states = bs * full + filled + sum(p[1] for p in partial)
+    return states, future - filled + sum(p[2] - p[1] for p in partial)
 
 
 def contiguous_stats(m: ContiguousKVManager, final_len: dict[int, int]) -> KVStats:
