@@ -130,8 +130,8 @@ class BuddyAllocator:
 class Reservation:
     pieces: list[int]
     reserved: int  # slots reserved (contiguous, starting at pieces[0])
+    held: int  # slots it takes from the arena: its buddy block (next_pow2(reserved)), or exactly ``reserved``
     num_tokens: int = 0
-    held: int = 0  # slots it takes from the arena: its buddy block (next_pow2(reserved)), or exactly ``reserved``
 
 
 class ContiguousKVManager:
@@ -224,8 +224,8 @@ class ContiguousKVManager:
 
     def _reserve(self, size: int) -> Reservation:
         if self.placement == "exact":
-            return Reservation(self.arena.alloc_exact(size), size, held=size)
-        return Reservation([self.arena.alloc(size)], size, held=next_pow2(size))
+            return Reservation(self.arena.alloc_exact(size), size, size)
+        return Reservation([self.arena.alloc(size)], size, next_pow2(size))
 
     def _release(self, r: Reservation) -> None:
         for p in r.pieces:
