@@ -1,13 +1,22 @@
-"""How fast one paper-scale replay runs (issue 26): this tree's simulator against another commit's, side by side.
+"""How fast paper-scale replays run (issue 26): this tree's simulator against another commit's, side by side.
 
-The replay is the one the issue measured: 1,000 real ShareGPT requests at 5 req/s, OPT-13B on an A100-40GB (15.7K
-slots), step records on, for the paged system and for Orca (Oracle). The other commit is exported with
-``git archive`` into a temporary folder, and each round runs one replay of each tree in a fresh subprocess
-(``PYTHONPATH`` pointing at that tree's ``src``), the two in alternating order, so that load on a shared machine
-hits both alike. Each replay's time is the child's CPU time (``time.process_time``) around ``simulate``; the
-fastest of the rounds is reported, and the ratio of the fastest times is the speed-up.
+The replays (``--kinds``, default all):
+- ``online.paged`` and ``online.orca_oracle``: the replay the issue measured, 1,000 real ShareGPT requests at
+  5 req/s, OPT-13B on an A100-40GB (15.7K slots), step records on;
+- ``offline.paged``: the same 1,000 requests all arriving at 0 (the offline throughput replays, with preemption);
+- ``n4.paged.swap``: parallel sampling, 1,000 Alpaca requests with n = 4 at 7.5 req/s, swapping with 2,000 CPU
+  blocks (notebook 04's Fig. 15 savings replay);
+- ``beam4.paged.swap``: beam search of width 4 (``BeamModel.measured(4)``), 500 Alpaca requests at 3 req/s, same
+  swap space.
 
-    python benchmarks/sim_speed.py --baseline 7c2b051 --rounds 5 [--out results/benchmarks/sim_speed.json]
+The other commit is exported with ``git archive`` into a temporary folder, and each round runs each replay of each
+tree in a fresh subprocess (``PYTHONPATH`` pointing at that tree's ``src``), the trees in alternating order, so
+that load on a shared machine hits both alike. Each replay's time is the child's CPU time (``time.process_time``)
+around ``simulate`` (the trace is made before; ``--repeat`` replays per child, the fastest counts); the fastest of
+the rounds is reported, and the ratio of the fastest times is the speed-up. The two trees must take the same number
+of steps (the golden digests check the results).
+
+    python benchmarks/sim_speed.py --baseline 2300914 --rounds 5 --repeat 3 [--kinds online.paged ...] [--out F.json]
 """
 from __future__ import annotations
 
@@ -25,14 +34,31 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 CHILD = """
-import json, sys, time
-from pagedattn.repro.sim import simulate
-from pagedattn.repro.workloads import make_trace
-trace = make_trace("sharegpt", {n}, {rate}, seed=0)
-t = time.process_time()
-r = simulate(trace, "{system}")
-print(json.dumps({{"cpu_s": time.process_time() - t, "steps": len(r.steps)}}))
+import json, math, time
+try:
+    from pagedattn.repro.sim import BeamModel, simulate
+    from pagedattn.repro.workloads import make_trace
+except ImportError:  # a tree from before the research code moved to pagedattn.repro
+    from pagedattn.sim import BeamModel, simulate
+    from pagedattn.workloads import make_trace
+kind, n, rate = {kind!r}, {n}, {rate}
+if kind.startswith("online."):
+    args = (make_trace("sharegpt", n, rate, seed=0), kind.removeprefix("online.")), {{}}
+elif kind == "offline.paged":
+    args = (make_trace("sharegpt", n, math.inf, seed=0), "paged"), {{}}
+elif kind == "n4.paged.swap":
+    args = (make_trace("alpaca", n, 7.5, seed=0), "paged"), dict(n=4, preemption_mode="swap", num_cpu_blocks=2000)
+elif kind == "beam4.paged.swap":
+    args = (make_trace("alpaca", n // 2, 3.0, seed=0), "paged"), dict(beam=BeamModel.measured(4),
+                                                                       preemption_mode="swap", num_cpu_blocks=2000)
+best = float("inf")
+for _ in range({repeat}):
+    t = time.process_time()
+    r = simulate(*args[0], **args[1])
+    best = min(best, time.process_time() - t)
+print(json.dumps({{"cpu_s": best, "steps": len(r.steps)}}))
 """
+KINDS = ("online.paged", "online.orca_oracle", "offline.paged", "n4.paged.swap", "beam4.paged.swap")
 
 
 def export(ref: str, into: Path) -> Path:
@@ -43,10 +69,11 @@ def export(ref: str, into: Path) -> Path:
     return into
 
 
-def replay(src: Path, system: str, n: int, rate: float) -> dict:
+def replay(src: Path, kind: str, n: int, rate: float, repeat: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src / "src"), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", CHILD.format(n=n, rate=rate, system=system)], env=env, check=True,
-                         capture_output=True, text=True, cwd=str(REPO)).stdout
+    child = CHILD.format(n=n, rate=rate, kind=kind, repeat=repeat)
+    out = subprocess.run([sys.executable, "-c", child], env=env, check=True, capture_output=True, text=True,
+                         cwd=str(REPO)).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -56,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", required=True, help="the commit to compare with (e.g. the golden-digest commit)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=1, help="replays per child process (its fastest counts)")
     ap.add_argument("--requests", type=int, default=1000)
-    ap.add_argument("--rate", type=float, default=5.0)
+    ap.add_argument("--rate", type=float, default=5.0, help="of the online replays")
+    ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     ap.add_argument("--out", default=None, help="JSON to write (default: results/benchmarks/sim_speed.json)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -65,26 +94,26 @@ def main(argv: list[str] | None = None) -> int:
         best: dict = {}
         for i in range(args.rounds):
             order = list(trees) if i % 2 == 0 else list(reversed(trees))
-            for system in ("paged", "orca_oracle"):
+            for kind in args.kinds:
                 for name in order:
-                    got = replay(trees[name], system, args.requests, args.rate)
-                    key = (name, system)
+                    got = replay(trees[name], kind, args.requests, args.rate, args.repeat)
+                    key = (name, kind)
                     if key not in best or got["cpu_s"] < best[key]["cpu_s"]:
                         best[key] = got
             print(f"round {i + 1}: " + ", ".join(f"{k[0]} {k[1]} {v['cpu_s']:.3f} s" for k, v in best.items()),
                   flush=True)
     rows = {}
-    for system in ("paged", "orca_oracle"):
-        base, new = best[("baseline", system)], best[("this tree", system)]
+    for kind in args.kinds:
+        base, new = best[("baseline", kind)], best[("this tree", kind)]
         if base["steps"] != new["steps"]:
-            raise SystemExit(f"{system}: the two trees took different numbers of steps ({base['steps']} vs "
+            raise SystemExit(f"{kind}: the two trees took different numbers of steps ({base['steps']} vs "
                              f"{new['steps']}): not the same replay")
-        rows[system] = {"baseline_cpu_s": base["cpu_s"], "cpu_s": new["cpu_s"], "steps": new["steps"],
-                        "speedup": base["cpu_s"] / new["cpu_s"]}
-        print(f"{system:12s} baseline {base['cpu_s']:.3f} s, this tree {new['cpu_s']:.3f} s: "
-              f"{rows[system]['speedup']:.2f}x ({new['steps']} steps)")
+        rows[kind] = {"baseline_cpu_s": base["cpu_s"], "cpu_s": new["cpu_s"], "steps": new["steps"],
+                      "speedup": base["cpu_s"] / new["cpu_s"]}
+        print(f"{kind:18s} baseline {base['cpu_s']:.3f} s, this tree {new['cpu_s']:.3f} s: "
+              f"{rows[kind]['speedup']:.2f}x ({new['steps']} steps)")
     write_benchmark({"benchmark": "sim_speed", "hardware": hardware_label(), "date": today(),
-                     "baseline": args.baseline, "rounds": args.rounds, "requests": args.requests,
+                     "baseline": args.baseline, "rounds": args.rounds, "repeat": args.repeat, "requests": args.requests,
                      "rate": args.rate, "load_average": os.getloadavg(), "replays": rows},
                     "sim_speed", args.out)
     return 0

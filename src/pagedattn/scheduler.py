@@ -138,7 +138,7 @@ class Scheduler:
             for s in g.get_seqs("running"):
                 s.num_computed_tokens = len(s.token_ids)
                 if fill is not None:
-                    s.append_token(fill)
+                    s.token_ids.append(fill)  # append_token(fill), with no log-probability to add
                     reason = stop(s, g) if stop is not None else None
                     if reason is not None:
                         s.finish(reason)
@@ -170,7 +170,7 @@ class Scheduler:
                 if s.status == "finished":
                     self.kv.free_seq(s)
                     finished += 1
-            if finished == len(g.seqs):
+            if finished and finished == len(g.seqs):
                 done.append(g)
         if done:
             gone = set(map(id, done))

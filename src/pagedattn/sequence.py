@@ -223,14 +223,17 @@ class SequenceGroup:
         return self.seqs[0].get_prompt_len() + self.sampling_params.max_tokens
 
     def get_seqs(self, status: Status | None = None) -> list[Sequence]:
-        """The group's sequences, or those in ``status``: a list to read, not to change (for a one-sequence group,
-        most requests, it is ``seqs`` itself or empty: the scheduler asks this of every running group several times
-        per step)."""
+        """The group's sequences, or those in ``status``: a list to read, not to change (it is ``seqs`` itself when
+        every sequence is in ``status``, as a running group's usually are, and for a one-sequence group, most
+        requests, ``seqs`` or empty: the scheduler asks this of every running group several times per step)."""
         if status is None:
             return self.seqs
         if self._solo is not None:
             return self.seqs if self._solo.status == status else []
-        return [s for s in self.seqs if s.status == status]
+        for s in self.seqs:
+            if s.status != status:
+                return [s for s in self.seqs if s.status == status]
+        return self.seqs
 
     def is_finished(self) -> bool:
         for s in self.seqs:

@@ -11,6 +11,7 @@ end: prompt + output tokens). Shared physical blocks (§4.4) are counted once.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -92,35 +93,47 @@ def paged_stats(m: BlockManager, final_len: dict[int, int]) -> KVStats:
 
 def _shared_blocks(m: BlockManager, final_len: dict[int, int]) -> tuple[int, int]:
     """Token-state and reserved slots when blocks are shared: a block's slots are filled (or will be) as far as its
-    furthest sharer fills them."""
-    bs = m.block_size
-    filled: dict[int, int] = {}  # physical block -> slots holding tokens
-    future: dict[int, int] = {}  # physical block -> slots that some sharer will still fill
+    furthest sharer fills them. A block full of one sharer's tokens is full for all (every slot filled and to be
+    filled), so only the entries past each table's full blocks (usually its last) are looked at, and the full
+    blocks are counted without walking the tables: a block's reference count is the number of device-table entries
+    that point at it plus its pins (``BlockManager.check_invariants``), so a block sits among some table's full
+    blocks exactly when it has more entries than those past the full ones, and the tables' distinct blocks are the
+    pool's used blocks less those that only pins hold."""
+    bs, refs, pins = m.block_size, m.gpu.ref_counts, Counter(m.pinned)
+    alone = filled = future = 0  # blocks past the full ones with one reference (this entry's), and their slots
+    shared: dict[int, list[int]] = {}  # other such blocks -> [entries past full blocks, slots filled, to be filled]
     for seq_id, t in m.tables.items():
         if t.device != "gpu":
             continue
-        end = max(final_len.get(seq_id, t.num_tokens), t.num_tokens)
-        for i, b in enumerate(t.blocks):
-            lo = i * bs
-            filled[b] = max(filled.get(b, 0), min(bs, max(0, t.num_tokens - lo)))
-            future[b] = max(future.get(b, 0), min(bs, max(0, end - lo)))
-    states = sum(filled.values())
-    return states, sum(future[b] - filled[b] for b in filled)
+        blocks, n = t.blocks, t.num_tokens
+        end = max(final_len.get(seq_id, n), n)
+        for i in range(min(len(blocks), n // bs), len(blocks)):
+            b, lo = blocks[i], i * bs
+            f = n - lo if n > lo else 0  # under a block: it is past the full ones
+            u = bs if end - lo > bs else end - lo if end > lo else 0
+            if refs[b] == 1:
+                alone, filled, future = alone + 1, filled + f, future + u
+            elif (p := shared.get(b)) is None:
+                shared[b] = [1, f, u]
+            else:
+                p[0], p[1], p[2] = p[0] + 1, max(p[1], f), max(p[2], u)
+    partial = [p for b, p in shared.items() if refs[b] - pins[b] == p[0]]  # among no table's full blocks
+    full = m.gpu.num_used - sum(refs[b] == k for b, k in pins.items()) - alone - len(partial)
+    states = bs * full + filled + sum(p[1] for p in partial)
+    return states, future - filled + sum(p[2] - p[1] for p in partial)
 
 
 def contiguous_stats(m: ContiguousKVManager, final_len: dict[int, int]) -> KVStats:
     """``KVStats`` of a ``ContiguousKVManager``: a reservation's slots beyond its tokens are reserved up to the
     request's final length and internal fragmentation after it; a buddy block's rounding slack is external."""
-    exact = m.placement == "exact"
-    states = reserved = internal = waste = 0
+    states = ends = sizes = waste = 0
     for seq_id, r in m.tables.items():
         n, size = r.num_tokens, r.reserved
         end = final_len.get(seq_id, n)
         end = n if end < n else size if end > size else end  # min(max(final, n), size)
         states += n
-        reserved += end - n
-        internal += size - end
-        w = (size if exact else 1 << max(0, (size - 1).bit_length())) - n  # the buddy block: next_pow2(size)
-        if w > waste:
-            waste = w
-    return KVStats(states, reserved, internal, m.total_slots - states - reserved - internal, waste)
+        ends += end
+        sizes += size
+        if r.held - n > waste:  # its buddy block (exact placement: the reservation) less its tokens
+            waste = r.held - n
+    return KVStats(states, ends - states, sizes - ends, m.total_slots - sizes, waste)

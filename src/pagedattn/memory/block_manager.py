@@ -220,7 +220,8 @@ class BlockManager:
         need = blocks_needed(num_tokens, self.block_size)
         if self.gpu.num_blocks - self._pinned_elsewhere(hits) - need < self.watermark_blocks:
             return AllocStatus.NEVER
-        need -= sum(self.gpu.ref_counts[b] > 0 for b in hits)  # blocks already held by others cost nothing new
+        if hits:  # blocks already held by others cost nothing new
+            need -= sum(self.gpu.ref_counts[b] > 0 for b in hits)
         return AllocStatus.OK if self.gpu.num_free - need >= self.watermark_blocks else AllocStatus.LATER
 
     def allocate(self, seq_id: int, num_tokens: int, token_ids=None, prefix_len: int = 0) -> int:
@@ -405,7 +406,7 @@ class BlockManager:
     # ------------------------------------------------------------------- group-level API (the scheduler's)
     def can_allocate(self, group) -> AllocStatus:
         """Whether a waiting group's prompt (all its tokens, when recomputing) fits now (§4.3, §4.5)."""
-        s = group.get_seqs(status="waiting")[0]
+        s = group.get_seqs("waiting")[0]
         return self.can_allocate_tokens(s.get_len(), s.token_ids, group.prefix_len)
 
     def never_reason(self, group) -> str:
@@ -429,7 +430,7 @@ class BlockManager:
     def allocate_group(self, group) -> int:
         """Allocate the prompt once and share it across the group's sequences (parallel sampling, §4.4); returns
         the number of prompt tokens already cached."""
-        seqs = group.get_seqs(status="waiting")
+        seqs = group.get_seqs("waiting")
         cached = self.allocate(seqs[0].seq_id, seqs[0].get_len(), seqs[0].token_ids, group.prefix_len)
         for s in seqs[1:]:
             self.fork(seqs[0].seq_id, s.seq_id)
@@ -443,15 +444,15 @@ class BlockManager:
 
     def can_append_slots(self, group) -> bool:
         need, bs, refs = 0, self.block_size, self.gpu.ref_counts
-        for s in group.get_seqs(status="running"):  # needs_new_block, inlined: the scheduler asks this per step
+        for s in group.get_seqs("running"):  # needs_new_block, inlined: the scheduler asks this per step
             t = self.tables[s.seq_id]
             if t.num_tokens % bs == 0 or refs[t.blocks[-1]] > 1:
                 need += 1
-        return need <= self.gpu.num_free
+        return need == 0 or need <= self.gpu.num_free
 
     def append_slots(self, group) -> list[tuple[int, int]]:
         copies = []
-        for s in group.get_seqs(status="running"):
+        for s in group.get_seqs("running"):
             c = self.append_slot(s.seq_id, s.token_ids)
             if c is not None:
                 copies.append(c)
@@ -462,11 +463,11 @@ class BlockManager:
             self.free(seq.seq_id)
 
     def can_swap_out(self, group) -> bool:
-        blocks = self._unique_blocks([s.seq_id for s in group.get_seqs(status="running")], "gpu")
+        blocks = self._unique_blocks([s.seq_id for s in group.get_seqs("running")], "gpu")
         return self._num_new_blocks(blocks, self.gpu, self.cpu) <= self.cpu.num_free
 
     def swap_out_group(self, group) -> dict[int, int]:
-        return self.swap_out([s.seq_id for s in group.get_seqs(status="running")])
+        return self.swap_out([s.seq_id for s in group.get_seqs("running")])
 
     def swap_in_status(self, group) -> AllocStatus:
         """Whether a swapped-out group can come back now (OK), after others finish (LATER), or never (NEVER) (§4.5).
@@ -474,7 +475,7 @@ class BlockManager:
         It takes its distinct blocks that the device does not already hold (a pinned or cached prefix in use is
         shared again), plus the blocks its next tokens need (``next_token_blocks``: none for a sequence whose last
         block has room), and leaves the watermark free."""
-        seqs = [s.seq_id for s in group.get_seqs(status="swapped")]
+        seqs = [s.seq_id for s in group.get_seqs("swapped")]
         blocks, grow = self._unique_blocks(seqs, "cpu"), self.next_token_blocks(seqs)
         try:
             self._check_swap_in(group, blocks, grow)
@@ -490,7 +491,7 @@ class BlockManager:
         """Raise ValueError, naming the limit, for a swapped-out group that could not come back even when every
         other request is gone: its distinct blocks plus its next tokens' blocks exceed the pool, less the
         watermark and the pinned prefixes it does not share."""
-        seqs = [s.seq_id for s in group.get_seqs(status="swapped")]
+        seqs = [s.seq_id for s in group.get_seqs("swapped")]
         self._check_swap_in(group, self._unique_blocks(seqs, "cpu"), self.next_token_blocks(seqs))
 
     def _check_swap_in(self, group, blocks: list[int], grow: int) -> None:
@@ -503,4 +504,4 @@ class BlockManager:
                 f"({self.watermark_blocks} kept free by the watermark, {others} held by other pinned prefixes)")
 
     def swap_in_group(self, group) -> dict[int, int]:
-        return self.swap_in([s.seq_id for s in group.get_seqs(status="swapped")])
+        return self.swap_in([s.seq_id for s in group.get_seqs("swapped")])

@@ -67,8 +67,11 @@ class BuddyAllocator:
         return self._chunk_order[start]
 
     def can_alloc(self, size: int) -> bool:
-        order = (next_pow2(size)).bit_length() - 1
-        return any(s for o, s in self.free_lists.items() if o >= order)
+        order = max(0, (size - 1).bit_length())  # next_pow2(size) is 2**order
+        for o, s in self.free_lists.items():  # asked every step a request waits: a loop, not a generator
+            if s and o >= order:
+                return True
+        return False
 
     def alloc(self, size: int) -> int:
         """Allocate a block of ``next_pow2(size)`` slots (lowest address first); return its offset."""
@@ -127,6 +130,7 @@ class BuddyAllocator:
 class Reservation:
     pieces: list[int]
     reserved: int  # slots reserved (contiguous, starting at pieces[0])
+    held: int  # slots it takes from the arena: its buddy block (next_pow2(reserved)), or exactly ``reserved``
     num_tokens: int = 0
 
 
@@ -196,7 +200,7 @@ class ContiguousKVManager:
         """Nothing to check: admission already checks a group's whole reservation (``check_request``)."""
 
     def can_allocate(self, group) -> AllocStatus:
-        seqs = group.get_seqs(status="waiting")
+        seqs = group.get_seqs("waiting")
         size = self._size_of(group)
         try:
             self.check_request(group.max_total_len, size, len(seqs))
@@ -219,8 +223,9 @@ class ContiguousKVManager:
                 self._release(r)
 
     def _reserve(self, size: int) -> Reservation:
-        pieces = self.arena.alloc_exact(size) if self.placement == "exact" else [self.arena.alloc(size)]
-        return Reservation(pieces, size)
+        if self.placement == "exact":
+            return Reservation(self.arena.alloc_exact(size), size, size)
+        return Reservation([self.arena.alloc(size)], size, next_pow2(size))
 
     def _release(self, r: Reservation) -> None:
         for p in r.pieces:
@@ -229,7 +234,7 @@ class ContiguousKVManager:
     def allocate_group(self, group) -> int:
         """One reservation per sequence (no sharing, no prefix cache: nothing is cached, returns 0)."""
         size = self._size_of(group)
-        for s in group.get_seqs(status="waiting"):
+        for s in group.get_seqs("waiting"):
             r = self._reserve(size)
             r.num_tokens = s.get_len()
             self.tables[s.seq_id] = r
@@ -274,14 +279,14 @@ class ContiguousKVManager:
         return copies
 
     def can_append_slots(self, group) -> bool:
-        for s in group.get_seqs(status="running"):
+        for s in group.get_seqs("running"):
             r = self.tables[s.seq_id]
             if r.num_tokens >= r.reserved:
                 return False
         return True
 
     def append_slots(self, group) -> list[tuple[int, int]]:
-        for s in group.get_seqs(status="running"):
+        for s in group.get_seqs("running"):
             r = self.tables[s.seq_id]
             if r.num_tokens >= r.reserved:
                 raise ValueError(f"sequence {s.seq_id} outgrew its reservation of {r.reserved} slots")

@@ -146,12 +146,8 @@ class CostModel:
         swap = self.swap_time(len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out), block_size)
         if out.prefill_groups:
             return self.prefill_time(out.num_batched_tokens, len(out.prefill_groups)) + swap
-        num_seqs = context = 0
-        for g in out.decode_groups:
-            for s in g.get_seqs("running"):
-                num_seqs += 1
-                context += len(s.token_ids)
-        return self.decode_time(num_seqs, context) + swap
+        lens = [len(s.token_ids) for g in out.decode_groups for s in g.get_seqs("running")]
+        return self.decode_time(len(lens), sum(lens)) + swap
 
 
 #: Mean distinct parents among a beam group's ``k`` next beams per step, by beam width, measured on the real engine:
@@ -323,7 +319,7 @@ class StepRecords:
         if not self.rows:
             return pd.DataFrame()
         names = self.COLUMNS + (self.SHARING if self.paged else ())
-        return pd.DataFrame({name: list(col) for name, col in zip(names, zip(*self.rows))})
+        return pd.DataFrame({name: np.array(col) for name, col in zip(names, zip(*self.rows))})  # same dtypes
 
 
 def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | None = None, block_size: int = 16,
@@ -378,7 +374,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
         while i < len(pending) and pending[i].arrival_time <= now:
             r = pending[i]
             room = max_model_len - r.prompt_len
-            lens = [r.output_len] * n if beam is not None or equal_sample_lengths else \
+            lens = [r.output_len] * n if n == 1 or beam is not None or equal_sample_lengths else \
                 [r.output_len] + [min(int(x), room) for x in rng.choice(trace_outputs, n - 1)]
             tokens = prompts[r.request_id] if prompts else [0] * r.prompt_len
             seqs = [Sequence(next_seq + k, tokens) for k in range(n)]
