@@ -170,7 +170,7 @@ class Scheduler:
                 if s.status == "finished":
                     self.kv.free_seq(s)
                     finished += 1
-            if finished == len(g.seqs):
+            if finished and finished == len(g.seqs):
                 done.append(g)
         if done:
             gone = set(map(id, done))
