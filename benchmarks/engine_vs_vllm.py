@@ -8,12 +8,13 @@ ShareGPT prompt lengths, greedy decoding, ``--output-len`` new tokens with EOS i
 For each (threads, dtype) one vLLM process is started (``VLLM_CPU_OMP_THREADS_BIND`` = ``0`` or ``0-1``,
 ``VLLM_CPU_KVCACHE_SPACE=2``, no tokenizer, prefix caching off); at each batch size the two systems then run
 ``--rounds`` times, interleaved, the first of the pair alternating (ours-vLLM, vLLM-ours, ...), after a warm-up of
-each. Ours runs with ``torch.set_num_threads(threads)``; in bf16 it runs the model cast with ``.to(torch.bfloat16)``
+each at the full batch. Ours runs with ``torch.set_num_threads(threads)``; in bf16 it runs the model cast with ``.to(torch.bfloat16)``
 through whatever path ``LLM`` takes (recorded: today the C++ kernels take fp32/fp64 only, so bf16 attention falls back
 to the torch reference functions). Per round: wall seconds and CPU seconds; ours' CPU is this process's, vLLM's is
 the sum over its process tree (the peer and every descendant: its engine-core child included), read from ``/proc``
 through psutil before and after. Ratios (ours / vLLM in tokens per second) are taken within each round and reported
-as the median with min-max spread. Token agreement: the share of requests whose tokens are equal, at each dtype.
+as the median with min-max spread. Token agreement, at each dtype: the share of requests whose tokens are all equal, whose first token is, and the mean
+share of each request's tokens before the first difference.
 
     make bench-vllm                                                  # builds .venv-vllm on first use
     PYTHONPATH=src .venv/bin/python benchmarks/engine_vs_vllm.py --vllm-python .venv-vllm/bin/python \\
@@ -36,7 +37,8 @@ import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_vs_hf import MODEL, TRACE, length_pairs, load1, make_model, random_prompts, run_ours, spread, tokens_equal  # noqa: E402
+from engine_vs_hf import (MODEL, TRACE, fmt, length_pairs, load1, make_model, random_prompts, run_ours,  # noqa: E402
+                          spread, tokens_equal)
 
 from pagedattn.llm import LLM  # noqa: E402
 from pagedattn.results import hardware_label, today, write_benchmark  # noqa: E402
@@ -99,12 +101,18 @@ class Peer:
             self.proc.wait()
 
 
+def prefix_share(a: list[list[int]], b: list[list[int]]) -> float:
+    """Mean over requests of the share of ``a``'s tokens before the first difference from ``b``."""
+    def common(x, y):
+        return next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+    return sum(common(x, y) / len(x) for x, y in zip(a, b)) / len(a)
+
+
 def bench_batch(llm: LLM, peer: Peer, batch: int, a, order: list) -> dict:
     pairs = length_pairs(batch, a.prompt_len, MODEL["max_position_embeddings"] - a.output_len, batch, TRACE)
     prompts = random_prompts([p for p, _ in pairs], seed=batch)
-    warm = prompts[: min(4, batch)]
-    run_ours(llm, warm, [4] * len(warm))
-    peer.generate(warm, 4)
+    run_ours(llm, prompts, [4] * batch)  # warm-up at the full batch (vLLM compiles per batch shape)
+    peer.generate(prompts, 4)
     rounds = []
     for i in range(a.rounds):
         r = {}
@@ -125,6 +133,8 @@ def bench_batch(llm: LLM, peer: Peer, batch: int, a, order: list) -> dict:
             "vllm_cpu_per_wall": spread([r["vllm"]["cpu"] / r["vllm"]["wall"] for r in rounds]),
             "vllm_processes": rounds[0]["vllm"]["processes"],
             "tokens_equal": tokens_equal(rounds[0]["ours"]["tokens"], rounds[0]["vllm"]["tokens"]),
+            "first_token_equal": tokens_equal(*[[t[:1] for t in rounds[0][k]["tokens"]] for k in ("ours", "vllm")]),
+            "common_prefix_share": prefix_share(rounds[0]["ours"]["tokens"], rounds[0]["vllm"]["tokens"]),
             "rounds": [{k: {x: r[k][x] for x in ("wall", "cpu", "child_cpu_s") if x in r[k]} for k in ("ours", "vllm")}
                        for r in rounds]}
 
@@ -166,6 +176,22 @@ def write(a, runs: list[dict], loads: list, order: list, complete: bool) -> dict
     return summary
 
 
+def table(path: str) -> str:
+    """The README's table from a written JSON (every number as it is there, rounded)."""
+    d = json.loads(Path(path).read_text())
+    lines = ["| dtype | threads | batch | ours tok/wall-s | vLLM tok/wall-s | ours / vLLM (wall) | ours tok/CPU-s | "
+             "vLLM tok/CPU-s | ours / vLLM (CPU) | vLLM CPU / wall | requests equal (tokens before the first difference) |", "|" + "---|" * 11]
+    for run in d["runs"]:
+        for b in run["batches"]:
+            w, c = b["tokens_per_wall_s"], b["tokens_per_cpu_s"]
+            lines.append(
+                f"| {run['dtype']} | {run['threads']} | {b['batch_size']} | {w['ours']['median']:,.0f} | "
+                f"{w['vllm']['median']:,.0f} | {fmt(b['speedup_wall'])} | {c['ours']['median']:,.0f} | "
+                f"{c['vllm']['median']:,.0f} | {fmt(b['speedup_cpu'])} | {b['vllm_cpu_per_wall']['median']:.2f} | "
+                f"{100 * b['tokens_equal']:.0f} % ({100 * b['common_prefix_share']:.0f} %) |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="the python of vLLM's venv")
@@ -178,9 +204,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--fake-peer", action="store_true", help="a stand-in for vLLM (the driver's test)")
     ap.add_argument("--quick", action="store_true", help="batch 8, 16 new tokens, 2 rounds, fp32, 1 thread")
     ap.add_argument("--log", default=None, help="vLLM's log (default: a temporary file)")
+    ap.add_argument("--table", metavar="JSON", help="print the README's table of a written run and exit")
     ap.add_argument("--out", default=None, help="JSON (default: results/benchmarks/engine_vs_vllm.json; --quick "
                                                 "writes nothing unless given)")
     a = ap.parse_args(argv)
+    if a.table:
+        print(table(a.table))
+        return {}
     if a.quick:
         a.batch_sizes, a.output_len, a.rounds, a.dtypes, a.threads = [8], 16, 2, ["float32"], [1]
     python = sys.executable if a.fake_peer else a.vllm_python
@@ -210,7 +240,7 @@ def main(argv=None) -> dict:
                               f"{row['tokens_per_wall_s']['vllm']['median']:.0f}; ours/vLLM wall "
                               f"{row['speedup_wall']['median']:.2f}x [{row['speedup_wall']['min']:.2f}-"
                               f"{row['speedup_wall']['max']:.2f}], CPU {row['speedup_cpu']['median']:.2f}x; tokens "
-                              f"equal {100 * row['tokens_equal']:.0f}%; load {loads[-1]:.2f}", flush=True)
+                              f"equal {100 * row['tokens_equal']:.0f}% (prefix {100 * row['common_prefix_share']:.0f}%); load {loads[-1]:.2f}", flush=True)
                 finally:
                     peer.close()
                 runs.append(run)

@@ -15,11 +15,11 @@ def run(tmp_path_factory):
     summary = engine_vs_vllm.main(["--fake-peer", "--batch-sizes", "4", "2", "--dtypes", "float32", "--threads", "1",
                                    "--output-len", "3", "--rounds", "3", "--prompt-len", "4", "32",
                                    "--out", str(out)])
-    return summary, json.loads(out.read_text())
+    return summary, json.loads(out.read_text()), out
 
 
 def test_json_layout(run):
-    summary, written = run
+    summary, written, path = run
     assert written["benchmark"] == "engine_vs_vllm" and written["complete"] and written["peer"] == "fake (test)"
     assert written["load_average_1min"]["before"] is not None and written["load_average_1min"]["after"] is not None
     (r,) = written["runs"]
@@ -34,6 +34,8 @@ def test_json_layout(run):
     assert set(written["headline"]) >= {"speedup_wall.float32.t1.b4", "speedup_cpu.float32.t1.b2",
                                         "tokens_equal.float32"}
     assert written["targets"]["speedup_wall.bfloat16.t1.b64"]["met"] is None  # not run: no verdict
+    rows = engine_vs_vllm.table(str(path)).splitlines()
+    assert len(rows) == 4 and rows[2].startswith("| float32 | 1 | 4 |")
 
 
 def test_interleaving_alternates_who_goes_first(run):
