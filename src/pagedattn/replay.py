@@ -73,7 +73,8 @@ def base_url(url: str) -> str:
 
 
 def _tokens_in(chunk: dict) -> int:
-    """Tokens a streamed chunk carries: its choices' ``token_ids`` when the server sends them (ours does), else one
+    """Tokens a streamed chunk carries: its choices' ``token_ids`` when the server sends them (ours always; vLLM's
+    with ``return_token_ids``, which the replayer asks for: without a tokenizer its chunks have empty text), else one
     per choice with text (one token per chunk, as servers stream)."""
     return sum(len(c["token_ids"]) if c.get("token_ids") is not None else int(bool(c.get("text")))
                for c in chunk.get("choices") or [])
@@ -142,7 +143,7 @@ async def replay(url: str, trace: list[TraceRequest], model: str, vocab_size: in
             await asyncio.sleep(max(0.0, r.arrival_time - (time.perf_counter() - t0)))
             body = {"model": model, "prompt": synthetic_prompt(r.prompt_len, vocab_size, seed * 1_000_003 + i),
                     "max_tokens": r.output_len, "temperature": 0.0, "stream": True,
-                    "stream_options": {"include_usage": True}, **(extra or {})}
+                    "stream_options": {"include_usage": True}, "return_token_ids": True, **(extra or {})}
             if ignore_eos:
                 body["ignore_eos"] = True
             tasks.append(asyncio.create_task(send_one(client, rec, body, t0)))
