@@ -8,7 +8,7 @@ QUICK_FLAG := $(if $(filter 1 true yes,$(QUICK)),--quick,)
 
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: venv test test-fast check mutants reproduce lab model summary clean-results kernels-compile gpu serve serve vllm-venv bench-vllm
+.PHONY: venv test test-fast check mutants reproduce lab model summary clean-results kernels-compile gpu serve vllm-venv bench-vllm
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
