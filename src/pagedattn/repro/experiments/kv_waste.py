@@ -126,6 +126,16 @@ def breakdown_table(results: dict[str, SimResult]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def paper_shares(system: str) -> pd.Series:
+    """The paper's Fig. 2 bar for ``system`` over ``KINDS`` (percent of the KV memory); ours (vLLM) is split by the
+    paper only into token states and waste, drawn here as external fragmentation and free."""
+    sh = FIG2_SHARES[system]
+    if system == "paged":
+        return pd.Series({"token_states": sh["token_states"], "reserved": 0.0, "internal": 0.0,
+                          "external": sh["waste"]})[KINDS]
+    return pd.Series(sh)[KINDS].fillna(0.0)
+
+
 def kv_waste_pct(r: SimResult) -> float:
     """Internal fragmentation of a run (§4.2): the share of allocated KV slots (token states, reserved, internal)
     that hold no token, time-weighted by step duration, in percent."""
