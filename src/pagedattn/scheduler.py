@@ -138,7 +138,7 @@ class Scheduler:
             for s in g.get_seqs("running"):
                 s.num_computed_tokens = len(s.token_ids)
                 if fill is not None:
-                    s.token_ids.append(fill)  # append_token(fill), with no log-probability to add
+                    s.append_token(fill)
                     reason = stop(s, g) if stop is not None else None
                     if reason is not None:
                         s.finish(reason)

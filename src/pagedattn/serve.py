@@ -253,14 +253,17 @@ def serve_in_thread(app, host: str = "127.0.0.1"):
 
 
 # ------------------------------------------------------------------------------------------------ CLI
-def load_engine(model: str, kv_manager: str = "paged", num_slots: int = 8192, block_size: int = 16,
+def load_engine(model, kv_manager: str = "paged", num_slots: int = 8192, block_size: int = 16,
                 max_model_len: int | None = None, seed: int = 0, max_step_metrics: int | None = 10_000, **engine_kw):
-    """An ``LLMEngine`` for MODEL (a checkpoint folder, or ``tiny:opt``) under ``kv_manager`` over ``num_slots``
-    token slots (``experiments.common.make_engine``, the same systems the simulator replays), keeping the metrics of
-    the last ``max_step_metrics`` steps (a server runs for days)."""
+    """An ``LLMEngine`` for MODEL (a checkpoint folder, ``tiny:opt``, or a model already built) under
+    ``kv_manager`` over ``num_slots`` token slots (``experiments.common.make_engine``, the same systems the simulator
+    replays), keeping the metrics of the last ``max_step_metrics`` steps (a server runs for days). The server's
+    engine: ``repro.experiments.online_serving`` builds its in-process engine here too."""
     from pagedattn.repro.experiments.common import make_engine, tiny_opt
 
-    if model == TINY_SPEC:
+    if not isinstance(model, (str, Path)):
+        model_obj, config = model, model.config
+    elif model == TINY_SPEC:
         model_obj = tiny_opt(seed)
         config = model_obj.config
     else:
@@ -269,7 +272,7 @@ def load_engine(model: str, kv_manager: str = "paged", num_slots: int = 8192, bl
         if not (Path(model) / "config.json").is_file():  # else transformers would read it as a hub repo id
             raise FileNotFoundError(f"{model}: not a checkpoint folder (no config.json); pass a folder saved with "
                                     f"save_pretrained, or {TINY_SPEC} for the random-weight tiny OPT")
-        model_obj, config = model, AutoConfig.from_pretrained(model)
+        model_obj, config = str(model), AutoConfig.from_pretrained(model)
     limit = config.max_position_embeddings
     max_model_len = min(max_model_len or limit, limit)
     return make_engine(model_obj, kv_manager, num_slots, block_size, max_model_len,

@@ -90,14 +90,17 @@ def _slope(t, y) -> float:
     return float(np.polyfit(t - t[0], y, 1)[0])
 
 
-def _trend_se(arrival, finish, start: float, end: float) -> float:
+def _trend_se(arrival, finish, start: float, end: float, points: int = 256) -> float:
     """The standard deviation (requests/s) of the count's slope over ``[start, end)`` when the requests' latencies
     are shuffled among them (``TREND_PERMUTATIONS`` seeded permutations, arrivals kept): the slope the trace's mix of
-    request lengths produces by chance, with no queue (module docstring)."""
+    request lengths produces by chance, with no queue (module docstring). ``queue_growth`` of each shuffled run, with
+    the arrivals counted once."""
     arrival = np.asarray(arrival, dtype=float)
     latency = np.asarray(finish, dtype=float) - arrival
+    t = np.linspace(start, end, points, endpoint=False)
+    arrived = np.searchsorted(np.sort(arrival), t, "right")
     rng = np.random.default_rng(0)
-    return float(np.std([queue_growth(arrival, arrival + rng.permutation(latency), start, end)
+    return float(np.std([_slope(t, arrived - np.searchsorted(np.sort(arrival + rng.permutation(latency)), t, "right"))
                          for _ in range(TREND_PERMUTATIONS)]))
 
 
@@ -141,9 +144,10 @@ class Load:
         return cls(rate, _slope(t, cum_finished), nl, _slope(t, cum_arrived - cum_finished),
                    float((cum_arrived - cum_finished).mean()), _trend_se(arrival, finish, start, end) / rate)
 
-    def judged(self, max_trend_se: float = MAX_TREND_SE) -> bool:
-        """Whether the run is long enough to judge the capacity rule (``trend_se`` at most ``max_trend_se``)."""
-        return self.trend_se <= max_trend_se
+    @property
+    def judged(self) -> bool:
+        """Whether the run is long enough to judge the capacity rule (``trend_se`` at most ``MAX_TREND_SE``)."""
+        return self.trend_se <= MAX_TREND_SE
 
     def keeps_up(self, margin: float = CAPACITY_MARGIN) -> bool:
         """The capacity rule: the number of requests in the system does not grow over the steady window by more
@@ -286,7 +290,7 @@ def describe_ratio(a: dict | pd.Series, b: dict | pd.Series, offline_ratio: floa
         offline_ratio = float(a["offline_rate"]) / float(b["offline_rate"])
     if offline_ratio is not None and math.isfinite(offline_ratio):
         note += f"; offline throughput ratio {offline_ratio:.2f}"
-    short = [x for x in (a, b) if "trend_se" in x and float(x["trend_se"]) > MAX_TREND_SE]
+    short = [x for x in (a, b) if "judged" in x and not bool(x["judged"])]
     if short:
         note += ("; NOT JUDGED: the trace is too short to judge the capacity rule at "
                  + " and ".join(f"{float(x['sustainable_rate']):.3g} req/s (length-mix noise "

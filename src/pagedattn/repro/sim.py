@@ -279,6 +279,19 @@ class SimResult:
         d = self._steps(steady)
         return float(d["memory_bound"].mean()) if len(d) else float("nan")
 
+    def prefill_steps(self, steady: bool = True) -> dict[str, float]:
+        """How the steps (in the steady-state window) split into prefill and decode: the share of prefill steps
+        (``step_share``), their share of the time (``time_share``) and the mean requests per prefill step
+        (``requests_per_step``). The scheduler runs the prompts of the requests that can join as a step of their own
+        (§4.2's iteration-level scheduling as vLLM implements it), and every step costs at least one read of the
+        weights, so many small prefill steps cost throughput."""
+        d = self._steps(steady)
+        p = d[d["kind"] == "prefill"]
+        if d.empty:
+            return {"step_share": math.nan, "time_share": math.nan, "requests_per_step": math.nan}
+        return {"step_share": len(p) / len(d), "time_share": float(p["dt"].sum() / d["dt"].sum()),
+                "requests_per_step": float(p["num_batched"].mean()) if len(p) else math.nan}
+
     def normalized_latency(self) -> float:
         return normalized_latency(self.requests)
 

@@ -147,6 +147,9 @@ def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None) -> list[Clai
            f"{NL_THRESHOLD_S} s/token and the capacity rule, swap preemption"
     if "resolution" in swap:
         note += f"; ratio resolution {100 * float(swap['resolution'].max()):.1f} % or finer"
+    if "judged" in swap and not swap["judged"].astype(bool).all():
+        note += ("; NOT JUDGED: a trace too short to judge the capacity rule at widths "
+                 f"{sorted(int(w) for w in swap[~swap['judged'].astype(bool)]['width'])}")
     beam_note = note + "; beam model: distinct parents per step measured on the real engine (notebook 04), " \
                        "forks through BlockManager.fork, K/V copies charged at HBM bandwidth"
     out = []

@@ -23,7 +23,6 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
-from pagedattn.repro.capacity import ratio_resolution
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import sharing
 from pagedattn.repro.parallel import pmap
@@ -159,9 +158,7 @@ def seq_cap_gains(sp: sharing.Params, widths: tuple, max_num_seqs: int, progress
     for k in (1, *widths):
         paged, orca = got[(k, "paged")], got[(k, "orca_oracle")]
         rows.append({"method": "n=1" if k == 1 else "beam", "width": k, "max_num_seqs": max_num_seqs,
-                     "rate_paged": paged.rate, "rate_orca_oracle": orca.rate, "gain": paged.rate / orca.rate,
-                     "resolution": ratio_resolution(paged, orca), "bound_by_paged": paged.bound_by,
-                     "bound_by_orca_oracle": orca.bound_by})
+                     **sharing.gain_columns(paged, orca)})
     return pd.DataFrame(rows)
 
 

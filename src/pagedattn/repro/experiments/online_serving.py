@@ -124,11 +124,11 @@ def fit_step_time(steps: pd.DataFrame) -> tuple[FittedStepTime, dict]:
 
 
 def engine(model, system: str, params: Params):
-    """The engine a server runs (``serve.load_engine``'s settings: its default attention backend, 256 sequences)."""
-    from pagedattn.repro.experiments.common import make_engine
+    """The engine a server runs (``serve.load_engine``), keeping every step's metrics."""
+    from pagedattn.serve import load_engine
 
     rp = params.real
-    return make_engine(model, system, rp.num_slots, params.block_size, rp.max_model_len, max_num_seqs=256)
+    return load_engine(model, system, rp.num_slots, params.block_size, rp.max_model_len, max_step_metrics=None)
 
 
 def measure_step_time(model, params: Params, system: str) -> tuple[FittedStepTime, dict]:

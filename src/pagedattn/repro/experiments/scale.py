@@ -282,11 +282,16 @@ def sustainable_rows(model, trace_name, params: Params, cost: CostModel, cap: fl
                        for s in systems])
 
 
+#: The systems of the saturation check: ours and the two Orca variants whose reservations fit many short Alpaca requests
+SATURATION_SYSTEMS = ("orca_pow2", "orca_oracle", "paged")
+
+
 def saturation(params: Params, progress: bool = True, caps: dict[str, float] | None = None) -> pd.DataFrame:
-    """What bounds each setup on Alpaca: every system at ``saturation_load`` x the paged capacity, at each batch limit
-    of ``saturation_seqs``, with its throughput, mean batch, share of memory-bound steps and normalized latency, and
-    a decode step's roofline split at that batch (FLOP time vs HBM time, ``CostModel``; the larger one is the step's
-    bound). ``caps``: the paged capacity on Alpaca of each model, if already known (``fig12``'s; else computed).
+    """What bounds each setup on Alpaca: each of ``SATURATION_SYSTEMS`` at ``saturation_load`` x the paged capacity,
+    at each batch limit of ``saturation_seqs``, with its throughput, mean batch, share of memory-bound steps and
+    normalized latency; how its steps split into prefill and decode (``SimResult.prefill_steps``); and a decode
+    step's roofline split at that batch (FLOP time vs HBM time, ``CostModel``; the larger one is the
+    step's bound). ``caps``: the paged capacity on Alpaca of each model, if already known (``fig12``'s; else computed).
     The replays run in parallel."""
     if "alpaca" not in params.traces:
         return pd.DataFrame([])
@@ -295,7 +300,7 @@ def saturation(params: Params, progress: bool = True, caps: dict[str, float] | N
     todo = [m for m in params.models if m not in caps]
     caps.update(zip(todo, pmap(partial(_capacity_of, params=params), [(m, "alpaca", costs[m]) for m in todo])))
     jobs = [(m, n, s, costs[m], caps[m]) for m in params.models for n in params.saturation_seqs
-            for s in ("orca_oracle", "paged")]
+            for s in SATURATION_SYSTEMS]
     return pd.DataFrame(pmap(partial(_saturation_row, params=params), jobs, "saturation", progress))
 
 
@@ -310,9 +315,12 @@ def _saturation_row(job: tuple, params: Params) -> dict:
     mem = (cost.weight_bytes + context * cost.kv_bytes_per_token) / (
         cost.hbm_bytes_per_s * cost.bandwidth_efficiency * cost.tp_size)
     flops = 2 * cost.params * batch / (cost.flops_per_s * cost.flops_efficiency * cost.tp_size)
+    prefill = r.prefill_steps()
     return {"model": m, "trace": "alpaca", "max_num_seqs": n, "system": s, "label": LABELS[s],
             "rate": rate, "capacity_req_s": cap, "throughput_req_s": r.throughput(),
             "mean_batch": batch, "memory_bound_share": r.memory_bound_share(),
+            "prefill_step_share": prefill["step_share"], "prefill_time_share": prefill["time_share"],
+            "requests_per_prefill_step": prefill["requests_per_step"],
             "normalized_latency_s": r.normalized_latency(), "decode_flop_ms": 1e3 * flops,
             "decode_hbm_ms": 1e3 * mem, "decode_bound": "compute" if flops > mem else "memory bandwidth"}
 
