@@ -314,3 +314,16 @@ def test_a_block_moved_twice_in_one_step_is_an_error():
     assert moves == {1: 5, 2: 6}
     with pytest.raises(RuntimeError, match=r"blocks \[2\] moved twice in one step"):
         _add_moves(moves, {2: 7, 3: 8})
+
+
+def test_prefill_steps_count_the_requests_that_join_together():
+    """``SimResult.prefill_steps``: 20 equal requests, all queued at t = 0, at a batch limit of 4 run as five waves;
+    each wave's prompts form one prefill step of 4 requests, followed by its decode steps (one per output token after
+    the first, which the prefill step samples)."""
+    trace = [TraceRequest(str(i), 0.0, 32, 10) for i in range(20)]
+    res = simulate(trace, "paged", num_slots=4096, max_num_seqs=4)
+    got = res.prefill_steps(steady=False)
+    assert got["requests_per_step"] == 4.0
+    assert got["step_share"] == pytest.approx(5 / (5 + 5 * 9))
+    prefill_time = res.steps.loc[res.steps["kind"] == "prefill", "dt"].sum()
+    assert got["time_share"] == pytest.approx(prefill_time / res.steps["dt"].sum())

@@ -95,14 +95,14 @@ def _sim_sustainable_row(job: tuple, params: SimParams, cost: CostModel | None) 
 
 
 def sim_sustainable(params: SimParams, progress: bool = True, cost: CostModel | None = None,
-                    traces: tuple[str, ...] | None = None) -> pd.DataFrame:
+                    traces: tuple[str, ...] | None = None, systems: tuple[str, ...] = SIM_SYSTEMS) -> pd.DataFrame:
     """Each system's sustainable rate per trace (default: every workload and the sensitivity traces); the
     bisections (one per trace and system, each sequential) run in parallel (``pagedattn.repro.parallel``)."""
     ranges = {**params.rates, **{w: params.rates["sharegpt"] for w in params.sensitivity}}
     size = {**params.num_requests, **{w: params.num_requests["sharegpt"] for w in params.sensitivity}}
     traces = traces or tuple(ranges)
     base = {w: make_trace(w, size[w], 1.0, params.seed) for w in traces}
-    jobs = [(w, base[w], s, min(ranges[w]) / 4, max(ranges[w]) * 16) for w in traces for s in SIM_SYSTEMS]
+    jobs = [(w, base[w], s, min(ranges[w]) / 4, max(ranges[w]) * 16) for w in traces for s in systems]
     return pd.DataFrame(pmap(partial(_sim_sustainable_row, params=params, cost=cost), jobs, "sustainable rate",
                              progress))
 
@@ -122,6 +122,11 @@ def sim_offline(params: SimParams, progress: bool = False) -> pd.DataFrame:
     traces = {w: make_trace(w, params.num_requests[w], math.inf, params.seed) for w in params.rates}
     jobs = [(w, traces[w], s) for w in params.rates for s in SIM_SYSTEMS]
     return pd.DataFrame(pmap(partial(_offline_row, params=params), jobs, "offline (sim)", progress))
+
+
+#: The systems of the rate-ratio claims: ours and the three baselines it is divided by (a band point searches only
+#: these)
+RATIO_SYSTEMS = ("ft", "orca_max", "orca_oracle", "paged")
 
 
 def rate_ratio_claims(sustainable: pd.DataFrame) -> list[Claim]:
@@ -199,7 +204,8 @@ def sim_claims_at(point: sensitivity.Point, params: SimParams, which: str) -> li
     paper's rate or at equal relative load)."""
     cost = point.cost()
     if which == "rates":
-        return rate_ratio_claims(sim_sustainable(params, False, cost, ("sharegpt", *params.sensitivity)))
+        return rate_ratio_claims(sim_sustainable(params, False, cost, ("sharegpt", *params.sensitivity),
+                                                 RATIO_SYSTEMS))
     jobs = []
     for w, paper in FIG13_MEAN_BATCH.items():
         rate = sensitivity.rate_at(point, w, paper["rate"], params.num_requests[w], params.seed)
