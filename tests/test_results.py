@@ -328,3 +328,17 @@ def test_no_committed_sustainable_rate_exceeds_its_offline_throughput():
         if rate > 0 and row["bound_by"] != "lower bound":
             assert rate * (1 - 2 * CAPACITY_MARGIN) <= float(row["throughput_at_rate"]), \
                 f"{path}: {row['system']} served {float(row['throughput_at_rate']):.4g} req/s at {rate:.4g}"
+
+
+def test_every_committed_rate_search_was_judged():
+    """Issue 30: every committed sustainable-rate search ran on a trace long enough to judge the capacity rule
+    (``capacity.RateSearch.judged``): a table's ``judged`` column, or a Fig. 14 gain row's (both searches), is true
+    everywhere. A search that was not judged asks for a longer trace, not for a looser rule."""
+    import pandas as pd
+
+    tables = [csv for csv in sorted(RESULTS_DIR.glob("[0-9]*/*.csv")) if "judged" in pd.read_csv(csv, nrows=0).columns]
+    assert tables, "no committed table records whether its searches were judged"
+    for csv in tables:
+        d = pd.read_csv(csv)
+        bad = d[~d["judged"].astype(bool)]
+        assert bad.empty, f"{csv.relative_to(RESULTS_DIR)}: searches not judged: {bad.to_dict('records')}"
