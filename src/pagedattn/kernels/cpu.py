@@ -21,7 +21,18 @@ builds in about a second and does not depend on the torch version. The ctypes si
 ``ABI_VERSION`` is refused at load.
 Without a compiler, or with ``PAGEDATTN_CPU_KERNEL=0``, :func:`available` is False and ``get_backend("auto")`` falls
 back to the torch reference. :func:`paged_attention_cpu` itself falls back to the reference for inputs the kernel
-does not take (not on the CPU, fp16/bf16, a non-contiguous cache, a query that needs gradients).
+does not take (not on the CPU, fp16, a non-contiguous cache, a query that needs gradients).
+
+bf16 (§4.1's kernel with a bf16 KV cache, as vLLM's CPU backend stores it): K/V, query and output stay in bf16, the
+arithmetic is fp32. Reading a bf16 is a shift (bf16 is the upper half of an fp32), which the compiler vectorises on
+any CPU; writing one rounds to nearest even. Which instructions run is chosen when the library is built, not by a
+run-time branch: it is built with ``-march=native`` and keyed by the CPU's feature flags, so on a CPU with
+AVX512_BF16 ``__AVX512BF16__`` is defined and the q.k dot products use ``VDPBF16PS``; elsewhere (or with a compiler
+that rejects ``-march=native``) the portable path is compiled. The per-layer operations stay fp32-only (:func:`takes`):
+in bf16 the model's RMSNorm and RoPE run their torch lines, which round to bf16 after each torch op as transformers
+does. A C++ copy would have to reproduce each of those roundings (RMSNorm: fp32 statistics, a bf16 rounding, then a
+bf16 product with the weight; RoPE: three rounded ops per element) to keep the tokens equal to transformers'; not
+done yet.
 """
 from __future__ import annotations
 
@@ -56,8 +67,13 @@ SOURCES = {Path(__file__).with_name("cpu_attention.cpp"): ["-fassociative-math",
 # about 20 % faster where it is accepted (AVX2/AVX-512; 512-bit vectors where the CPU has them); the library is keyed
 # by the CPU
 NATIVE = ["-march=native", "-mprefer-vector-width=512"]
-_FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64"}
-_WRITES = {torch.float32: "reshape_and_cache_f32", torch.float64: "reshape_and_cache_f64"}
+_FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64",
+              torch.bfloat16: "paged_attention_bf16"}
+#: (dtype of the new K/V rows, dtype of the cache) -> the write that takes them
+_WRITES = {(torch.float32, torch.float32): "reshape_and_cache_f32",
+           (torch.float64, torch.float64): "reshape_and_cache_f64",
+           (torch.bfloat16, torch.bfloat16): "reshape_and_cache_bf16",
+           (torch.float32, torch.bfloat16): "reshape_and_cache_f32_bf16"}
 _ERRORS = {1: "a block table entry inside a context is not a block of the cache",
            2: "a context is longer than its block table (max_blocks * block_size)"}
 
@@ -136,7 +152,7 @@ def load_library() -> ctypes.CDLL | None:
 
 
 #: The version of the exported signatures below; ``pagedattn_abi_version()`` in ``cpu_attention.cpp`` must return it.
-ABI_VERSION = 2
+ABI_VERSION = 3
 _I64, _PTR, _F64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
 #: name -> (argument types, return type) of every function the library exports
 _SIGNATURES = {**{name: ([_PTR] * 6 + [_I64] * 8 + [_F64], ctypes.c_int) for name in _FUNCTIONS.values()},
@@ -197,7 +213,8 @@ def available() -> bool:
 def paged_attention_cpu(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                         context_lens: Tensor, scale: float, plan=None) -> Tensor:
     """:func:`pagedattn.kernels.reference.paged_attention_ref`'s contract (same arguments, same result; ``plan`` is
-    accepted and unused), computed in place over the cache by ``cpu_attention.cpp`` for fp32/fp64 CPU tensors.
+    accepted and unused), computed in place over the cache by ``cpu_attention.cpp`` for fp32/fp64/bf16 CPU tensors
+    (bf16: query, cache and output in bf16, scores, softmax and sums in fp32, the output rounded to nearest even).
 
     Raises ``ValueError`` when a block table entry inside a context is not a block of the cache, or a context is
     longer than its table row, before anything is read.
@@ -241,16 +258,17 @@ def _rows(x: Tensor, num_tokens: int, row: int) -> int | None:
 def reshape_and_cache_cpu(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                           slot_mapping: Tensor) -> None:
     """:func:`pagedattn.kernels.reference.reshape_and_cache_ref` in one C++ call (one row copy per token and cache;
-    a negative slot is a padding token and is skipped), for fp32/fp64 CPU tensors; the reference otherwise.
+    a negative slot is a padding token and is skipped), for fp32/fp64/bf16 CPU tensors, and fp32 rows into a bf16 cache
+    (rounded to nearest even, bit for bit as ``.to(torch.bfloat16)``); the reference otherwise.
 
     Raises ``ValueError`` when a slot is past the cache, before anything is written.
     """
     dll = load_library()
-    name = _WRITES.get(key.dtype)
+    name = _WRITES.get((key.dtype, key_cache.dtype))
     num_tokens, row = key.shape[0], key_cache.shape[2] * key_cache.shape[3]
     ks, vs = _rows(key, num_tokens, row), _rows(value, num_tokens, row)
     if (dll is None or name is None or key.device.type != "cpu" or ks is None or vs is None
-            or not (key.dtype == value.dtype == key_cache.dtype == value_cache.dtype)
+            or key.dtype != value.dtype or key_cache.dtype != value_cache.dtype
             or not (key_cache.is_contiguous() and value_cache.is_contiguous())
             or key_cache.shape != value_cache.shape or slot_mapping.device.type != "cpu"
             or (torch.is_grad_enabled() and (key.requires_grad or value.requires_grad))):
