@@ -28,11 +28,9 @@ arithmetic is fp32. Reading a bf16 is a shift (bf16 is the upper half of an fp32
 any CPU; writing one rounds to nearest even. Which instructions run is chosen when the library is built, not by a
 run-time branch: it is built with ``-march=native`` and keyed by the CPU's feature flags, so on a CPU with
 AVX512_BF16 ``__AVX512BF16__`` is defined and the q.k dot products use ``VDPBF16PS``; elsewhere (or with a compiler
-that rejects ``-march=native``) the portable path is compiled. The per-layer operations stay fp32-only (:func:`takes`):
-in bf16 the model's RMSNorm and RoPE run their torch lines, which round to bf16 after each torch op as transformers
-does. A C++ copy would have to reproduce each of those roundings (RMSNorm: fp32 statistics, a bf16 rounding, then a
-bf16 product with the weight; RoPE: three rounded ops per element) to keep the tokens equal to transformers'; not
-done yet.
+that rejects ``-march=native``) the portable path is compiled. RMSNorm and RoPE
+take bf16 too, rounding to bf16 wherever the torch ops they replace round (each torch op on bf16 computes in fp32 and
+rounds its result once), so they stay bit-identical to transformers; argmax stays fp32 (the sampler's logits are).
 """
 from __future__ import annotations
 
@@ -67,6 +65,8 @@ SOURCES = {Path(__file__).with_name("cpu_attention.cpp"): ["-fassociative-math",
 # about 20 % faster where it is accepted (AVX2/AVX-512; 512-bit vectors where the CPU has them); the library is keyed
 # by the CPU
 NATIVE = ["-march=native", "-mprefer-vector-width=512"]
+#: headers the sources include (part of the build key)
+HEADERS = [Path(__file__).with_name("bf16.h")]
 _FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64",
               torch.bfloat16: "paged_attention_bf16"}
 #: (dtype of the new K/V rows, dtype of the cache) -> the write that takes them
@@ -118,8 +118,8 @@ def load_library() -> ctypes.CDLL | None:
         warnings.warn("no C++ compiler found ($CXX, c++, g++, clang++): the CPU decode kernel is off, decode "
                       "attention uses the torch reference", RuntimeWarning, stacklevel=2)
         return None
-    key = hashlib.sha256(repr([[(f.read_text(), x) for f, x in SOURCES.items()], cxx, FLAGS, NATIVE,
-                               _cpu_id()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(repr([[(f.read_text(), x) for f, x in SOURCES.items()], [h.read_text() for h in HEADERS],
+                               cxx, FLAGS, NATIVE, _cpu_id()]).encode()).hexdigest()[:16]
     cache = cache_dir()
     lib = cache / f"cpu_attention_{key}.so"
     try:
@@ -157,8 +157,8 @@ _I64, _PTR, _F64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
 #: name -> (argument types, return type) of every function the library exports
 _SIGNATURES = {**{name: ([_PTR] * 6 + [_I64] * 8 + [_F64], ctypes.c_int) for name in _FUNCTIONS.values()},
                **{name: ([_PTR] * 5 + [_I64] * 5, ctypes.c_int) for name in _WRITES.values()},
-               "rms_norm_f32": ([_PTR] * 4 + [_I64] * 2 + [_F64], None),
-               "rope_f32": ([_PTR] * 3 + [_I64] * 4, None),
+               **{f"rms_norm_{s}": ([_PTR] * 4 + [_I64] * 2 + [_F64], None) for s in ("f32", "bf16")},
+               **{f"rope_{s}": ([_PTR] * 3 + [_I64] * 4, None) for s in ("f32", "bf16")},
                "argmax_rows_f32": ([_PTR, _I64, _I64, _PTR], None)}
 
 
@@ -284,14 +284,19 @@ def reshape_and_cache_cpu(key: Tensor, value: Tensor, key_cache: Tensor, value_c
 
 
 # ------------------------------------------------------------------------------------------ per-layer operations
-def takes(*xs: Tensor) -> bool:
-    """Whether the per-layer operations below run in C++ for these tensors (fp32, on the CPU, no gradient wanted,
-    the library built); callers fall back to their torch lines otherwise."""
-    if load_library() is None:
+#: the dtypes of :func:`rms_norm_cpu` and :func:`rope_cpu`, by the suffix of their C++ functions
+LAYER_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def takes(*xs: Tensor, dtypes=(torch.float32,)) -> bool:
+    """Whether the per-layer operations below run in C++ for these tensors (all of one dtype in ``dtypes``: fp32,
+    also bf16 for RMSNorm and RoPE; on the CPU, no gradient wanted, the library built); callers fall back to their
+    torch lines otherwise."""
+    if load_library() is None or xs[0].dtype not in dtypes:
         return False
     grad = torch.is_grad_enabled()
     for x in xs:  # a plain loop: this runs about 15 times per decode step
-        if x.dtype is not torch.float32 or not x.is_cpu or (grad and x.requires_grad):
+        if x.dtype is not xs[0].dtype or not x.is_cpu or (grad and x.requires_grad):
             return False
     return True
 
@@ -299,28 +304,29 @@ def takes(*xs: Tensor) -> bool:
 def rms_norm_cpu(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> Tensor:
     """``weight * (h * rsqrt(mean(h^2) + eps))`` over the last dimension, with ``h = x`` or, given ``residual``,
     ``h = x + residual``, which is also written into ``residual`` (the decoder layer's residual add, fused).
-    ``x`` and ``residual`` are contiguous ``[..., dim]`` fp32 CPU tensors (see :func:`takes`)."""
+    ``x`` and ``residual`` are contiguous ``[..., dim]`` fp32 or bf16 CPU tensors (see :func:`takes`); in bf16 the
+    statistics are fp32 and each step rounds to bf16 where transformers' ``LlamaRMSNorm`` does, bit for bit."""
     dim = x.shape[-1]
     if not x.is_contiguous() or weight.shape != (dim,) or (residual is not None and (
             residual.shape != x.shape or not residual.is_contiguous())):
         raise ValueError(f"rms_norm_cpu: x {tuple(x.shape)}, weight {tuple(weight.shape)} and residual "
                          f"{None if residual is None else tuple(residual.shape)} must be contiguous [..., {dim}]")
     out = torch.empty_like(x)
-    load_library().rms_norm_f32(x.data_ptr(), None if residual is None else residual.data_ptr(),
+    getattr(load_library(), f"rms_norm_{LAYER_DTYPES[x.dtype]}")(x.data_ptr(), None if residual is None else residual.data_ptr(),
                                 weight.contiguous().data_ptr(), out.data_ptr(), x.numel() // dim, dim, float(eps))
     return out
 
 
 def rope_cpu(x: Tensor, cos: Tensor, sin_rot: Tensor) -> Tensor:
     """:func:`pagedattn.model.llama.apply_rope` in place on ``x`` ``[T, heads, head_dim]`` (each token's heads one
-    contiguous row, as in a view of a fused q|k|v), bit for bit; ``cos``/``sin_rot`` ``[T, 1, head_dim]``. Returns
-    ``x``."""
+    contiguous row, as in a view of a fused q|k|v), bit for bit in fp32 and bf16; ``cos``/``sin_rot``
+    ``[T, 1, head_dim]``. Returns ``x``."""
     T, heads, head_dim = x.shape
     if (_rows(x, T, heads * head_dim) is None or head_dim % 2 or cos.shape != (T, 1, head_dim)
             or sin_rot.shape != cos.shape):
         raise ValueError(f"rope_cpu: x {tuple(x.shape)} (strides {x.stride()}), cos {tuple(cos.shape)}, sin "
                          f"{tuple(sin_rot.shape)} do not fit")
-    load_library().rope_f32(x.data_ptr(), cos.contiguous().data_ptr(), sin_rot.contiguous().data_ptr(), T, heads,
+    getattr(load_library(), f"rope_{LAYER_DTYPES[x.dtype]}")(x.data_ptr(), cos.contiguous().data_ptr(), sin_rot.contiguous().data_ptr(), T, heads,
                             head_dim, x.stride(0))
     return x
 

@@ -27,26 +27,11 @@
 #include <immintrin.h>
 #endif
 
-typedef uint16_t bf16;  // the bits of a bfloat16
+#include "bf16.h"
 
 // The type the kernel computes in for a storage type: fp32 and fp64 their own, bf16 in fp32.
 template <typename T> struct acc_of { typedef T type; };
 template <> struct acc_of<bf16> { typedef float type; };
-
-static inline float widen(float x) { return x; }
-static inline double widen(double x) { return x; }
-static inline float widen(bf16 x) { return __builtin_bit_cast(float, static_cast<uint32_t>(x) << 16); }
-
-// fp32 -> bf16, round to nearest, ties to even, bit for bit as torch's `.to(torch.bfloat16)` on a CPU tensor
-// (its vectorised conversion, which writes every NaN as 0xffff; checked in tests/test_kernels.py).
-static inline bf16 to_bf16(float x) {
-    const uint32_t u = __builtin_bit_cast(uint32_t, x);
-    if (x != x) return 0xffffu;
-    return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static inline void narrow(float x, float *o) { *o = x; }
-static inline void narrow(double x, double *o) { *o = x; }
-static inline void narrow(float x, bf16 *o) { *o = to_bf16(x); }
 
 // Calls f(t, row_t) for each token t < L of a sequence, row_t pointing at its row in `cache` (one head's slice when
 // `cache` is offset to that head), block by block through the block table (§4.2: token t lies in block
