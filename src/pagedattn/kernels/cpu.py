@@ -312,8 +312,9 @@ def rms_norm_cpu(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None 
         raise ValueError(f"rms_norm_cpu: x {tuple(x.shape)}, weight {tuple(weight.shape)} and residual "
                          f"{None if residual is None else tuple(residual.shape)} must be contiguous [..., {dim}]")
     out = torch.empty_like(x)
-    getattr(load_library(), f"rms_norm_{LAYER_DTYPES[x.dtype]}")(x.data_ptr(), None if residual is None else residual.data_ptr(),
-                                weight.contiguous().data_ptr(), out.data_ptr(), x.numel() // dim, dim, float(eps))
+    fn = getattr(load_library(), f"rms_norm_{LAYER_DTYPES[x.dtype]}")
+    fn(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.contiguous().data_ptr(),
+       out.data_ptr(), x.numel() // dim, dim, float(eps))
     return out
 
 
@@ -326,8 +327,8 @@ def rope_cpu(x: Tensor, cos: Tensor, sin_rot: Tensor) -> Tensor:
             or sin_rot.shape != cos.shape):
         raise ValueError(f"rope_cpu: x {tuple(x.shape)} (strides {x.stride()}), cos {tuple(cos.shape)}, sin "
                          f"{tuple(sin_rot.shape)} do not fit")
-    getattr(load_library(), f"rope_{LAYER_DTYPES[x.dtype]}")(x.data_ptr(), cos.contiguous().data_ptr(), sin_rot.contiguous().data_ptr(), T, heads,
-                            head_dim, x.stride(0))
+    fn = getattr(load_library(), f"rope_{LAYER_DTYPES[x.dtype]}")
+    fn(x.data_ptr(), cos.contiguous().data_ptr(), sin_rot.contiguous().data_ptr(), T, heads, head_dim, x.stride(0))
     return x
 
 

@@ -1,8 +1,8 @@
 // The small per-layer operations of a decode step around the matmuls and the attention kernel (§4.1), one call each
-// on one CPU thread, for fp32 and bf16. Built into the same library as cpu_attention.cpp by pagedattn/kernels/cpu.py, which
-// documents the arguments. Built without FMA contraction or reassociation (cpu.py's flags for this file): every
-// product and sum rounds where the torch code it replaces rounds. In bf16, each torch op computes in fp32 and rounds its
-// result to bf16 once (`rounded<T>` below marks where), and so do these loops.
+// on one CPU thread, for fp32 and bf16. Built into the same library as cpu_attention.cpp by pagedattn/kernels/cpu.py,
+// which documents the arguments. Built without FMA contraction or reassociation (cpu.py's flags for this file): every
+// product and sum rounds where the torch code it replaces rounds. In bf16, each torch op computes in fp32 and rounds
+// its result to bf16 once (`rounded<T>` below marks where), and so do these loops.
 //
 // A decode step at batch 64 multiplies [64, 256] activations: torch's own RMSNorm took 35-80 us per call there (about
 // 1 ms of a 12 ms step over 9 calls), an order of magnitude more than its arithmetic; these loops take a few.
