@@ -385,3 +385,21 @@ def test_bf16_llm_runs_the_cpu_kernels_and_mostly_follows_hf_bf16(monkeypatch):
     assert all(o.finished and len(o.outputs[0].token_ids) == MAX_NEW for o in outs)
     assert sum(a == b for a, b in zip(tokens(outs), ref)) > len(PROMPTS) / 2
     assert_all_blocks_free(llm.engine)
+
+
+def test_threads_option_sets_torch_threads_and_keeps_the_tokens(llama_and_ref):
+    """``threads=2`` gives the matmuls two torch threads (process-wide) and the same greedy tokens; None, the default,
+    leaves torch's setting alone; fewer than one is refused."""
+    hf, ref = llama_and_ref
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        LLM(hf)
+        assert torch.get_num_threads() == 1
+        llm = LLM(hf, threads=2)
+        assert torch.get_num_threads() == 2 and llm.engine.args.threads == 2
+        assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == ref
+        with pytest.raises(ValueError, match="at least one thread"):
+            LLM(hf, threads=0)
+    finally:
+        torch.set_num_threads(before)
