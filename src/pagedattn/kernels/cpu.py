@@ -23,14 +23,15 @@ Without a compiler, or with ``PAGEDATTN_CPU_KERNEL=0``, :func:`available` is Fal
 back to the torch reference. :func:`paged_attention_cpu` itself falls back to the reference for inputs the kernel
 does not take (not on the CPU, fp16, a non-contiguous cache, a query that needs gradients).
 
-bf16 (§4.1's kernel with a bf16 KV cache, as vLLM's CPU backend stores it): K/V, query and output stay in bf16, the
-arithmetic is fp32. Reading a bf16 is a shift (bf16 is the upper half of an fp32), which the compiler vectorises on
-any CPU; writing one rounds to nearest even. Which instructions run is chosen when the library is built, not by a
-run-time branch: it is built with ``-march=native`` and keyed by the CPU's feature flags, so on a CPU with
-AVX512_BF16 ``__AVX512BF16__`` is defined and the q.k dot products use ``VDPBF16PS``; elsewhere (or with a compiler
-that rejects ``-march=native``) the portable path is compiled. RMSNorm and RoPE
-take bf16 too, rounding to bf16 wherever the torch ops they replace round (each torch op on bf16 computes in fp32 and
-rounds its result once), so they stay bit-identical to transformers; argmax stays fp32 (the sampler's logits are).
+bf16 (§4.1's kernel over a bf16 KV cache): K/V, query and output stay in bf16, the arithmetic is fp32. Reading a
+bf16 is a shift (bf16 is the upper half of an fp32), which the compiler vectorises on any CPU; writing one rounds to
+nearest even. Which instructions run is chosen when the library is built, not by a run-time branch: it is built with
+``-march=native`` and keyed by the CPU's feature flags, so on a CPU with AVX512_BF16 ``__AVX512BF16__`` is defined
+and the q.k dot products use ``VDPBF16PS``; elsewhere (or with a compiler that rejects ``-march=native``) the
+portable path is compiled (tests/test_kernels.py builds and checks both). RMSNorm and RoPE take bf16 too, rounding
+to bf16 wherever the torch ops they replace round (each torch op on bf16 computes in fp32 and rounds its result
+once), so they stay bit-identical to transformers; argmax stays fp32 (the sampler's logits are). The linear layers
+stay in torch, whose bf16 matmul goes through oneDNN (``torch.backends.mkldnn``).
 """
 from __future__ import annotations
 
