@@ -9,7 +9,10 @@ The profiler adds a few microseconds to every op, so its parts add up to more th
 shares are what to read. The step's roofline (``engine_vs_hf.decode_roofline``) and the linear layers' time run
 standalone on the same shapes are printed beside.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/profile_step.py --batch 64
+    PYTHONPATH=src .venv/bin/python benchmarks/profile_step.py --batch 64 [--dtype bfloat16]
+
+``--dtype bfloat16`` runs the model cast with ``.to(torch.bfloat16)`` (weights, K/V cache and the C++ kernels in
+bf16); the roofline stays the fp32 one (fp32 bytes and matmul rate), a reference line, not bf16's bound.
 """
 from __future__ import annotations
 
@@ -97,7 +100,7 @@ def breakdown(prof, steps: int) -> tuple[dict[str, float], int]:
 def standalone_linears(model, batch: int, repeats: int = 20) -> float:
     """ms for every linear layer of one decode step, run alone on ``[batch, in]`` inputs."""
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    xs = [torch.randn(batch, m.in_features) for m in layers]
+    xs = [torch.randn(batch, m.in_features, dtype=m.weight.dtype) for m in layers]
 
     def once():
         for m, x in zip(layers, xs):
@@ -114,23 +117,26 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=20, help="decode steps timed, then as many profiled")
     ap.add_argument("--top", type=int, default=8, help="ops listed by self time")
     ap.add_argument("--backend", default="auto", help="attention backend: auto (the engine's default), cpu, torch")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the model's dtype")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the engine's threads option)")
     a = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    hf = make_model()
+    torch.set_num_threads(a.threads)
+    hf = make_model().to(getattr(torch, a.dtype))
     pairs = length_pairs(a.batch, a.prompt_len, MODEL["max_position_embeddings"] - 128, a.batch, TRACE)
     prompts = random_prompts([p for p, _ in pairs], seed=a.batch)
-    llm = LLM(hf, max_num_seqs=a.batch, attention_backend=a.backend)
+    llm = LLM(hf, max_num_seqs=a.batch, attention_backend=a.backend, threads=a.threads)
     engine = llm.engine
     total = a.warm_steps + 2 * a.steps + 2
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=total, ignore_eos=True))
     while sum(m.kind == "decode" for m in engine.step_metrics) < a.warm_steps:
         engine.step(finished_only=True)
-    cpu = []
+    cpu, wall = [], []  # thread CPU time misses the other threads' work with --threads 2: wall time too
     for _ in range(a.steps):
-        t = time.thread_time()
+        t, w = time.thread_time(), time.perf_counter()
         engine.step(finished_only=True)
         cpu.append(time.thread_time() - t)
+        wall.append(time.perf_counter() - w)
     timed = engine.step_metrics[-a.steps:]
     if any(m.kind != "decode" or m.batch_size != a.batch for m in timed):
         raise RuntimeError("the timed steps were not all full-batch decode steps")
@@ -149,10 +155,12 @@ def main(argv=None) -> None:
     roof = decode_roofline(costs, machine, a.batch, ctx)
     alone = standalone_linears(hf, a.batch)
 
-    print(f"attention backend {engine.backend.name}; batch {a.batch}, {ctx} context tokens, model {MODEL['num_hidden_layers']} layers x hidden "
+    print(f"{a.dtype}, {a.threads} thread(s), attention backend {engine.backend.name}; "
+          f"batch {a.batch}, {ctx} context tokens, model {MODEL['num_hidden_layers']} layers x hidden "
           f"{MODEL['hidden_size']}; machine: copy {machine['copy_gb_per_s']:.1f} GB/s, matmul "
-          f"{machine['matmul_gflop_per_s']:.0f} GFLOP/s (one thread)")
-    print(f"decode step (unprofiled): {step_ms:.2f} ms thread CPU time, {100 * (1 - fwd_share):.1f} % outside the "
+          f"{machine['matmul_gflop_per_s']:.0f} GFLOP/s ({machine['threads']} thread(s))")
+    print(f"decode step (unprofiled): {step_ms:.2f} ms thread CPU time ({1e3 * statistics.median(wall):.2f} ms wall), "
+          f"{100 * (1 - fwd_share):.1f} % outside the "
           f"forward; roofline {1e3 * roof['seconds']:.2f} ms ({roof['bound']}-bound: weights "
           f"{roof['weight_bytes'] / 1e6:.1f} MB, K/V {roof['kv_bytes'] / 1e6:.1f} MB, {roof['flops'] / 1e9:.2f} "
           f"GFLOP) -> {step_ms / (1e3 * roof['seconds']):.2f}x the roofline")

@@ -171,7 +171,8 @@ def cpu_kernel():
 @pytest.mark.parametrize("block_size,lens", SHAPES)
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
 def test_cpu_kernel_matches_float64_oracle(cpu_kernel, block_size, lens, num_kv_heads):
-    """fp64 to 1e-12 and fp32 to 1e-5 (its own arithmetic); fp16/bf16 go to the reference."""
+    """fp64 to 1e-12, fp32 to 1e-5 (its own arithmetic), bf16 (C++ too) to the bf16 tolerance; fp16 goes to the
+    reference."""
     gen = _gen("cpu", block_size, num_kv_heads)
     q, kc, vc, table, ctx = make_paged(lens, 4, num_kv_heads, 16, block_size, torch.float64, gen)
     assert rel_err(cpu_kernel(q, kc, vc, table, ctx, 0.25), naive_attention_f64(q, kc, vc, table, ctx, 0.25)) < 1e-12
@@ -196,6 +197,97 @@ def test_cpu_kernel_compiled_head_dims_nan_safe(cpu_kernel, head_dim):
         out = cpu_kernel(q.float(), kc.float(), vc.float(), table, ctx, scale)
         assert torch.isfinite(out).all() and (out[1] == 0).all()
         assert rel_err(out, naive_attention_f64(q.float(), kc.float(), vc.float(), table, ctx, scale)) < TOL[torch.float32]
+
+
+def refuse_fallbacks(monkeypatch) -> None:
+    """Make :mod:`pagedattn.kernels.cpu`'s torch fallbacks raise: a test that passes ran the C++ kernels."""
+    from pagedattn.kernels import cpu
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the CPU kernel fell back to the torch reference")
+
+    monkeypatch.setattr(cpu, "paged_attention_ref", refuse)
+    monkeypatch.setattr(cpu, "reshape_and_cache_ref", refuse)
+
+
+# bf16 in the C++ kernel: (block_size, ragged context lengths, one empty), each with every unused slot poisoned
+BF16_SHAPES = [(1, [1, 23, 40]), (16, [37, 0, 5, 64, 16, 129]), (64, [70, 65, 2]), (128, [3, 130, 40])]
+# The kernel computes in fp32 and rounds its output to bf16 once: half a bf16 ulp (2^-9 relative) of each output,
+# fp32 arithmetic far below that; a factor 2 for margin.
+BF16_KERNEL_TOL = 2 ** -8
+
+
+def check_bf16_kernel(kernel, head_dim: int, num_kv_heads: int, key: str) -> None:
+    """The bf16 kernel on fresh bf16 inputs (8 query heads) against the float64 oracle on the same inputs, NaN in every
+    slot no context uses, for each of BF16_SHAPES and two softmax scales (2.0: most terms underflow)."""
+    for block_size, lens in BF16_SHAPES:
+        gen = _gen(key, head_dim, num_kv_heads, block_size)
+        q, kc, vc, table, ctx = make_paged(lens, 8, num_kv_heads, head_dim, block_size, torch.bfloat16, gen)
+        poison_unused_slots(kc, vc, table, lens, block_size)
+        for scale in (head_dim ** -0.5, 2.0):
+            out = kernel(q, kc, vc, table, ctx, scale)
+            assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+            assert (out[[i for i, n in enumerate(lens) if n == 0]] == 0).all()
+            err = rel_err(out, naive_attention_f64(q, kc, vc, table, ctx, scale))
+            assert err < BF16_KERNEL_TOL, (block_size, scale, err)
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 128])  # 16: the run-time head_dim path; 32-128 compiled in
+@pytest.mark.parametrize("num_kv_heads", [8, 2, 1], ids=["MHA", "GQA4", "MQA"])
+def test_cpu_kernel_bf16_matches_float64_nan_safe(cpu_kernel, monkeypatch, head_dim, num_kv_heads):
+    """bf16 K/V cache, query and output, in C++ (not the reference): within half a bf16 ulp, twice, of float64."""
+    refuse_fallbacks(monkeypatch)
+    check_bf16_kernel(cpu_kernel, head_dim, num_kv_heads, "cpu-bf16")
+
+
+def test_cpu_kernel_bf16_portable_build(cpu_kernel, monkeypatch, tmp_path):
+    """The library built without ``-march=native`` (the build for a CPU or compiler without it: no AVX512_BF16 dot
+    products) passes the same bf16 checks."""
+    import ctypes
+
+    from pagedattn.kernels import cpu
+
+    cpu._build(cpu._compiler(), [], str(tmp_path / "portable.so"))
+    dll = ctypes.CDLL(str(tmp_path / "portable.so"))
+    assert cpu.bind(dll) is None
+    monkeypatch.setattr(cpu, "load_library", lambda: dll)
+    refuse_fallbacks(monkeypatch)
+    for head_dim in (16, 64):
+        check_bf16_kernel(cpu.paged_attention_cpu, head_dim, 2, "cpu-bf16-portable")
+
+
+def test_cpu_cache_write_bf16_rounds_as_torch(cpu_kernel, monkeypatch):
+    """fp32 K/V rows written into a bf16 cache are rounded bit for bit as ``.to(torch.bfloat16)`` (to nearest, ties
+    to even): random magnitudes across the fp32 range, exact ties, denormals, signed zeros, infinities, values that
+    round up to infinity, NaN; rows taken from a view of a fused q|k|v. bf16 rows into a bf16 cache are copied."""
+    from pagedattn.kernels.cpu import reshape_and_cache_cpu
+
+    refuse_fallbacks(monkeypatch)
+    gen = _gen("rc-bf16")
+    kvh, d, bs, nb = 2, 32, 8, 40
+    n, row = nb * bs, kvh * d
+    wide = torch.randn(n * row, generator=gen) * torch.exp2(torch.randint(-149, 128, (n * row,), generator=gen)
+                                                            .float()).clamp(max=2.0 ** 127)
+    ties = (torch.randint(0, 2 ** 16, (n * row,), generator=gen, dtype=torch.int32) << 16 | 0x8000).view(torch.float32)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45, -3e-39, 3.3895e38, 3.4e38,
+                            -3.4e38, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8])
+    values = torch.where(torch.rand(n * row, generator=gen) < 0.5, wide, ties)
+    values[:len(special)] = special
+    qkv = torch.randn(n, 3 * row, generator=gen)
+    qkv[:, row:2 * row] = values.view(n, row)
+    key = qkv[:, row:2 * row].view(n, kvh, d)
+    value = -key.contiguous()
+    kc = torch.full((nb, bs, kvh, d), float("nan"), dtype=torch.bfloat16)
+    vc = kc.clone()
+    slots = torch.randperm(n, generator=gen)
+    reshape_and_cache_cpu(key, value, kc, vc, slots)
+    for src, cache in ((key, kc), (value, vc)):
+        want = src.to(torch.bfloat16).view(torch.int16)
+        assert torch.equal(cache.view(-1, kvh, d)[slots].view(torch.int16), want)
+    kc2, vc2 = torch.full_like(kc, float("nan")), torch.full_like(vc, float("nan"))
+    reshape_and_cache_cpu(key.to(torch.bfloat16), value.to(torch.bfloat16), kc2, vc2, slots)
+    assert torch.equal(kc2.view(torch.int16), kc.view(torch.int16))
+    assert torch.equal(vc2.view(torch.int16), vc.view(torch.int16))
 
 
 def test_cpu_argmax_is_torch_max_indices(cpu_kernel):

@@ -164,27 +164,28 @@ def test_fused_qkv_follows_its_layers_weights():
         FusedLinear(torch.nn.Linear(4, 4), torch.nn.Linear(5, 4))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("hidden", [7, 64, 256, 1003, 4096, 5120])
-def test_rms_norm_fp32_is_bit_identical_to_transformers(hidden):
-    """Our RMSNorm in fp32 (the C++ kernel where it builds, else ``F.rms_norm``) and its fused residual add equal
-    transformers' LlamaRMSNorm bit for bit, and so does the torch fallback. The C++ kernel sums squares in the order
-    of torch's sum kernel: a torch version that sums otherwise fails here."""
+def test_rms_norm_is_bit_identical_to_transformers(hidden, dtype):
+    """Our RMSNorm in fp32 and bf16 (the C++ kernel where it builds, else ``F.rms_norm`` or the torch lines) and its
+    fused residual add equal transformers' LlamaRMSNorm bit for bit, and so does the torch fallback. The C++ kernel
+    sums squares in the order of torch's sum kernel: a torch version that sums otherwise fails here."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     from pagedattn.kernels import cpu
     from pagedattn.model.llama import RMSNorm
 
     torch.manual_seed(hidden)
-    ours, theirs = RMSNorm(hidden, 1e-6), LlamaRMSNorm(hidden, eps=1e-6)
+    ours, theirs = RMSNorm(hidden, 1e-6).to(dtype), LlamaRMSNorm(hidden, eps=1e-6).to(dtype)
     with torch.no_grad():
         ours.weight.copy_(torch.randn(hidden))
         theirs.weight.copy_(ours.weight)
-        x, residual = torch.randn(37, hidden) * 3, torch.randn(37, hidden)
+        x, residual = (torch.randn(37, hidden) * 3).to(dtype), torch.randn(37, hidden).to(dtype)
         assert torch.equal(ours(x), theirs(x))
         normed, h = ours.add_and_norm(x, residual.clone())
         assert torch.equal(h, residual + x) and torch.equal(normed, theirs(residual + x))
         assert cpu.available() or os.environ.get("CI") != "true"
-        with patch.object(cpu, "takes", lambda *xs: False):  # the torch lines
+        with patch.object(cpu, "takes", lambda *xs, **kw: False):  # the torch lines
             assert torch.equal(ours(x), theirs(x))
             normed, h = ours.add_and_norm(x, residual)
             assert torch.equal(normed, theirs(residual + x))
@@ -203,23 +204,24 @@ def test_cpu_linear_weights_are_stored_transposed():
     assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.weight.is_contiguous()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("rope", ["default", "llama3"])
-def test_rope_is_bit_identical_to_transformers(rope):
+def test_rope_is_bit_identical_to_transformers(rope, dtype):
     """Our RoPE (one cos/sin per forward, a roll and a sign-folded sin) equals transformers' rotate_half formula bit
-    for bit, on q and k at once."""
+    for bit, on q and k at once, in fp32 and bf16, in torch and in place in C++."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
     from pagedattn.model.llama import RotaryEmbedding, apply_rope
 
     hf = tiny_llama_rope(ROPES[rope])
     positions = torch.arange(0, 200, 3)
-    q, k = torch.randn(len(positions), 4, 16), torch.randn(len(positions), 2, 16)
+    q, k = torch.randn(len(positions), 4, 16).to(dtype), torch.randn(len(positions), 2, 16).to(dtype)
     cos, sin = LlamaRotaryEmbedding(hf.config)(q, positions[None])
     want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
-    cos_sin = RotaryEmbedding(hf.config, 16)(positions, torch.float32)
+    cos_sin = RotaryEmbedding(hf.config, 16)(positions, dtype)
     qk = torch.cat([q, k], 1)
     ours = apply_rope(qk, *cos_sin)
     assert torch.equal(ours[:, :4], want_q[0].transpose(0, 1)) and torch.equal(ours[:, 4:], want_k[0].transpose(0, 1))
-    qkv = torch.cat([qk, torch.randn(len(positions), 2, 16)], 1)  # in place on a view of a fused q|k|v (C++)
+    qkv = torch.cat([qk, torch.randn(len(positions), 2, 16).to(dtype)], 1)  # in place on a view of a fused q|k|v (C++)
     assert apply_rope(qkv[:, :6], *cos_sin, in_place=True).data_ptr() == qkv.data_ptr()
     assert torch.equal(qkv[:, :6], ours)

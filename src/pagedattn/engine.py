@@ -52,6 +52,9 @@ class EngineArgs:
     dtype: Any = None
     enable_prefix_caching: bool = False
     max_step_metrics: int | None = 10_000  # the last steps kept in ``step_metrics`` (None: all, 0: none)
+    # torch's CPU threads (``torch.set_num_threads``, for the whole process): the matmuls use them, the C++ decode
+    # kernels run on one. None leaves torch's setting; the benchmarks run with 1
+    threads: int | None = None
 
 
 class StepMetricsRing(deque):
@@ -147,6 +150,10 @@ class LLMEngine:
 
     def __init__(self, model, tokenizer=None, kv_manager: KVManager | None = None, **kwargs) -> None:
         self.args = args = EngineArgs(**kwargs)
+        if args.threads is not None:
+            if args.threads < 1:
+                raise ValueError(f"threads={args.threads}: at least one thread")
+            torch.set_num_threads(args.threads)
         self.model, self.tokenizer = load_for_engine(model, tokenizer, args.dtype,
                                                      torch.device(args.device) if args.device else None)
         param = next(self.model.parameters())

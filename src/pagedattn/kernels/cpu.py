@@ -21,7 +21,17 @@ builds in about a second and does not depend on the torch version. The ctypes si
 ``ABI_VERSION`` is refused at load.
 Without a compiler, or with ``PAGEDATTN_CPU_KERNEL=0``, :func:`available` is False and ``get_backend("auto")`` falls
 back to the torch reference. :func:`paged_attention_cpu` itself falls back to the reference for inputs the kernel
-does not take (not on the CPU, fp16/bf16, a non-contiguous cache, a query that needs gradients).
+does not take (not on the CPU, fp16, a non-contiguous cache, a query that needs gradients).
+
+bf16 (§4.1's kernel over a bf16 KV cache): K/V, query and output stay in bf16, the arithmetic is fp32. Reading a
+bf16 is a shift (bf16 is the upper half of an fp32), which the compiler vectorises on any CPU; writing one rounds to
+nearest even. Which instructions run is chosen when the library is built, not by a run-time branch: it is built with
+``-march=native`` and keyed by the CPU's feature flags, so on a CPU with AVX512_BF16 ``__AVX512BF16__`` is defined
+and the q.k dot products use ``VDPBF16PS``; elsewhere (or with a compiler that rejects ``-march=native``) the
+portable path is compiled (tests/test_kernels.py builds and checks both). RMSNorm and RoPE take bf16 too, rounding
+to bf16 wherever the torch ops they replace round (each torch op on bf16 computes in fp32 and rounds its result
+once), so they stay bit-identical to transformers; argmax stays fp32 (the sampler's logits are). The linear layers
+stay in torch, whose bf16 matmul goes through oneDNN (``torch.backends.mkldnn``).
 """
 from __future__ import annotations
 
@@ -56,8 +66,15 @@ SOURCES = {Path(__file__).with_name("cpu_attention.cpp"): ["-fassociative-math",
 # about 20 % faster where it is accepted (AVX2/AVX-512; 512-bit vectors where the CPU has them); the library is keyed
 # by the CPU
 NATIVE = ["-march=native", "-mprefer-vector-width=512"]
-_FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64"}
-_WRITES = {torch.float32: "reshape_and_cache_f32", torch.float64: "reshape_and_cache_f64"}
+#: headers the sources include (part of the build key)
+HEADERS = [Path(__file__).with_name("bf16.h")]
+_FUNCTIONS = {torch.float32: "paged_attention_f32", torch.float64: "paged_attention_f64",
+              torch.bfloat16: "paged_attention_bf16"}
+#: (dtype of the new K/V rows, dtype of the cache) -> the write that takes them
+_WRITES = {(torch.float32, torch.float32): "reshape_and_cache_f32",
+           (torch.float64, torch.float64): "reshape_and_cache_f64",
+           (torch.bfloat16, torch.bfloat16): "reshape_and_cache_bf16",
+           (torch.float32, torch.bfloat16): "reshape_and_cache_f32_bf16"}
 _ERRORS = {1: "a block table entry inside a context is not a block of the cache",
            2: "a context is longer than its block table (max_blocks * block_size)"}
 
@@ -102,8 +119,8 @@ def load_library() -> ctypes.CDLL | None:
         warnings.warn("no C++ compiler found ($CXX, c++, g++, clang++): the CPU decode kernel is off, decode "
                       "attention uses the torch reference", RuntimeWarning, stacklevel=2)
         return None
-    key = hashlib.sha256(repr([[(f.read_text(), x) for f, x in SOURCES.items()], cxx, FLAGS, NATIVE,
-                               _cpu_id()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(repr([[(f.read_text(), x) for f, x in SOURCES.items()], [h.read_text() for h in HEADERS],
+                               cxx, FLAGS, NATIVE, _cpu_id()]).encode()).hexdigest()[:16]
     cache = cache_dir()
     lib = cache / f"cpu_attention_{key}.so"
     try:
@@ -136,13 +153,13 @@ def load_library() -> ctypes.CDLL | None:
 
 
 #: The version of the exported signatures below; ``pagedattn_abi_version()`` in ``cpu_attention.cpp`` must return it.
-ABI_VERSION = 2
+ABI_VERSION = 3
 _I64, _PTR, _F64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
 #: name -> (argument types, return type) of every function the library exports
 _SIGNATURES = {**{name: ([_PTR] * 6 + [_I64] * 8 + [_F64], ctypes.c_int) for name in _FUNCTIONS.values()},
                **{name: ([_PTR] * 5 + [_I64] * 5, ctypes.c_int) for name in _WRITES.values()},
-               "rms_norm_f32": ([_PTR] * 4 + [_I64] * 2 + [_F64], None),
-               "rope_f32": ([_PTR] * 3 + [_I64] * 4, None),
+               **{f"rms_norm_{s}": ([_PTR] * 4 + [_I64] * 2 + [_F64], None) for s in ("f32", "bf16")},
+               **{f"rope_{s}": ([_PTR] * 3 + [_I64] * 4, None) for s in ("f32", "bf16")},
                "argmax_rows_f32": ([_PTR, _I64, _I64, _PTR], None)}
 
 
@@ -197,7 +214,8 @@ def available() -> bool:
 def paged_attention_cpu(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                         context_lens: Tensor, scale: float, plan=None) -> Tensor:
     """:func:`pagedattn.kernels.reference.paged_attention_ref`'s contract (same arguments, same result; ``plan`` is
-    accepted and unused), computed in place over the cache by ``cpu_attention.cpp`` for fp32/fp64 CPU tensors.
+    accepted and unused), computed in place over the cache by ``cpu_attention.cpp`` for fp32/fp64/bf16 CPU tensors
+    (bf16: query, cache and output in bf16, scores, softmax and sums in fp32, the output rounded to nearest even).
 
     Raises ``ValueError`` when a block table entry inside a context is not a block of the cache, or a context is
     longer than its table row, before anything is read.
@@ -241,16 +259,17 @@ def _rows(x: Tensor, num_tokens: int, row: int) -> int | None:
 def reshape_and_cache_cpu(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                           slot_mapping: Tensor) -> None:
     """:func:`pagedattn.kernels.reference.reshape_and_cache_ref` in one C++ call (one row copy per token and cache;
-    a negative slot is a padding token and is skipped), for fp32/fp64 CPU tensors; the reference otherwise.
+    a negative slot is a padding token and is skipped), for fp32/fp64/bf16 CPU tensors, and fp32 rows into a bf16 cache
+    (rounded to nearest even, bit for bit as ``.to(torch.bfloat16)``); the reference otherwise.
 
     Raises ``ValueError`` when a slot is past the cache, before anything is written.
     """
     dll = load_library()
-    name = _WRITES.get(key.dtype)
+    name = _WRITES.get((key.dtype, key_cache.dtype))
     num_tokens, row = key.shape[0], key_cache.shape[2] * key_cache.shape[3]
     ks, vs = _rows(key, num_tokens, row), _rows(value, num_tokens, row)
     if (dll is None or name is None or key.device.type != "cpu" or ks is None or vs is None
-            or not (key.dtype == value.dtype == key_cache.dtype == value_cache.dtype)
+            or key.dtype != value.dtype or key_cache.dtype != value_cache.dtype
             or not (key_cache.is_contiguous() and value_cache.is_contiguous())
             or key_cache.shape != value_cache.shape or slot_mapping.device.type != "cpu"
             or (torch.is_grad_enabled() and (key.requires_grad or value.requires_grad))):
@@ -266,14 +285,19 @@ def reshape_and_cache_cpu(key: Tensor, value: Tensor, key_cache: Tensor, value_c
 
 
 # ------------------------------------------------------------------------------------------ per-layer operations
-def takes(*xs: Tensor) -> bool:
-    """Whether the per-layer operations below run in C++ for these tensors (fp32, on the CPU, no gradient wanted,
-    the library built); callers fall back to their torch lines otherwise."""
-    if load_library() is None:
+#: the dtypes of :func:`rms_norm_cpu` and :func:`rope_cpu`, by the suffix of their C++ functions
+LAYER_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def takes(*xs: Tensor, dtypes=(torch.float32,)) -> bool:
+    """Whether the per-layer operations below run in C++ for these tensors (all of one dtype in ``dtypes``: fp32,
+    also bf16 for RMSNorm and RoPE; on the CPU, no gradient wanted, the library built); callers fall back to their
+    torch lines otherwise."""
+    if load_library() is None or xs[0].dtype not in dtypes:
         return False
     grad = torch.is_grad_enabled()
     for x in xs:  # a plain loop: this runs about 15 times per decode step
-        if x.dtype is not torch.float32 or not x.is_cpu or (grad and x.requires_grad):
+        if x.dtype is not xs[0].dtype or not x.is_cpu or (grad and x.requires_grad):
             return False
     return True
 
@@ -281,29 +305,31 @@ def takes(*xs: Tensor) -> bool:
 def rms_norm_cpu(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> Tensor:
     """``weight * (h * rsqrt(mean(h^2) + eps))`` over the last dimension, with ``h = x`` or, given ``residual``,
     ``h = x + residual``, which is also written into ``residual`` (the decoder layer's residual add, fused).
-    ``x`` and ``residual`` are contiguous ``[..., dim]`` fp32 CPU tensors (see :func:`takes`)."""
+    ``x`` and ``residual`` are contiguous ``[..., dim]`` fp32 or bf16 CPU tensors (see :func:`takes`); in bf16 the
+    statistics are fp32 and each step rounds to bf16 where transformers' ``LlamaRMSNorm`` does, bit for bit."""
     dim = x.shape[-1]
     if not x.is_contiguous() or weight.shape != (dim,) or (residual is not None and (
             residual.shape != x.shape or not residual.is_contiguous())):
         raise ValueError(f"rms_norm_cpu: x {tuple(x.shape)}, weight {tuple(weight.shape)} and residual "
                          f"{None if residual is None else tuple(residual.shape)} must be contiguous [..., {dim}]")
     out = torch.empty_like(x)
-    load_library().rms_norm_f32(x.data_ptr(), None if residual is None else residual.data_ptr(),
-                                weight.contiguous().data_ptr(), out.data_ptr(), x.numel() // dim, dim, float(eps))
+    fn = getattr(load_library(), f"rms_norm_{LAYER_DTYPES[x.dtype]}")
+    fn(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.contiguous().data_ptr(),
+       out.data_ptr(), x.numel() // dim, dim, float(eps))
     return out
 
 
 def rope_cpu(x: Tensor, cos: Tensor, sin_rot: Tensor) -> Tensor:
     """:func:`pagedattn.model.llama.apply_rope` in place on ``x`` ``[T, heads, head_dim]`` (each token's heads one
-    contiguous row, as in a view of a fused q|k|v), bit for bit; ``cos``/``sin_rot`` ``[T, 1, head_dim]``. Returns
-    ``x``."""
+    contiguous row, as in a view of a fused q|k|v), bit for bit in fp32 and bf16; ``cos``/``sin_rot``
+    ``[T, 1, head_dim]``. Returns ``x``."""
     T, heads, head_dim = x.shape
     if (_rows(x, T, heads * head_dim) is None or head_dim % 2 or cos.shape != (T, 1, head_dim)
             or sin_rot.shape != cos.shape):
         raise ValueError(f"rope_cpu: x {tuple(x.shape)} (strides {x.stride()}), cos {tuple(cos.shape)}, sin "
                          f"{tuple(sin_rot.shape)} do not fit")
-    load_library().rope_f32(x.data_ptr(), cos.contiguous().data_ptr(), sin_rot.contiguous().data_ptr(), T, heads,
-                            head_dim, x.stride(0))
+    fn = getattr(load_library(), f"rope_{LAYER_DTYPES[x.dtype]}")
+    fn(x.data_ptr(), cos.contiguous().data_ptr(), sin_rot.contiguous().data_ptr(), T, heads, head_dim, x.stride(0))
     return x
 
 

@@ -76,10 +76,10 @@ def apply_rope(x: Tensor, cos: Tensor, sin_rot: Tensor, in_place: bool = False) 
 
     transformers computes ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``. Here
     ``roll(x) = cat(x2, x1)`` and ``sin_rot = cat(-sin1, sin2)``: ``(-a) * b == a * (-b)`` exactly in IEEE arithmetic,
-    so the result is bit-identical, in 4 torch calls instead of 8. ``in_place=True`` lets fp32 CPU tensors be
+    so the result is bit-identical, in 4 torch calls instead of 8. ``in_place=True`` lets fp32/bf16 CPU tensors be
     rotated in place by one C++ call (:func:`pagedattn.kernels.cpu.rope_cpu`, bit-identical too).
     """
-    if in_place and cpu.takes(x, cos, sin_rot):
+    if in_place and cpu.takes(x, cos, sin_rot, dtypes=cpu.LAYER_DTYPES):
         return cpu.rope_cpu(x, cos, sin_rot)
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_rot
 
@@ -91,7 +91,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        if cpu.takes(x, self.weight):  # one C++ call: torch's costs 35-80 us at decode shapes
+        if cpu.takes(x, self.weight, dtypes=cpu.LAYER_DTYPES):  # one C++ call: torch's costs 35-80 us at decode shapes
             return cpu.rms_norm_cpu(x.contiguous(), self.weight, self.eps)
         if x.dtype == torch.float32:  # one fused op, bit-identical to the lines below in fp32 (checked in tests)
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
@@ -102,9 +102,9 @@ class RMSNorm(nn.Module):
 
     def add_and_norm(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
         """``(norm(residual + x), residual + x)``: the decoder layer's residual add and the next norm. In one C++
-        call for fp32 CPU tensors, which adds ``x`` into ``residual`` in place (the layer owns its residual stream
+        call for fp32/bf16 CPU tensors, which adds ``x`` into ``residual`` in place (the layer owns its residual stream
         at inference)."""
-        if cpu.takes(x, residual, self.weight) and residual.is_contiguous():
+        if cpu.takes(x, residual, self.weight, dtypes=cpu.LAYER_DTYPES) and residual.is_contiguous():
             return cpu.rms_norm_cpu(x.contiguous(), self.weight, self.eps, residual=residual), residual
         h = residual + x
         return self(h), h
