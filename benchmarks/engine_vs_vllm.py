@@ -9,8 +9,8 @@ For each (threads, dtype) one vLLM process is started (``VLLM_CPU_OMP_THREADS_BI
 ``VLLM_CPU_KVCACHE_SPACE=2``, no tokenizer, prefix caching off); at each batch size the two systems then run
 ``--rounds`` times, interleaved, the first of the pair alternating (ours-vLLM, vLLM-ours, ...), after a warm-up of
 each at the full batch. Ours runs with ``torch.set_num_threads(threads)``; in bf16 it runs the model cast with ``.to(torch.bfloat16)``
-through whatever path ``LLM`` takes (recorded: today the C++ kernels take fp32/fp64 only, so bf16 attention falls back
-to the torch reference functions). Per round: wall seconds and CPU seconds; ours' CPU is this process's, vLLM's is
+through whatever path ``LLM`` takes (recorded in each run's ``ours_path``: the ``cpu`` backend's C++ kernels, which
+take bf16 K/V, RMSNorm and RoPE too; the matmuls in bf16 through torch). Per round: wall seconds and CPU seconds; ours' CPU is this process's, vLLM's is
 the sum over its process tree (the peer and every descendant: its engine-core child included), read from ``/proc``
 through psutil before and after. Ratios (ours / vLLM in tokens per second) are taken within each round and reported
 as the median with min-max spread. Token agreement, at each dtype: the share of requests whose tokens are all equal, whose first token is, and the mean
