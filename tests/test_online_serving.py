@@ -2,6 +2,9 @@
 sustainable rate read off a rate grid with the capacity rule. The live-server sweep itself runs in the notebook test
 (quick mode) and in ``tests/test_serve.py``'s end-to-end tests."""
 import math
+import os
+import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -129,3 +132,39 @@ def test_vllm_has_a_curve_and_a_rate_but_no_prediction_and_no_ratio():
     assert v.ours == 2.0 and v.kind == "tracking" and "no ratio" in v.note
     assert not any(O.VLLM in name for name in cl if "ratio" in name)
     assert "over 6 (system, rate) points" in cl["online.prediction_error_pct.median"].note
+
+
+FAKE_SERVER = """
+import http.server, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # as vLLM's engine core
+print(child.pid, flush=True)
+
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def _stopped(pid: int) -> bool:
+    """Gone, or a zombie waiting to be reaped (Linux's /proc)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc")
+def test_a_server_and_its_children_are_stopped_on_exit():
+    """vLLM's server starts child processes (engine core, worker): leaving the context stops the whole group."""
+    port = O._free_port()
+    with O.Server([sys.executable, "-c", FAKE_SERVER, str(port)], dict(os.environ), port, startup_s=30) as s:
+        s.log.seek(0)
+        child = int(s.log.readline())
+        assert not _stopped(child)  # alive while the server is
+    deadline = time.monotonic() + 5
+    while not _stopped(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _stopped(child)
