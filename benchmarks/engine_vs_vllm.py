@@ -41,6 +41,7 @@ from engine_vs_hf import (MODEL, TRACE, fmt, length_pairs, load1, make_model, ra
                           spread, tokens_equal)
 
 from pagedattn.llm import LLM  # noqa: E402
+from pagedattn.repro import vllm_cpu  # noqa: E402
 from pagedattn.repro.results import hardware_label, today, write_benchmark  # noqa: E402
 
 PEER = Path(__file__).resolve().parent / "vllm_peer.py"
@@ -67,9 +68,7 @@ class Peer:
 
     def __init__(self, python: str, model_dir: str, dtype: str, threads: int, max_num_seqs: int, fake: bool,
                  log) -> None:
-        env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0" if threads == 1 else f"0-{threads - 1}",
-               "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": str(threads)}
-        env.pop("PYTHONPATH", None)  # its own venv, none of ours
+        env = vllm_cpu.environment(threads)  # its own venv, none of our PYTHONPATH
         cmd = [python, str(PEER), "--model", model_dir, "--dtype", dtype, "--max-num-seqs", str(max_num_seqs),
                "--max-model-len", str(MODEL["max_position_embeddings"])] + (["--fake"] if fake else [])
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
@@ -194,7 +193,8 @@ def table(path: str) -> str:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--vllm-python", default=".venv-vllm/bin/python", help="the python of vLLM's venv")
+    ap.add_argument("--vllm-python", default=vllm_cpu.find_python(),
+                    help="the python of vLLM's venv (default: $VLLM_VENV's or .venv-vllm's, where installed)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 8])
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -214,6 +214,8 @@ def main(argv=None) -> dict:
     if a.quick:
         a.batch_sizes, a.output_len, a.rounds, a.dtypes, a.threads = [8], 16, 2, ["float32"], [1]
     python = sys.executable if a.fake_peer else a.vllm_python
+    if python is None:
+        ap.error("vLLM's venv was not found: `make vllm-venv` builds it, or pass --vllm-python")
     loads, order, runs = [load1()], [], []
     hf = make_model()
     with tempfile.TemporaryDirectory() as model_dir, open(a.log or os.devnull, "a") as log:

@@ -63,6 +63,7 @@ SYSTEM_STYLES = {
     "Orca (Pow2)": {"color": "#519e3e", "marker": "D", "ls": (0, (5, 1, 1, 1, 1, 1)), "ms": 5},
     "Orca (Oracle)": {"color": "#c53a32", "marker": "o", "ls": "--", "ms": 7, "mfc": "none", "mew": 1.6},
     "vLLM (ours)": {"color": "#8d69b8", "marker": "o", "ls": "-", "ms": 4, "lw": 3.2, "alpha": 0.75},
+    "vLLM-CPU": {"color": "#17a2b8", "marker": "P", "ls": "-", "ms": 6},  # vLLM's own server (notebook 13)
 }
 #: the order systems are drawn in: ours first (at the bottom, wide), so that the others stay visible over it
 DRAW_ORDER = ("vLLM (ours)", "Orca (Oracle)", "Orca (Pow2)", "Orca (Max)", "FasterTransformer")
@@ -330,15 +331,17 @@ def fig14_gain_bars(o: pd.DataFrame, paper_gain: dict, title: str = "", label: s
 
 def online_curves(curves: pd.DataFrame, threshold: float, title: str = "", label: str = ""):
     """Notebook 13: normalized latency against the request rate on live servers (solid, filled markers) and the
-    simulator's prediction for the same requests and rates (dashed, open markers), one colour per system, on a linear
-    axis as the paper's Fig. 12, with the sustainable-rate threshold dotted."""
+    simulator's prediction for the same requests and rates (dashed, open markers; none for a system without one,
+    such as vLLM-CPU), one colour per system, on a linear axis as the paper's Fig. 12, with the sustainable-rate
+    threshold dotted."""
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for i, (name, d) in enumerate(curves.groupby("label", sort=False)):
         s, d = _style(name, i), d.sort_values("rate")
         ax.plot(d.rate, d.nl_measured_s, color=s["color"], marker=s["marker"], ls="-", lw=1.8,
                 label=f"{name}, measured")
-        ax.plot(d.rate, d.nl_predicted_s, color=s["color"], marker=s["marker"], ls="--", lw=1.2, mfc="white",
-                label=f"{name}, simulator")
+        if d.nl_predicted_s.notna().any():  # vLLM-CPU's server has no prediction (another engine's scheduler)
+            ax.plot(d.rate, d.nl_predicted_s, color=s["color"], marker=s["marker"], ls="--", lw=1.2, mfc="white",
+                    label=f"{name}, simulator")
     ax.axhline(threshold, color="#888888", ls=":", lw=1, label=f"threshold {threshold:.3g} s/token")
     ax.set_ylim(0, None)
     ax.set_xlabel("request rate (req/s)")
