@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_vs_hf import (MODEL, TRACE, fmt, length_pairs, load1, make_model, random_prompts, run_ours,  # noqa: E402
                           spread, tokens_equal)
 
+from pagedattn.kernels import cpu as cpu_kernels  # noqa: E402
 from pagedattn.llm import LLM  # noqa: E402
 from pagedattn.repro import vllm_cpu  # noqa: E402
 from pagedattn.repro.results import hardware_label, today, write_benchmark  # noqa: E402
@@ -107,7 +108,23 @@ def prefix_share(a: list[list[int]], b: list[list[int]]) -> float:
     return sum(common(x, y) / len(x) for x, y in zip(a, b)) / len(a)
 
 
-def bench_batch(llm: LLM, peer: Peer, batch: int, a, order: list) -> dict:
+@torch.inference_mode()
+def hf_tokens(model, prompts, out_len: int) -> list[list[int]]:
+    """HF ``generate()``'s greedy tokens for each prompt alone (no padding), ``out_len`` of them, EOS ignored: the
+    reference both engines are compared with, in the model's dtype."""
+    return [model.generate(torch.tensor([p]), max_new_tokens=out_len, min_new_tokens=out_len, do_sample=False,
+                           eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+
+
+def run_ours_beside(llm: LLM, peer: Peer, prompts, out_len: int) -> dict:
+    """``run_ours``, with the CPU seconds vLLM's idle process tree spends meanwhile (``vllm_idle_cpu``): a peer that
+    polls while it waits takes a core from ours."""
+    c0 = tree_cpu(peer.ps)
+    out = run_ours(llm, prompts, [out_len] * len(prompts))
+    return {**out, "vllm_idle_cpu": tree_cpu(peer.ps) - c0}
+
+
+def bench_batch(llm: LLM, peer: Peer, batch: int, a, order: list, model) -> dict:
     pairs = length_pairs(batch, a.prompt_len, MODEL["max_position_embeddings"] - a.output_len, batch, TRACE)
     prompts = random_prompts([p for p, _ in pairs], seed=batch)
     run_ours(llm, prompts, [4] * batch)  # warm-up at the full batch (vLLM compiles per batch shape)
@@ -116,10 +133,11 @@ def bench_batch(llm: LLM, peer: Peer, batch: int, a, order: list) -> dict:
     for i in range(a.rounds):
         r = {}
         for who in (("ours", "vllm") if i % 2 == 0 else ("vllm", "ours")):
-            r[who] = run_ours(llm, prompts, [a.output_len] * batch) if who == "ours" else \
+            r[who] = run_ours_beside(llm, peer, prompts, a.output_len) if who == "ours" else \
                 peer.generate(prompts, a.output_len)
             order.append(who)
         rounds.append(r)
+    ref = hf_tokens(model, prompts, a.output_len)
     useful = batch * a.output_len
     got = {k: sum(map(len, rounds[0][k]["tokens"])) for k in ("ours", "vllm")}
     return {"batch_size": batch, "generated_tokens": useful, "tokens_received": got,
@@ -130,11 +148,15 @@ def bench_batch(llm: LLM, peer: Peer, batch: int, a, order: list) -> dict:
             "speedup_wall": spread([r["vllm"]["wall"] / r["ours"]["wall"] for r in rounds]),
             "speedup_cpu": spread([r["vllm"]["cpu"] / r["ours"]["cpu"] for r in rounds]),
             "vllm_cpu_per_wall": spread([r["vllm"]["cpu"] / r["vllm"]["wall"] for r in rounds]),
+            "vllm_idle_cpu_per_wall": spread([r["ours"]["vllm_idle_cpu"] / r["ours"]["wall"] for r in rounds]),
+            "hf_tokens_equal": {k: tokens_equal(rounds[0][k]["tokens"], ref) for k in ("ours", "vllm")},
+            "hf_prefix_share": {k: prefix_share(rounds[0][k]["tokens"], ref) for k in ("ours", "vllm")},
             "vllm_processes": rounds[0]["vllm"]["processes"],
             "tokens_equal": tokens_equal(rounds[0]["ours"]["tokens"], rounds[0]["vllm"]["tokens"]),
             "first_token_equal": tokens_equal(*[[t[:1] for t in rounds[0][k]["tokens"]] for k in ("ours", "vllm")]),
             "common_prefix_share": prefix_share(rounds[0]["ours"]["tokens"], rounds[0]["vllm"]["tokens"]),
-            "rounds": [{k: {x: r[k][x] for x in ("wall", "cpu", "child_cpu_s") if x in r[k]} for k in ("ours", "vllm")}
+            "rounds": [{k: {x: r[k][x] for x in ("wall", "cpu", "child_cpu_s", "vllm_idle_cpu") if x in r[k]}
+                        for k in ("ours", "vllm")}
                        for r in rounds]}
 
 
@@ -178,8 +200,16 @@ def write(a, runs: list[dict], loads: list, order: list, complete: bool) -> dict
 def table(path: str) -> str:
     """The README's table from a written JSON (every number as it is there, rounded)."""
     d = json.loads(Path(path).read_text())
+
+    def idle(b):  # older runs did not record these
+        return f"{b['vllm_idle_cpu_per_wall']['median']:.2f}" if "vllm_idle_cpu_per_wall" in b else "-"
+
+    def hf(b):
+        e = b.get("hf_tokens_equal")
+        return f"{100 * e['ours']:.0f} % / {100 * e['vllm']:.0f} %" if e else "-"
     lines = ["| dtype | threads | batch | ours tok/wall-s | vLLM tok/wall-s | ours / vLLM (wall) | ours tok/CPU-s | "
-             "vLLM tok/CPU-s | ours / vLLM (CPU) | vLLM CPU / wall | requests equal (tokens before the first difference) |", "|" + "---|" * 11]
+             "vLLM tok/CPU-s | ours / vLLM (CPU) | vLLM CPU / wall | vLLM idle CPU / wall | requests equal (tokens "
+             "before the first difference) | equal to HF generate(): ours / vLLM |", "|" + "---|" * 13]
     for run in d["runs"]:
         for b in run["batches"]:
             w, c = b["tokens_per_wall_s"], b["tokens_per_cpu_s"]
@@ -187,7 +217,7 @@ def table(path: str) -> str:
                 f"| {run['dtype']} | {run['threads']} | {b['batch_size']} | {w['ours']['median']:,.0f} | "
                 f"{w['vllm']['median']:,.0f} | {fmt(b['speedup_wall'])} | {c['ours']['median']:,.0f} | "
                 f"{c['vllm']['median']:,.0f} | {fmt(b['speedup_cpu'])} | {b['vllm_cpu_per_wall']['median']:.2f} | "
-                f"{100 * b['tokens_equal']:.0f} % ({100 * b['common_prefix_share']:.0f} %) |")
+                f"{idle(b)} | {100 * b['tokens_equal']:.0f} % ({100 * b['common_prefix_share']:.0f} %) | {hf(b)} |")
     return "\n".join(lines)
 
 
@@ -233,8 +263,8 @@ def main(argv=None) -> dict:
                         llm = LLM(model, max_num_seqs=batch)
                         run["ours_path"] = {"attention_backend": llm.engine.backend.name,
                                             "model_dtype": str(llm.engine.dtype),
-                                            "cpu_kernels_take": "float32, float64 (others: torch reference)"}
-                        row = bench_batch(llm, peer, batch, a, order)
+                                            "cpu_kernels_take": sorted(str(d) for d in cpu_kernels._FUNCTIONS)}
+                        row = bench_batch(llm, peer, batch, a, order, model)
                         run["batches"].append(row)
                         loads.append(load1())
                         print(f"{dtype} {threads} thread(s) batch {batch}: tok/wall-s ours "
@@ -242,7 +272,10 @@ def main(argv=None) -> dict:
                               f"{row['tokens_per_wall_s']['vllm']['median']:.0f}; ours/vLLM wall "
                               f"{row['speedup_wall']['median']:.2f}x [{row['speedup_wall']['min']:.2f}-"
                               f"{row['speedup_wall']['max']:.2f}], CPU {row['speedup_cpu']['median']:.2f}x; tokens "
-                              f"equal {100 * row['tokens_equal']:.0f}% (prefix {100 * row['common_prefix_share']:.0f}%); load {loads[-1]:.2f}", flush=True)
+                              f"equal {100 * row['tokens_equal']:.0f}% (prefix {100 * row['common_prefix_share']:.0f}%); equal to HF "
+                              f"ours {100 * row['hf_tokens_equal']['ours']:.0f}% vLLM "
+                              f"{100 * row['hf_tokens_equal']['vllm']:.0f}%; vLLM idle CPU/wall "
+                              f"{row['vllm_idle_cpu_per_wall']['median']:.2f}; load {loads[-1]:.2f}", flush=True)
                 finally:
                     peer.close()
                 runs.append(run)
