@@ -205,11 +205,11 @@ def table(path: str) -> str:
         return f"{b['vllm_idle_cpu_per_wall']['median']:.2f}" if "vllm_idle_cpu_per_wall" in b else "-"
 
     def hf(b):
-        e = b.get("hf_tokens_equal")
-        return f"{100 * e['ours']:.0f} % / {100 * e['vllm']:.0f} %" if e else "-"
+        e, p = b.get("hf_tokens_equal"), b.get("hf_prefix_share")
+        return " / ".join(f"{100 * e[k]:.0f} % ({100 * p[k]:.0f} %)" for k in ("ours", "vllm")) if e else "-"
     lines = ["| dtype | threads | batch | ours tok/wall-s | vLLM tok/wall-s | ours / vLLM (wall) | ours tok/CPU-s | "
              "vLLM tok/CPU-s | ours / vLLM (CPU) | vLLM CPU / wall | vLLM idle CPU / wall | requests equal (tokens "
-             "before the first difference) | equal to HF generate(): ours / vLLM |", "|" + "---|" * 13]
+             "before the first difference) | equal to HF generate() (tokens before the first difference): ours / vLLM |", "|" + "---|" * 13]
     for run in d["runs"]:
         for b in run["batches"]:
             w, c = b["tokens_per_wall_s"], b["tokens_per_cpu_s"]
