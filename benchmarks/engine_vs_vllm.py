@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_vs_hf import (MODEL, TRACE, fmt, length_pairs, load1, make_model, random_prompts, run_ours,  # noqa: E402
                           spread, tokens_equal)
 
+from pagedattn.baselines.hf import generate_static  # noqa: E402
 from pagedattn.kernels import cpu as cpu_kernels  # noqa: E402
 from pagedattn.llm import LLM  # noqa: E402
 from pagedattn.repro import vllm_cpu  # noqa: E402
@@ -108,14 +109,6 @@ def prefix_share(a: list[list[int]], b: list[list[int]]) -> float:
     return sum(common(x, y) / len(x) for x, y in zip(a, b)) / len(a)
 
 
-@torch.inference_mode()
-def hf_tokens(model, prompts, out_len: int) -> list[list[int]]:
-    """HF ``generate()``'s greedy tokens for each prompt alone (no padding), ``out_len`` of them, EOS ignored: the
-    reference both engines are compared with, in the model's dtype."""
-    return [model.generate(torch.tensor([p]), max_new_tokens=out_len, min_new_tokens=out_len, do_sample=False,
-                           eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in prompts]
-
-
 def run_ours_beside(llm: LLM, peer: Peer, prompts, out_len: int) -> dict:
     """``run_ours``, with the CPU seconds vLLM's idle process tree spends meanwhile (``vllm_idle_cpu``): a peer that
     polls while it waits takes a core from ours."""
@@ -137,7 +130,8 @@ def bench_batch(llm: LLM, peer: Peer, batch: int, a, order: list, model) -> dict
                 peer.generate(prompts, a.output_len)
             order.append(who)
         rounds.append(r)
-    ref = hf_tokens(model, prompts, a.output_len)
+    # HF generate()'s greedy tokens for each prompt alone (batches of one: no padding), in the model's dtype
+    ref = generate_static(model, prompts, [a.output_len] * batch, batch_size=1)["outputs"]
     useful = batch * a.output_len
     got = {k: sum(map(len, rounds[0][k]["tokens"])) for k in ("ours", "vllm")}
     return {"batch_size": batch, "generated_tokens": useful, "tokens_received": got,
