@@ -342,3 +342,25 @@ def test_every_committed_rate_search_was_judged():
         d = pd.read_csv(csv)
         bad = d[~d["judged"].astype(bool)]
         assert bad.empty, f"{csv.relative_to(RESULTS_DIR)}: searches not judged: {bad.to_dict('records')}"
+
+
+@pytest.mark.slow
+def test_notebooks_at_once_run_side_by_side_each_with_its_own_environment(tmp_path, monkeypatch):
+    """``--notebooks-at-once 2``: two real notebooks, each executed by papermill in a process of its own; each sees
+    its own ``PAGEDATTN_NOTEBOOK`` (so each summary names its notebook), and a failing one is marked as usual."""
+    nbs = tmp_path / "notebooks"
+    nbs.mkdir()
+    body = ("import os\nfrom pathlib import Path\nfrom pagedattn.repro.results import Claim, write_summary\n"
+            "name = Path(os.environ['PAGEDATTN_NOTEBOOK']).stem\n"
+            "write_summary(Path(results_dir) / name, name, 'cpu', 'm', quick, [Claim('c', 1, 1, holds=True)])\n")
+    for name in ("01_a", "02_b"):
+        (nbs / f"{name}.ipynb").write_text(notebook([("code", "quick = False\nresults_dir = 'x'"), ("code", body)]))
+    (nbs / "03_c.ipynb").write_text(notebook([("code", "quick = False\nresults_dir = 'x'"),
+                                              ("code", "raise KeyError('boom')")]))
+    monkeypatch.setattr(reproduce, "NOTEBOOKS_DIR", nbs)
+    out = tmp_path / "results"
+    assert reproduce.main(["--results-dir", str(out), "--notebooks-at-once", "2", "--jobs", "1"]) == 1
+    for name in ("01_a", "02_b"):
+        assert json.loads((out / name / "summary.json").read_text())["experiment"] == name
+        assert (out / name / "run.json").exists() and (out / name / f"{name}.ipynb").exists()
+    assert not (out / "03_c" / "run.json").exists()

@@ -165,3 +165,16 @@ def test_bad_sharing_requests_raise_clear_errors(hf):
                                                              max_tokens=12), use_tqdm=False)
     assert outs[0].error and "beam search" in outs[0].error  # LLM.generate isolates it as an error output
     assert_pool_full(llm.engine.kv)
+
+
+def test_gain_detail_says_not_judged_for_the_short_search_only():
+    """A gain row whose searches' length-mix noise is above half the capacity margin says so, naming the search."""
+    from pagedattn.repro.capacity import MAX_TREND_SE, RateSearch
+    from pagedattn.repro.experiments.sharing import gain_columns, gain_detail
+
+    def search(se):
+        return RateSearch(10.0, 10.2, 0.02, "capacity", 9.9, 0.1, 8, offline_rate=12.0, trend_se=se)
+    judged = gain_detail(gain_columns(search(MAX_TREND_SE / 2), search(MAX_TREND_SE / 3)))
+    short = gain_detail(gain_columns(search(2 * MAX_TREND_SE), search(MAX_TREND_SE / 3)))
+    assert "NOT JUDGED" not in judged
+    assert "NOT JUDGED" in short and "ours 10 req/s" in short and "Orca (Oracle)" not in short.split("NOT JUDGED")[1]

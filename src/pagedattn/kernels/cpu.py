@@ -289,6 +289,13 @@ def reshape_and_cache_cpu(key: Tensor, value: Tensor, key_cache: Tensor, value_c
 LAYER_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
+@lru_cache(maxsize=None)
+def layer_function(name: str, dtype: torch.dtype):
+    """The C++ function ``<name>_<f32|bf16>`` for ``dtype`` (``LAYER_DTYPES``), looked up once: the per-layer
+    operations run about 15 times per decode step."""
+    return getattr(load_library(), f"{name}_{LAYER_DTYPES[dtype]}")
+
+
 def takes(*xs: Tensor, dtypes=(torch.float32,)) -> bool:
     """Whether the per-layer operations below run in C++ for these tensors (all of one dtype in ``dtypes``: fp32,
     also bf16 for RMSNorm and RoPE; on the CPU, no gradient wanted, the library built); callers fall back to their
@@ -313,7 +320,7 @@ def rms_norm_cpu(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None 
         raise ValueError(f"rms_norm_cpu: x {tuple(x.shape)}, weight {tuple(weight.shape)} and residual "
                          f"{None if residual is None else tuple(residual.shape)} must be contiguous [..., {dim}]")
     out = torch.empty_like(x)
-    fn = getattr(load_library(), f"rms_norm_{LAYER_DTYPES[x.dtype]}")
+    fn = layer_function("rms_norm", x.dtype)
     fn(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.contiguous().data_ptr(),
        out.data_ptr(), x.numel() // dim, dim, float(eps))
     return out
@@ -328,7 +335,7 @@ def rope_cpu(x: Tensor, cos: Tensor, sin_rot: Tensor) -> Tensor:
             or sin_rot.shape != cos.shape):
         raise ValueError(f"rope_cpu: x {tuple(x.shape)} (strides {x.stride()}), cos {tuple(cos.shape)}, sin "
                          f"{tuple(sin_rot.shape)} do not fit")
-    fn = getattr(load_library(), f"rope_{LAYER_DTYPES[x.dtype]}")
+    fn = layer_function("rope", x.dtype)
     fn(x.data_ptr(), cos.contiguous().data_ptr(), sin_rot.contiguous().data_ptr(), T, heads, head_dim, x.stride(0))
     return x
 

@@ -290,9 +290,14 @@ def describe_ratio(a: dict | pd.Series, b: dict | pd.Series, offline_ratio: floa
         offline_ratio = float(a["offline_rate"]) / float(b["offline_rate"])
     if offline_ratio is not None and math.isfinite(offline_ratio):
         note += f"; offline throughput ratio {offline_ratio:.2f}"
-    short = [x for x in (a, b) if "judged" in x and not bool(x["judged"])]
-    if short:
-        note += ("; NOT JUDGED: the trace is too short to judge the capacity rule at "
-                 + " and ".join(f"{float(x['sustainable_rate']):.3g} req/s (length-mix noise "
-                                f"{100 * float(x['trend_se']):.1f} % of the rate)" for x in short))
-    return note
+    return note + not_judged([(f"{float(x['sustainable_rate']):.3g} req/s", float(x["trend_se"]))
+                              for x in (a, b) if "judged" in x and not bool(x["judged"])])
+
+
+def not_judged(short: list[tuple[str, float]]) -> str:
+    """The note's warning for searches whose trace was too short to judge the capacity rule (``RateSearch.judged``):
+    ``short`` lists ``(where, trend_se)`` for each; empty when there are none."""
+    if not short:
+        return ""
+    return ("; NOT JUDGED: the trace is too short to judge the capacity rule at "
+            + " and ".join(f"{where} (length-mix noise {100 * se:.1f} % of the rate)" for where, se in short))

@@ -132,6 +132,7 @@ def engine_models(device: str = "cpu"):
 def step_engine_vs_hf(ctx: Context) -> dict:
     import torch
 
+    from pagedattn.baselines.hf import generate_static
     from pagedattn.llm import LLM
     from pagedattn.repro.results import Claim
     from pagedattn.sequence import SamplingParams
@@ -146,12 +147,8 @@ def step_engine_vs_hf(ctx: Context) -> dict:
         same = total = 0
         for name, hf in engine_models(ctx.device).items():
             hf = hf.to(dtype)
-            ref = []
-            for p in prompts:
-                ids = hf.generate(torch.tensor([p], device=ctx.device), max_new_tokens=ENGINE_NEW_TOKENS,
-                                  min_new_tokens=ENGINE_NEW_TOKENS, do_sample=False, eos_token_id=None,
-                                  pad_token_id=0)
-                ref.append(ids[0, len(p):].tolist())
+            # unpadded: one prompt per generate() call
+            ref = generate_static(hf, prompts, [ENGINE_NEW_TOKENS] * len(prompts), batch_size=1)["outputs"]
             llm = LLM(hf, block_size=16, attention_backend="triton", num_gpu_blocks=512)
             ours = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
             first_diff = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(ours, ref)]

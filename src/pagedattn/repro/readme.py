@@ -19,7 +19,8 @@ import json
 import re
 from pathlib import Path
 
-from pagedattn.repro.results import NOT_MEASURED, REPO_ROOT, RESULTS_DIR, STALE_FILE, _fmt, full_run, read_runs, stale_reason
+from pagedattn.repro.results import (NOT_MEASURED, QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR, STALE_FILE, _fmt,
+                                     full_run, read_runs, stale_reason)
 
 README = REPO_ROOT / "README.md"
 
@@ -159,17 +160,27 @@ def render_fig2(results_dir: Path = RESULTS_DIR) -> str:
 
 
 def render_timing(results_dir: Path = RESULTS_DIR) -> str:
-    """The README's timing sentence, from the ``run.json`` records of the last full ``make reproduce``."""
+    """The README's timing sentences: the last full ``make reproduce`` (its ``run.json`` records) and the last whole
+    ``make reproduce QUICK=1`` (``<results_dir>/benchmarks/quick_reproduce.json``, when there is one)."""
+    quick_record = Path(results_dir) / QUICK_RUN_RECORD
     runs = read_runs(results_dir)
     if not full_run(runs):
-        return ("- No full `make reproduce` is recorded yet (`results/*/run.json`); "
+        text = ("- No full `make reproduce` is recorded yet (`results/*/run.json`); "
                 "[`results/SUMMARY.md`](results/SUMMARY.md) lists the run time of each notebook recorded so far.")
-    minutes = sum(r["seconds"] for r in runs) / 60
-    slowest = max(runs, key=lambda r: r["seconds"])
-    jobs = sorted({str(r["jobs"]) for r in runs})
-    return (f"- The last full `make reproduce` ({runs[0]['date']}, {', '.join(jobs)} jobs, {runs[0]['machine']}) "
-            f"took {minutes:.1f} minutes; the slowest notebook, `{slowest['notebook']}`, "
-            f"{slowest['seconds'] / 60:.1f} minutes (per notebook in [`results/SUMMARY.md`](results/SUMMARY.md)).")
+    else:
+        minutes = sum(r["seconds"] for r in runs) / 60
+        slowest = max(runs, key=lambda r: r["seconds"])
+        jobs = sorted({str(r["jobs"]) for r in runs})
+        text = (f"- The last full `make reproduce` ({runs[0]['date']}, {', '.join(jobs)} jobs, {runs[0]['machine']}) "
+                f"took {minutes:.1f} minutes; the slowest notebook, `{slowest['notebook']}`, "
+                f"{slowest['seconds'] / 60:.1f} minutes (per notebook in [`results/SUMMARY.md`](results/SUMMARY.md)).")
+    if Path(quick_record).exists():
+        q = json.loads(Path(quick_record).read_text())
+        failed = f", {len(q['failed'])} failed" if q.get("failed") else ""
+        text += (f"\n- The last `make reproduce QUICK=1` ({q['date']}, {q['notebooks']} notebooks{failed}, "
+                 f"{q['notebooks_at_once']} at once, {q['jobs']} jobs each, {q['machine']}) took "
+                 f"{q['seconds'] / 60:.1f} minutes of wall time.")
+    return text
 
 
 def render_blocks(results_dir: Path = RESULTS_DIR, root: Path = REPO_ROOT) -> dict[str, str]:

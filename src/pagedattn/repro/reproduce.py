@@ -14,6 +14,12 @@ the papermill parameters ``jobs`` and ``scheduler`` when its parameters cell dec
 environment variables ``PAGEDATTN_JOBS`` and ``PAGEDATTN_SCHEDULER``. ``PAGEDATTN_NOTEBOOK`` names the notebook, for
 the provenance block of its ``summary.json``. Each successful notebook's duration, jobs, machine and date go to
 ``<root>/<notebook>/run.json`` (apart from summary.json, whose bytes must not depend on how the run was made).
+
+``--notebooks-at-once K`` runs up to K notebooks side by side, each in a process of its own (its kernel's environment
+is its own). A full run defaults to one at a time: notebooks 02, 05 and 13 time kernels and live servers on the
+wall clock, and the sweeps of one notebook already keep every core busy. A quick run (``--quick``) defaults to two:
+its notebooks spend most of their time starting kernels and importing, which overlaps, and it times nothing that
+is judged.
 """
 from __future__ import annotations
 
@@ -29,8 +35,8 @@ import time
 from pathlib import Path
 
 from pagedattn.repro.lab import KERNEL_NAME
-from pagedattn.repro.results import (NOTEBOOK_ENV, QUICK_RESULTS_DIR, REPO_ROOT, RESULTS_DIR, RUN_FILE, STALE_FILE,
-                               build_summary_md, hardware_label, today)
+from pagedattn.repro.results import (NOTEBOOK_ENV, QUICK_RESULTS_DIR, QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR,
+                                     RUN_FILE, STALE_FILE, build_summary_md, hardware_label, today)
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 
@@ -154,6 +160,21 @@ def mark_stale(summary: Path, mtime_before: int | None, error: Exception) -> Non
                                              f"({type(error).__name__}: {first_line}); {origin}\n")
 
 
+def last_seconds(out_dir: Path) -> float:
+    """The seconds a notebook's last run took (its ``run.json``), 0 when none is recorded."""
+    try:
+        return float(json.loads((Path(out_dir) / RUN_FILE).read_text())["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+
+
+def _run_timed(nb: Path, quick: bool, results_dir: Path, jobs: int, scheduler: str | None) -> float:
+    """``run_notebook`` in this process; returns its seconds (a task of ``--notebooks-at-once``)."""
+    t0 = time.perf_counter()
+    run_notebook(nb, quick, results_dir, jobs=jobs, scheduler=scheduler)
+    return time.perf_counter() - t0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small parameters (CI-sized), written to results/quick/")
@@ -163,9 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="worker processes for each notebook's sweeps (default: one per core)")
     ap.add_argument("--scheduler", default=None, help="a Dask scheduler address, e.g. tcp://HOST:8786")
+    ap.add_argument("--notebooks-at-once", type=int, default=None,
+                    help="notebooks run side by side, each in its own process (default: 1, or 2 with --quick)")
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
+    at_once = args.notebooks_at_once if args.notebooks_at_once is not None else (2 if args.quick else 1)
+    if at_once < 1:
+        ap.error("--notebooks-at-once must be at least 1")
     results_dir = Path(args.results_dir or (QUICK_RESULTS_DIR if args.quick else RESULTS_DIR))
     try:
         notebooks = select(sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")), args.only)
@@ -173,23 +199,60 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     failed = []
     started = _dt.datetime.now().isoformat(timespec="seconds")
+    t_start = time.perf_counter()
+    before = {}
     for nb in notebooks:
-        t0 = time.perf_counter()
-        print(f"[reproduce] {nb.name} (quick={args.quick}) ...", flush=True)
         summary = results_dir / nb.stem / "summary.json"
-        before = summary.stat().st_mtime_ns if summary.exists() else None
-        try:
-            out = run_notebook(nb, args.quick, results_dir, jobs=args.jobs, scheduler=args.scheduler)
-            seconds = time.perf_counter() - t0
-            (results_dir / nb.stem / STALE_FILE).unlink(missing_ok=True)
-            write_run_record(results_dir / nb.stem, nb.stem, seconds, args.jobs, args.scheduler, started,
-                             all_notebooks=args.only is None)
-            print(f"[reproduce]   -> {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out} "
-                  f"in {seconds:.0f} s", flush=True)
-        except Exception as e:  # keep going: one broken notebook must not hide the others' results
-            print(f"[reproduce]   FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        before[nb] = summary.stat().st_mtime_ns if summary.exists() else None
+
+    def done(nb: Path, seconds: float | None, error: Exception | None) -> None:
+        if error is not None:  # keep going: one broken notebook must not hide the others' results
+            print(f"[reproduce]   {nb.name} FAILED: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
             failed.append(nb.name)
-            mark_stale(summary, before, e)
+            mark_stale(results_dir / nb.stem / "summary.json", before[nb], error)
+            return
+        (results_dir / nb.stem / STALE_FILE).unlink(missing_ok=True)
+        write_run_record(results_dir / nb.stem, nb.stem, seconds, args.jobs, args.scheduler, started,
+                         all_notebooks=args.only is None)
+        out = results_dir / nb.stem / nb.name
+        print(f"[reproduce]   -> {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out} "
+              f"in {seconds:.0f} s", flush=True)
+
+    if min(at_once, len(notebooks)) == 1:
+        for nb in notebooks:
+            print(f"[reproduce] {nb.name} (quick={args.quick}) ...", flush=True)
+            t0 = time.perf_counter()
+            try:
+                run_notebook(nb, args.quick, results_dir, jobs=args.jobs, scheduler=args.scheduler)
+            except Exception as e:
+                done(nb, None, e)
+            else:
+                done(nb, time.perf_counter() - t0, None)
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        print(f"[reproduce] {len(notebooks)} notebooks, {at_once} at once (quick={args.quick}) ...", flush=True)
+        with ProcessPoolExecutor(at_once, mp_context=multiprocessing.get_context("spawn")) as pool:
+            # the longest first, by their last run's seconds here (a long one started last would run alone at the end)
+            futures = {nb: pool.submit(_run_timed, nb, args.quick, results_dir, args.jobs, args.scheduler)
+                       for nb in sorted(notebooks, key=lambda nb: -last_seconds(results_dir / nb.stem))}
+            for nb, f in futures.items():
+                try:
+                    seconds = f.result()
+                except Exception as e:
+                    done(nb, None, e)
+                else:
+                    done(nb, seconds, None)
+    wall = time.perf_counter() - t_start
+    print(f"[reproduce] {len(notebooks)} notebooks in {wall:.0f} s of wall time ({at_once} at once)", flush=True)
+    if args.quick and args.only is None and args.results_dir is None:  # the README's quick-run sentence
+        record = RESULTS_DIR / QUICK_RUN_RECORD
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(
+            {"seconds": round(wall, 1), "notebooks": len(notebooks), "notebooks_at_once": at_once, "jobs": args.jobs,
+             "failed": failed, "machine": hardware_label("cpu"), "date": today(), "started": started},
+            indent=2, sort_keys=True) + "\n")
     print(f"[reproduce] wrote {build_summary_md(results_dir)}")
     if failed:
         print(f"[reproduce] failed notebooks: {', '.join(failed)}", file=sys.stderr)

@@ -37,9 +37,11 @@ per step than the measured mean (``sim.BeamModel``, clipped to ``[1, width]``), 
 Quick mode (CI) runs one corner besides the default: the fastest step at the experiment's rate.
 
 Each point is cached in ``<repo>/.cache/sensitivity/`` (ignored by git), keyed by the point, the experiment's
-parameters and a fingerprint of the simulator's sources and of the traces' contents, so rerunning a notebook costs
-nothing and a change to the simulator or the data recomputes. A change to an experiment's claim logic does not: clear
-the cache (``rm -r .cache/sensitivity``) after one.
+parameters and a fingerprint of every source file of the package and of the traces' contents, so rerunning a
+notebook on unchanged code costs nothing, and any change to the code or the data recomputes. Whole rate searches of
+the simulator go through the same cache (``cached_search``): notebook 11 reuses the Fig. 14 searches that notebook 04
+ran in the same ``make reproduce``. Only deterministic results (the simulator's) are cached, never a CPU timing; a
+clean clone starts with no cache.
 """
 from __future__ import annotations
 
@@ -54,13 +56,11 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from pagedattn.repro.capacity import RateSearch
 from pagedattn.repro.results import REPO_ROOT, Claim
 from pagedattn.repro.sim import CostModel
 
 CACHE_DIR = REPO_ROOT / ".cache" / "sensitivity"
-#: The simulator's sources: a change to any of them invalidates the cache (and so does a change to the traces'
-#: contents, ``_traces_fingerprint``).
-_SOURCES = ("repro/sim.py", "scheduler.py", "sequence.py", "config.py", "memory")
 #: The other trace of each workload with a real one (the trace axis).
 OTHER_TRACE = {"sharegpt": "sharegpt_synthetic", "sharegpt_synthetic": "sharegpt"}
 
@@ -197,13 +197,13 @@ def widened(lo: float, hi: float | None = None) -> tuple[float, float]:
 # ------------------------------------------------------------------------------------------------------ cache
 @lru_cache(maxsize=1)
 def _fingerprint() -> str:
+    """Every Python source of the package (a change to any of them invalidates the cache: the simulator, the
+    capacity rule and each experiment's claim logic alike) and the traces' contents (``_traces_fingerprint``)."""
     h = hashlib.sha256()
     root = Path(__file__).resolve().parents[1]  # the pagedattn package
-    for name in _SOURCES:
-        path = root / name
-        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            if f.exists():
-                h.update(f.read_bytes())
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode())
+        h.update(f.read_bytes())
     h.update(_traces_fingerprint().encode())
     return h.hexdigest()[:16]
 
@@ -253,6 +253,18 @@ def cached(key: dict, fn: Callable[[], Any], cache: bool = True) -> Any:
         if cache:
             _store(blob, path, value)
     return value
+
+
+def trace_digest(trace) -> str:
+    """A short hash of a trace's requests (ids, arrival times, lengths): part of a cache key."""
+    return hashlib.sha256(repr([(r.request_id, r.arrival_time, r.prompt_len, r.output_len)
+                                for r in trace]).encode()).hexdigest()[:16]
+
+
+def cached_search(key: dict, search: Callable[[], RateSearch], cache: bool = True) -> RateSearch:
+    """``search()``, a simulator's rate search (``capacity.sustainable_rate``), through ``cached``: ``key`` must name
+    everything the search depends on besides the code and the traces' contents."""
+    return RateSearch(**cached({"fn": "rate_search", **key}, lambda: asdict(search()), cache))
 
 
 def capacity(trace_name: str, num_requests: int, seed: int, cost: CostModel, block_size: int = 16,

@@ -31,7 +31,7 @@ import pandas as pd
 from pagedattn.repro import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import sharing, validated
-from pagedattn.repro.capacity import NL_THRESHOLD_S, RateSearch
+from pagedattn.repro.capacity import NL_THRESHOLD_S, RateSearch, not_judged
 from pagedattn.repro.parallel import pmap
 from pagedattn.repro.paper import FIG14_GAIN, FIG15_SAVING
 from pagedattn.repro.results import RESULTS_DIR, Claim
@@ -147,9 +147,10 @@ def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None) -> list[Clai
            f"{NL_THRESHOLD_S} s/token and the capacity rule, swap preemption"
     if "resolution" in swap:
         note += f"; ratio resolution {100 * float(swap['resolution'].max()):.1f} % or finer"
-    if "judged" in swap and not swap["judged"].astype(bool).all():
-        note += ("; NOT JUDGED: a trace too short to judge the capacity rule at widths "
-                 f"{sorted(int(w) for w in swap[~swap['judged'].astype(bool)]['width'])}")
+    if "judged" in swap:
+        note += not_judged([("n = 1" if r.method == "n=1" else f"{r.method} width {int(r.width)}",
+                             max(float(r.trend_se_paged), float(r.trend_se_orca_oracle)))
+                            for r in swap[~swap["judged"].astype(bool)].itertuples()])
     beam_note = note + "; beam model: distinct parents per step measured on the real engine (notebook 04), " \
                        "forks through BlockManager.fork, K/V copies charged at HBM bandwidth"
     out = []

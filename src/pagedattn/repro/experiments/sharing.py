@@ -47,7 +47,8 @@ from pagedattn.repro.parallel import pmap
 from pagedattn.engine import LLMEngine
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams, make_engine, torch_threads
-from pagedattn.repro.capacity import NL_THRESHOLD_S, RESOLUTION, RateSearch, ratio_resolution, sustainable_rate
+from pagedattn.repro.capacity import MAX_TREND_SE, NL_THRESHOLD_S, RESOLUTION, RateSearch, not_judged, ratio_resolution, \
+    sustainable_rate
 from pagedattn.repro.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING
 from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, today, write_summary
 from pagedattn.sequence import SamplingParams
@@ -168,11 +169,11 @@ def gain_detail(row) -> str:
     note = (f"ratio resolution {100 * float(row['resolution']):.1f} %; failing rule: ours {row['bound_by_paged']}, "
             f"Orca (Oracle) {row['bound_by_orca_oracle']}; offline throughput ratio "
             f"{float(row['offline_paged']) / float(row['offline_orca_oracle']):.2f}")
-    if "judged" in row and not bool(row["judged"]):
-        note += (f"; NOT JUDGED: the trace is too short to judge the capacity rule (length-mix noise "
-                 f"{100 * float(row['trend_se_paged']):.1f} % / {100 * float(row['trend_se_orca_oracle']):.1f} % "
-                 f"of the rate)")
-    return note
+    if "judged" not in row or bool(row["judged"]):
+        return note
+    return note + not_judged([(f"{label} {float(row['rate_' + s]):.3g} req/s", float(row["trend_se_" + s]))
+                              for s, label in (("paged", "ours"), ("orca_oracle", "Orca (Oracle)"))
+                              if float(row["trend_se_" + s]) > MAX_TREND_SE])
 
 
 def _gain_rate(job: tuple, params: Params, cost: CostModel) -> RateSearch:
@@ -189,13 +190,19 @@ def sim_rate(params: Params, system: str, n: int, mode: str, base: list[TraceReq
     rate / (8 n) and 16 x it (Fig. 14's rule). ``max_num_seqs``: the scheduler's cap on running sequences (vLLM's
     default 256; ``gain_sources.seq_cap_gains`` raises it)."""
     rate0 = params.sim_rates["alpaca"]
+    cpu_blocks = params.sim_cpu_blocks if mode == "swap" else 0
 
     def requests(rate):
         return simulate(with_rate(base, rate, params.seed), system, paper_slots(), params.block_size, cost,
-                        n=n, seed=params.seed, preemption_mode=mode,
-                        num_cpu_blocks=params.sim_cpu_blocks if mode == "swap" else 0, record_steps=False,
+                        n=n, seed=params.seed, preemption_mode=mode, num_cpu_blocks=cpu_blocks, record_steps=False,
                         beam=beam, max_num_seqs=max_num_seqs).requests
-    return sustainable_rate(requests, rate0 / (8 * n), rate0 * 16, NL_THRESHOLD_S, params.rate_resolution)
+    # cached (``sensitivity.cached_search``): notebooks 04 and 11 run the same Fig. 14 searches
+    key = {"trace": sensitivity.trace_digest(base), "system": system, "n": n, "mode": mode, "cost": asdict(cost),
+           "beam": None if beam is None else asdict(beam), "max_num_seqs": max_num_seqs, "seed": params.seed,
+           "block_size": params.block_size, "cpu_blocks": cpu_blocks, "rate0": rate0,
+           "resolution": params.rate_resolution, "slots": paper_slots()}
+    return sensitivity.cached_search(key, lambda: sustainable_rate(requests, rate0 / (8 * n), rate0 * 16,
+                                                                   NL_THRESHOLD_S, params.rate_resolution))
 
 
 def sim_claims_at(point: sensitivity.Point, params: Params, which: str) -> list[Claim]:
