@@ -9,14 +9,13 @@ per streamed token and per step; and for an 80-request trace of other requests (
 request per step) and at 30 req/s: normalized latency served, in-process and predicted with the engine's fitted step
 time alone, the median time to first token of each, and each request's extra latency fitted as ``a + b x output
 tokens`` (served - simulated, in-process - simulated, served - in-process). The step time is fitted as notebook 13
-fits it (offline run and a 40-request calibration trace at 5 req/s). Two runs on the 2-core VM (Dec 2026; the first
-with the offline run's fit only): offline 1.25-1.50 s served against 0.23-0.41 s in-process, server CPU 1.14-1.45 s,
-client CPU 0.78-0.88 s; at 5 req/s server CPU 1.0 ms per token, served - in-process = 7.8-10.9 ms + 608-726 us x
-output tokens, median TTFT 8.5-8.8 ms served against 0.8-1.15 ms in-process. The in-process times themselves moved
-by up to 40 % between the runs (0.23 against 0.41 s offline).
+fits it (offline run and a 40-request calibration trace at 5 req/s), with no server cost: the simulation is the
+engine's alone. The numbers go to ``results/benchmarks/serve_overhead.json``, which notebook 13 reads for its account
+of the prediction's error.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import resource
@@ -57,6 +56,8 @@ def extra(a, b) -> tuple[float, float]:
 
 
 def main() -> None:
+    from pagedattn.repro.results import RESULTS_DIR, hardware_label, today
+
     p = O.Params.make(False, vllm=False)
     vocab = p.model["vocab_size"]
     torch.set_num_threads(1)
@@ -64,6 +65,8 @@ def main() -> None:
     off = p.trace(math.inf)
     fit, info, _ = O.measure_step_time(model, p, "paged", replace(p, seed=p.seed + 1).trace(5.0, 40))
     steps = info["offline_steps"]
+    record = {"date": today(), "machine": hardware_label("cpu"), "offline_requests": len(off),
+              "offline_tokens": info["tokens"], "offline": [], "rates": {}}
     with tempfile.TemporaryDirectory() as ckpt:
         model.save_pretrained(ckpt)
         with O.Server.ours(ckpt, "paged", p) as srv:
@@ -72,6 +75,10 @@ def main() -> None:
             for rep in range(2):
                 df, s, c, _ = timed(srv.url, pid, off, vocab)
                 span, extra_s = float(df.finish_time.max()), float(df.finish_time.max()) - info["in_process_s"]
+                record["offline"].append({"served_s": span, "in_process_s": info["in_process_s"], "server_cpu_s": s,
+                                          "client_cpu_s": c, "client_cpu_us_per_token": 1e6 * c / info["tokens"],
+                                          "extra_us_per_token": 1e6 * extra_s / info["tokens"],
+                                          "extra_us_per_step": 1e6 * extra_s / steps})
                 print(f"offline {rep}: span {span:.3f} s served, {info['in_process_s']:.3f} s in-process; server CPU "
                       f"{s:.2f} s, client CPU {c:.2f} s; extra {1e6 * extra_s / info['tokens']:.0f} us per token or "
                       f"{1e6 * extra_s / steps:.0f} us per step")
@@ -81,16 +88,25 @@ def main() -> None:
                 _, local = O.in_process(model, "paged", p, tr)
                 sim = O.predict(tr, "paged", p, fit)
                 tokens = int(df.output_len.sum())
-                print(f"{rate:g} req/s: normalized latency {1e3 * normalized_latency(df):.3f} ms served, "
-                      f"{1e3 * normalized_latency(local):.3f} in-process, {1e3 * normalized_latency(sim):.3f} "
-                      f"simulated; server CPU {1e6 * s / tokens:.0f} us, client CPU {1e6 * c / tokens:.0f} us per "
-                      f"token; median TTFT {1e3 * df.ttft_s.median():.2f} ms served, "
-                      f"{1e3 * (local.first_token_time - local.arrival_time).median():.2f} in-process, "
-                      f"{1e3 * (sim.first_token_time - sim.arrival_time).median():.2f} simulated")
-                for name, (a, b) in {"served - simulated": (df, sim), "in-process - simulated": (local, sim),
-                                     "served - in-process": (df, local)}.items():
+                row = {"nl_served_ms": 1e3 * normalized_latency(df), "nl_in_process_ms": 1e3 * normalized_latency(local),
+                       "nl_engine_fit_ms": 1e3 * normalized_latency(sim), "server_cpu_us_per_token": 1e6 * s / tokens,
+                       "client_cpu_us_per_token": 1e6 * c / tokens, "ttft_served_ms": 1e3 * df.ttft_s.median(),
+                       "ttft_in_process_ms": 1e3 * (local.first_token_time - local.arrival_time).median(),
+                       "ttft_engine_fit_ms": 1e3 * (sim.first_token_time - sim.arrival_time).median()}
+                print(f"{rate:g} req/s: normalized latency {row['nl_served_ms']:.3f} ms served, "
+                      f"{row['nl_in_process_ms']:.3f} in-process, {row['nl_engine_fit_ms']:.3f} simulated; server CPU "
+                      f"{row['server_cpu_us_per_token']:.0f} us, client CPU {row['client_cpu_us_per_token']:.0f} us "
+                      f"per token; median TTFT {row['ttft_served_ms']:.2f} ms served, "
+                      f"{row['ttft_in_process_ms']:.2f} in-process, {row['ttft_engine_fit_ms']:.2f} simulated")
+                for name, (a, b) in {"served_minus_engine_fit": (df, sim), "in_process_minus_engine_fit": (local, sim),
+                                     "served_minus_in_process": (df, local)}.items():
                     i, k = extra(a, b)
+                    row[name] = {"per_request_ms": 1e3 * i, "per_token_us": 1e6 * k}
                     print(f"    {name}: {1e3 * i:.2f} ms + {1e6 * k:.0f} us x output tokens")
+                record["rates"][f"{rate:g}"] = row
+    out = RESULTS_DIR / "benchmarks" / "serve_overhead.json"
+    out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
