@@ -364,3 +364,27 @@ def test_notebooks_at_once_run_side_by_side_each_with_its_own_environment(tmp_pa
         assert json.loads((out / name / "summary.json").read_text())["experiment"] == name
         assert (out / name / "run.json").exists() and (out / name / f"{name}.ipynb").exists()
     assert not (out / "03_c" / "run.json").exists()
+
+
+def test_sigterm_shuts_the_running_notebook_down_instead_of_orphaning_its_kernel(tmp_path, fake_notebooks,
+                                                                                 monkeypatch):
+    """A SIGTERM while a notebook runs raises SystemExit(143) through ``run_notebook`` (whose ``finally`` shuts the
+    kernel down); no later notebook starts, and the handler before ``main`` is back afterwards."""
+    import os
+    import signal
+
+    started, shut = [], []
+
+    def runner(path, quick, results_dir, **kw):
+        started.append(Path(path).stem)
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        finally:
+            shut.append(Path(path).stem)
+
+    monkeypatch.setattr(reproduce, "run_notebook", runner)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--results-dir", str(tmp_path / "results")])
+    assert e.value.code == 143 and started == shut == ["01_a"]
+    assert signal.getsignal(signal.SIGTERM) is before

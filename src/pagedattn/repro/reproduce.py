@@ -29,6 +29,7 @@ import contextlib
 import datetime as _dt
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -160,6 +161,20 @@ def mark_stale(summary: Path, mtime_before: int | None, error: Exception) -> Non
                                              f"({type(error).__name__}: {first_line}); {origin}\n")
 
 
+@contextlib.contextmanager
+def terminated_as_exit():
+    """Within the block, SIGTERM raises ``SystemExit(143)`` instead of ending the process on the spot, so that
+    ``run_notebook``'s ``finally`` shuts its kernel down: the kernel runs in a session of its own and would otherwise
+    go on computing the notebook after ``reproduce`` is gone."""
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def last_seconds(out_dir: Path) -> float:
     """The seconds a notebook's last run took (its ``run.json``), 0 when none is recorded."""
     try:
@@ -219,15 +234,16 @@ def main(argv: list[str] | None = None) -> int:
               f"in {seconds:.0f} s", flush=True)
 
     if min(at_once, len(notebooks)) == 1:
-        for nb in notebooks:
-            print(f"[reproduce] {nb.name} (quick={args.quick}) ...", flush=True)
-            t0 = time.perf_counter()
-            try:
-                run_notebook(nb, args.quick, results_dir, jobs=args.jobs, scheduler=args.scheduler)
-            except Exception as e:
-                done(nb, None, e)
-            else:
-                done(nb, time.perf_counter() - t0, None)
+        with terminated_as_exit():  # a SIGTERM still shuts the running notebook's kernel down (run_notebook)
+            for nb in notebooks:
+                print(f"[reproduce] {nb.name} (quick={args.quick}) ...", flush=True)
+                t0 = time.perf_counter()
+                try:
+                    run_notebook(nb, args.quick, results_dir, jobs=args.jobs, scheduler=args.scheduler)
+                except Exception as e:
+                    done(nb, None, e)
+                else:
+                    done(nb, time.perf_counter() - t0, None)
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
