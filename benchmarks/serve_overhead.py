@@ -20,7 +20,6 @@ import math
 import os
 import resource
 import tempfile
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -42,9 +41,9 @@ def client_cpu() -> float:
 
 
 def timed(url: str, pid: int, trace, vocab: int):
-    s0, c0, t0 = server_cpu(pid), client_cpu(), time.perf_counter()
+    s0, c0 = server_cpu(pid), client_cpu()
     df = O.send(url, trace, vocab)
-    return df, server_cpu(pid) - s0, client_cpu() - c0, time.perf_counter() - t0
+    return df, server_cpu(pid) - s0, client_cpu() - c0
 
 
 def extra(a, b) -> tuple[float, float]:
@@ -73,7 +72,7 @@ def main() -> None:
             pid = srv.proc.pid
             O.send(srv.url, off, vocab)  # warm-up
             for rep in range(2):
-                df, s, c, _ = timed(srv.url, pid, off, vocab)
+                df, s, c = timed(srv.url, pid, off, vocab)
                 span, extra_s = float(df.finish_time.max()), float(df.finish_time.max()) - info["in_process_s"]
                 record["offline"].append({"served_s": span, "in_process_s": info["in_process_s"], "server_cpu_s": s,
                                           "client_cpu_s": c, "client_cpu_us_per_token": 1e6 * c / info["tokens"],
@@ -84,7 +83,7 @@ def main() -> None:
                       f"{1e6 * extra_s / steps:.0f} us per step")
             for rate in (5.0, 30.0):
                 tr = replace(p, seed=p.seed + 1).trace(rate)
-                df, s, c, w = timed(srv.url, pid, tr, vocab)
+                df, s, c = timed(srv.url, pid, tr, vocab)
                 _, local = O.in_process(model, "paged", p, tr)
                 sim = O.predict(tr, "paged", p, fit)
                 tokens = int(df.output_len.sum())

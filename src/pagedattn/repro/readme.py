@@ -174,8 +174,8 @@ def render_timing(results_dir: Path = RESULTS_DIR) -> str:
         text = (f"- The last full `make reproduce` ({runs[0]['date']}, {', '.join(jobs)} jobs, {runs[0]['machine']}) "
                 f"took {minutes:.1f} minutes; the slowest notebook, `{slowest['notebook']}`, "
                 f"{slowest['seconds'] / 60:.1f} minutes (per notebook in [`results/SUMMARY.md`](results/SUMMARY.md)).")
-    if Path(quick_record).exists():
-        q = json.loads(Path(quick_record).read_text())
+    if quick_record.exists():
+        q = json.loads(quick_record.read_text())
         failed = f", {len(q['failed'])} failed" if q.get("failed") else ""
         text += (f"\n- The last `make reproduce QUICK=1` ({q['date']}, {q['notebooks']} notebooks{failed}, "
                  f"{q['notebooks_at_once']} at once, {q['jobs']} jobs each, {q['machine']}) took "

@@ -33,6 +33,7 @@ import signal
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 from pagedattn.repro.lab import KERNEL_NAME
@@ -126,9 +127,14 @@ def write_run_record(out_dir: Path, notebook: str, seconds: float, jobs: int, sc
                      started: str, all_notebooks: bool) -> Path:
     """``<out_dir>/run.json``: how long the notebook took, with how many jobs, on which machine, when; ``started``
     (the command's start time) and ``all_notebooks`` (no ``--only``) let SUMMARY.md tell one full run apart."""
-    record = {"notebook": notebook, "seconds": round(seconds, 1), "jobs": jobs, "scheduler": scheduler,
-              "machine": hardware_label("cpu"), "date": today(), "started": started, "all_notebooks": all_notebooks}
-    path = Path(out_dir) / RUN_FILE
+    return write_json(Path(out_dir) / RUN_FILE,
+                      {"notebook": notebook, "seconds": round(seconds, 1), "jobs": jobs, "scheduler": scheduler,
+                       "machine": hardware_label("cpu"), "date": today(), "started": started,
+                       "all_notebooks": all_notebooks})
+
+
+def write_json(path: Path, record: dict) -> Path:
+    """A run record: ``record`` as indented, key-sorted JSON at ``path`` (its folder made if missing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return path
@@ -184,10 +190,32 @@ def last_seconds(out_dir: Path) -> float:
 
 
 def _run_timed(nb: Path, quick: bool, results_dir: Path, jobs: int, scheduler: str | None) -> float:
-    """``run_notebook`` in this process; returns its seconds (a task of ``--notebooks-at-once``)."""
+    """``run_notebook`` in this process; returns its seconds."""
     t0 = time.perf_counter()
     run_notebook(nb, quick, results_dir, jobs=jobs, scheduler=scheduler)
     return time.perf_counter() - t0
+
+
+def _runs(notebooks: list[Path], at_once: int, quick: bool, results_dir: Path, jobs: int, scheduler: str | None):
+    """``(notebook, result)`` pairs in the order to report them, where ``result()`` returns the notebook's seconds
+    or raises its error: one at a time in this process (``result`` runs it), or ``at_once`` side by side, each in a
+    process of its own, the longest first by their last run's seconds here (``result`` waits for it)."""
+    run = partial(_run_timed, quick=quick, results_dir=results_dir, jobs=jobs, scheduler=scheduler)
+    if min(at_once, len(notebooks)) == 1:
+        for nb in notebooks:
+            print(f"[reproduce] {nb.name} (quick={quick}) ...", flush=True)
+            yield nb, partial(run, nb)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    print(f"[reproduce] {len(notebooks)} notebooks, {at_once} at once (quick={quick}) ...", flush=True)
+    with ProcessPoolExecutor(at_once, mp_context=multiprocessing.get_context("spawn")) as pool:
+        # a long notebook started last would run alone at the end
+        futures = [(nb, pool.submit(run, nb)) for nb in sorted(notebooks, key=lambda nb: -last_seconds(
+            results_dir / nb.stem))]
+        for nb, f in futures:
+            yield nb, f.result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,42 +261,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[reproduce]   -> {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out} "
               f"in {seconds:.0f} s", flush=True)
 
-    if min(at_once, len(notebooks)) == 1:
-        with terminated_as_exit():  # a SIGTERM still shuts the running notebook's kernel down (run_notebook)
-            for nb in notebooks:
-                print(f"[reproduce] {nb.name} (quick={args.quick}) ...", flush=True)
-                t0 = time.perf_counter()
-                try:
-                    run_notebook(nb, args.quick, results_dir, jobs=args.jobs, scheduler=args.scheduler)
-                except Exception as e:
-                    done(nb, None, e)
-                else:
-                    done(nb, time.perf_counter() - t0, None)
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        print(f"[reproduce] {len(notebooks)} notebooks, {at_once} at once (quick={args.quick}) ...", flush=True)
-        with ProcessPoolExecutor(at_once, mp_context=multiprocessing.get_context("spawn")) as pool:
-            # the longest first, by their last run's seconds here (a long one started last would run alone at the end)
-            futures = {nb: pool.submit(_run_timed, nb, args.quick, results_dir, args.jobs, args.scheduler)
-                       for nb in sorted(notebooks, key=lambda nb: -last_seconds(results_dir / nb.stem))}
-            for nb, f in futures.items():
-                try:
-                    seconds = f.result()
-                except Exception as e:
-                    done(nb, None, e)
-                else:
-                    done(nb, seconds, None)
+    with terminated_as_exit():  # a SIGTERM still shuts the running notebook's kernel down (run_notebook's finally)
+        for nb, result in _runs(notebooks, at_once, args.quick, results_dir, args.jobs, args.scheduler):
+            try:
+                seconds = result()
+            except Exception as e:
+                done(nb, None, e)
+            else:
+                done(nb, seconds, None)
     wall = time.perf_counter() - t_start
     print(f"[reproduce] {len(notebooks)} notebooks in {wall:.0f} s of wall time ({at_once} at once)", flush=True)
     if args.quick and args.only is None and args.results_dir is None:  # the README's quick-run sentence
-        record = RESULTS_DIR / QUICK_RUN_RECORD
-        record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps(
-            {"seconds": round(wall, 1), "notebooks": len(notebooks), "notebooks_at_once": at_once, "jobs": args.jobs,
-             "failed": failed, "machine": hardware_label("cpu"), "date": today(), "started": started},
-            indent=2, sort_keys=True) + "\n")
+        write_json(RESULTS_DIR / QUICK_RUN_RECORD,
+                   {"seconds": round(wall, 1), "notebooks": len(notebooks), "notebooks_at_once": at_once,
+                    "jobs": args.jobs, "failed": failed, "machine": hardware_label("cpu"), "date": today(),
+                    "started": started})
     print(f"[reproduce] wrote {build_summary_md(results_dir)}")
     if failed:
         print(f"[reproduce] failed notebooks: {', '.join(failed)}", file=sys.stderr)
