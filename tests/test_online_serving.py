@@ -111,6 +111,25 @@ def test_search_is_a_capacity_search_with_the_offline_rule_and_its_resolution():
     assert row["resolution"] <= 0.05 or row["bound_by"] == "offline throughput"
 
 
+def test_rows_and_searches_carry_the_replay_clients_cpu_and_the_simulated_memory_bound_share():
+    p = O.Params.make(True, search_requests=60)
+    cost = O.FittedStepTime(decode_s=2e-3, decode_per_seq_s=1e-4, prefill_per_token_s=1e-5)
+
+    def live(rate):  # a stand-in for ``send``: the simulator's frame with a client's CPU and wall time attached
+        df = O.predict(p.trace(rate, p.search_requests), "paged", p, cost)
+        df.attrs.update(client_cpu_s=0.5, client_wall_s=2.0 if math.isinf(rate) else 1.0)
+        df["ttft_s"] = df["tpot_s"] = 0.0
+        return df
+    row = O._row("paged", 20.0, 0.4, live(20.0), O.predict(p.trace(20.0, 60), "paged", p, cost, steps=True))
+    assert row["client_cpu_s"] == 0.5 and row["client_cpu_share"] == 0.5
+    assert 0 <= row["memory_bound_share_predicted"] <= 1
+    assert math.isnan(O._row("paged", 20.0, 0.4, live(20.0), None)["memory_bound_share_predicted"])
+    found = O.search(live, 40.0, p, 0.05)
+    assert found["client_cpu_s_per_probe"] == 0.5 and found["client_cpu_share_max"] == 0.5
+    sim = O.search(lambda rate: O.predict(p.trace(rate, 60), "paged", p, cost), 40.0, p, 0.05)
+    assert math.isnan(sim["client_cpu_s_per_probe"])  # a prediction has no client
+
+
 def test_vllm_rate_is_read_off_its_grid_with_both_rules():
     rows = []
     for rate, nl, ok in ((1.0, 0.01, True), (2.0, 0.02, True), (3.0, 0.05, False), (4.0, 0.3, False)):
