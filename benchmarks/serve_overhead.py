@@ -22,7 +22,6 @@ import resource
 import tempfile
 from dataclasses import replace
 
-import numpy as np
 import torch
 
 from pagedattn.repro.capacity import normalized_latency
@@ -44,14 +43,6 @@ def timed(url: str, pid: int, trace, vocab: int):
     s0, c0 = server_cpu(pid), client_cpu()
     df = O.send(url, trace, vocab)
     return df, server_cpu(pid) - s0, client_cpu() - c0
-
-
-def extra(a, b) -> tuple[float, float]:
-    """Each request's latency in ``a`` minus in ``b``, fitted as ``intercept + slope x output tokens``."""
-    m, q = a.set_index("request_id"), b.set_index("request_id").loc[a.request_id]
-    d = (m.finish_time - m.arrival_time) - (q.finish_time - q.arrival_time).to_numpy()
-    slope, intercept = np.polyfit(m.output_len.to_numpy(dtype=float), d.to_numpy(dtype=float), 1)
-    return intercept, slope
 
 
 def main() -> None:
@@ -99,7 +90,7 @@ def main() -> None:
                       f"{row['ttft_in_process_ms']:.2f} in-process, {row['ttft_engine_fit_ms']:.2f} simulated")
                 for name, (a, b) in {"served_minus_engine_fit": (df, sim), "in_process_minus_engine_fit": (local, sim),
                                      "served_minus_in_process": (df, local)}.items():
-                    i, k = extra(a, b)
+                    i, k = O.latency_gap(a, b)
                     row[name] = {"per_request_ms": 1e3 * i, "per_token_us": 1e6 * k}
                     print(f"    {name}: {1e3 * i:.2f} ms + {1e6 * k:.0f} us x output tokens")
                 record["rates"][f"{rate:g}"] = row

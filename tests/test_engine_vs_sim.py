@@ -47,7 +47,7 @@ def plan(out, sched) -> tuple:
 
 
 @pytest.fixture
-def record_plans(monkeypatch):
+def record_plans(monkeypatch, interpreted_simulator):
     """Every ``Scheduler.schedule`` call's plan, per scheduler."""
     plans: dict[int, list] = {}
     schedule = Scheduler.schedule

@@ -262,3 +262,17 @@ def test_a_server_and_its_children_are_stopped_on_exit():
     while not _stopped(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _stopped(child)
+
+
+def test_latency_gap_fits_a_per_request_delay_and_a_per_token_cost():
+    """``latency_gap``: the fit that ``measure_server_cost`` and ``benchmarks/serve_overhead.py`` share recovers a
+    known delay and per-token cost from two frames of the same requests (in another order in the second)."""
+    from pagedattn.repro.experiments.online_serving import latency_gap
+
+    out = np.array([3, 10, 25, 40, 7])
+    b = pd.DataFrame({"request_id": list("abcde"), "arrival_time": [0.0, 0.1, 0.2, 0.3, 0.4],
+                      "output_len": out})
+    b["finish_time"] = b.arrival_time + 0.001 * out
+    a = b.assign(finish_time=b.finish_time + 0.012 + 0.0005 * out).iloc[::-1]
+    intercept, slope = latency_gap(a, b)
+    assert intercept == pytest.approx(0.012, abs=1e-9) and slope == pytest.approx(0.0005, abs=1e-9)

@@ -271,7 +271,9 @@ def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebook
     out = tmp_path / "results"
     assert reproduce.main(["--results-dir", str(out), "--jobs", "3"]) == 0
     record = json.loads((out / "01_a" / "run.json").read_text())
-    assert set(record) == {"notebook", "seconds", "jobs", "scheduler", "machine", "date", "started", "all_notebooks"}
+    assert set(record) == {"notebook", "seconds", "jobs", "scheduler", "machine", "date", "started", "all_notebooks",
+                           "simulator"}
+    assert record["simulator"] == "compiled" or record["simulator"].startswith("interpreted (")
     assert record["jobs"] == 3 and record["notebook"] == "01_a" and record["all_notebooks"] is True
     md = (out / "SUMMARY.md").read_text()
     assert "the last full `make reproduce`" in md and "| `03_c` |" in md and "| total |" in md

@@ -155,7 +155,7 @@ def test_simulation_finishes_every_request_and_returns_every_block(system):
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_simulation_under_pressure_preempts_and_leaks_nothing(mode):
+def test_simulation_under_pressure_preempts_and_leaks_nothing(mode, interpreted_simulator):
     trace = [TraceRequest(f"r{i}", 0.0, 30 + 7 * i, 60) for i in range(12)]
     kv_holder = {}
     import pagedattn.repro.sim as sim

@@ -127,19 +127,45 @@ def digest(res) -> str:
     return h.hexdigest()
 
 
+PATHS = ("interpreted", "compiled")
+
+
 @functools.cache
-def results() -> dict:
-    """Every case's ``SimResult``, run once per test session (the tests below only read them)."""
-    return {name: run() for name, run in cases().items()}
+def results(path: str = "interpreted") -> dict:
+    """Every case's ``SimResult``, run once per test session (the tests below only read them), by the interpreted
+    simulator or by its compiled copy (``pagedattn.repro.fastsim``; every replay must go there: a replay that falls
+    back to the interpreter fails)."""
+    from pagedattn.repro import fastsim
+
+    status, replay, fell_back = fastsim.status, fastsim.replay, []
+
+    def compiled_only(args):
+        r = replay(args)
+        if r is None:
+            fell_back.append(args.get("system"))
+        return r
+    if path == "compiled" and fastsim.status()[0] is None:
+        pytest.skip(f"no compiled simulator: {fastsim.status()[1]}")
+    if path == "interpreted":
+        fastsim.status = lambda: (None, "interpreted by the test")
+    else:
+        fastsim.replay = compiled_only
+    try:
+        out = {name: run() for name, run in cases().items()}
+    finally:
+        fastsim.status, fastsim.replay = status, replay
+    assert not fell_back, f"replays fell back to the interpreter: {fell_back}"
+    return out
 
 
-def compute() -> dict[str, str]:
-    return {name: digest(res) for name, res in results().items()}
+def compute(path: str = "interpreted") -> dict[str, str]:
+    return {name: digest(res) for name, res in results(path).items()}
 
 
-def test_golden_digests():
+@pytest.mark.parametrize("path", PATHS)
+def test_golden_digests(path):
     want = json.loads(DIGESTS.read_text())
-    got = compute()
+    got = compute(path)
     assert sorted(got) == sorted(want)
     changed = [name for name in want if got[name] != want[name]]
     assert not changed, f"simulator results changed for {changed}"

@@ -130,7 +130,15 @@ def write_run_record(out_dir: Path, notebook: str, seconds: float, jobs: int, sc
     return write_json(Path(out_dir) / RUN_FILE,
                       {"notebook": notebook, "seconds": round(seconds, 1), "jobs": jobs, "scheduler": scheduler,
                        "machine": hardware_label("cpu"), "date": today(), "started": started,
-                       "all_notebooks": all_notebooks})
+                       "all_notebooks": all_notebooks, "simulator": simulator()})
+
+
+def simulator() -> str:
+    """Which simulator the run's replays used: "compiled" (``pagedattn.repro.fastsim``, mypyc) or "interpreted"."""
+    from pagedattn.repro import fastsim
+
+    module, why = fastsim.status()
+    return "compiled" if module is not None else f"interpreted ({why})"
 
 
 def write_json(path: Path, record: dict) -> Path:
@@ -275,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(RESULTS_DIR / QUICK_RUN_RECORD,
                    {"seconds": round(wall, 1), "notebooks": len(notebooks), "notebooks_at_once": at_once,
                     "jobs": args.jobs, "failed": failed, "machine": hardware_label("cpu"), "date": today(),
-                    "started": started})
+                    "started": started, "simulator": simulator()})
     print(f"[reproduce] wrote {build_summary_md(results_dir)}")
     if failed:
         print(f"[reproduce] failed notebooks: {', '.join(failed)}", file=sys.stderr)

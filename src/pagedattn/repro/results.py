@@ -262,10 +262,11 @@ def _timing_table(runs: list[dict]) -> list[str]:
     title = ("the last full `make reproduce`" if full_run(runs)
              else "the latest run of each notebook (not one full `make reproduce`)")
     lines = ["", "## Run time", "", f"From `run.json`: {title}.", "",
-             "| notebook | minutes | jobs | machine | date |", "|---|---|---|---|---|"]
+             "| notebook | minutes | jobs | simulator | machine | date |", "|---|---|---|---|---|---|"]
     for r in runs:
-        lines.append(f"| `{r['notebook']}` | {r['seconds'] / 60:.1f} | {r['jobs']} | {r['machine']} | {r['date']} |")
-    lines += [f"| total | {sum(r['seconds'] for r in runs) / 60:.1f} | | | |", ""]
+        lines.append(f"| `{r['notebook']}` | {r['seconds'] / 60:.1f} | {r['jobs']} | "
+                     f"{r.get('simulator', 'interpreted').split(' (')[0]} | {r['machine']} | {r['date']} |")
+    lines += [f"| total | {sum(r['seconds'] for r in runs) / 60:.1f} | | | | |", ""]
     return lines
 
 

@@ -18,13 +18,16 @@ still assumed (32 GB/s x 0.8, 5 us per copy).
 
 Beam search (§4.4, Fig. 14b) has no model to score candidates here, so ``BeamModel`` draws which beams survive each
 step, with a mean number of distinct parents measured on the real engine (notebook 04); see its docstring.
+
+``simulate`` runs this module's replay compiled with mypyc when a build of it is present and up to date
+(``pagedattn.repro.fastsim``, ``make fastsim``): the same source and results, about twice as fast.
 """
 from __future__ import annotations
 
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 import pandas as pd
@@ -32,14 +35,17 @@ from tqdm.auto import tqdm
 
 from pagedattn.repro.capacity import Load, normalized_latency, steady_window
 from pagedattn.repro.cost_profile import measured as _measured_a100
+from pagedattn.repro.fastsim import compiled_when_built
 from pagedattn.config import OPT_13B, ModelSpec, SchedulerConfig, blocks_needed, paper_slots
 from pagedattn.memory.block_manager import BlockManager
-from pagedattn.memory.contiguous import ContiguousKVManager
+from pagedattn.memory.contiguous import ContiguousKVManager, Policy
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
-from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+from pagedattn.sequence import FinishReason, SamplingParams, Sequence, SequenceGroup
 from pagedattn.repro.workloads import TraceRequest
 
 System = Literal["paged", "orca_max", "orca_pow2", "orca_oracle", "ft"]
+Placement = Literal["buddy", "exact"]  # ``ContiguousKVManager``'s
+PreemptionMode = Literal["recompute", "swap"]  # ``SchedulerConfig``'s
 SYSTEMS: tuple[str, ...] = ("orca_max", "orca_pow2", "orca_oracle", "paged")
 LABELS = {"orca_max": "Orca (Max)", "orca_pow2": "Orca (Pow2)", "orca_oracle": "Orca (Oracle)", "paged": "vLLM (ours)",
           "ft": "FasterTransformer"}
@@ -216,9 +222,10 @@ def make_kv_manager(system: str, num_slots: int, block_size: int = 16, max_model
         return BlockManager(block_size, num_slots // block_size, num_cpu_blocks, watermark, max_model_len,
                             enable_prefix_caching)
     if system in ("orca_max", "ft"):
-        return ContiguousKVManager(num_slots, "max", max_model_len, placement)
+        return ContiguousKVManager(num_slots, "max", max_model_len, cast(Placement, placement))
     if system.startswith("orca_"):
-        return ContiguousKVManager(num_slots, system.removeprefix("orca_"), max_model_len, placement)
+        return ContiguousKVManager(num_slots, cast(Policy, system.removeprefix("orca_")), max_model_len,
+                                   cast(Placement, placement))
     raise ValueError(f"unknown system {system!r}; known: {list(LABELS)}")
 
 
@@ -335,6 +342,7 @@ class StepRecords:
         return pd.DataFrame({name: np.array(col) for name, col in zip(names, zip(*self.rows))})  # same dtypes
 
 
+@compiled_when_built
 def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | None = None, block_size: int = 16,
              cost: CostModel | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096,
              max_model_len: int = 2048, preemption_mode: str = "recompute", num_cpu_blocks: int = 0,
@@ -363,14 +371,15 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     cost = cost or CostModel()
     kv = make_kv_manager(system, num_slots, block_size, max_model_len, num_cpu_blocks, placement=placement,
                          enable_prefix_caching=enable_prefix_caching)
-    sched = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, preemption_mode), kv,
+    sched = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
+                                      cast(PreemptionMode, preemption_mode)), kv,
                       static_batching=(system == "ft"))
     pending = sorted(trace, key=lambda r: r.arrival_time)
     target: dict[int, int] = {}  # seq_id -> output length from the trace
     final_len: dict[int, int] = {}  # seq_id -> prompt + output (its final KV length)
     stop_len: dict[int, int] = {}  # seq_id -> its token count once its output is done
 
-    def stop(s: Sequence, g: SequenceGroup) -> str | None:  # the trace's output length
+    def stop(s: Sequence, g: SequenceGroup) -> FinishReason | None:  # the trace's output length
         return "length" if len(s.token_ids) >= stop_len[s.seq_id] else None
 
     groups: list[SequenceGroup] = []

@@ -282,6 +282,15 @@ class ServerCost:
     token_s: float
 
 
+def latency_gap(a: pd.DataFrame, b: pd.DataFrame) -> tuple[float, float]:
+    """Each request's latency in ``a`` minus its latency in ``b`` (the same requests, per-request frames), fitted by
+    least squares as ``intercept + slope x output tokens``; returns ``(intercept, slope)``."""
+    m, q = a.set_index("request_id"), b.set_index("request_id").loc[a.request_id]
+    gap = (m.finish_time - m.arrival_time) - (q.finish_time - q.arrival_time).to_numpy()
+    slope, intercept = np.polyfit(m.output_len.to_numpy(dtype=float), gap.to_numpy(dtype=float), 1)
+    return float(intercept), float(slope)
+
+
 def measure_server_cost(served_low: pd.DataFrame, local_low: pd.DataFrame, offline_served_s: float,
                         offline: dict) -> ServerCost:
     """The server's costs, measured apart from every point they predict: on the low-rate calibration trace
@@ -290,10 +299,8 @@ def measure_server_cost(served_low: pd.DataFrame, local_low: pd.DataFrame, offli
     a token's. The offline run (``offline_served_s`` through the server against ``offline["in_process_s"]`` over its
     ``offline_steps`` steps and ``tokens`` tokens) then splits ``k``: its extra seconds are ``steps x step_s + tokens x
     token_s`` with ``step_s + token_s = k`` (each clipped to ``[0, k]``)."""
-    m, q = served_low.set_index("request_id"), local_low.set_index("request_id").loc[served_low.request_id]
-    extra = (m.finish_time - m.arrival_time) - (q.finish_time - q.arrival_time).to_numpy()
-    k, delay = np.polyfit(m.output_len.to_numpy(dtype=float), extra.to_numpy(dtype=float), 1)
-    k = max(float(k), 0.0)
+    delay, k = latency_gap(served_low, local_low)
+    k = max(k, 0.0)
     steps, tokens = offline["offline_steps"], offline["tokens"]
     token_s = (offline_served_s - offline["in_process_s"] - steps * k) / (tokens - steps)
     token_s = min(max(token_s, 0.0), k)
@@ -606,10 +613,11 @@ def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_py
         with Server.vllm(vllm_python, checkpoint, params) as server:
             startup = time.perf_counter() - t
             span = measure_offline(server.url, offline_trace, vocab, bar)
+            served_req_s = len(offline_trace) / span
             offline.append({"system": VLLM, "label": NAMES[VLLM], "offline_served_s": span,
-                            "offline_served_req_s": len(offline_trace) / span, "startup_s": startup,
+                            "offline_served_req_s": served_req_s, "startup_s": startup,
                             "version": vllm_cpu.version(vllm_python)})
-            v = measure_rates(server.url, VLLM, params, params.vllm_load_fractions, len(offline_trace) / span, bar)
+            v = measure_rates(server.url, VLLM, params, params.vllm_load_fractions, served_req_s, bar)
         rows += v
         searches.append(grid_sustainable(pd.DataFrame(v), threshold))
     bar.close()

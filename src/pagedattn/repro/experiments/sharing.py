@@ -47,8 +47,7 @@ from pagedattn.repro.parallel import pmap
 from pagedattn.engine import LLMEngine
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams, make_engine, torch_threads
-from pagedattn.repro.capacity import MAX_TREND_SE, NL_THRESHOLD_S, RESOLUTION, RateSearch, not_judged, ratio_resolution, \
-    sustainable_rate
+from pagedattn.repro.capacity import NL_THRESHOLD_S, RESOLUTION, RateSearch, not_judged, ratio_resolution, sustainable_rate
 from pagedattn.repro.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING
 from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, today, write_summary
 from pagedattn.sequence import SamplingParams
@@ -159,7 +158,8 @@ def gain_columns(paged: RateSearch, orca: RateSearch) -> dict:
             "bound_by_orca_oracle": orca.bound_by, "throughput_paged": paged.completion_rate,
             "throughput_orca_oracle": orca.completion_rate, "offline_paged": paged.offline_rate,
             "offline_orca_oracle": orca.offline_rate, "trend_se_paged": paged.trend_se,
-            "trend_se_orca_oracle": orca.trend_se, "judged": paged.judged and orca.judged,
+            "trend_se_orca_oracle": orca.trend_se, "judged_paged": paged.judged, "judged_orca_oracle": orca.judged,
+            "judged": paged.judged and orca.judged,
             "at_upper_bound": "upper bound" in (paged.bound_by, orca.bound_by)}
 
 
@@ -173,7 +173,7 @@ def gain_detail(row) -> str:
         return note
     return note + not_judged([(f"{label} {float(row['rate_' + s]):.3g} req/s", float(row["trend_se_" + s]))
                               for s, label in (("paged", "ours"), ("orca_oracle", "Orca (Oracle)"))
-                              if float(row["trend_se_" + s]) > MAX_TREND_SE])
+                              if not bool(row["judged_" + s])])
 
 
 def _gain_rate(job: tuple, params: Params, cost: CostModel) -> RateSearch:

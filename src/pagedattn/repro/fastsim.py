@@ -1,0 +1,182 @@
+"""The simulator compiled with mypyc: the same source, run about twice as fast (issue 26).
+
+A paper-scale replay (``sim.simulate``) spends its time in the interpreter, in the scheduler's and the KV managers'
+per-step bookkeeping; tuning that Python further moved it by no more than the noise. So the modules a replay runs
+(``MODULES``: the sequences, the scheduler, the paged and contiguous KV managers, their accounting and the simulator)
+are copied under another package name, ``pagedattn_fastsim``, and compiled with mypyc (pinned with mypy in
+requirements-dev.txt) into ``.build/fastsim/`` (git-ignored): ``python -m pagedattn.repro.fastsim`` (``make
+fastsim``; ``make reproduce`` builds it first). The copy is a package of its own, so the real engine, the tests'
+monkeypatches and every object outside a replay keep the interpreted modules.
+
+``sim.simulate`` hands a replay to the compiled copy (``replay``) only when all of these hold, and otherwise runs the
+interpreted simulator:
+
+- the build is present, was made by this Python, and the digests of the sources it was compiled from equal the
+  sources now (a stale build is never used: after any edit, replays are interpreted until it is rebuilt);
+- the replay's step-time and beam models are plain ``CostModel`` / ``BeamModel`` instances (a subclass, such as
+  notebook 13's fitted step time, overrides methods the copy does not have) that convert to the copy's;
+- ``PAGEDATTN_FASTSIM`` is not ``0``.
+
+A compiled replay returns the same ``SimResult`` as an interpreted one, value for value: the golden digests
+(``tests/test_sim_golden.py``) run on both, and ``tests/test_fastsim.py`` compares the two on random traces. mypyc
+checks argument types at run time; a replay that the copy refuses with a ``TypeError`` (say, a numpy integer where
+the source says ``int``) is rerun interpreted, with a warning.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import warnings
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, TypeVar
+
+SRC = Path(__file__).resolve().parents[2]  # .../src
+BUILD_DIR = SRC.parent / ".build" / "fastsim"
+PACKAGE = "pagedattn_fastsim"
+#: module -> its name in the copy: what a replay runs, in import order
+MODULES = {"pagedattn.sequence": "sequence", "pagedattn.memory.accounting": "accounting",
+           "pagedattn.memory.block_manager": "block_manager", "pagedattn.memory.contiguous": "contiguous",
+           "pagedattn.scheduler": "scheduler", "pagedattn.repro.sim": "sim"}
+MANIFEST = "manifest.json"
+ENV = "PAGEDATTN_FASTSIM"
+
+
+def _source(module: str) -> Path:
+    return SRC.joinpath(*module.split(".")).with_suffix(".py")
+
+
+def _digests() -> dict[str, str]:
+    return {m: hashlib.sha256(_source(m).read_bytes()).hexdigest() for m in MODULES}
+
+
+def _python_tag() -> str:
+    return f"{sys.implementation.cache_tag}-{sysconfig.get_platform()}"
+
+
+def _rewrite(text: str) -> str:
+    """A module's source with its imports of the other copied modules pointed at the copy."""
+    for module, name in sorted(MODULES.items(), key=lambda kv: -len(kv[0])):
+        text = re.sub(rf"\b{re.escape(module)}\b", f"{PACKAGE}.{name}", text)
+    return text
+
+
+def build(quiet: bool = False) -> Path:
+    """Copy ``MODULES`` into ``pagedattn_fastsim`` and compile them with mypyc into ``BUILD_DIR`` (a few minutes on
+    two cores); the manifest records the sources' digests and this Python. Raises if mypyc fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        pkg = Path(tmp) / PACKAGE
+        pkg.mkdir()
+        (pkg / "__init__.py").write_text('"""Compiled copy of the simulator\'s modules (pagedattn.repro.fastsim)."""\n')
+        digests = _digests()
+        for module, name in MODULES.items():
+            (pkg / f"{name}.py").write_text(_rewrite(_source(module).read_text()))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([tmp, str(SRC)]), "MYPYPATH": str(SRC)}
+        cmd = [sys.executable, "-m", "mypyc", "--follow-imports=silent", "--ignore-missing-imports",
+               *[f"{PACKAGE}/{name}.py" for name in MODULES.values()]]
+        done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=quiet, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"mypyc failed ({done.returncode}):\n{(done.stdout or '')[-3000:]}"
+                               f"{(done.stderr or '')[-3000:]}")
+        if BUILD_DIR.exists():
+            shutil.rmtree(BUILD_DIR)
+        (BUILD_DIR / PACKAGE).mkdir(parents=True)
+        for f in Path(tmp).glob("*.so"):  # mypyc's shared library of the group
+            shutil.copy2(f, BUILD_DIR / f.name)
+        for f in [*pkg.glob("*.so"), *pkg.glob("*.py")]:
+            shutil.copy2(f, BUILD_DIR / PACKAGE / f.name)
+        (BUILD_DIR / MANIFEST).write_text(json.dumps({"python": _python_tag(), "sources": digests}, indent=1))
+    status.cache_clear()
+    return BUILD_DIR
+
+
+@lru_cache(maxsize=1)
+def status() -> tuple[ModuleType | None, str]:
+    """The compiled ``sim`` module and "ok", or None and why it is not used (absent, stale, other Python, off)."""
+    if os.environ.get(ENV, "1") == "0":
+        return None, f"{ENV}=0"
+    manifest = BUILD_DIR / MANIFEST
+    if not manifest.exists():
+        return None, f"not built ({BUILD_DIR}; python -m pagedattn.repro.fastsim)"
+    record = json.loads(manifest.read_text())
+    if record.get("python") != _python_tag():
+        return None, f"built for {record.get('python')}, this is {_python_tag()}"
+    stale = sorted(m for m, d in _digests().items() if record.get("sources", {}).get(m) != d)
+    if stale:
+        return None, f"stale: {', '.join(stale)} changed since the build (python -m pagedattn.repro.fastsim)"
+    if str(BUILD_DIR) not in sys.path:
+        sys.path.insert(0, str(BUILD_DIR))
+    try:
+        module = importlib.import_module(f"{PACKAGE}.sim")
+    except ImportError as e:
+        return None, f"cannot import the build: {e}"
+    if not str(getattr(module, "__file__", "")).endswith((".so", ".pyd")):
+        return None, "the build holds no compiled module"
+    return module, "ok"
+
+
+def _convert(value: Any, cls: type) -> Any:
+    """A plain dataclass instance of the interpreted ``sim`` as the same instance of the copy's class ``cls``."""
+    return cls(**{f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init})
+
+
+def replay(args: dict[str, Any]) -> Any | None:
+    """``sim.simulate``'s replay by the compiled copy, given its arguments by name; None where the copy cannot take
+    it (``status``, or a subclass of ``CostModel`` / ``BeamModel``), and the caller replays it interpreted."""
+    from pagedattn.repro import sim
+
+    fast, _ = status()
+    if fast is None:
+        return None
+    cost, beam = args.get("cost"), args.get("beam")
+    if (cost is not None and type(cost) is not sim.CostModel) or (beam is not None and type(beam) is not sim.BeamModel):
+        return None
+    try:
+        kw = {**args, "cost": _convert(cost, fast.CostModel) if cost is not None else None,
+              "beam": _convert(beam, fast.BeamModel) if beam is not None else None}
+        r = fast.simulate(**kw)
+    except TypeError as e:  # mypyc's run-time type check of an argument the source's annotations do not name
+        warnings.warn(f"compiled simulator refused a replay ({e}); replaying it interpreted", stacklevel=3)
+        return None
+    return sim.SimResult(r.system, r.steps, r.requests, r.num_preemptions, r.prefix_hit_rate,
+                         r.prefill_tokens_computed)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def compiled_when_built(simulate: F) -> F:
+    """``sim.simulate``'s decorator: the interpreted module's ``simulate`` replays through the compiled copy when it
+    can (``replay``); the copy's own ``simulate`` (the same source, compiled) runs itself."""
+    if simulate.__module__ != "pagedattn.repro.sim":
+        return simulate
+    signature = inspect.signature(simulate)
+
+    @functools.wraps(simulate)
+    def dispatch(*args, **kwargs):
+        r = replay(signature.bind(*args, **kwargs).arguments)
+        return r if r is not None else simulate(*args, **kwargs)
+    return dispatch  # type: ignore[return-value]
+
+
+if __name__ == "__main__":
+    if "--if-stale" in sys.argv and status()[0] is not None:
+        print(f"compiled simulator up to date: {BUILD_DIR}")
+        sys.exit(0)
+    print(f"compiling the simulator with mypyc into {BUILD_DIR} (a few minutes)", flush=True)
+    path = build(quiet=True)
+    module, why = status()
+    print(f"built {path}: {why}")
+    sys.exit(0 if module is not None else 1)

@@ -1,0 +1,113 @@
+"""The compiled simulator (``pagedattn.repro.fastsim``): when it is used, and that it replays exactly as the interpreted
+one (the golden digests run on both paths too: ``tests/test_sim_golden.py``)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pagedattn.repro import fastsim
+from pagedattn.repro.sim import BeamModel, CostModel, simulate
+from pagedattn.repro.workloads import TraceRequest
+
+from test_sim_golden import digest
+
+
+@pytest.fixture
+def fresh_status():
+    fastsim.status.cache_clear()
+    yield
+    fastsim.status.cache_clear()
+
+
+def built() -> bool:
+    return fastsim.status()[0] is not None
+
+
+def test_rewrite_points_the_copied_modules_at_the_copy_only():
+    src = ("from pagedattn.memory.block_manager import BlockManager\n"
+           "from pagedattn.memory.block_pool import BlockPool\n"
+           "import pagedattn.sequence\nfrom pagedattn.repro.sim import x  # pagedattn.repro.simulate stays\n")
+    out = fastsim._rewrite(src)
+    assert "from pagedattn_fastsim.block_manager import BlockManager" in out
+    assert "from pagedattn.memory.block_pool import BlockPool" in out  # not copied: the interpreted module
+    assert "import pagedattn_fastsim.sequence" in out
+    assert "from pagedattn_fastsim.sim import x" in out and "pagedattn.repro.simulate stays" in out
+
+
+def _manifest(tmp_path, **kw):
+    record = {"python": fastsim._python_tag(), "sources": fastsim._digests(), **kw}
+    (tmp_path / fastsim.MANIFEST).write_text(json.dumps(record))
+
+
+def test_a_missing_stale_or_foreign_build_is_not_used(tmp_path, monkeypatch, fresh_status):
+    monkeypatch.setattr(fastsim, "BUILD_DIR", tmp_path)
+    assert fastsim.status()[0] is None and "not built" in fastsim.status()[1]
+    sources = fastsim._digests()
+    _manifest(tmp_path, sources={**sources, "pagedattn.scheduler": "0" * 64})
+    fastsim.status.cache_clear()
+    module, why = fastsim.status()
+    assert module is None and why.startswith("stale: pagedattn.scheduler")
+    _manifest(tmp_path, python="cpython-39-elsewhere")
+    fastsim.status.cache_clear()
+    assert fastsim.status()[0] is None and "built for cpython-39-elsewhere" in fastsim.status()[1]
+    monkeypatch.setenv(fastsim.ENV, "0")
+    fastsim.status.cache_clear()
+    assert fastsim.status() == (None, f"{fastsim.ENV}=0")
+    trace = [TraceRequest("a", 0.0, 20, 5)]
+    assert fastsim.replay({"trace": trace}) is None
+    assert simulate(trace, "paged", 640).requests.finish_time.notna().all()  # interpreted
+
+
+needs_build = pytest.mark.skipif(not built(), reason=f"no compiled simulator: {fastsim.status()[1]}")
+
+
+@needs_build
+def test_replays_go_to_the_compiled_copy_unless_a_model_is_a_subclass():
+    trace = [TraceRequest(f"r{i}", 0.1 * i, 30 + i, 20) for i in range(10)]
+    assert fastsim.replay({"trace": trace, "system": "paged", "num_slots": 2000}) is not None
+
+    class Slower(CostModel):
+        def decode_time(self, num_seqs: int, context_tokens: int) -> float:
+            return 2 * super().decode_time(num_seqs, context_tokens)
+
+    assert fastsim.replay({"trace": trace, "cost": Slower()}) is None
+    assert fastsim.replay({"trace": trace, "cost": CostModel(step_overhead_s=0.01)}) is not None
+
+
+def _both(trace, **kw):
+    """The interpreted and the compiled replay of the same arguments."""
+    status = fastsim.status
+    try:
+        fastsim.status = lambda: (None, "interpreted by the test")
+        slow = simulate(trace, **kw)
+    finally:
+        fastsim.status = status
+    fast = fastsim.replay({"trace": trace, **kw})
+    assert fast is not None
+    return slow, fast
+
+
+@needs_build
+@settings(max_examples=30, deadline=None)
+@given(lens=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 200), st.floats(0, 3)), min_size=1, max_size=40),
+       system=st.sampled_from(["paged", "orca_max", "orca_pow2", "orca_oracle", "ft"]),
+       slots=st.integers(600, 4000), mode=st.sampled_from(["recompute", "swap"]), n=st.integers(1, 3),
+       beam=st.sampled_from([None, 2, 4]), seed=st.integers(0, 5))
+def test_compiled_replay_equals_interpreted_on_random_traces(lens, system, slots, mode, n, beam, seed):
+    trace = [TraceRequest(f"r{i}", t, p, o) for i, (p, o, t) in enumerate(lens)]
+    kw = dict(system=system, num_slots=slots, preemption_mode=mode, num_cpu_blocks=64 if mode == "swap" else 0,
+              n=n, seed=seed, max_model_len=512, beam=BeamModel.measured(beam) if beam and system == "paged" else None,
+              cost=CostModel(step_overhead_s=0.002))
+    slow, fast = _both(trace, **kw)
+    assert digest(fast) == digest(slow)
+
+
+@needs_build
+def test_compiled_replay_of_an_offline_trace_with_prefix_caching():
+    trace = [TraceRequest(f"r{i}", 0.0, 48, 10 + i) for i in range(30)]
+    prompts = {r.request_id: [7] * 32 + [i + 1] * 16 for i, r in enumerate(trace)}
+    slow, fast = _both(trace, system="paged", num_slots=1200, prompts=prompts, enable_prefix_caching=True)
+    assert slow.prefix_hit_rate > 0.4
+    assert digest(fast) == digest(slow)
