@@ -9,7 +9,8 @@ The replays (``--kinds``, default all):
 - ``beam4.paged.swap``: beam search of width 4 (``BeamModel.measured(4)``), 500 Alpaca requests at 3 req/s, same
   swap space.
 
-The other commit is exported with ``git archive`` into a temporary folder, and each round runs each replay of each
+This tree's replays run compiled where its ``.build/fastsim`` is built and fresh (``pagedattn.repro.fastsim``); each
+row records which simulator each tree ran. The other commit is exported with ``git archive`` into a temporary folder, and each round runs each replay of each
 tree in a fresh subprocess (``PYTHONPATH`` pointing at that tree's ``src``), the trees in alternating order, so
 that load on a shared machine hits both alike. Each replay's time is the child's CPU time (``time.process_time``)
 around ``simulate`` (the trace is made before; ``--repeat`` replays per child, the fastest counts); the fastest of
@@ -56,7 +57,12 @@ for _ in range({repeat}):
     t = time.process_time()
     r = simulate(*args[0], **args[1])
     best = min(best, time.process_time() - t)
-print(json.dumps({{"cpu_s": best, "steps": len(r.steps)}}))
+try:  # which simulator ran: the compiled copy (pagedattn.repro.fastsim) where the tree has one built and fresh
+    from pagedattn.repro import fastsim
+    simulator = "compiled" if fastsim.status()[0] is not None else "interpreted: " + fastsim.status()[1]
+except ImportError:
+    simulator = "interpreted"
+print(json.dumps({{"cpu_s": best, "steps": len(r.steps), "simulator": simulator}}))
 """
 KINDS = ("online.paged", "online.orca_oracle", "offline.paged", "n4.paged.swap", "beam4.paged.swap")
 
@@ -109,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{kind}: the two trees took different numbers of steps ({base['steps']} vs "
                              f"{new['steps']}): not the same replay")
         rows[kind] = {"baseline_cpu_s": base["cpu_s"], "cpu_s": new["cpu_s"], "steps": new["steps"],
-                      "speedup": base["cpu_s"] / new["cpu_s"]}
+                      "speedup": base["cpu_s"] / new["cpu_s"], "baseline_simulator": base.get("simulator"),
+                      "simulator": new.get("simulator")}
         print(f"{kind:18s} baseline {base['cpu_s']:.3f} s, this tree {new['cpu_s']:.3f} s: "
               f"{rows[kind]['speedup']:.2f}x ({new['steps']} steps)")
     write_benchmark({"benchmark": "sim_speed", "hardware": hardware_label(), "date": today(),
