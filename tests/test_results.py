@@ -368,6 +368,53 @@ def test_notebooks_at_once_run_side_by_side_each_with_its_own_environment(tmp_pa
     assert not (out / "03_c" / "run.json").exists()
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not count)."""
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.slow
+def test_sigterm_with_notebooks_at_once_ends_each_running_notebook_and_its_kernel(tmp_path, monkeypatch):
+    """``--notebooks-at-once 2``: a SIGTERM to ``reproduce`` while two real notebooks run ends both at once (the pool's
+    processes are terminated, and each one's ``run_notebook`` shuts its kernel down) instead of waiting for them to
+    finish (the pool's shutdown used to wait), and no kernel outlives it."""
+    import os
+    import signal
+    import threading
+    import time
+
+    nbs, marks = tmp_path / "notebooks", tmp_path / "kernels"
+    nbs.mkdir()
+    marks.mkdir()
+    body = (f"import os, time\nfrom pathlib import Path\nPath({str(marks)!r}, str(os.getpid())).touch()\n"
+            f"time.sleep(600)\nPath({str(marks)!r}, 'finished').touch()\n")
+    for name in ("01_a", "02_b"):
+        (nbs / f"{name}.ipynb").write_text(notebook([("code", "quick = False\nresults_dir = 'x'"), ("code", body)]))
+    monkeypatch.setattr(reproduce, "NOTEBOOKS_DIR", nbs)
+
+    def terminate_once_both_run():
+        for _ in range(1200):
+            if len(list(marks.iterdir())) == 2:
+                break
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_once_both_run, daemon=True).start()
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--results-dir", str(tmp_path / "results"), "--notebooks-at-once", "2", "--jobs", "1"])
+    assert e.value.code == 143
+    kernels = [int(m.name) for m in marks.iterdir() if m.name.isdigit()]
+    assert len(kernels) == 2 and not (marks / "finished").exists()
+    for _ in range(300):
+        if not any(map(_alive, kernels)):
+            break
+        time.sleep(0.1)
+    assert not [pid for pid in kernels if _alive(pid)], "a notebook's kernel outlived reproduce"
+
+
 def test_sigterm_shuts_the_running_notebook_down_instead_of_orphaning_its_kernel(tmp_path, fake_notebooks,
                                                                                  monkeypatch):
     """A SIGTERM while a notebook runs raises SystemExit(143) through ``run_notebook`` (whose ``finally`` shuts the

@@ -198,9 +198,11 @@ def last_seconds(out_dir: Path) -> float:
 
 
 def _run_timed(nb: Path, quick: bool, results_dir: Path, jobs: int, scheduler: str | None) -> float:
-    """``run_notebook`` in this process; returns its seconds."""
+    """``run_notebook`` in this process; returns its seconds. A SIGTERM ends it through ``run_notebook``'s
+    ``finally`` (``terminated_as_exit``), here as in a process of ``_runs``' pool."""
     t0 = time.perf_counter()
-    run_notebook(nb, quick, results_dir, jobs=jobs, scheduler=scheduler)
+    with terminated_as_exit():
+        run_notebook(nb, quick, results_dir, jobs=jobs, scheduler=scheduler)
     return time.perf_counter() - t0
 
 
@@ -218,12 +220,19 @@ def _runs(notebooks: list[Path], at_once: int, quick: bool, results_dir: Path, j
     from concurrent.futures import ProcessPoolExecutor
 
     print(f"[reproduce] {len(notebooks)} notebooks, {at_once} at once (quick={quick}) ...", flush=True)
-    with ProcessPoolExecutor(at_once, mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(at_once, mp_context=multiprocessing.get_context("spawn"))
+    try:
         # a long notebook started last would run alone at the end
         futures = [(nb, pool.submit(run, nb)) for nb in sorted(notebooks, key=lambda nb: -last_seconds(
             results_dir / nb.stem))]
         for nb, f in futures:
             yield nb, f.result
+    except BaseException:  # reproduce ends early (a SIGTERM, Ctrl-C): each running notebook ends with its kernel
+        for process in list((pool._processes or {}).values()):  # the pool's worker processes, by pid
+            process.terminate()  # a SIGTERM: its _run_timed shuts the kernel down
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,13 +279,14 @@ def main(argv: list[str] | None = None) -> int:
               f"in {seconds:.0f} s", flush=True)
 
     with terminated_as_exit():  # a SIGTERM still shuts the running notebook's kernel down (run_notebook's finally)
-        for nb, result in _runs(notebooks, at_once, args.quick, results_dir, args.jobs, args.scheduler):
-            try:
-                seconds = result()
-            except Exception as e:
-                done(nb, None, e)
-            else:
-                done(nb, seconds, None)
+        with contextlib.closing(_runs(notebooks, at_once, args.quick, results_dir, args.jobs, args.scheduler)) as runs:
+            for nb, result in runs:
+                try:
+                    seconds = result()
+                except Exception as e:
+                    done(nb, None, e)
+                else:
+                    done(nb, seconds, None)
     wall = time.perf_counter() - t_start
     print(f"[reproduce] {len(notebooks)} notebooks in {wall:.0f} s of wall time ({at_once} at once)", flush=True)
     if args.quick and args.only is None and args.results_dir is None:  # the README's quick-run sentence
