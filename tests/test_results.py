@@ -2,6 +2,7 @@
 and ``reproduce.main`` with a faked notebook runner (no notebook is executed here)."""
 import json
 import math
+import os
 import sys
 import types
 from pathlib import Path
@@ -272,15 +273,55 @@ def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebook
     assert reproduce.main(["--results-dir", str(out), "--jobs", "3"]) == 0
     record = json.loads((out / "01_a" / "run.json").read_text())
     assert set(record) == {"notebook", "seconds", "jobs", "scheduler", "machine", "date", "started", "all_notebooks",
-                           "simulator"}
+                           "simulator", "machine_cores_busy", "finished", "at_once"}
+    assert record["machine_cores_busy"] is None or 0 <= record["machine_cores_busy"] <= os.cpu_count()
     assert record["simulator"] == "compiled" or record["simulator"].startswith("interpreted (")
     assert record["jobs"] == 3 and record["notebook"] == "01_a" and record["all_notebooks"] is True
     md = (out / "SUMMARY.md").read_text()
-    assert "the last full `make reproduce`" in md and "| `03_c` |" in md and "| total |" in md
+    assert "the last full `make reproduce`" in md and "| `03_c` |" in md and "| total (wall) |" in md
     assert "took" in readme.render_timing(out)
     assert reproduce.main(["--results-dir", str(out), "--only", "02"]) == 0  # a partial run: no longer one full run
     assert "not one full" in (out / "SUMMARY.md").read_text()
     assert "No full `make reproduce` is recorded yet" in readme.render_timing(out)
+
+
+def test_machine_cores_busy_is_busy_ticks_over_all_ticks_times_cores(monkeypatch):
+    monkeypatch.setattr(reproduce.os, "cpu_count", lambda: 2)
+    assert reproduce.machine_cores_busy((100, 1000), (600, 2000)) == pytest.approx(1.0)  # half of 2 cores
+    assert reproduce.machine_cores_busy((100, 1000), (1100, 2000)) == pytest.approx(2.0)
+    assert reproduce.machine_cores_busy(None, (1, 2)) is None and reproduce.machine_cores_busy((1, 2), (1, 2)) is None
+    ticks = reproduce.cpu_ticks()
+    assert ticks is None or 0 <= ticks[0] <= ticks[1]
+
+
+def test_a_full_run_takes_side_by_side_only_the_notebooks_that_time_nothing():
+    nbs = [Path(f"{n}.ipynb") for n in ("00_tour", "02_attention_kernel", "10_table1_fig12", "11_fig14_curves",
+                                         "13_online_serving")]
+    assert [nb.stem for nb in reproduce.side_by_side(nbs, 2, quick=False)] == ["00_tour", "10_table1_fig12",
+                                                                               "11_fig14_curves"]
+    assert reproduce.side_by_side(nbs, 2, quick=True) == nbs
+    assert reproduce.side_by_side(nbs, 1, quick=True) == []
+    assert reproduce.side_by_side(nbs[:2], 2, quick=False) == []  # one alone: nothing to pair it with
+    # the list names only notebooks whose results time nothing on the CPU: none of them is labelled with CPU timing
+    for prefix in reproduce.SHARE_THE_MACHINE:
+        for summary in RESULTS_DIR.glob(f"{prefix}*/summary.json"):
+            doc = json.loads(summary.read_text())
+            text = json.dumps([doc["hardware"], doc["model"], [c.get("note") for c in doc["claims"]]]).lower()
+            assert "timing" not in text and "cpu time" not in text, summary
+
+
+def test_the_wall_time_of_a_run_with_notebooks_side_by_side_is_its_span_not_the_sum():
+    from pagedattn.repro.results import wall_seconds
+
+    runs = [{"notebook": "10_x", "seconds": 100.0, "started": "2026-12-02T06:00:00", "finished": "2026-12-02T06:01:40",
+             "all_notebooks": True, "at_once": 2},
+            {"notebook": "11_y", "seconds": 90.0, "started": "2026-12-02T06:00:00", "finished": "2026-12-02T06:01:30",
+             "all_notebooks": True, "at_once": 2},
+            {"notebook": "13_z", "seconds": 50.0, "started": "2026-12-02T06:00:00", "finished": "2026-12-02T06:02:30",
+             "all_notebooks": True, "at_once": 1}]
+    assert wall_seconds(runs) == 150.0
+    assert wall_seconds([{k: v for k, v in r.items() if k != "finished"} for r in runs]) == 240.0  # older records
+    assert "notebooks 10, 11, which time nothing on the CPU, up to 2 at once" in readme._at_once_words(runs)
 
 
 def test_jobs_and_scheduler_reach_only_notebooks_that_declare_them(tmp_path, monkeypatch):
@@ -355,16 +396,17 @@ def test_notebooks_at_once_run_side_by_side_each_with_its_own_environment(tmp_pa
     body = ("import os\nfrom pathlib import Path\nfrom pagedattn.repro.results import Claim, write_summary\n"
             "name = Path(os.environ['PAGEDATTN_NOTEBOOK']).stem\n"
             "write_summary(Path(results_dir) / name, name, 'cpu', 'm', quick, [Claim('c', 1, 1, holds=True)])\n")
-    for name in ("01_a", "02_b"):
+    for name in ("10_a", "11_b"):  # in SHARE_THE_MACHINE: a full run takes them side by side
         (nbs / f"{name}.ipynb").write_text(notebook([("code", "quick = False\nresults_dir = 'x'"), ("code", body)]))
     (nbs / "03_c.ipynb").write_text(notebook([("code", "quick = False\nresults_dir = 'x'"),
                                               ("code", "raise KeyError('boom')")]))
     monkeypatch.setattr(reproduce, "NOTEBOOKS_DIR", nbs)
     out = tmp_path / "results"
     assert reproduce.main(["--results-dir", str(out), "--notebooks-at-once", "2", "--jobs", "1"]) == 1
-    for name in ("01_a", "02_b"):
+    for name in ("10_a", "11_b"):
         assert json.loads((out / name / "summary.json").read_text())["experiment"] == name
         assert (out / name / "run.json").exists() and (out / name / f"{name}.ipynb").exists()
+        assert json.loads((out / name / "run.json").read_text())["at_once"] == 2
     assert not (out / "03_c" / "run.json").exists()
 
 
@@ -391,7 +433,7 @@ def test_sigterm_with_notebooks_at_once_ends_each_running_notebook_and_its_kerne
     marks.mkdir()
     body = (f"import os, time\nfrom pathlib import Path\nPath({str(marks)!r}, str(os.getpid())).touch()\n"
             f"time.sleep(600)\nPath({str(marks)!r}, 'finished').touch()\n")
-    for name in ("01_a", "02_b"):
+    for name in ("10_a", "11_b"):
         (nbs / f"{name}.ipynb").write_text(notebook([("code", "quick = False\nresults_dir = 'x'"), ("code", body)]))
     monkeypatch.setattr(reproduce, "NOTEBOOKS_DIR", nbs)
 

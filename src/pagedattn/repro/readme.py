@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 from pagedattn.repro.results import (NOT_MEASURED, QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR, STALE_FILE, _fmt,
-                                     full_run, read_runs, stale_reason)
+                                     full_run, read_runs, stale_reason, wall_seconds)
 
 README = REPO_ROOT / "README.md"
 
@@ -159,6 +159,15 @@ def render_fig2(results_dir: Path = RESULTS_DIR) -> str:
     return "\n".join(lines)
 
 
+def _at_once_words(runs: list[dict]) -> str:
+    """How the run's notebooks shared the machine, from their ``at_once`` records."""
+    shared = [r["notebook"][:2] for r in runs if r.get("at_once", 1) > 1]
+    if not shared:
+        return "one notebook at a time"
+    return (f"notebooks {', '.join(shared)}, which time nothing on the CPU, up to "
+            f"{max(r['at_once'] for r in runs)} at once; the others alone")
+
+
 def render_timing(results_dir: Path = RESULTS_DIR) -> str:
     """The README's timing sentences: the last full ``make reproduce`` (its ``run.json`` records) and the last whole
     ``make reproduce QUICK=1`` (``<results_dir>/benchmarks/quick_reproduce.json``, when there is one)."""
@@ -168,11 +177,12 @@ def render_timing(results_dir: Path = RESULTS_DIR) -> str:
         text = ("- No full `make reproduce` is recorded yet (`results/*/run.json`); "
                 "[`results/SUMMARY.md`](results/SUMMARY.md) lists the run time of each notebook recorded so far.")
     else:
-        minutes = sum(r["seconds"] for r in runs) / 60
+        minutes = wall_seconds(runs) / 60
         slowest = max(runs, key=lambda r: r["seconds"])
         jobs = sorted({str(r["jobs"]) for r in runs})
         text = (f"- The last full `make reproduce` ({runs[0]['date']}, {', '.join(jobs)} jobs, {runs[0]['machine']}) "
-                f"took {minutes:.1f} minutes; the slowest notebook, `{slowest['notebook']}`, "
+                f"took {minutes:.1f} minutes of wall time ({_at_once_words(runs)}); the slowest notebook, "
+                f"`{slowest['notebook']}`, "
                 f"{slowest['seconds'] / 60:.1f} minutes (per notebook in [`results/SUMMARY.md`](results/SUMMARY.md)).")
     if quick_record.exists():
         q = json.loads(quick_record.read_text())

@@ -15,11 +15,11 @@ environment variables ``PAGEDATTN_JOBS`` and ``PAGEDATTN_SCHEDULER``. ``PAGEDATT
 the provenance block of its ``summary.json``. Each successful notebook's duration, jobs, machine and date go to
 ``<root>/<notebook>/run.json`` (apart from summary.json, whose bytes must not depend on how the run was made).
 
-``--notebooks-at-once K`` runs up to K notebooks side by side, each in a process of its own (its kernel's environment
-is its own). A full run defaults to one at a time: notebooks 02, 05 and 13 time kernels and live servers on the
-wall clock, and the sweeps of one notebook already keep every core busy. A quick run (``--quick``) defaults to two:
-its notebooks spend most of their time starting kernels and importing, which overlaps, and it times nothing that
-is judged.
+``--notebooks-at-once K`` (default 2) runs up to K notebooks side by side, each in a process of its own (its
+kernel's environment is its own). In a full run only the notebooks that time nothing on the CPU
+(``SHARE_THE_MACHINE``) run side by side, among themselves; every notebook that times kernels, engines or live
+servers on the wall clock runs alone, on an otherwise quiet machine. A quick run (``--quick``) runs every notebook
+side by side: it times nothing that is judged. ``--notebooks-at-once 1`` runs everything one at a time.
 """
 from __future__ import annotations
 
@@ -41,6 +41,12 @@ from pagedattn.repro.results import (NOTEBOOK_ENV, QUICK_RESULTS_DIR, QUICK_RUN_
                                      RUN_FILE, STALE_FILE, build_summary_md, hardware_label, today)
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+#: The notebooks whose results time nothing on the CPU: the simulator's replays (01, 09, 10, 11), the engine's KV
+#: accounting (00, 12) and the traces' statistics (08). Their numbers are the same on a busy machine, so a full run
+#: may run them side by side (they leave a core idle in their serial parts: the ``machine_cores_busy`` of their
+#: ``run.json`` says how much). Every other notebook times kernels (02, 05), engines (03, 04, 06, 07) or live servers
+#: (13) and runs alone. A notebook added to this list must hold no CPU timing.
+SHARE_THE_MACHINE = ("00_", "01_", "08_", "09_", "10_", "11_", "12_")
 
 
 def kernel_name() -> str:
@@ -123,14 +129,18 @@ def environ(values: dict[str, str]):
                 os.environ[k] = v
 
 
-def write_run_record(out_dir: Path, notebook: str, seconds: float, jobs: int, scheduler: str | None,
-                     started: str, all_notebooks: bool) -> Path:
-    """``<out_dir>/run.json``: how long the notebook took, with how many jobs, on which machine, when; ``started``
-    (the command's start time) and ``all_notebooks`` (no ``--only``) let SUMMARY.md tell one full run apart."""
+def write_run_record(out_dir: Path, notebook: str, timing: dict, jobs: int, scheduler: str | None,
+                     started: str, all_notebooks: bool, at_once: int = 1) -> Path:
+    """``<out_dir>/run.json``: how long the notebook took (``timing``, from ``_run_timed``: its ``seconds``, the
+    ``machine_cores_busy`` meanwhile, None where unknown, and when it ``finished``), with how many jobs, on which
+    machine, when, and with up to how many notebooks side by side (``at_once``); ``started`` (the command's start
+    time) and ``all_notebooks`` (no ``--only``) let SUMMARY.md tell one full run apart and take its wall time."""
+    busy = timing.get("machine_cores_busy")
     return write_json(Path(out_dir) / RUN_FILE,
-                      {"notebook": notebook, "seconds": round(seconds, 1), "jobs": jobs, "scheduler": scheduler,
-                       "machine": hardware_label("cpu"), "date": today(), "started": started,
-                       "all_notebooks": all_notebooks, "simulator": simulator()})
+                      {"notebook": notebook, "seconds": round(timing["seconds"], 1), "jobs": jobs,
+                       "scheduler": scheduler, "machine": hardware_label("cpu"), "date": today(), "started": started,
+                       "finished": timing.get("finished"), "all_notebooks": all_notebooks, "simulator": simulator(),
+                       "at_once": at_once, "machine_cores_busy": None if busy is None else round(busy, 2)})
 
 
 def simulator() -> str:
@@ -197,28 +207,65 @@ def last_seconds(out_dir: Path) -> float:
         return 0.0
 
 
-def _run_timed(nb: Path, quick: bool, results_dir: Path, jobs: int, scheduler: str | None) -> float:
-    """``run_notebook`` in this process; returns its seconds. A SIGTERM ends it through ``run_notebook``'s
-    ``finally`` (``terminated_as_exit``), here as in a process of ``_runs``' pool."""
-    t0 = time.perf_counter()
+def cpu_ticks() -> tuple[int, int] | None:
+    """The machine's busy and total CPU time since boot, in clock ticks summed over its cores and all its processes
+    (Linux's ``/proc/stat``; ``None`` elsewhere). A notebook's own process tree cannot be counted from here: the
+    kernel's worker processes and servers are not all waited for when it shuts down."""
+    try:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    total = sum(ticks)
+    return total - ticks[3] - ticks[4], total  # idle and iowait are not busy
+
+
+def machine_cores_busy(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """How many cores were busy on average between two ``cpu_ticks`` readings (all processes: on a quiet machine,
+    the notebook's)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1)
+
+
+def _run_timed(nb: Path, quick: bool, results_dir: Path, jobs: int, scheduler: str | None) -> dict:
+    """``run_notebook`` in this process; returns its wall ``seconds``, the machine's busy cores meanwhile
+    (``machine_cores_busy``) and when it ``finished``. A SIGTERM ends it through ``run_notebook``'s ``finally``
+    (``terminated_as_exit``), here as in a process of ``_runs``' pool."""
+    t0, ticks0 = time.perf_counter(), cpu_ticks()
     with terminated_as_exit():
         run_notebook(nb, quick, results_dir, jobs=jobs, scheduler=scheduler)
-    return time.perf_counter() - t0
+    return {"seconds": time.perf_counter() - t0, "machine_cores_busy": machine_cores_busy(ticks0, cpu_ticks()),
+            "finished": _dt.datetime.now().isoformat(timespec="seconds")}
+
+
+def side_by_side(notebooks: list[Path], at_once: int, quick: bool) -> list[Path]:
+    """The notebooks to run side by side, ``at_once`` at a time: in a quick run all of them, in a full run those in
+    ``SHARE_THE_MACHINE``; none when ``at_once`` is 1 or fewer than two qualify."""
+    shared = [nb for nb in notebooks if quick or nb.name.startswith(SHARE_THE_MACHINE)]
+    return shared if at_once > 1 and len(shared) > 1 else []
 
 
 def _runs(notebooks: list[Path], at_once: int, quick: bool, results_dir: Path, jobs: int, scheduler: str | None):
-    """``(notebook, result)`` pairs in the order to report them, where ``result()`` returns the notebook's seconds
-    or raises its error: one at a time in this process (``result`` runs it), or ``at_once`` side by side, each in a
-    process of its own, the longest first by their last run's seconds here (``result`` waits for it)."""
+    """``(notebook, result, at_once)`` triples in the order to report them, where ``result()`` returns the notebook's
+    timing (``_run_timed``) or raises its error. The notebooks of ``side_by_side`` run first, ``at_once`` at a time,
+    each in a process of its own, the longest first by their last run's seconds here (``result`` waits for it); then
+    the others, one at a time in this process (``result`` runs it)."""
     run = partial(_run_timed, quick=quick, results_dir=results_dir, jobs=jobs, scheduler=scheduler)
-    if min(at_once, len(notebooks)) == 1:
-        for nb in notebooks:
+    shared = side_by_side(notebooks, at_once, quick)
+    if shared:
+        yield from _pool_runs(shared, run, at_once, quick, results_dir)
+    for nb in notebooks:
+        if nb not in shared:
             print(f"[reproduce] {nb.name} (quick={quick}) ...", flush=True)
-            yield nb, partial(run, nb)
-        return
+            yield nb, partial(run, nb), 1
+
+
+def _pool_runs(notebooks: list[Path], run, at_once: int, quick: bool, results_dir: Path):
+    """``_runs``' side-by-side part: ``notebooks`` in a pool of ``at_once`` processes."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    at_once = min(at_once, len(notebooks))
     print(f"[reproduce] {len(notebooks)} notebooks, {at_once} at once (quick={quick}) ...", flush=True)
     pool = ProcessPoolExecutor(at_once, mp_context=multiprocessing.get_context("spawn"))
     try:
@@ -226,7 +273,7 @@ def _runs(notebooks: list[Path], at_once: int, quick: bool, results_dir: Path, j
         futures = [(nb, pool.submit(run, nb)) for nb in sorted(notebooks, key=lambda nb: -last_seconds(
             results_dir / nb.stem))]
         for nb, f in futures:
-            yield nb, f.result
+            yield nb, f.result, at_once
     except BaseException:  # reproduce ends early (a SIGTERM, Ctrl-C): each running notebook ends with its kernel
         for process in list((pool._processes or {}).values()):  # the pool's worker processes, by pid
             process.terminate()  # a SIGTERM: its _run_timed shuts the kernel down
@@ -244,12 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="worker processes for each notebook's sweeps (default: one per core)")
     ap.add_argument("--scheduler", default=None, help="a Dask scheduler address, e.g. tcp://HOST:8786")
-    ap.add_argument("--notebooks-at-once", type=int, default=None,
-                    help="notebooks run side by side, each in its own process (default: 1, or 2 with --quick)")
+    ap.add_argument("--notebooks-at-once", type=int, default=2,
+                    help="notebooks run side by side, each in its own process: with --quick all of them, else only "
+                         "those that time nothing on the CPU (SHARE_THE_MACHINE); 1: one at a time (default: 2)")
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
-    at_once = args.notebooks_at_once if args.notebooks_at_once is not None else (2 if args.quick else 1)
+    at_once = args.notebooks_at_once
     if at_once < 1:
         ap.error("--notebooks-at-once must be at least 1")
     results_dir = Path(args.results_dir or (QUICK_RESULTS_DIR if args.quick else RESULTS_DIR))
@@ -265,30 +313,31 @@ def main(argv: list[str] | None = None) -> int:
         summary = results_dir / nb.stem / "summary.json"
         before[nb] = summary.stat().st_mtime_ns if summary.exists() else None
 
-    def done(nb: Path, seconds: float | None, error: Exception | None) -> None:
+    def done(nb: Path, timing: dict | None, error: Exception | None, together: int = 1) -> None:
         if error is not None:  # keep going: one broken notebook must not hide the others' results
             print(f"[reproduce]   {nb.name} FAILED: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
             failed.append(nb.name)
             mark_stale(results_dir / nb.stem / "summary.json", before[nb], error)
             return
         (results_dir / nb.stem / STALE_FILE).unlink(missing_ok=True)
-        write_run_record(results_dir / nb.stem, nb.stem, seconds, args.jobs, args.scheduler, started,
-                         all_notebooks=args.only is None)
+        write_run_record(results_dir / nb.stem, nb.stem, timing, args.jobs, args.scheduler, started,
+                         all_notebooks=args.only is None, at_once=together)
+        busy = timing.get("machine_cores_busy")
         out = results_dir / nb.stem / nb.name
         print(f"[reproduce]   -> {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out} "
-              f"in {seconds:.0f} s", flush=True)
+              f"in {timing['seconds']:.0f} s" + (f" ({busy:.2f} cores busy)" if busy is not None else ""), flush=True)
 
     with terminated_as_exit():  # a SIGTERM still shuts the running notebook's kernel down (run_notebook's finally)
         with contextlib.closing(_runs(notebooks, at_once, args.quick, results_dir, args.jobs, args.scheduler)) as runs:
-            for nb, result in runs:
+            for nb, result, together in runs:
                 try:
-                    seconds = result()
+                    timing = result()
                 except Exception as e:
                     done(nb, None, e)
                 else:
-                    done(nb, seconds, None)
+                    done(nb, timing, None, together)
     wall = time.perf_counter() - t_start
-    print(f"[reproduce] {len(notebooks)} notebooks in {wall:.0f} s of wall time ({at_once} at once)", flush=True)
+    print(f"[reproduce] {len(notebooks)} notebooks in {wall:.0f} s of wall time", flush=True)
     if args.quick and args.only is None and args.results_dir is None:  # the README's quick-run sentence
         write_json(RESULTS_DIR / QUICK_RUN_RECORD,
                    {"seconds": round(wall, 1), "notebooks": len(notebooks), "notebooks_at_once": at_once,

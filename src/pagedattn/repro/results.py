@@ -254,6 +254,22 @@ def full_run(runs: list[dict]) -> bool:
     return bool(runs) and all(r.get("all_notebooks") for r in runs) and len({r["started"] for r in runs}) == 1
 
 
+def wall_seconds(runs: list[dict]) -> float:
+    """The runs' wall time: for one full run whose records say when each notebook finished, from the command's start
+    to the last notebook's end (notebooks side by side overlap); else the sum of the notebooks' seconds."""
+    if full_run(runs) and all(r.get("finished") for r in runs):
+        start = _dt.datetime.fromisoformat(runs[0]["started"])
+        return max((_dt.datetime.fromisoformat(r["finished"]) - start).total_seconds() for r in runs)
+    return sum(r["seconds"] for r in runs)
+
+
+def _cores_busy(run: dict) -> str:
+    """The machine's busy cores on average while the notebook ran (``reproduce.machine_cores_busy``), "-" where not
+    recorded."""
+    busy = run.get("machine_cores_busy")
+    return "-" if busy is None else f"{busy:.2f}"
+
+
 def _timing_table(runs: list[dict]) -> list[str]:
     """SUMMARY.md's timing section: one row per ``run.json`` and the total."""
     if not runs:
@@ -262,11 +278,15 @@ def _timing_table(runs: list[dict]) -> list[str]:
     title = ("the last full `make reproduce`" if full_run(runs)
              else "the latest run of each notebook (not one full `make reproduce`)")
     lines = ["", "## Run time", "", f"From `run.json`: {title}.", "",
-             "| notebook | minutes | jobs | simulator | machine | date |", "|---|---|---|---|---|---|"]
+             "| notebook | minutes | notebooks at once | cores busy | jobs | simulator | machine | date |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in runs:
-        lines.append(f"| `{r['notebook']}` | {r['seconds'] / 60:.1f} | {r['jobs']} | "
-                     f"{r.get('simulator', 'interpreted').split(' (')[0]} | {r['machine']} | {r['date']} |")
-    lines += [f"| total | {sum(r['seconds'] for r in runs) / 60:.1f} | | | | |", ""]
+        lines.append(f"| `{r['notebook']}` | {r['seconds'] / 60:.1f} | {r.get('at_once', 1)} | {_cores_busy(r)} | "
+                     f"{r['jobs']} | {r.get('simulator', 'interpreted').split(' (')[0]} | {r['machine']} | "
+                     f"{r['date']} |")
+    lines += [f"| total (wall) | {wall_seconds(runs) / 60:.1f} | | | | | | |", "",
+              "Notebooks side by side (at once > 1) time nothing on the CPU (`reproduce.SHARE_THE_MACHINE`); their "
+              "minutes overlap. Cores busy: the whole machine's, on average, while the notebook ran.", ""]
     return lines
 
 
