@@ -15,11 +15,13 @@ environment variables ``PAGEDATTN_JOBS`` and ``PAGEDATTN_SCHEDULER``. ``PAGEDATT
 the provenance block of its ``summary.json``. Each successful notebook's duration, jobs, machine and date go to
 ``<root>/<notebook>/run.json`` (apart from summary.json, whose bytes must not depend on how the run was made).
 
-``--notebooks-at-once K`` (default 2) runs up to K notebooks side by side, each in a process of its own (its
-kernel's environment is its own). In a full run only the notebooks that time nothing on the CPU
-(``SHARE_THE_MACHINE``) run side by side, among themselves; every notebook that times kernels, engines or live
-servers on the wall clock runs alone, on an otherwise quiet machine. A quick run (``--quick``) runs every notebook
-side by side: it times nothing that is judged. ``--notebooks-at-once 1`` runs everything one at a time.
+``--notebooks-at-once K`` runs up to K notebooks side by side, each in a process of its own (its kernel's environment
+is its own). A quick run (``--quick``) defaults to two and takes every notebook that way: its notebooks spend most
+of their time starting kernels and importing, which overlaps, and it times nothing that is judged. A full run
+defaults to one at a time; with K > 1 it takes side by side only the notebooks that time nothing on the CPU
+(``SHARE_THE_MACHINE``), and every notebook that times kernels, engines or live servers still runs alone. Two at a
+time did not pay in a full run: those seven notebooks took 567 s side by side against 566 s one at a time (2026-12-02,
+2 cores), as each already keeps both cores busy with its sweeps' workers (``machine_cores_busy`` in ``run.json``).
 """
 from __future__ import annotations
 
@@ -43,9 +45,9 @@ from pagedattn.repro.results import (NOTEBOOK_ENV, QUICK_RESULTS_DIR, QUICK_RUN_
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 #: The notebooks whose results time nothing on the CPU: the simulator's replays (01, 09, 10, 11), the engine's KV
 #: accounting (00, 12) and the traces' statistics (08). Their numbers are the same on a busy machine, so a full run
-#: may run them side by side (they leave a core idle in their serial parts: the ``machine_cores_busy`` of their
-#: ``run.json`` says how much). Every other notebook times kernels (02, 05), engines (03, 04, 06, 07) or live servers
-#: (13) and runs alone. A notebook added to this list must hold no CPU timing.
+#: with ``--notebooks-at-once`` above 1 may run them side by side (on a machine with more cores than one notebook's
+#: sweeps use). Every other notebook times kernels (02, 05), engines (03, 04, 06, 07) or live servers (13) and runs
+#: alone. A notebook added to this list must hold no CPU timing.
 SHARE_THE_MACHINE = ("00_", "01_", "08_", "09_", "10_", "11_", "12_")
 
 
@@ -291,13 +293,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="worker processes for each notebook's sweeps (default: one per core)")
     ap.add_argument("--scheduler", default=None, help="a Dask scheduler address, e.g. tcp://HOST:8786")
-    ap.add_argument("--notebooks-at-once", type=int, default=2,
+    ap.add_argument("--notebooks-at-once", type=int, default=None,
                     help="notebooks run side by side, each in its own process: with --quick all of them, else only "
-                         "those that time nothing on the CPU (SHARE_THE_MACHINE); 1: one at a time (default: 2)")
+                         "those that time nothing on the CPU (SHARE_THE_MACHINE) (default: 1, or 2 with --quick)")
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
-    at_once = args.notebooks_at_once
+    at_once = args.notebooks_at_once if args.notebooks_at_once is not None else (2 if args.quick else 1)
     if at_once < 1:
         ap.error("--notebooks-at-once must be at least 1")
     results_dir = Path(args.results_dir or (QUICK_RESULTS_DIR if args.quick else RESULTS_DIR))
