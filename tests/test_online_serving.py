@@ -134,10 +134,28 @@ def test_vllm_rate_is_read_off_its_grid_with_both_rules():
     rows = []
     for rate, nl, ok in ((1.0, 0.01, True), (2.0, 0.02, True), (3.0, 0.05, False), (4.0, 0.3, False)):
         rows.append({"system": O.VLLM, "rate": rate, "nl_measured_s": nl, "keeps_up_measured": ok})
-    got = O.grid_sustainable(pd.DataFrame(rows), threshold_s=0.1)
+    got = O.grid_sustainable(pd.DataFrame(rows), threshold_s=0.1, system=O.VLLM)
     assert got["sustainable_rate"] == 2.0 and got["resolution"] == pytest.approx(0.5)  # 3.0: latency ok, not up
-    assert got["bound_by"] == "rate grid" and got["which"] == "measured"
-    assert math.isnan(O.grid_sustainable(pd.DataFrame(rows).assign(nl_measured_s=1.0), 0.1)["sustainable_rate"])
+    assert got["bound_by"] == "rate grid" and got["which"] == "measured" and got["failed_at"] == 3.0
+    assert got["system"] == O.VLLM
+    assert math.isnan(O.grid_sustainable(pd.DataFrame(rows).assign(nl_measured_s=1.0), 0.1, O.VLLM)["sustainable_rate"])
+
+
+def test_orca_max_live_rate_is_read_off_its_grid_and_its_ratio_says_so():
+    """``Params.searched``: Orca (Max)'s live rate comes from its grid (no live search), its prediction is searched,
+    and the measured ratio's note says how each rate was found; the paged and Orca (Oracle) ratio stays searched."""
+    assert "orca_max" not in O.Params().searched and {"paged", "orca_oracle"} <= set(O.Params().searched)
+    grid = pd.DataFrame([{"system": "orca_max", "rate": r, "nl_measured_s": nl, "keeps_up_measured": ok}
+                         for r, nl, ok in ((1.0, 0.01, True), (1.75, 0.02, True), (2.5, 0.5, False))])
+    cur = pd.concat([grid, grid.assign(system="paged")]).assign(nl_predicted_s=0.02, keeps_up_predicted=True,
+                                                               nl_error_pct=10.0)
+    sus = pd.DataFrame([_found("paged", "measured", 7.0), O.grid_sustainable(grid, 0.1, "orca_max"),
+                        _found("paged", "predicted", 6.0), _found("orca_max", "predicted", 2.0)])
+    cl = {c.name: c for c in O.claims(cur, sus, search_requests=300)}
+    m, p = cl["online.rate_ratio.paged_vs_orca_max.measured"], cl["online.rate_ratio.paged_vs_orca_max.predicted"]
+    assert m.ours == 4.0 and "Orca (Max)'s read off its rate grid" in m.note and "rate grid at 2.5" in m.note
+    assert "ratio resolution 48.6 %" in m.note  # (1 + 0.04) x 2.5 / 1.75 - 1
+    assert p.ours == 3.0 and "rates searched on 300 requests" in p.note and "grid" not in p.note
 
 
 # ------------------------------------------------------------------------------------------ vLLM-CPU joins
@@ -173,6 +191,8 @@ def test_vllm_joins_where_its_venv_is_and_never_in_quick_mode(no_vllm, monkeypat
     monkeypatch.setenv("VLLM_VENV", str(venv))
     assert O._vllm_python(O.Params.make(False)) == venv / "bin" / "python"
     assert O._vllm_python(O.Params.make(True)) is None  # quick mode (CI) never starts vLLM
+    assert O._vllm_python(O.make_params(True, url=None, vllm=None)) is None  # as the notebook passes them
+    assert O._vllm_python(O.make_params(False, url=None, vllm=None)) == venv / "bin" / "python"
     assert O._vllm_python(O.Params.make(False, url="http://example:8000")) is None  # the endpoint is what's measured
     assert O._vllm_python(O.Params.make(False, vllm=False)) is None
     half = fake_venv(no_vllm / "half", installed=False)  # an install that did not finish
@@ -216,7 +236,7 @@ def test_vllm_has_a_curve_and_a_grid_rate_but_no_prediction_and_no_ratio():
     cur = pd.DataFrame(rows)
     sus = pd.DataFrame([_found("paged", "measured", 4.0), _found("orca_oracle", "measured", 2.0, judged=False),
                         _found("paged", "predicted", 3.0), _found("orca_oracle", "predicted", 2.0),
-                        O.grid_sustainable(cur[cur.system == O.VLLM], 0.1)])
+                        O.grid_sustainable(cur[cur.system == O.VLLM], 0.1, O.VLLM)])
     cl = {c.name: c for c in O.claims(cur, sus, search_requests=600)}
     v = cl[f"online.sustainable_rate.{O.VLLM}.measured"]
     assert v.ours == 2.0 and v.kind == "tracking" and "no ratio" in v.note and "grid" in v.note
