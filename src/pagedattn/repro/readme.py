@@ -181,7 +181,8 @@ def render_timing(results_dir: Path = RESULTS_DIR) -> str:
         slowest = max(runs, key=lambda r: r["seconds"])
         jobs = sorted({str(r["jobs"]) for r in runs})
         text = (f"- The last full `make reproduce` ({runs[0]['date']}, {', '.join(jobs)} jobs, {runs[0]['machine']}) "
-                f"took {minutes:.1f} minutes of wall time ({_at_once_words(runs)}); the slowest notebook, "
+                f"took {minutes:.1f} minutes of wall time to run the notebooks ({_at_once_words(runs)}; a fresh clone "
+                f"first installs the venv and builds the compiled simulator, `make fastsim`); the slowest notebook, "
                 f"`{slowest['notebook']}`, "
                 f"{slowest['seconds'] / 60:.1f} minutes (per notebook in [`results/SUMMARY.md`](results/SUMMARY.md)).")
     if quick_record.exists():
