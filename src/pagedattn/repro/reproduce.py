@@ -15,13 +15,13 @@ environment variables ``PAGEDATTN_JOBS`` and ``PAGEDATTN_SCHEDULER``. ``PAGEDATT
 the provenance block of its ``summary.json``. Each successful notebook's duration, jobs, machine and date go to
 ``<root>/<notebook>/run.json`` (apart from summary.json, whose bytes must not depend on how the run was made).
 
-``--notebooks-at-once K`` runs up to K notebooks side by side, each in a process of its own (its kernel's environment
-is its own). A quick run (``--quick``) defaults to two and takes every notebook that way: its notebooks spend most
-of their time starting kernels and importing, which overlaps, and it times nothing that is judged. A full run
-defaults to one at a time; with K > 1 it takes side by side only the notebooks that time nothing on the CPU
-(``SHARE_THE_MACHINE``), and every notebook that times kernels, engines or live servers still runs alone. Two at a
-time did not pay in a full run: those seven notebooks took 567 s side by side against 566 s one at a time (2026-12-02,
-2 cores), as each already keeps both cores busy with its sweeps' workers (``machine_cores_busy`` in ``run.json``).
+``--notebooks-at-once K`` runs up to K notebooks side by side, each in a process of its own (its kernel's
+environment is its own). A quick run (``--quick``) defaults to two and takes every notebook that way: it times
+nothing that is judged. A full run defaults to one at a time; with K > 1 it takes side by side only the notebooks
+that time nothing on the CPU (``SHARE_THE_MACHINE``), and every notebook that times kernels, engines or live servers
+still runs alone. Two at a time did not pay in a full run: those seven notebooks took 567 s side by side against 566
+s one at a time (2026-12-02, 2 cores), as each already keeps both cores busy with its sweeps' workers
+(``machine_cores_busy`` in ``run.json``).
 """
 from __future__ import annotations
 
