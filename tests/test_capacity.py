@@ -188,3 +188,23 @@ def test_trend_se_is_the_spread_of_shuffled_slopes():
     a = pd.DataFrame({"arrival_time": arrival, "finish_time": arrival + latency, "output_len": np.full(500, 10)})
     b = a.assign(arrival_time=a.arrival_time * 60, finish_time=a.finish_time * 60)  # minutes instead of seconds
     assert Load.of(a).trend_se > 0 and Load.of(b).trend_se == pytest.approx(Load.of(a).trend_se, rel=1e-6)
+
+
+def test_a_run_that_refused_a_request_has_no_normalized_latency():
+    """The simulator fails a request that can never fit (``SchedulerOutputs.ignored``) at once, with no tokens: its row
+    would count as served instantly. ``normalized_latency`` (and so ``Load`` and every search) refuses such a run,
+    naming the limit, while the other requests of the replay are still served."""
+    from pagedattn.repro.sim import simulate
+    from pagedattn.repro.workloads import TraceRequest
+
+    trace = [TraceRequest("fits", 0.0, 40, 10), TraceRequest("too-long", 0.1, 900, 10),
+             TraceRequest("fits-too", 0.2, 30, 10)]
+    res = simulate(trace, "paged", 640)
+    reqs = res.requests.set_index("request_id")
+    assert reqs.loc["too-long", "error"] and reqs[["error"]].drop("too-long").isna().all().all()
+    assert (reqs.drop("too-long").finish_time > reqs.drop("too-long").arrival_time).all()
+    with pytest.raises(ValueError, match=r"1 of 3 requests were refused.*'too-long'.*num_gpu_blocks=40"):
+        res.normalized_latency()
+    with pytest.raises(ValueError, match="refused"):
+        Load.of(res.requests)
+    assert capacity.normalized_latency(res.requests.drop(columns="error")) > 0  # the rule reads the error column

@@ -37,7 +37,7 @@ def test_rewrite_points_the_copied_modules_at_the_copy_only():
 
 
 def _manifest(tmp_path, **kw):
-    record = {"python": fastsim._python_tag(), "sources": fastsim._digests(), **kw}
+    record = {"python": fastsim._python_tag(), "recipe": list(fastsim.RECIPE), "sources": fastsim._digests(), **kw}
     (tmp_path / fastsim.MANIFEST).write_text(json.dumps(record))
 
 
@@ -52,6 +52,9 @@ def test_a_missing_stale_or_foreign_build_is_not_used(tmp_path, monkeypatch, fre
     _manifest(tmp_path, python="cpython-39-elsewhere")
     fastsim.status.cache_clear()
     assert fastsim.status()[0] is None and "built for cpython-39-elsewhere" in fastsim.status()[1]
+    _manifest(tmp_path, recipe=["--follow-imports=silent"])  # another mypyc recipe: rebuilt, never used
+    fastsim.status.cache_clear()
+    assert fastsim.status()[0] is None and "built with mypyc flags ['--follow-imports=silent']" in fastsim.status()[1]
     monkeypatch.setenv(fastsim.ENV, "0")
     fastsim.status.cache_clear()
     assert fastsim.status() == (None, f"{fastsim.ENV}=0")

@@ -133,9 +133,11 @@ def test_rows_and_searches_carry_the_replay_clients_cpu_and_the_simulated_memory
 def test_vllm_rate_is_read_off_its_grid_with_both_rules():
     rows = []
     for rate, nl, ok in ((1.0, 0.01, True), (2.0, 0.02, True), (3.0, 0.05, False), (4.0, 0.3, False)):
-        rows.append({"system": O.VLLM, "rate": rate, "nl_measured_s": nl, "keeps_up_measured": ok})
-    got = O.grid_sustainable(pd.DataFrame(rows), threshold_s=0.1, system=O.VLLM)
+        rows.append({"system": O.VLLM, "rate": rate, "nl_measured_s": nl, "keeps_up_measured": ok,
+                     "throughput_measured": 0.9 * rate})
+    got = O.grid_sustainable(pd.DataFrame(rows).sample(frac=1, random_state=0), threshold_s=0.1, system=O.VLLM)
     assert got["sustainable_rate"] == 2.0 and got["resolution"] == pytest.approx(0.5)  # 3.0: latency ok, not up
+    assert got["throughput_at_rate"] == pytest.approx(1.8) and got["nl_at_rate_s"] == 0.02  # that grid point's own
     assert got["bound_by"] == "rate grid" and got["which"] == "measured" and got["failed_at"] == 3.0
     assert got["system"] == O.VLLM
     assert math.isnan(O.grid_sustainable(pd.DataFrame(rows).assign(nl_measured_s=1.0), 0.1, O.VLLM)["sustainable_rate"])
@@ -145,7 +147,8 @@ def test_orca_max_live_rate_is_read_off_its_grid_and_its_ratio_says_so():
     """``Params.searched``: Orca (Max)'s live rate comes from its grid (no live search), its prediction is searched,
     and the measured ratio's note says how each rate was found; the paged and Orca (Oracle) ratio stays searched."""
     assert "orca_max" not in O.Params().searched and {"paged", "orca_oracle"} <= set(O.Params().searched)
-    grid = pd.DataFrame([{"system": "orca_max", "rate": r, "nl_measured_s": nl, "keeps_up_measured": ok}
+    grid = pd.DataFrame([{"system": "orca_max", "rate": r, "nl_measured_s": nl, "keeps_up_measured": ok,
+                          "throughput_measured": r}
                          for r, nl, ok in ((1.0, 0.01, True), (1.75, 0.02, True), (2.5, 0.5, False))])
     cur = pd.concat([grid, grid.assign(system="paged")]).assign(nl_predicted_s=0.02, keeps_up_predicted=True,
                                                                nl_error_pct=10.0)
@@ -231,7 +234,7 @@ def test_vllm_has_a_curve_and_a_grid_rate_but_no_prediction_and_no_ratio():
         for rate, nl in ((1.0, 0.01), (2.0, 0.02), (3.0, 0.5)):
             pred = float("nan") if system == O.VLLM else nl * 1.1
             rows.append({"system": system, "rate": rate, "nl_measured_s": nl, "keeps_up_measured": True,
-                         "nl_predicted_s": pred, "keeps_up_predicted": system != O.VLLM,
+                         "throughput_measured": rate, "nl_predicted_s": pred, "keeps_up_predicted": system != O.VLLM,
                          "nl_error_pct": 10.0 if system != O.VLLM else float("nan")})
     cur = pd.DataFrame(rows)
     sus = pd.DataFrame([_found("paged", "measured", 4.0), _found("orca_oracle", "measured", 2.0, judged=False),

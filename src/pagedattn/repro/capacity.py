@@ -66,7 +66,14 @@ MAX_TREND_SE = CAPACITY_MARGIN / 2
 
 
 def normalized_latency(requests: pd.DataFrame) -> float:
-    """Normalized latency (§6.1): the mean over requests of end-to-end latency / output length, in s/token."""
+    """Normalized latency (§6.1): the mean over requests of end-to-end latency / output length, in s/token. A run
+    that refused a request (a non-null ``error``: one that can never fit, which the scheduler fails at once) has
+    none and raises: its refused rows finish when refused, with no tokens, and would count as served at once."""
+    if "error" in requests and requests["error"].notna().any():
+        refused = requests[requests["error"].notna()]
+        first = f"request {refused['request_id'].iloc[0]!r}: " if "request_id" in refused else ""
+        raise ValueError(f"{len(refused)} of {len(requests)} requests were refused, so the run has no normalized "
+                         f"latency ({first}{refused['error'].iloc[0]})")
     return float(((requests["finish_time"] - requests["arrival_time"]) / requests["output_len"]).mean())
 
 

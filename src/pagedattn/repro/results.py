@@ -74,15 +74,34 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_isa(flags: str | None = None) -> str:
+    """The CPU's widest vector extensions from ``/proc/cpuinfo``'s flags (or ``flags``): ``"AVX-512, AMX"``,
+    ``"AVX-512"``, ``"AVX2"``, or ``""`` where unknown. Machines of one name differ by these (two "AMD EPYC" VMs
+    here ran the same replays 2-3x apart, one with AVX-512 and AMX, one with AVX2 only), so CPU timings say which."""
+    if flags is None:
+        try:
+            flags = next((line.split(":", 1)[1] for line in Path("/proc/cpuinfo").read_text().splitlines()
+                          if line.startswith("flags")), "")
+        except OSError:
+            flags = ""
+    have = set(flags.split())
+    if "avx512f" in have:
+        return "AVX-512, AMX" if "amx_tile" in have else "AVX-512"
+    return "AVX2" if "avx2" in have else ""
+
+
 def hardware_label(device: str = "cpu") -> str:
-    """``"cpu: <model name>, N cores"`` or ``"cuda: <device name>"``; every result is labelled with it."""
+    """``"cpu: <model name> (<vector extensions>), N cores"`` (``cpu_isa``) or ``"cuda: <device name>"``; every result
+    is labelled with it."""
     if str(device).startswith("cuda"):
         import torch
 
         return f"cuda: {torch.cuda.get_device_name(torch.device(device))}"
+    isa = f" ({cpu_isa()})" if cpu_isa() else ""
     if device == "sim":
-        return f"sim (cost model; host cpu: {cpu_name()}, {os.cpu_count()} cores)"
-    return f"cpu: {cpu_name()}, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores"
+        return f"sim (cost model; host cpu: {cpu_name()}{isa}, {os.cpu_count()} cores)"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"cpu: {cpu_name()}{isa}, {cores} cores"
 
 
 def today() -> str:

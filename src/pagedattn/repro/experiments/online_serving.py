@@ -121,9 +121,8 @@ class Params(ServingParams):
     #: would double the searches' ~4-5 minutes. The curves keep ``num_requests``.
     search_requests: int = 300
     #: the searches' resolution: 10 %, coarser than notebook 03's CPU scale (5 %). Each probe is a live replay of
-    #: ``search_requests`` requests, and the bisection's last probe is the costliest part of a search (issue 26: the
-    #: notebook ran 8 minutes against a 6-minute budget); one probe fewer per search saves about a seventh of the
-    #: searches' time. The measured rates move between runs by far more than either resolution (the paged / Orca
+    #: ``search_requests`` requests and lasts about ``search_requests`` / rate seconds (issue 26: the notebook ran 8
+    #: minutes against a 6-minute budget); one probe fewer per search saves about a seventh of the searches' time. The measured rates move between runs by far more than either resolution (the paged / Orca
     #: (Oracle) ratio measured 1.50, 0.97 and 0.80 on the same code, 2026-12-02), so the finer search bought no
     #: precision. Chosen for time, not for any ratio (every claim of this notebook is tracking, not judged).
     rate_resolution: float = 0.10
@@ -611,13 +610,15 @@ def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_py
             rows += grid
             if threshold is None:
                 threshold = params.threshold_factor * min(rows, key=lambda r: r["rate"])["nl_measured_s"]
-            for which, replay in (
-                    ("measured", lambda rate: send(server.url, params.trace(rate, params.search_requests), vocab)),
-                    ("predicted", lambda rate: predict(params.trace(rate, params.search_requests), system, params,
-                                                       cost))):
-                found = (search(replay, served_req_s, params, threshold)
-                         if which == "predicted" or system in params.searched
-                         else grid_sustainable(pd.DataFrame(grid), threshold, system))
+            for which in ("measured", "predicted"):
+                if which == "predicted":
+                    found = search(lambda rate: predict(params.trace(rate, params.search_requests), system, params,
+                                                        cost), served_req_s, params, threshold)
+                elif system in params.searched:
+                    found = search(lambda rate: send(server.url, params.trace(rate, params.search_requests), vocab),
+                                   served_req_s, params, threshold)
+                else:
+                    found = grid_sustainable(pd.DataFrame(grid), threshold, system)
                 at = found["sustainable_rate"]  # the paged-or-Orca system's memory-bound share there (simulated)
                 share = predict(params.trace(at, params.search_requests), system, params, cost, steps=True
                                 ).attrs["memory_bound_share"] if at > 0 and math.isfinite(at) else math.nan
@@ -708,15 +709,19 @@ def grid_sustainable(curve: pd.DataFrame, threshold_s: float, system: str) -> di
     start compiles the model for a minute or more) and those not in ``Params.searched``. The highest swept rate
     passing both rules of ``pagedattn.repro.capacity`` (latency at or below ``threshold_s``, no growing queue; NaN if
     none does), with the lowest swept rate above it as ``failed_at`` and the grid's step there as its resolution (inf
-    at the top of the grid)."""
+    at the top of the grid), and that grid point's measured throughput and normalized latency as a search's
+    ``throughput_at_rate`` and ``nl_at_rate_s``."""
     d = curve.sort_values("rate")
     ok = d[(d.nl_measured_s <= threshold_s) & d.keeps_up_measured]
-    rate = float(ok.rate.max()) if len(ok) else float("nan")
+    at = ok.iloc[-1] if len(ok) else None
+    rate = float(at.rate) if at is not None else float("nan")
     above = d[d.rate > rate].rate
     return {"system": system, "label": NAMES[system], "which": "measured", "sustainable_rate": rate,
             "resolution": float(above.min() / rate - 1) if len(above) and rate > 0 else float("inf"),
-            "bound_by": "rate grid", "failed_at": float(above.min()) if len(above) else float("inf"),
-            "threshold_s": threshold_s}
+            "bound_by": "rate grid",
+            "throughput_at_rate": float(at.throughput_measured) if at is not None else float("nan"),
+            "nl_at_rate_s": float(at.nl_measured_s) if at is not None else float("nan"),
+            "failed_at": float(above.min()) if len(above) else float("inf"), "threshold_s": threshold_s}
 
 
 def _how_found(rates: pd.DataFrame, other: str, search_requests: int) -> str:
