@@ -360,9 +360,6 @@ def test_no_committed_sustainable_rate_exceeds_its_offline_throughput():
     request queued (``capacity``'s offline rule), and the throughput measured at the rate is within the capacity
     rule's margin of it: the queue grows by at most that margin of the arrival rate (twice the margin here, as the
     window's arrival slope is itself a least-squares fit)."""
-    import numpy as np
-    import pandas as pd
-
     from pagedattn.repro.capacity import CAPACITY_MARGIN
 
     rows = list(_committed_rate_rows())
