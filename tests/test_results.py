@@ -483,7 +483,7 @@ def test_sigterm_shuts_the_running_notebook_down_instead_of_orphaning_its_kernel
 
 
 def test_cpu_labels_name_the_vector_extensions():
-    """Two machines of one CPU name ran the same replays 2-3x apart (one with AVX-512 and AMX, one with AVX2 only):
+    """Two machines of one CPU name ran the same replays 2-3x apart (one with AVX-512, one with AVX2 only):
     the hardware label says which, and a machine with neither keeps the plain label."""
     from pagedattn.repro import results as R
 
