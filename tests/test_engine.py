@@ -387,6 +387,27 @@ def test_bf16_llm_runs_the_cpu_kernels_and_mostly_follows_hf_bf16(monkeypatch):
     assert_all_blocks_free(llm.engine)
 
 
+@pytest.mark.parametrize("flags,warns", [("fpu sse avx2 fma", True), ("fpu avx2 avx512f avx512_bf16", False),
+                                         ("fpu avx2 avx512f amx_bf16 amx_tile", False)])
+def test_bf16_on_a_cpu_without_bf16_hardware_warns(monkeypatch, flags, warns):
+    """A bf16 model on a CPU with neither AMX nor AVX-512 BF16 gets a warning that names float32 as the faster dtype
+    (there torch's bf16 matmuls are emulated); an fp32 model, or a CPU with either, gets none."""
+    import warnings
+
+    from pagedattn.kernels import cpu
+
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: flags)
+    def model():
+        return tiny_models.tiny_llama(hidden_size=64, intermediate_size=128, max_position_embeddings=64)
+
+    for hf, expected in ((model(), False), (model().to(torch.bfloat16), warns)):  # .to() converts in place
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            LLM(hf)
+        hits = [w for w in caught if "AVX-512 BF16" in str(w.message) and "float32" in str(w.message)]
+        assert bool(hits) == expected, (flags, hf.dtype, [str(w.message) for w in caught])
+
+
 def test_threads_option_sets_torch_threads_and_keeps_the_tokens(llama_and_ref):
     """``threads=2`` gives the matmuls two torch threads (process-wide) and the same greedy tokens; None, the default,
     leaves torch's setting alone; fewer than one is refused."""

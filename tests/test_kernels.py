@@ -252,7 +252,7 @@ def test_cpu_kernel_bf16_portable_build(cpu_kernel, monkeypatch, tmp_path):
     assert cpu.bind(dll) is None
     monkeypatch.setattr(cpu, "load_library", lambda: dll)
     refuse_fallbacks(monkeypatch)
-    for head_dim in (16, 64):
+    for head_dim in (16, 32, 64):
         check_bf16_kernel(cpu.paged_attention_cpu, head_dim, 2, "cpu-bf16-portable")
 
 

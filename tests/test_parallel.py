@@ -32,6 +32,29 @@ def test_pmap_in_process_and_on_a_pool(restore_settings):
     assert parallel.num_jobs() == 2 and pmap(call, _tasks()) == want
 
 
+def _env(name: str) -> str | None:
+    import os
+
+    return os.environ.get(name)
+
+
+def _cache_one(k: int) -> int:
+    return sensitivity.cached({"test_parallel": k}, lambda: k)
+
+
+def test_tasks_carry_the_callers_settings(monkeypatch, restore_settings, tmp_path):
+    """A pool made before the caller changed its ``PAGEDATTN_*`` environment (the sensitivity cache's place, say)
+    runs each task with the caller's values, and without a variable the caller no longer has."""
+    monkeypatch.delenv("PAGEDATTN_SENSITIVITY_CACHE", raising=False)
+    assert pmap(_env, ["PAGEDATTN_SENSITIVITY_CACHE"] * 2, jobs=2) == [None, None]  # the pool starts here
+    monkeypatch.setenv("PAGEDATTN_SENSITIVITY_CACHE", str(tmp_path))
+    assert pmap(_env, ["PAGEDATTN_SENSITIVITY_CACHE"] * 4, jobs=2) == [str(tmp_path)] * 4
+    assert pmap(_cache_one, [1, 2], jobs=2) == [1, 2]  # the workers store in the caller's cache
+    assert len(list(tmp_path.glob("*.json"))) == 2
+    monkeypatch.delenv("PAGEDATTN_SENSITIVITY_CACHE")
+    assert pmap(_env, ["PAGEDATTN_SENSITIVITY_CACHE"] * 4, jobs=2) == [None] * 4
+
+
 def test_errors_reach_the_caller(restore_settings):
     with pytest.raises(ZeroDivisionError):
         pmap(call, [(divmod, (1, 0), {}), (divmod, (1, 1), {})], jobs=2)
@@ -59,7 +82,7 @@ def _summary_bytes(monkeypatch, **settings) -> bytes:
 
     grid = _points(quick=True) + [sensitivity.Point(0.5, 0.3, 0.008), sensitivity.Point(0.9, 0.3, 0.004)]
     monkeypatch.setattr(sensitivity, "points", lambda *a, **k: grid)
-    monkeypatch.setattr(sensitivity, "CACHE_DIR", Path(tempfile.mkdtemp()))
+    monkeypatch.setenv("PAGEDATTN_SENSITIVITY_CACHE", tempfile.mkdtemp())
     parallel.configure(**settings)
     out = Path(tempfile.mkdtemp())
     chatbot.run(quick=True, results_dir=out, progress=False)

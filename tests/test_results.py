@@ -489,6 +489,7 @@ def test_cpu_labels_name_the_vector_extensions():
 
     assert R.cpu_isa("fpu sse avx2 avx512f avx512bw amx_bf16 amx_tile") == "AVX-512, AMX"
     assert R.cpu_isa("fpu avx2 avx512f") == "AVX-512"
+    assert R.cpu_isa("fpu avx2 avx512f avx512_bf16") == "AVX-512 BF16"
     assert R.cpu_isa("fpu sse4_2 avx2") == "AVX2" and R.cpu_isa("fpu neon") == ""
     isa = R.cpu_isa()
     assert R.hardware_label("cpu").startswith(f"cpu: {R.cpu_name()}{f' ({isa})' if isa else ''}, ")

@@ -48,7 +48,7 @@ def test_point_sets_the_cost_model_and_trace():
 
 
 def test_equal_load_rate_scales_with_capacity(monkeypatch, tmp_path):
-    monkeypatch.setattr(S, "CACHE_DIR", tmp_path)
+    monkeypatch.setenv("PAGEDATTN_SENSITIVITY_CACHE", str(tmp_path))
     fast = S.Point(0.9, 0.7, 0.0, rate="equal_load")
     assert S.rate_at(S.Point(0.9, 0.7, 0.0), "alpaca", 30.0, 60) == 30.0  # the experiment's rate: untouched
     assert S.rate_at(replace(S.DEFAULT, rate="equal_load"), "alpaca", 30.0, 60) == pytest.approx(30.0)
@@ -59,9 +59,10 @@ def test_equal_load_rate_scales_with_capacity(monkeypatch, tmp_path):
 
 
 def test_cache_returns_the_stored_value(monkeypatch, tmp_path):
-    monkeypatch.setattr(S, "CACHE_DIR", tmp_path)
+    monkeypatch.setenv("PAGEDATTN_SENSITIVITY_CACHE", str(tmp_path))
     calls = []
     assert S.cached({"k": 1}, lambda: calls.append(1) or [1, 2]) == [1, 2]
+    assert len(list(tmp_path.glob("*.json"))) == 1  # stored where the environment says
     assert S.cached({"k": 1}, lambda: calls.append(1) or [3]) == [1, 2]
     assert S.cached({"k": 2}, lambda: calls.append(1) or [3]) == [3]
     assert len(calls) == 2

@@ -11,10 +11,11 @@ static inline float widen(bf16 x) { return __builtin_bit_cast(float, static_cast
 
 // fp32 -> bf16, round to nearest, ties to even, bit for bit as torch's `.to(torch.bfloat16)` on a CPU tensor
 // (its vectorised conversion, which writes every NaN as 0xffff; checked in tests/test_kernels.py).
+// A select, not a branch, so that loops of it vectorise.
 static inline bf16 to_bf16(float x) {
     const uint32_t u = __builtin_bit_cast(uint32_t, x);
-    if (x != x) return 0xffffu;
-    return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return static_cast<bf16>(x != x ? 0xffffu : r);
 }
 static inline void narrow(float x, float *o) { *o = x; }
 static inline void narrow(double x, double *o) { *o = x; }

@@ -50,6 +50,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from pagedattn.cpuinfo import cpu_flags
 from pagedattn.kernels.reference import paged_attention_ref, reshape_and_cache_ref
 
 __all__ = ["available", "paged_attention_cpu", "reshape_and_cache_cpu", "load_library", "takes", "rms_norm_cpu",
@@ -89,13 +90,7 @@ def _compiler() -> str | None:
 def _cpu_id() -> str:
     """What ``-march=native`` depends on: the machine and its CPU's feature flags (a cache directory may be shared
     between machines)."""
-    flags = ""
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(("flags",
-                                                                                                       "Features"))), "")
-    except OSError:
-        pass
-    return f"{platform.machine()} {platform.processor()} {flags}"
+    return f"{platform.machine()} {platform.processor()} {cpu_flags()}"
 
 
 def _build(cxx: str, native: list[str], out: str) -> None:
@@ -294,6 +289,14 @@ def layer_function(name: str, dtype: torch.dtype):
     """The C++ function ``<name>_<f32|bf16>`` for ``dtype`` (``LAYER_DTYPES``), looked up once: the per-layer
     operations run about 15 times per decode step."""
     return getattr(load_library(), f"{name}_{LAYER_DTYPES[dtype]}")
+
+
+def bf16_in_hardware(flags: str | None = None) -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AMX or AVX-512 BF16, from its feature flags, or ``flags``).
+    Elsewhere torch's bf16 matmuls are emulated: on an AVX2-only VM our engine ran 28x slower in bf16 than in fp32
+    (``results/benchmarks/engine_vs_vllm_avx2.json``)."""
+    have = set((cpu_flags() if flags is None else flags).split())
+    return bool(have & {"amx_bf16", "avx512_bf16"})
 
 
 def takes(*xs: Tensor, dtypes=(torch.float32,)) -> bool:

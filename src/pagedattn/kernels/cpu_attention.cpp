@@ -21,6 +21,7 @@
 // q.k dot products use VDPBF16PS (__AVX512BF16__ below); elsewhere the portable path runs.
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 #ifdef __AVX512BF16__
@@ -32,19 +33,6 @@
 // The type the kernel computes in for a storage type: fp32 and fp64 their own, bf16 in fp32.
 template <typename T> struct acc_of { typedef T type; };
 template <> struct acc_of<bf16> { typedef float type; };
-
-// Calls f(t, row_t) for each token t < L of a sequence, row_t pointing at its row in `cache` (one head's slice when
-// `cache` is offset to that head), block by block through the block table (§4.2: token t lies in block
-// table[t / block_size] at offset t % block_size).
-template <typename T, typename F>
-static inline void for_each_row(const T *cache, const int32_t *table, int64_t L, int64_t row, int64_t block_size,
-                                F f) {
-    for (int64_t t0 = 0; t0 < L; t0 += block_size) {
-        const T *block = cache + static_cast<int64_t>(table[t0 / block_size]) * block_size * row;
-        const int64_t n = L - t0 < block_size ? L - t0 : block_size;
-        for (int64_t i = 0; i < n; i++) f(t0 + i, block + i * row);
-    }
-}
 
 // exp(x) for x <= 0 in fp32, vectorisable (std::exp is a scalar library call: it was a third of the kernel's time).
 // Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then a degree-7 Taylor polynomial for e^r (truncation error below
@@ -71,35 +59,77 @@ static inline float exp_nonpositive(float x) {
 static inline float exp_nonpositive_t(float x) { return exp_nonpositive(x); }
 static inline double exp_nonpositive_t(double x) { return std::exp(x); }  // fp64: the library's, for the reference tests
 
-// out = inv * sum_t p[t] v_t for one head, with head_dim D known at compile time: the accumulator is a handful of
-// vector registers of the compute type A (GCC/clang vector extensions; lowered to narrower vectors where the CPU has
-// no 64-byte ones). bf16 rows are widened a vector at a time (zero-extend, shift).
+// bf16 rows as fp32 vectors without moving a lane: a 64-byte vector of 32 bf16 read as 16 32-bit lanes holds
+// element 2i in the low half of lane i and element 2i+1 in the high half, so a shift gives the even elements and a
+// mask the odd ones, each exactly widened (bf16 is the upper half of an fp32). Sums over all elements (a dot
+// product) can take them in that order; a weighted sum of rows keeps even and odd accumulators and interleaves them
+// once at the end.
+typedef float v16 __attribute__((vector_size(64)));
+typedef uint32_t u16x32 __attribute__((vector_size(64)));
+
+static inline void even_odd(const bf16 *x, v16 *even, v16 *odd) {
+    u16x32 u;
+    __builtin_memcpy(&u, x, sizeof u);
+    const u16x32 e = u << 16, o = u & 0xffff0000u;
+    __builtin_memcpy(even, &e, sizeof e);
+    __builtin_memcpy(odd, &o, sizeof o);
+}
+
+// acc += sum_i p[i] v_i over one block's n rows of one head (rows `row` elements apart), acc being the head's sums
+// in the compute type A (in memory, D of them; `dim` where D = 0, head_dim at run time). With D known at compile
+// time the block is summed in vector registers (GCC/clang vector extensions; lowered to narrower vectors where the
+// CPU has no 64-byte ones), U rows at a time into U separate sums, so that U fused multiply-adds are in flight
+// instead of one chain of dependent ones, then added to acc. bf16 rows are read as even and odd elements
+// (``even_odd``): acc then holds, per 32 elements, the 16 even ones and then the 16 odd ones (``finish_head``).
 template <typename T, typename A, int64_t D>
-static inline void accumulate_v(const T *value_cache, const int32_t *table, const A *p, int64_t L, int64_t row,
-                                int64_t block_size, A inv, T *out) {
-    typedef A vec __attribute__((vector_size(64)));
-    constexpr int64_t W = 64 / sizeof(A), N = D / W;  // lanes per vector, vectors per head
-    static_assert(D % W == 0, "head_dim must be a multiple of the vector width");
-    vec acc[N] = {};
-    for_each_row(value_cache, table, L, row, block_size, [&](int64_t t, const T *v) {
-        for (int64_t j = 0; j < N; j++) {
-            vec x;
-            if constexpr (sizeof(T) == sizeof(A)) {
-                __builtin_memcpy(&x, v + j * W, sizeof x);
-            } else {
-                typedef bf16 half __attribute__((vector_size(32)));
-                typedef uint32_t wide __attribute__((vector_size(64)));
-                half h;
-                __builtin_memcpy(&h, v + j * W, sizeof h);
-                const wide u = __builtin_convertvector(h, wide) << 16;
-                __builtin_memcpy(&x, &u, sizeof x);
-            }
-            acc[j] += p[t] * x;
+static inline void block_accumulate(const T *v, const A *p, int64_t n, int64_t row, int64_t dim, A *acc) {
+    if constexpr (D == 0) {
+        for (int64_t i = 0; i < n; i++) {
+#pragma omp simd
+            for (int64_t d = 0; d < dim; d++) acc[d] += p[i] * widen(v[i * row + d]);
         }
-    });
-    for (int64_t j = 0; j < N; j++) {
-        const vec r = acc[j] * inv;
-        for (int64_t i = 0; i < W; i++) narrow(r[i], out + j * W + i);
+    } else {
+        typedef A vec __attribute__((vector_size(64)));
+        constexpr int64_t W = 64 / sizeof(A), N = D / W;  // lanes per vector, vectors per head
+        constexpr int64_t U = N >= 8 ? 1 : 8 / N;         // rows in flight: at most 8 vector registers of sums
+        static_assert(D % W == 0 && (sizeof(T) == sizeof(A) || D % 32 == 0), "head_dim must fill whole vectors");
+        auto add = [](vec *sum, A w, const T *x) {
+            if constexpr (sizeof(T) == sizeof(A)) {
+                for (int64_t j = 0; j < N; j++) {
+                    vec y;
+                    __builtin_memcpy(&y, x + j * W, sizeof y);
+                    sum[j] += w * y;
+                }
+            } else {
+                for (int64_t c = 0; c < N / 2; c++) {
+                    v16 e, o;
+                    even_odd(x + 32 * c, &e, &o);
+                    sum[2 * c] += w * e;
+                    sum[2 * c + 1] += w * o;
+                }
+            }
+        };
+        vec sum[U][N] = {};
+        int64_t i = 0;
+        for (; i + U <= n; i += U)
+            for (int64_t u = 0; u < U; u++) add(sum[u], p[i + u], v + (i + u) * row);
+        for (; i < n; i++) add(sum[0], p[i], v + i * row);
+        for (int64_t j = 0; j < N; j++) {
+            vec r;
+            __builtin_memcpy(&r, acc + j * W, sizeof r);
+            for (int64_t u = 0; u < U; u++) r += sum[u][j];
+            __builtin_memcpy(acc + j * W, &r, sizeof r);
+        }
+    }
+}
+
+// out = acc * inv in the storage type, acc laid out as block_accumulate leaves it.
+template <typename T, typename A, int64_t D>
+static inline void finish_head(const A *acc, A inv, int64_t dim, T *out) {
+    if constexpr (D > 0 && sizeof(T) != sizeof(A)) {
+        for (int64_t d = 0; d < D; d++) narrow(acc[32 * (d / 32) + 16 * (d % 2) + (d % 32) / 2] * inv, out + d);
+    } else {
+        for (int64_t d = 0; d < (D > 0 ? D : dim); d++) narrow(acc[d] * inv, out + d);
     }
 }
 
@@ -121,38 +151,130 @@ static inline typename acc_of<T>::type dot_qk(const T *q, const T *k, int64_t d_
     return dot;
 }
 
-// One sequence and one KV head: the `group` query heads that share it (GQA), with head_dim D known at compile time
-// when D > 0 (the common 32/64/128: the dot products and accumulators stay in registers), else `dim` at run time.
-// T is the storage type, A = acc_of<T> the compute type (scores, softmax, sums).
-template <typename T, int64_t D, typename A = typename acc_of<T>::type>
-static void attend_kv_head(const T *qg, const T *key_cache, const T *value_cache, const int32_t *table, int64_t L,
-                           int64_t group, int64_t dim, int64_t row, int64_t block_size, A scale, A *P, T *out) {
-    const int64_t d_len = D > 0 ? D : dim;
-    for (int64_t h = 0; h < group; h++) {  // scores: K read once per token, block by block
-        const T *qh = qg + h * d_len;
-        A *p = P + h * L;
-        for_each_row(key_cache, table, L, row, block_size,
-                     [&](int64_t t, const T *k) { p[t] = dot_qk<T, D>(qh, k, d_len) * scale; });
-        A m = p[0], sum = 0;  // softmax
-#pragma omp simd reduction(max : m)
-        for (int64_t t = 1; t < L; t++) m = p[t] > m ? p[t] : m;
-#pragma omp simd
-        for (int64_t t = 0; t < L; t++) p[t] = exp_nonpositive_t(p[t] - m);
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < L; t++) sum += p[t];
-        const A inv = static_cast<A>(1) / sum;
-        T *o = out + h * d_len;
-        if constexpr (D > 0) {
-            accumulate_v<T, A, D>(value_cache, table, p, L, row, block_size, inv, o);
-        } else {
-            std::vector<A> acc(d_len, 0);
-            for_each_row(value_cache, table, L, row, block_size, [&](int64_t t, const T *v) {  // weighted sum of V
-#pragma omp simd
-                for (int64_t d = 0; d < d_len; d++) acc[d] += p[t] * widen(v[d]);
-            });
-            for (int64_t d = 0; d < d_len; d++) narrow(acc[d] * inv, o + d);
+// Scores of 16 tokens at once (fp32 compute type, head_dim D known at compile time), for the rows of a block:
+// each token's products land in one vector of 16 fp32 partial sums (fused multiply-adds, or VDPBF16PS for bf16
+// where the CPU has AVX512_BF16), and the 16 vectors are then summed lane-wise together by a tree of two-source
+// shuffles and adds (15 vector adds for 16 tokens, in place of one horizontal sum per token).
+template <typename T, int64_t D> static inline v16 partial_qk(const T *q, const T *k) {
+#ifdef __AVX512BF16__
+    if constexpr (sizeof(T) == 2 && D % 32 == 0) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d += 32)
+            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q + d), (__m512bh)_mm512_loadu_si512(k + d));
+        return (v16)acc;
+    }
+#endif
+    v16 acc = {};
+    if constexpr (sizeof(T) == sizeof(float)) {
+        for (int64_t d = 0; d < D; d += 16) {
+            v16 a, b;
+            __builtin_memcpy(&a, q + d, sizeof a);
+            __builtin_memcpy(&b, k + d, sizeof b);
+            acc += a * b;
+        }
+    } else {  // every product is summed: even and odd elements in any order
+        for (int64_t d = 0; d < D; d += 32) {
+            v16 qe, qo, ke, ko;
+            even_odd(q + d, &qe, &qo);
+            even_odd(k + d, &ke, &ko);
+            acc += qe * ke + qo * ko;
         }
     }
+    return acc;
+}
+
+// r[i] = the sum of v[i]'s 16 lanes: each level halves the lanes per token and doubles the tokens per vector.
+static inline v16 reduce16(const v16 *v) {
+    v16 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++)
+        a[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+             + __builtin_shufflevector(v[2 * i], v[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29,
+                                       30, 31);
+    for (int i = 0; i < 4; i++)
+        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+             + __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                       31);
+    for (int i = 0; i < 2; i++)
+        c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
+             + __builtin_shufflevector(b[2 * i], b[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30,
+                                       31);
+    return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+         + __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+// p[i] = scale * <q, k_i> for one head over one block's n rows: 16 rows at a time (``partial_qk``, ``reduce16``)
+// where the compute type is fp32 and D fills whole vectors, one at a time otherwise.
+template <typename T, int64_t D, typename A>
+static inline void block_scores(const T *q, const T *k, int64_t n, int64_t row, int64_t dim, A scale, A *p) {
+    int64_t i = 0;
+    if constexpr (sizeof(A) == sizeof(float) && D > 0 && D % (sizeof(T) == sizeof(A) ? 16 : 32) == 0) {
+        for (; i + 16 <= n; i += 16) {
+            v16 v[16];
+            for (int u = 0; u < 16; u++) v[u] = partial_qk<T, D>(q, k + (i + u) * row);
+            const v16 r = reduce16(v) * scale;
+            __builtin_memcpy(p + i, &r, sizeof r);
+        }
+    }
+    for (; i < n; i++) p[i] = dot_qk<T, D>(q, k + i * row, D > 0 ? D : dim) * scale;
+}
+
+// p = exp(p - max p) over L scores; returns 1 / their sum.
+template <typename A> static inline A softmax_unnormalised(A *p, int64_t L) {
+    A m = p[0], sum = 0;
+#pragma omp simd reduction(max : m)
+    for (int64_t t = 1; t < L; t++) m = p[t] > m ? p[t] : m;
+#pragma omp simd
+    for (int64_t t = 0; t < L; t++) p[t] = exp_nonpositive_t(p[t] - m);
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < L; t++) sum += p[t];
+    return static_cast<A>(1) / sum;
+}
+
+// Asks the memory system for the n rows starting at `rows` ahead of their use, up to PREFETCH_BYTES of them: the
+// blocks of a context lie anywhere in the cache (§4.2), so the hardware prefetchers, which follow sequential
+// streams, cannot guess the next one. A small model's block (16 rows of 512 bytes) is asked for whole; of a large
+// one, only the start, which sets the prefetchers on its rows (asking for all 64 KB of a block of 4 KB rows made
+// the kernel up to 1.7x slower; on the 2-core VM, 2026-12-02, cold caches, interleaved builds).
+constexpr int64_t PREFETCH_BYTES = 8192;
+template <typename T> static inline void prefetch_rows(const T *rows, int64_t n, int64_t row) {
+    const char *x = reinterpret_cast<const char *>(rows);
+    const int64_t bytes = n * row * static_cast<int64_t>(sizeof(T));
+    for (int64_t b = 0; b < (bytes < PREFETCH_BYTES ? bytes : PREFETCH_BYTES); b += 64) __builtin_prefetch(x + b);
+}
+
+// One sequence of context L > 0, every query head, with head_dim D known at compile time when D > 0 (the common
+// 32/64/128: dot products and block sums in vector registers), else `dim` at run time. T is the storage type,
+// A = acc_of<T> the compute type (scores, softmax, sums). K, then V, is read block by block and each block once for
+// every KV head: a block's rows (one token's K, or V, for all KV heads) lie together in the cache, so the kernel
+// reads them front to back; query head h uses KV head h / group (GQA). Scratch: P [num_heads][L] scores,
+// acc [num_heads][D] sums, inv [num_heads].
+template <typename T, int64_t D, typename A = typename acc_of<T>::type>
+static void attend_sequence(const T *q, const T *key_cache, const T *value_cache, const int32_t *table, int64_t L,
+                            int64_t num_heads, int64_t group, int64_t dim, int64_t row, int64_t block_size, A scale,
+                            A *P, A *acc, A *inv, T *out) {
+    const int64_t d_len = D > 0 ? D : dim;
+    // the cache offset of the block holding token t0, and how many of its rows the context uses
+    auto at = [&](int64_t t0) { return static_cast<int64_t>(table[t0 / block_size]) * block_size * row; };
+    auto rows = [&](int64_t t0) { return L - t0 < block_size ? L - t0 : block_size; };
+    prefetch_rows(key_cache + at(0), rows(0), row);
+    for (int64_t t0 = 0; t0 < L; t0 += block_size) {  // scores
+        const int64_t n = rows(t0);
+        if (t0 + block_size < L) prefetch_rows(key_cache + at(t0 + block_size), rows(t0 + block_size), row);
+        else prefetch_rows(value_cache + at(0), rows(0), row);
+        for (int64_t h = 0; h < num_heads; h++)
+            block_scores<T, D>(q + h * d_len, key_cache + at(t0) + (h / group) * d_len, n, row, d_len, scale,
+                               P + h * L + t0);
+    }
+    for (int64_t h = 0; h < num_heads; h++) inv[h] = softmax_unnormalised(P + h * L, L);
+    std::fill(acc, acc + num_heads * d_len, static_cast<A>(0));
+    for (int64_t t0 = 0; t0 < L; t0 += block_size) {  // weighted sums of V
+        const int64_t n = rows(t0);
+        if (t0 + block_size < L) prefetch_rows(value_cache + at(t0 + block_size), rows(t0 + block_size), row);
+        for (int64_t h = 0; h < num_heads; h++)
+            block_accumulate<T, A, D>(value_cache + at(t0) + (h / group) * d_len, P + h * L + t0, n, row, d_len,
+                                      acc + h * d_len);
+    }
+    for (int64_t h = 0; h < num_heads; h++) finish_head<T, A, D>(acc + h * d_len, inv[h], d_len, out + h * d_len);
 }
 
 template <typename T>
@@ -168,19 +290,18 @@ static int paged_attention(const T *q, const T *key_cache, const T *value_cache,
         for (int64_t b = 0; b < (context_lens[s] + block_size - 1) / block_size; b++)
             if (block_tables[s * max_blocks + b] < 0 || block_tables[s * max_blocks + b] >= num_blocks) return 1;
     typedef typename acc_of<T>::type A;
-    std::vector<A> probs(group * (longest > 0 ? longest : 1));
-    auto attend = D == 32 ? attend_kv_head<T, 32> : D == 64 ? attend_kv_head<T, 64>
-                : D == 128 ? attend_kv_head<T, 128> : attend_kv_head<T, 0>;
+    std::vector<A> P(num_heads * (longest > 0 ? longest : 1)), acc(num_heads * D), inv(num_heads);
+    auto attend = D == 32 ? attend_sequence<T, 32> : D == 64 ? attend_sequence<T, 64>
+                : D == 128 ? attend_sequence<T, 128> : attend_sequence<T, 0>;
     for (int64_t s = 0; s < num_seqs; s++) {
         const int64_t L = context_lens[s] > 0 ? context_lens[s] : 0;
         T *o = out + s * num_heads * D;
         if (L == 0) {
             std::memset(o, 0, sizeof(T) * num_heads * D);
             continue;
-        }
-        for (int64_t g = 0; g < num_kv_heads; g++)  // q_stride: elements between sequences (q may be a view of q|k|v)
-            attend(q + s * q_stride + g * group * D, key_cache + g * D, value_cache + g * D, block_tables + s * max_blocks,
-                   L, group, D, row, block_size, static_cast<A>(scale), probs.data(), o + g * group * D);
+        }  // q_stride: elements between sequences (q may be a view of q|k|v)
+        attend(q + s * q_stride, key_cache, value_cache, block_tables + s * max_blocks, L, num_heads, group, D, row,
+               block_size, static_cast<A>(scale), P.data(), acc.data(), inv.data(), o);
     }
     return 0;
 }

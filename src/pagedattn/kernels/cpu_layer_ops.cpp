@@ -80,9 +80,10 @@ static void rope(T *x, const T *cos, const T *sin_rot, int64_t tokens, int64_t h
                  int64_t stride) {
     const int64_t half = head_dim / 2;
     for (int64_t t = 0; t < tokens; t++) {
-        const T *c = cos + t * head_dim, *s = sin_rot + t * head_dim;
+        const T *__restrict c = cos + t * head_dim, *__restrict s = sin_rot + t * head_dim;
         for (int64_t h = 0; h < heads; h++) {
-            T *v = x + t * stride + h * head_dim;
+            T *__restrict v = x + t * stride + h * head_dim;  // (restrict: lets the loop vectorise)
+#pragma omp simd
             for (int64_t i = 0; i < half; i++) {
                 const float a = widen(v[i]), b = widen(v[i + half]);
                 const float lo_cos = rounded<T>(a * widen(c[i])), lo_sin = rounded<T>(b * widen(s[i]));

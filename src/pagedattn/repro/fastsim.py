@@ -11,8 +11,8 @@ monkeypatches and every object outside a replay keep the interpreted modules.
 ``sim.simulate`` hands a replay to the compiled copy (``replay``) only when all of these hold, and otherwise runs the
 interpreted simulator:
 
-- the build is present, was made by this Python with ``RECIPE``, and the digests of the sources it was compiled from equal the
-  sources now (a stale build is never used: after any edit, replays are interpreted until it is rebuilt);
+- the build is present, was made by this Python with ``RECIPE``, and the digests of the sources it was compiled from
+  equal the sources now (a stale build is never used: after any edit, replays are interpreted until it is rebuilt);
 - the replay's step-time and beam models are plain ``CostModel`` / ``BeamModel`` instances (a subclass, such as
   notebook 13's fitted step time, overrides methods the copy does not have) that convert to the copy's;
 - ``PAGEDATTN_FASTSIM`` is not ``0``.

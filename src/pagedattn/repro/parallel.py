@@ -10,7 +10,7 @@ model sizes, whole bisections.
 
 Where it runs never changes what it returns: results come back in the order of ``items``, and every task carries
 its own inputs, seeds included (a task that draws random numbers takes its seed as an argument; no task reads a
-worker's state). ``fn`` must be picklable: a module-level function, or a ``functools.partial`` of one.
+worker's state), and the caller's ``PAGEDATTN_*`` environment variables (``PAGEDATTN_SENSITIVITY_CACHE``, say). ``fn`` must be picklable: a module-level function, or a ``functools.partial`` of one.
 
 How many jobs and which cluster: ``configure(jobs=..., scheduler=...)`` (a notebook's ``jobs`` / ``scheduler``
 parameters), else the environment (``PAGEDATTN_JOBS``, ``PAGEDATTN_SCHEDULER``: ``pagedattn.repro.reproduce --jobs N
@@ -96,6 +96,20 @@ def _as_worker(fn: Callable[[Any], Any], x: Any) -> Any:
     return fn(x)
 
 
+def _caller_env() -> dict[str, str]:
+    """The caller's settings that travel with each task: its ``PAGEDATTN_*`` environment variables (the worker mark
+    aside). A pool started earlier, or a Dask worker, has an environment of its own."""
+    return {k: v for k, v in os.environ.items() if k.startswith("PAGEDATTN_") and k != IN_WORKER}
+
+
+def _in_caller_env(env: dict[str, str], fn: Callable[[Any], Any], x: Any) -> Any:
+    """``fn(x)`` with this process's ``PAGEDATTN_*`` variables set to the caller's ``env`` (and none of its own)."""
+    for k in [k for k in os.environ if k.startswith("PAGEDATTN_") and k != IN_WORKER and k not in env]:
+        del os.environ[k]
+    os.environ.update(env)
+    return fn(x)
+
+
 def process_pool(jobs: int) -> Executor:
     """The session's process pool of ``jobs`` workers (made on first use, remade when ``jobs`` changes). Workers
     start from a fork server, not by forking this process, which may hold threads (torch's) that a fork would
@@ -139,12 +153,13 @@ def pmap(fn: Callable[[Any], Any], items: Iterable[Any], desc: str | None = None
     items = list(items)
     address = scheduler_address()
     n = jobs if jobs is not None else num_jobs()
+    remote = partial(_in_caller_env, _caller_env(), fn)  # fn as a task run in another process
     bar = tqdm(total=len(items), desc=desc, disable=not progress, leave=False)
     try:
         if address:
             # each task marks its Dask worker as a worker first, so that a sweep inside it runs serially there
             # (as on the process pool) instead of starting a pool in a daemonic process or going back to the cluster
-            futures = dask_client(address).map(partial(_as_worker, fn), items, pure=False)
+            futures = dask_client(address).map(partial(_as_worker, remote), items, pure=False)
             out = []
             for f in futures:  # in order: the bar moves as the head of the sweep completes
                 out.append(f.result())
@@ -157,7 +172,7 @@ def pmap(fn: Callable[[Any], Any], items: Iterable[Any], desc: str | None = None
                 bar.update(1)
             return out
         pool = process_pool(n)
-        futures = [pool.submit(fn, x) for x in items]
+        futures = [pool.submit(remote, x) for x in items]
         for _ in as_completed(futures):
             bar.update(1)
         return [f.result() for f in futures]

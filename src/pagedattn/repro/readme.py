@@ -41,8 +41,8 @@ HEADLINES: dict[str, tuple[str, str, list[str]]] = {
     "04_sharing": ("Figs. 14-15", "parallel sampling in the sim and the real engine; beam search on `opt-stdlib`",
                    ["saving_pct.alpaca.beam_w?", "saving_pct.sharegpt.parallel_n?", "saving_pct.sharegpt.beam_w?",
                     "gain_over_orca_oracle.n1", "gain_over_orca_oracle.n1_recompute"]),
-    "05_block_size": ("Fig. 18b", "sim with a measured kernel cost per block size (real ShareGPT, rate by a stated "
-                                  "rule); real engine sweep", ["best_block_sizes.*"]),
+    "05_block_size": ("Fig. 18b", "sim with a committed kernel cost per block size (this CPU's fit "
+                                  "tracked; real ShareGPT, rate by a stated rule); real engine sweep", ["best_block_sizes.*"]),
     "06_preemption": ("Fig. 19", "swap/recompute microbenchmarks on the CPU, modelled at paper scale, end to end",
                       ["recompute_over_swap_latency.*"]),
     "07_shared_prefix": ("Fig. 16", "paper-scale driver + real engine; user-marked vs automatic prefix caching",

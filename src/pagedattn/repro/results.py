@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pagedattn.cpuinfo import cpu_field, cpu_flags
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 RESULTS_DIR = REPO_ROOT / "results"
 QUICK_RESULTS_DIR = RESULTS_DIR / "quick"  # quick runs (git-ignored): never the committed results
@@ -65,28 +67,17 @@ class Claim:
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_field("model name") or platform.processor() or platform.machine()
 
 
 def cpu_isa(flags: str | None = None) -> str:
-    """The CPU's widest vector extensions from ``/proc/cpuinfo``'s flags (or ``flags``): ``"AVX-512, AMX"``,
-    ``"AVX-512"``, ``"AVX2"``, or ``""`` where unknown. Machines of one name differ by these (two "AMD EPYC" VMs
-    here ran the same replays 2-3x apart, one with AVX-512 and AMX, one with AVX2 only), so CPU timings say which."""
-    if flags is None:
-        try:
-            flags = next((line.split(":", 1)[1] for line in Path("/proc/cpuinfo").read_text().splitlines()
-                          if line.startswith("flags")), "")
-        except OSError:
-            flags = ""
-    have = set(flags.split())
+    """The CPU's widest vector extensions from its feature flags (``cpuinfo.cpu_flags``, or ``flags``):
+    ``"AVX-512, AMX"``, ``"AVX-512 BF16"``, ``"AVX-512"``, ``"AVX2"``, or ``""`` where unknown. Machines of one name
+    differ by these (two "AMD EPYC" VMs here ran the same replays 2-3x apart, one with AVX-512 BF16, one with AVX2
+    only), and bf16 matmuls run in hardware only with AMX or AVX-512 BF16, so CPU timings say which."""
+    have = set((cpu_flags() if flags is None else flags).split())
     if "avx512f" in have:
-        return "AVX-512, AMX" if "amx_tile" in have else "AVX-512"
+        return "AVX-512, AMX" if "amx_tile" in have else "AVX-512 BF16" if "avx512_bf16" in have else "AVX-512"
     return "AVX2" if "avx2" in have else ""
 
 
@@ -97,7 +88,8 @@ def hardware_label(device: str = "cpu") -> str:
         import torch
 
         return f"cuda: {torch.cuda.get_device_name(torch.device(device))}"
-    isa = f" ({cpu_isa()})" if cpu_isa() else ""
+    isa = cpu_isa()
+    isa = f" ({isa})" if isa else ""
     if device == "sim":
         return f"sim (cost model; host cpu: {cpu_name()}{isa}, {os.cpu_count()} cores)"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

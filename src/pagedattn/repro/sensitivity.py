@@ -60,7 +60,13 @@ from pagedattn.repro.capacity import RateSearch
 from pagedattn.repro.results import REPO_ROOT, Claim
 from pagedattn.repro.sim import CostModel
 
+#: Where ``cached`` stores values: ``$PAGEDATTN_SENSITIVITY_CACHE``, else this (an environment variable, not a
+#: module attribute, so that it reaches the sweeps' workers: ``parallel.pmap`` sets the caller's in each task).
 CACHE_DIR = REPO_ROOT / ".cache" / "sensitivity"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PAGEDATTN_SENSITIVITY_CACHE") or CACHE_DIR)
 #: The other trace of each workload with a real one (the trace axis).
 OTHER_TRACE = {"sharegpt": "sharegpt_synthetic", "sharegpt_synthetic": "sharegpt"}
 
@@ -226,7 +232,7 @@ def _traces_fingerprint() -> str:
 def _cache_entry(key: dict) -> tuple[str, Path]:
     """The cache's JSON key (``key`` plus the simulator's fingerprint) and its file."""
     blob = json.dumps({**key, "_code": _fingerprint()}, sort_keys=True, default=str)
-    return blob, CACHE_DIR / f"{hashlib.sha256(blob.encode()).hexdigest()[:24]}.json"
+    return blob, cache_dir() / f"{hashlib.sha256(blob.encode()).hexdigest()[:24]}.json"
 
 
 _MISSING = object()
@@ -245,7 +251,7 @@ def _store(blob: str, path: Path, value: Any) -> None:
 
 
 def cached(key: dict, fn: Callable[[], Any], cache: bool = True) -> Any:
-    """``fn()``, stored as JSON under ``CACHE_DIR`` by ``key`` (plus the simulator's fingerprint)."""
+    """``fn()``, stored as JSON under ``cache_dir()`` by ``key`` (plus the simulator's fingerprint)."""
     blob, path = _cache_entry(key)
     value = _load(path) if cache else _MISSING
     if value is _MISSING:

@@ -122,9 +122,10 @@ class Params(ServingParams):
     search_requests: int = 300
     #: the searches' resolution: 10 %, coarser than notebook 03's CPU scale (5 %). Each probe is a live replay of
     #: ``search_requests`` requests and lasts about ``search_requests`` / rate seconds (issue 26: the notebook ran 8
-    #: minutes against a 6-minute budget); one probe fewer per search saves about a seventh of the searches' time. The measured rates move between runs by far more than either resolution (the paged / Orca
-    #: (Oracle) ratio measured 1.50, 0.97 and 0.80 on the same code, 2026-12-02), so the finer search bought no
-    #: precision. Chosen for time, not for any ratio (every claim of this notebook is tracking, not judged).
+    #: minutes against a 6-minute budget); one probe fewer per search saves about a seventh of the searches' time. The
+    #: measured rates move between runs by far more than either resolution (the paged / Orca (Oracle) ratio measured
+    #: 1.50, 0.97 and 0.80 on the same code, 2026-12-02), so the finer search bought no precision. Chosen for time,
+    #: not for any ratio (every claim of this notebook is tracking, not judged).
     rate_resolution: float = 0.10
     systems: tuple = SYSTEMS
     #: the systems whose live sustainable rate is searched; the others' is read off their measured rate grid
