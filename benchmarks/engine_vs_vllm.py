@@ -8,7 +8,8 @@ ShareGPT prompt lengths, greedy decoding, ``--output-len`` new tokens with EOS i
 For each (threads, dtype) one vLLM process is started (``VLLM_CPU_OMP_THREADS_BIND`` = ``0`` or ``0-1``,
 ``VLLM_CPU_KVCACHE_SPACE=2``, no tokenizer, prefix caching off); at each batch size the two systems then run
 ``--rounds`` times, interleaved, the first of the pair alternating (ours-vLLM, vLLM-ours, ...), after a warm-up of
-each at the full batch. Ours runs with ``torch.set_num_threads(threads)``; in bf16 it runs the model cast with ``.to(torch.bfloat16)``
+each at the full batch. Ours runs with ``LLM(threads=threads)`` (torch's threads for the matmuls, and as many for
+the C++ decode attention, which splits the batch); in bf16 it runs the model cast with ``.to(torch.bfloat16)``
 through whatever path ``LLM`` takes (recorded in each run's ``ours_path``: the ``cpu`` backend's C++ kernels, which
 take bf16 K/V, RMSNorm and RoPE too; the matmuls in bf16 through torch). Per round: wall seconds and CPU seconds; ours' CPU is this process's, vLLM's is
 the sum over its process tree (the peer and every descendant: its engine-core child included), read from ``/proc``
@@ -254,7 +255,7 @@ def main(argv=None) -> dict:
                        "vllm": peer.info, "batches": []}
                 try:
                     for batch in a.batch_sizes:
-                        llm = LLM(model, max_num_seqs=batch)
+                        llm = LLM(model, max_num_seqs=batch, threads=threads)
                         run["ours_path"] = {"attention_backend": llm.engine.backend.name,
                                             "model_dtype": str(llm.engine.dtype),
                                             "cpu_kernels_take": sorted(str(d) for d in cpu_kernels._FUNCTIONS)}

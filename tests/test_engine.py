@@ -409,18 +409,21 @@ def test_bf16_on_a_cpu_without_bf16_hardware_warns(monkeypatch, flags, warns):
 
 
 def test_threads_option_sets_torch_threads_and_keeps_the_tokens(llama_and_ref):
-    """``threads=2`` gives the matmuls two torch threads (process-wide) and the same greedy tokens; None, the default,
-    leaves torch's setting alone; fewer than one is refused."""
+    """``threads=2`` gives the matmuls two torch threads and the C++ attention two (both process-wide) and the same
+    greedy tokens; None, the default, leaves both settings alone; fewer than one is refused."""
+    from pagedattn.kernels import cpu
+
     hf, ref = llama_and_ref
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         LLM(hf)
-        assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 1 and cpu._threads == 1
         llm = LLM(hf, threads=2)
-        assert torch.get_num_threads() == 2 and llm.engine.args.threads == 2
+        assert torch.get_num_threads() == 2 and cpu._threads == 2 and llm.engine.args.threads == 2
         assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == ref
         with pytest.raises(ValueError, match="at least one thread"):
             LLM(hf, threads=0)
     finally:
         torch.set_num_threads(before)
+        cpu.set_threads(1)

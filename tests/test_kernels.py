@@ -240,6 +240,37 @@ def test_cpu_kernel_bf16_matches_float64_nan_safe(cpu_kernel, monkeypatch, head_
     check_bf16_kernel(cpu_kernel, head_dim, num_kv_heads, "cpu-bf16")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cpu_kernel_threads_give_the_same_bits(cpu_kernel, monkeypatch, dtype):
+    """``set_threads(n)`` splits the batch into shares of about equal context run at once: the output is the one
+    thread's, bit for bit (empty contexts included), for any number of threads up to more than the batch; a bad
+    block id in any share is still refused."""
+    from pagedattn.kernels import cpu
+
+    refuse_fallbacks(monkeypatch)
+    lens = [37, 0, 5, 64, 16, 129, 1, 90, 3]
+    gen = torch.Generator().manual_seed(7)
+    q, kc, vc, table, ctx = make_paged(lens, 8, 2, 32, 16, dtype, gen)
+    poison_unused_slots(kc, vc, table, lens, 16)
+    try:
+        cpu.set_threads(1)
+        one = cpu_kernel(q, kc, vc, table, ctx, 0.3)
+        for n in (2, 3, 4, 12):
+            cpu.set_threads(n)
+            assert torch.equal(cpu_kernel(q, kc, vc, table, ctx, 0.3).view(torch.int16), one.view(torch.int16)) \
+                if dtype == torch.bfloat16 else torch.equal(cpu_kernel(q, kc, vc, table, ctx, 0.3), one), n
+        bad = table.clone()
+        bad[-2, 0] = kc.shape[0]  # the second-to-last sequence's first block: past the cache
+        with pytest.raises(ValueError, match="block"):
+            cpu_kernel(q, kc, vc, bad, ctx, 0.3)
+    finally:
+        cpu.set_threads(1)
+    with pytest.raises(ValueError, match="at least one thread"):
+        cpu.set_threads(0)
+    assert cpu._shares(torch.tensor([10, 10, 10, 10], dtype=torch.int32), 2) == [(0, 2), (2, 4)]
+    assert cpu._shares(torch.tensor([0, 0], dtype=torch.int32), 2) == [(0, 2)]
+
+
 def test_cpu_kernel_bf16_portable_build(cpu_kernel, monkeypatch, tmp_path):
     """The library built without ``-march=native`` (the build for a CPU or compiler without it: no AVX512_BF16 dot
     products) passes the same bf16 checks."""

@@ -53,8 +53,8 @@ class EngineArgs:
     dtype: Any = None
     enable_prefix_caching: bool = False
     max_step_metrics: int | None = 10_000  # the last steps kept in ``step_metrics`` (None: all, 0: none)
-    # torch's CPU threads (``torch.set_num_threads``, for the whole process): the matmuls use them, the C++ decode
-    # kernels run on one. None leaves torch's setting; the benchmarks run with 1
+    # CPU threads (for the whole process): torch's (``torch.set_num_threads``), which the matmuls use, and the C++
+    # decode attention's (``kernels.cpu.set_threads``). None leaves both settings; the benchmarks run with 1
     threads: int | None = None
 
 
@@ -155,6 +155,7 @@ class LLMEngine:
             if args.threads < 1:
                 raise ValueError(f"threads={args.threads}: at least one thread")
             torch.set_num_threads(args.threads)
+            kernels.cpu.set_threads(args.threads)
         self.model, self.tokenizer = load_for_engine(model, tokenizer, args.dtype,
                                                      torch.device(args.device) if args.device else None)
         param = next(self.model.parameters())

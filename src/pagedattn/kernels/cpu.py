@@ -5,8 +5,8 @@ In eager torch, a paged decode step must first copy each sequence's blocks out o
 before ``scaled_dot_product_attention`` can read them, so the K/V bytes cross memory three times and every bucket
 of sequences costs a dozen torch calls (:mod:`pagedattn.kernels.reference`). ``cpu_attention.cpp`` walks each block
 table instead, as vLLM's CUDA kernel does, and reads every K and V row once; it needs no decode plan. The cache write
-is one call too (a torch write is about nine small torch calls per layer). Both run on one thread (the engine's CPU
-runs use one torch thread).
+is one call too (a torch write is about nine small torch calls per layer). Both run on one thread, unless
+:func:`set_threads` (the engine's ``threads`` option) splits the attention's batch over more.
 
 The per-layer operations (``cpu_layer_ops.cpp``) replace torch calls whose fixed cost dominates at decode shapes:
 at batch 64, torch's RMSNorm took 35-80 us per call on ``[64, 256]`` and ``max(dim)`` about 300 us on the
@@ -44,6 +44,7 @@ import subprocess
 import tempfile
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
@@ -206,6 +207,37 @@ def available() -> bool:
     return load_library() is not None
 
 
+_threads = 1
+_workers: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def set_threads(n: int) -> None:
+    """Threads for :func:`paged_attention_cpu` (process-wide, as ``torch.set_num_threads``; default 1, which the
+    benchmarks and notebooks keep): with ``n > 1`` a batch's sequences are split into ``n`` shares of about equal
+    context and the shares run at once, each a C++ call on its own thread (ctypes lets go of the GIL during the call).
+    The engine's ``threads`` option sets it."""
+    global _threads
+    if n < 1:
+        raise ValueError(f"threads={n}: at least one thread")
+    _threads = n
+
+
+def _shares(lens: Tensor, n: int) -> list[tuple[int, int]]:
+    """``n`` (or fewer) ranges of consecutive sequences, cut where the running sum of context lengths crosses each
+    ``i / n`` of the total."""
+    total = lens.to(torch.int64).cumsum(0)
+    cuts = torch.searchsorted(total, total[-1] * torch.arange(1, n, dtype=torch.int64) // n, right=True).tolist()
+    bounds = sorted({0, *cuts, len(lens)})
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    global _workers
+    if _workers is None or _workers[0] != n:
+        _workers = (n, ThreadPoolExecutor(max_workers=n, thread_name_prefix="paged_attention_cpu"))
+    return _workers[1]
+
+
 def paged_attention_cpu(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                         context_lens: Tensor, scale: float, plan=None) -> Tensor:
     """:func:`pagedattn.kernels.reference.paged_attention_ref`'s contract (same arguments, same result; ``plan`` is
@@ -213,7 +245,9 @@ def paged_attention_cpu(query: Tensor, key_cache: Tensor, value_cache: Tensor, b
     (bf16: query, cache and output in bf16, scores, softmax and sums in fp32, the output rounded to nearest even).
 
     Raises ``ValueError`` when a block table entry inside a context is not a block of the cache, or a context is
-    longer than its table row, before anything is read.
+    longer than its table row (nothing outside the cache or the table is read). With :func:`set_threads` above 1,
+    shares of the batch run on that many threads, with the same result bit for bit (each sequence is computed
+    alone).
     """
     num_seqs, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, _ = key_cache.shape
@@ -234,9 +268,16 @@ def paged_attention_cpu(query: Tensor, key_cache: Tensor, value_cache: Tensor, b
         raise ValueError(f"block_tables {tuple(block_tables.shape)} and context_lens {tuple(context_lens.shape)} do "
                          f"not match {num_seqs} sequences")
     out = torch.empty((num_seqs, num_heads, head_dim), dtype=query.dtype)
-    rc = getattr(dll, name)(q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(),
-                            lens.data_ptr(), out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim,
-                            block_size, num_blocks, tables.shape[1], q.stride(0), float(scale))
+    fn, esize, width = getattr(dll, name), query.element_size(), tables.shape[1]
+
+    def run(first: int, end: int) -> int:  # sequences first .. end - 1
+        return fn(q.data_ptr() + first * q.stride(0) * esize, key_cache.data_ptr(), value_cache.data_ptr(),
+                  tables.data_ptr() + first * width * 4, lens.data_ptr() + first * 4,
+                  out.data_ptr() + first * num_heads * head_dim * esize, end - first, num_heads, num_kv_heads,
+                  head_dim, block_size, num_blocks, width, q.stride(0), float(scale))
+    shares = _shares(lens, min(_threads, num_seqs)) if _threads > 1 and num_seqs > 1 else [(0, num_seqs)]
+    done = [_pool(_threads - 1).submit(run, *share) for share in shares[1:]]
+    rc = max([run(*shares[0])] + [f.result() for f in done])
     if rc:
         raise ValueError(f"paged_attention_cpu: {_ERRORS[rc]} (num_blocks={num_blocks}, block_size={block_size}, "
                          f"max context {int(lens.max())}, table width {tables.shape[1]})")
