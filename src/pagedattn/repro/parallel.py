@@ -10,7 +10,8 @@ model sizes, whole bisections.
 
 Where it runs never changes what it returns: results come back in the order of ``items``, and every task carries
 its own inputs, seeds included (a task that draws random numbers takes its seed as an argument; no task reads a
-worker's state), and the caller's ``PAGEDATTN_*`` environment variables (``PAGEDATTN_SENSITIVITY_CACHE``, say). ``fn`` must be picklable: a module-level function, or a ``functools.partial`` of one.
+worker's state), and the caller's ``PAGEDATTN_*`` environment variables (``PAGEDATTN_SENSITIVITY_CACHE``, say).
+``fn`` must be picklable: a module-level function, or a ``functools.partial`` of one.
 
 How many jobs and which cluster: ``configure(jobs=..., scheduler=...)`` (a notebook's ``jobs`` / ``scheduler``
 parameters), else the environment (``PAGEDATTN_JOBS``, ``PAGEDATTN_SCHEDULER``: ``pagedattn.repro.reproduce --jobs N

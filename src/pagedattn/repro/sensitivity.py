@@ -67,6 +67,8 @@ CACHE_DIR = REPO_ROOT / ".cache" / "sensitivity"
 
 def cache_dir() -> Path:
     return Path(os.environ.get("PAGEDATTN_SENSITIVITY_CACHE") or CACHE_DIR)
+
+
 #: The other trace of each workload with a real one (the trace axis).
 OTHER_TRACE = {"sharegpt": "sharegpt_synthetic", "sharegpt_synthetic": "sharegpt"}
 
