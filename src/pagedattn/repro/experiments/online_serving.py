@@ -117,9 +117,10 @@ class Params(ServingParams):
     #: the sustainable-rate searches' trace (``search``): the shortest of 300 and 600 that judges every search
     #: (``capacity.Load.trend_se`` at most 1 % of the rate). On 300 every search of two full runs was judged: trend_se
     #: 0.58 / 0.46 / 0.66 % and 0.44 / 0.44 / 0.79 % (paged / Orca Max / Orca Oracle servers), 0.40-0.50 % for their
-    #: predictions; a first trial on a machine shared with another job had 0.94 % at most. 600 was not needed, and
-    #: would double the searches' ~4-5 minutes. The curves keep ``num_requests``.
-    search_requests: int = 300
+    #: predictions; a first trial on a machine shared with another job had 0.94 % at most. The full run of
+    #: 2026-12-02 on the Intel VM left the paged server's search unjudged on 300 (trend_se 1.16 %), so by this rule
+    #: the trace is 600, which doubles the live searches' time. The curves keep ``num_requests``.
+    search_requests: int = 600
     #: the searches' resolution: 10 %, coarser than notebook 03's CPU scale (5 %). Each probe is a live replay of
     #: ``search_requests`` requests and lasts about ``search_requests`` / rate seconds (issue 26: the notebook ran 8
     #: minutes against a 6-minute budget); one probe fewer per search saves about a seventh of the searches' time. The
