@@ -2,6 +2,7 @@
 process pool and on a Dask ``LocalCluster``; and an experiment's ``summary.json`` byte for byte the same whichever
 computed it."""
 import math
+import os
 import tempfile
 from pathlib import Path
 
@@ -32,12 +33,6 @@ def test_pmap_in_process_and_on_a_pool(restore_settings):
     assert parallel.num_jobs() == 2 and pmap(call, _tasks()) == want
 
 
-def _env(name: str) -> str | None:
-    import os
-
-    return os.environ.get(name)
-
-
 def _cache_one(k: int) -> int:
     return sensitivity.cached({"test_parallel": k}, lambda: k)
 
@@ -46,13 +41,13 @@ def test_tasks_carry_the_callers_settings(monkeypatch, restore_settings, tmp_pat
     """A pool made before the caller changed its ``PAGEDATTN_*`` environment (the sensitivity cache's place, say)
     runs each task with the caller's values, and without a variable the caller no longer has."""
     monkeypatch.delenv("PAGEDATTN_SENSITIVITY_CACHE", raising=False)
-    assert pmap(_env, ["PAGEDATTN_SENSITIVITY_CACHE"] * 2, jobs=2) == [None, None]  # the pool starts here
+    assert pmap(os.getenv, ["PAGEDATTN_SENSITIVITY_CACHE"] * 2, jobs=2) == [None, None]  # the pool starts here
     monkeypatch.setenv("PAGEDATTN_SENSITIVITY_CACHE", str(tmp_path))
-    assert pmap(_env, ["PAGEDATTN_SENSITIVITY_CACHE"] * 4, jobs=2) == [str(tmp_path)] * 4
+    assert pmap(os.getenv, ["PAGEDATTN_SENSITIVITY_CACHE"] * 4, jobs=2) == [str(tmp_path)] * 4
     assert pmap(_cache_one, [1, 2], jobs=2) == [1, 2]  # the workers store in the caller's cache
     assert len(list(tmp_path.glob("*.json"))) == 2
     monkeypatch.delenv("PAGEDATTN_SENSITIVITY_CACHE")
-    assert pmap(_env, ["PAGEDATTN_SENSITIVITY_CACHE"] * 4, jobs=2) == [None] * 4
+    assert pmap(os.getenv, ["PAGEDATTN_SENSITIVITY_CACHE"] * 4, jobs=2) == [None] * 4
 
 
 def test_errors_reach_the_caller(restore_settings):
