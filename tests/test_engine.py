@@ -394,9 +394,10 @@ def test_bf16_on_a_cpu_without_bf16_hardware_warns(monkeypatch, flags, warns):
     (there torch's bf16 matmuls are emulated); an fp32 model, or a CPU with either, gets none."""
     import warnings
 
-    from pagedattn.kernels import cpu
+    from pagedattn import cpuinfo
 
-    monkeypatch.setattr(cpu, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(cpuinfo, "cpu_flags", lambda: flags)
+
     def model():
         return tiny_models.tiny_llama(hidden_size=64, intermediate_size=128, max_position_embeddings=64)
 

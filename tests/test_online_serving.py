@@ -69,7 +69,7 @@ def test_prediction_runs_the_simulator_on_the_servers_budget():
 def test_budget_rule_takes_the_largest_budget_where_the_paged_system_is_memory_bound():
     """``Params.slots``' rule, simulator only: budgets halve from notebook 03's until the paged system is
     memory-bound in at least ``memory_bound_min_pct`` % of its steady steps at 40 % of its CPU's capacity."""
-    p = O.Params.make(True, search_requests=100)
+    p = O.Params.make(True, search_requests=(100,))
     # a step costs the same whatever its batch: throughput grows with the batch, so memory decides it
     per_step = O.FittedStepTime(decode_s=5e-3, decode_per_seq_s=1e-6, prefill_s=1e-3, prefill_per_token_s=1e-7)
     slots, table = O.budget_rule(p, per_step)
@@ -100,23 +100,24 @@ def test_refusals_name_the_budget_no_request_fits():
 
 
 def test_search_is_a_capacity_search_with_the_offline_rule_and_its_resolution():
-    p = O.Params.make(True, search_requests=60, rate_resolution=0.05)
+    p = O.Params.make(True, search_requests=(60,), rate_resolution=0.05)
     cost = O.FittedStepTime(decode_s=2e-3, decode_per_seq_s=1e-4, prefill_per_token_s=1e-5)
     offline = len(p.trace(math.inf, 60)) / float(O.predict(p.trace(math.inf, 60), "paged", p, cost).finish_time.max())
-    row = O.search(lambda rate: O.predict(p.trace(rate, p.search_requests), "paged", p, cost), offline, p, 0.05)
+    row = O.search(lambda rate, n: O.predict(p.trace(rate, n), "paged", p, cost), offline, p, 0.05)
     assert len(p.trace(1.0, 60)) == 60 and len(p.trace(1.0)) == p.num_requests  # the curves keep num_requests
     assert {"sustainable_rate", "resolution", "bound_by", "failed_at", "offline_rate", "trend_se", "judged",
-            "probes", "threshold_s", "search_s"} <= set(row)
+            "probes", "threshold_s", "search_s", "search_requests", "search_lengths_tried"} <= set(row)
+    assert row["search_requests"] == 60 and row["search_lengths_tried"] == "60"
     assert 0 < row["sustainable_rate"] <= row["offline_rate"] and row["probes"] >= 3
     assert row["resolution"] <= 0.05 or row["bound_by"] == "offline throughput"
 
 
 def test_rows_and_searches_carry_the_replay_clients_cpu_and_the_simulated_memory_bound_share():
-    p = O.Params.make(True, search_requests=60)
+    p = O.Params.make(True, search_requests=(60,))
     cost = O.FittedStepTime(decode_s=2e-3, decode_per_seq_s=1e-4, prefill_per_token_s=1e-5)
 
-    def live(rate):  # a stand-in for ``send``: the simulator's frame with a client's CPU and wall time attached
-        df = O.predict(p.trace(rate, p.search_requests), "paged", p, cost)
+    def live(rate, n=60):  # a stand-in for ``send``: the simulator's frame with a client's CPU and wall time attached
+        df = O.predict(p.trace(rate, n), "paged", p, cost)
         df.attrs.update(client_cpu_s=0.5, client_wall_s=2.0 if math.isinf(rate) else 1.0)
         df["ttft_s"] = df["tpot_s"] = 0.0
         return df
@@ -126,7 +127,7 @@ def test_rows_and_searches_carry_the_replay_clients_cpu_and_the_simulated_memory
     assert math.isnan(O._row("paged", 20.0, 0.4, live(20.0), None)["memory_bound_share_predicted"])
     found = O.search(live, 40.0, p, 0.05)
     assert found["client_cpu_s_per_probe"] == 0.5 and found["client_cpu_share_max"] == 0.5
-    sim = O.search(lambda rate: O.predict(p.trace(rate, 60), "paged", p, cost), 40.0, p, 0.05)
+    sim = O.search(lambda rate, n: O.predict(p.trace(rate, n), "paged", p, cost), 40.0, p, 0.05)
     assert math.isnan(sim["client_cpu_s_per_probe"])  # a prediction has no client
 
 
@@ -154,11 +155,11 @@ def test_orca_max_live_rate_is_read_off_its_grid_and_its_ratio_says_so():
                                                                nl_error_pct=10.0)
     sus = pd.DataFrame([_found("paged", "measured", 7.0), O.grid_sustainable(grid, 0.1, "orca_max"),
                         _found("paged", "predicted", 6.0), _found("orca_max", "predicted", 2.0)])
-    cl = {c.name: c for c in O.claims(cur, sus, search_requests=300)}
+    cl = {c.name: c for c in O.claims(cur, sus)}
     m, p = cl["online.rate_ratio.paged_vs_orca_max.measured"], cl["online.rate_ratio.paged_vs_orca_max.predicted"]
     assert m.ours == 4.0 and "Orca (Max)'s read off its rate grid" in m.note and "rate grid at 2.5" in m.note
     assert "ratio resolution 48.6 %" in m.note  # (1 + 0.04) x 2.5 / 1.75 - 1
-    assert p.ours == 3.0 and "rates searched on 300 requests" in p.note and "grid" not in p.note
+    assert p.ours == 3.0 and "rates searched on 600 requests" in p.note and "grid" not in p.note
 
 
 # ------------------------------------------------------------------------------------------ vLLM-CPU joins
@@ -222,10 +223,36 @@ def test_vllm_server_command_carries_the_settings():
     assert other[other.index("--block-size") + 1] == "64"  # rounded up to a multiple of 32
 
 
-def _found(system, which, rate, judged=True):
+def _found(system, which, rate, judged=True, search_requests=600):
     return {"system": system, "which": which, "sustainable_rate": rate, "resolution": 0.04, "bound_by": "capacity",
             "failed_at": rate * 1.04, "offline_rate": 2 * rate, "trend_se": 0.005 if judged else 0.03,
-            "judged": judged}
+            "judged": judged, "search_requests": search_requests}
+
+
+def test_an_unjudged_search_runs_again_whole_on_the_next_length(monkeypatch):
+    """``Params.search_requests``: a search runs on the first trace length, and again, whole, on the next while
+    its answer is unjudged (``RateSearch.judged``); a judged one stops there. The ratio's note names each length."""
+    from pagedattn.repro import capacity
+
+    p = O.Params.make(True, search_requests=(30, 60, 90))
+    lengths = []
+
+    def fake_search(probe, lo, hi, threshold_s, resolution):  # judged from the second length on
+        probe(lo)
+        return capacity.RateSearch(lo, hi, 0.1, "capacity", lo, 0.01, 1, trend_se=0.03 if lengths[-1] == 30 else 0.005)
+
+    def replay(rate, n):
+        lengths.append(n)
+        return pd.DataFrame()
+    monkeypatch.setattr(O, "sustainable_rate", fake_search)
+    row = O.search(replay, 10.0, p, 0.05)
+    assert lengths == [30, 60] and row["search_requests"] == 60 and row["search_lengths_tried"] == "30 60"
+    assert row["judged"]
+    sus = pd.DataFrame([_found("paged", "measured", 4.0, search_requests=60), _found("orca_oracle", "measured", 2.0,
+                                                                                      search_requests=30)])
+    cur = pd.DataFrame([{"system": "paged", "rate": 1.0, "nl_error_pct": 1.0}])
+    note = {c.name: c for c in O.claims(cur, sus)}["online.rate_ratio.paged_vs_orca_oracle.measured"].note
+    assert "ours searched on 60 requests, Orca (Oracle)'s on 30" in note
 
 
 def test_vllm_has_a_curve_and_a_grid_rate_but_no_prediction_and_no_ratio():
@@ -240,7 +267,7 @@ def test_vllm_has_a_curve_and_a_grid_rate_but_no_prediction_and_no_ratio():
     sus = pd.DataFrame([_found("paged", "measured", 4.0), _found("orca_oracle", "measured", 2.0, judged=False),
                         _found("paged", "predicted", 3.0), _found("orca_oracle", "predicted", 2.0),
                         O.grid_sustainable(cur[cur.system == O.VLLM], 0.1, O.VLLM)])
-    cl = {c.name: c for c in O.claims(cur, sus, search_requests=600)}
+    cl = {c.name: c for c in O.claims(cur, sus)}
     v = cl[f"online.sustainable_rate.{O.VLLM}.measured"]
     assert v.ours == 2.0 and v.kind == "tracking" and "no ratio" in v.note and "grid" in v.note
     assert not any(O.VLLM in name for name in cl if "ratio" in name)

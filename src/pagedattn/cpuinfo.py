@@ -1,7 +1,8 @@
 """The host CPU as Linux's ``/proc/cpuinfo`` describes it: its name and its feature flags.
 
-Two readers need them: the C++ kernels' build cache (``-march=native`` code depends on the flags) and the results'
-hardware label (machines of one name here differ by their vector extensions, and CPU timings with them)."""
+Three readers need them: the C++ kernels' build cache (``-march=native`` code depends on the flags), the results'
+hardware label (machines of one name here differ by their vector extensions, and CPU timings with them), and the
+engine's bf16 warning (``bf16_in_hardware``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,3 +23,11 @@ def cpu_field(*keys: str) -> str:
 def cpu_flags() -> str:
     """The CPU's feature flags, space-separated (``flags`` on x86, ``Features`` on Arm)."""
     return cpu_field("flags", "Features")
+
+
+def bf16_in_hardware(flags: str | None = None) -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AMX or AVX-512 BF16, from its feature flags, or ``flags``).
+    Elsewhere torch's bf16 matmuls are emulated: on an AVX2-only VM our engine ran 28x slower in bf16 than in fp32
+    (``results/benchmarks/engine_vs_vllm_avx2.json``)."""
+    have = set((cpu_flags() if flags is None else flags).split())
+    return bool(have & {"amx_bf16", "avx512_bf16"})

@@ -24,6 +24,7 @@ import torch
 
 from pagedattn import beam_search, kernels
 from pagedattn.config import SchedulerConfig
+from pagedattn.cpuinfo import bf16_in_hardware
 from pagedattn.executor import ModelRunner, StepResult
 from pagedattn.memory import AllocStatus, BlockManager, KVManager
 from pagedattn.model.loader import eos_token_ids, load_for_engine
@@ -160,7 +161,7 @@ class LLMEngine:
                                                      torch.device(args.device) if args.device else None)
         param = next(self.model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        if self.device.type == "cpu" and self.dtype == torch.bfloat16 and not kernels.cpu.bf16_in_hardware():
+        if self.device.type == "cpu" and self.dtype == torch.bfloat16 and not bf16_in_hardware():
             warnings.warn("bfloat16 on a CPU without AMX or AVX-512 BF16: its matmuls run emulated, many times slower "
                           "than float32 (28x on an AVX2-only VM); dtype=torch.float32 is faster here", stacklevel=2)
         config: Any = self.model.config  # a transformers config

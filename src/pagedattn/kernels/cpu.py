@@ -232,8 +232,12 @@ def _shares(lens: Tensor, n: int) -> list[tuple[int, int]]:
 
 
 def _pool(n: int) -> ThreadPoolExecutor:
+    """The executor of ``n`` worker threads, started on first use; one of another size is shut down (its threads
+    end once idle)."""
     global _workers
     if _workers is None or _workers[0] != n:
+        if _workers is not None:
+            _workers[1].shutdown(wait=False)
         _workers = (n, ThreadPoolExecutor(max_workers=n, thread_name_prefix="paged_attention_cpu"))
     return _workers[1]
 
@@ -275,9 +279,12 @@ def paged_attention_cpu(query: Tensor, key_cache: Tensor, value_cache: Tensor, b
                   tables.data_ptr() + first * width * 4, lens.data_ptr() + first * 4,
                   out.data_ptr() + first * num_heads * head_dim * esize, end - first, num_heads, num_kv_heads,
                   head_dim, block_size, num_blocks, width, q.stride(0), float(scale))
-    shares = _shares(lens, min(_threads, num_seqs)) if _threads > 1 and num_seqs > 1 else [(0, num_seqs)]
-    done = [_pool(_threads - 1).submit(run, *share) for share in shares[1:]]
-    rc = max([run(*shares[0])] + [f.result() for f in done])
+    if _threads > 1 and num_seqs > 1:
+        shares = _shares(lens, min(_threads, num_seqs))
+        done = [_pool(_threads - 1).submit(run, *share) for share in shares[1:]]
+        rc = max([run(*shares[0])] + [f.result() for f in done])
+    else:
+        rc = run(0, num_seqs)
     if rc:
         raise ValueError(f"paged_attention_cpu: {_ERRORS[rc]} (num_blocks={num_blocks}, block_size={block_size}, "
                          f"max context {int(lens.max())}, table width {tables.shape[1]})")
@@ -330,14 +337,6 @@ def layer_function(name: str, dtype: torch.dtype):
     """The C++ function ``<name>_<f32|bf16>`` for ``dtype`` (``LAYER_DTYPES``), looked up once: the per-layer
     operations run about 15 times per decode step."""
     return getattr(load_library(), f"{name}_{LAYER_DTYPES[dtype]}")
-
-
-def bf16_in_hardware(flags: str | None = None) -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AMX or AVX-512 BF16, from its feature flags, or ``flags``).
-    Elsewhere torch's bf16 matmuls are emulated: on an AVX2-only VM our engine ran 28x slower in bf16 than in fp32
-    (``results/benchmarks/engine_vs_vllm_avx2.json``)."""
-    have = set((cpu_flags() if flags is None else flags).split())
-    return bool(have & {"amx_bf16", "avx512_bf16"})
 
 
 def takes(*xs: Tensor, dtypes=(torch.float32,)) -> bool:

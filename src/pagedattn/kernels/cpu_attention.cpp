@@ -136,24 +136,6 @@ static inline void finish_head(const A *acc, A inv, int64_t dim, T *out) {
     }
 }
 
-// <q, k> over d_len elements in the compute type. bf16 with AVX512_BF16 and D a multiple of 32: VDPBF16PS (pairs of
-// bf16 products, exact in fp32, summed into fp32 lanes; the instruction treats denormal inputs as zero).
-template <typename T, int64_t D>
-static inline typename acc_of<T>::type dot_qk(const T *q, const T *k, int64_t d_len) {
-#ifdef __AVX512BF16__
-    if constexpr (sizeof(T) == 2 && D > 0 && D % 32 == 0) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t d = 0; d < D; d += 32)
-            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q + d), (__m512bh)_mm512_loadu_si512(k + d));
-        return _mm512_reduce_add_ps(acc);
-    }
-#endif
-    typename acc_of<T>::type dot = 0;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t d = 0; d < d_len; d++) dot += widen(q[d]) * widen(k[d]);
-    return dot;
-}
-
 // Scores of 16 tokens at once (fp32 compute type, head_dim D known at compile time), for the rows of a block:
 // each token's products land in one vector of 16 fp32 partial sums (fused multiply-adds, or VDPBF16PS for bf16
 // where the CPU has AVX512_BF16), and the 16 vectors are then summed lane-wise together by a tree of two-source
@@ -184,6 +166,20 @@ template <typename T, int64_t D> static inline v16 partial_qk(const T *q, const 
         }
     }
     return acc;
+}
+
+// <q, k> over d_len elements in the compute type. bf16 with AVX512_BF16 and D a multiple of 32: partial_qk's
+// VDPBF16PS (pairs of bf16 products, exact in fp32, summed into fp32 lanes; the instruction treats denormal inputs as
+// zero), then one horizontal sum.
+template <typename T, int64_t D>
+static inline typename acc_of<T>::type dot_qk(const T *q, const T *k, int64_t d_len) {
+#ifdef __AVX512BF16__
+    if constexpr (sizeof(T) == 2 && D > 0 && D % 32 == 0) return _mm512_reduce_add_ps((__m512)partial_qk<T, D>(q, k));
+#endif
+    typename acc_of<T>::type dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t d = 0; d < d_len; d++) dot += widen(q[d]) * widen(k[d]);
+    return dot;
 }
 
 // r[i] = the sum of v[i]'s 16 lanes: each level halves the lanes per token and doubles the tokens per vector.
@@ -264,18 +260,18 @@ static void attend_sequence(const T *q, const T *key_cache, const T *value_cache
         const int64_t n = rows(t0);
         if (t0 + block_size < L) prefetch_rows(key_cache + at(t0 + block_size), rows(t0 + block_size), row);
         else prefetch_rows(value_cache + at(0), rows(0), row);
+        const T *k = key_cache + at(t0);
         for (int64_t h = 0; h < num_heads; h++)
-            block_scores<T, D>(q + h * d_len, key_cache + at(t0) + (h / group) * d_len, n, row, d_len, scale,
-                               P + h * L + t0);
+            block_scores<T, D>(q + h * d_len, k + (h / group) * d_len, n, row, d_len, scale, P + h * L + t0);
     }
     for (int64_t h = 0; h < num_heads; h++) inv[h] = softmax_unnormalised(P + h * L, L);
     std::fill(acc, acc + num_heads * d_len, static_cast<A>(0));
     for (int64_t t0 = 0; t0 < L; t0 += block_size) {  // weighted sums of V
         const int64_t n = rows(t0);
         if (t0 + block_size < L) prefetch_rows(value_cache + at(t0 + block_size), rows(t0 + block_size), row);
+        const T *v = value_cache + at(t0);
         for (int64_t h = 0; h < num_heads; h++)
-            block_accumulate<T, A, D>(value_cache + at(t0) + (h / group) * d_len, P + h * L + t0, n, row, d_len,
-                                      acc + h * d_len);
+            block_accumulate<T, A, D>(v + (h / group) * d_len, P + h * L + t0, n, row, d_len, acc + h * d_len);
     }
     for (int64_t h = 0; h < num_heads; h++) finish_head<T, A, D>(acc + h * d_len, inv[h], d_len, out + h * d_len);
 }

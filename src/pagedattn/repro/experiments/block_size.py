@@ -418,7 +418,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
         df.to_csv(out_dir / f"{name}.csv", index=False)
     hw = hardware_label("cpu")
     model = f"{SIM_MODEL}; CPU engine: {engine_model}"
-    default = claims(best, best_mem, best_measured, fit_per_block_cost(kernel), engine_best, rates, engine_worse)
+    default = claims(best, best_mem, best_measured, float(mult.beta_tokens.iloc[0]), engine_best, rates, engine_worse)
     # the synthetic ShareGPT trace is its own .synthetic claim (no trace axis)
     pts = sensitivity.points(quick, trace_axis=False, rate_scales=() if quick else (1 / 1.2, 1.2))
     band = sensitivity.sweep(EXPERIMENT, partial(claims_at, params=params, kernel=kernel, rates=rates), pts,
