@@ -36,8 +36,9 @@ against live servers on this machine:
    the offline throughput), searched (``capacity.sustainable_rate``, §6.2's measure) on each live server and on the
    simulator's prediction alike: an offline probe first, then a geometric bisection down to ``Params.rate_resolution``
    (10 %), on the shortest of ``Params.search_requests``' trace lengths that judges the search
-   (``RateSearch.judged``; an unjudged search runs again on the next). Orca (Max)'s live rate and vLLM-CPU's are read off their measured rate grids instead (their
-   resolution the grid's step; ``Params.searched`` says why), Orca (Max)'s prediction is still searched.
+   (``RateSearch.judged``; an unjudged search runs again on the next). Orca (Max)'s live rate and vLLM-CPU's are read
+   off their measured rate grids instead (their resolution the grid's step; ``Params.searched`` says why), Orca
+   (Max)'s prediction is still searched.
    The replay client runs in this process on the same 2 cores as the server: each live run records its CPU time
    (``time.process_time``; ``client_cpu_s`` and ``client_cpu_share`` of the run's wall time per curve point,
    ``client_cpu_s_per_probe`` and the largest share per search), so that a reader can tell whether it starved the
@@ -126,7 +127,7 @@ class Params(ServingParams):
     #: unjudged one 300 + 600. The curves keep ``num_requests``; the budget rule simulates the longest.
     search_requests: tuple = (300, 600)
     #: the searches' resolution: 10 %, coarser than notebook 03's CPU scale (5 %). Each probe is a live replay of
-    #: ``search_requests`` requests and lasts about ``search_requests`` / rate seconds (issue 26: the notebook ran 8
+    #: the search trace and lasts about its length / rate seconds (issue 26: the notebook ran 8
     #: minutes against a 6-minute budget); one probe fewer per search saves about a seventh of the searches' time. The
     #: measured rates move between runs by far more than either resolution (the paged / Orca (Oracle) ratio measured
     #: 1.50, 0.97 and 0.80 on the same code, 2026-12-02), so the finer search bought no precision. Chosen for time,
