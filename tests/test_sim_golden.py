@@ -2,6 +2,8 @@
 metrics, the preemption counts, the prefix hit rate, the prompt tokens computed) for a fixed set of replays that
 covers every system, recompute and swap, parallel sampling, beam search, prefix caching (user-marked and automatic,
 with swapping), both placements, a second block size and all three traces.
+Each case is also replayed without step records (``record_steps=False``, as the rate searches and bands run), with a
+digest of its own, and must reach the same per-request results as when it records every step.
 
 The digests were committed before the simulator was optimised: any change to a replay's result, however small,
 changes a digest. A change that is meant to alter results (a fixed divergence) must re-commit them with the reason
@@ -14,6 +16,7 @@ does not move the digests; the replays' behaviour is what they pin.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -21,6 +24,7 @@ import math
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from pagedattn.repro.sim import BeamModel, CostModel, simulate
@@ -53,49 +57,55 @@ def _with_prompt_lens(trace, prompts):
     return [TraceRequest(r.request_id, r.arrival_time, len(prompts[r.request_id]), r.output_len) for r in trace]
 
 
+def case(*args, **kwargs):
+    """A replay to run later: ``simulate(*args, **kwargs)``, with ``**kw`` of the call on top (``record_steps``)."""
+    return lambda **kw: simulate(*args, **{**kwargs, **kw})
+
+
 def cases() -> dict:
-    """name -> a function that runs the replay (small enough that all of them take seconds)."""
+    """name -> a function that runs the replay (small enough that all of them take seconds); each takes
+    ``record_steps=False`` too, for its digest without step records (``NO_STEPS``)."""
     share = make_trace("sharegpt", 300, 5.0, seed=1)
     synth = make_trace("sharegpt_synthetic", 200, 4.0, seed=2)
     alpaca = make_trace("alpaca", 400, 40.0, seed=3)
     offline = make_trace("sharegpt", 150, math.inf, seed=4)
     out = {}
     for system in ("paged", "orca_max", "orca_pow2", "orca_oracle", "ft"):
-        out[f"sharegpt.{system}"] = lambda s=system: simulate(share, s, 4000, cost=_cost())
-    out["sharegpt.orca_oracle.exact"] = lambda: simulate(share, "orca_oracle", 4000, cost=_cost(), placement="exact")
-    out["sharegpt.paged.block32"] = lambda: simulate(share, "paged", 4000, 32, cost=_cost())
-    out["sharegpt.paged.no_steps"] = lambda: simulate(share, "paged", 4000, cost=_cost(), record_steps=False)
-    out["offline.paged.max_steps"] = lambda: simulate(offline, "paged", 3000, cost=_cost(), max_steps=400)
-    out["offline.orca_oracle"] = lambda: simulate(offline, "orca_oracle", 3000, cost=_cost(step_overhead_s=0.0))
-    out["synthetic.paged.recompute"] = lambda: simulate(synth, "paged", 3000, cost=_cost())
-    out["synthetic.paged.swap"] = lambda: simulate(synth, "paged", 3000, cost=_cost(), preemption_mode="swap",
+        out[f"sharegpt.{system}"] = case(share, system, 4000, cost=_cost())
+    out["sharegpt.orca_oracle.exact"] = case(share, "orca_oracle", 4000, cost=_cost(), placement="exact")
+    out["sharegpt.paged.block32"] = case(share, "paged", 4000, 32, cost=_cost())
+    out["sharegpt.paged.no_steps"] = case(share, "paged", 4000, cost=_cost(), record_steps=False)
+    out["offline.paged.max_steps"] = case(offline, "paged", 3000, cost=_cost(), max_steps=400)
+    out["offline.orca_oracle"] = case(offline, "orca_oracle", 3000, cost=_cost(step_overhead_s=0.0))
+    out["synthetic.paged.recompute"] = case(synth, "paged", 3000, cost=_cost())
+    out["synthetic.paged.swap"] = case(synth, "paged", 3000, cost=_cost(), preemption_mode="swap",
                                                    num_cpu_blocks=400)
-    out["synthetic.paged.n4.swap"] = lambda: simulate(synth[:100], "paged", 3000, cost=_cost(), n=4, seed=5,
+    out["synthetic.paged.n4.swap"] = case(synth[:100], "paged", 3000, cost=_cost(), n=4, seed=5,
                                                       preemption_mode="swap", num_cpu_blocks=200)
-    out["synthetic.orca_oracle.n2"] = lambda: simulate(synth, "orca_oracle", 3000, cost=_cost(), n=2, seed=6)
-    out["alpaca.paged"] = lambda: simulate(alpaca, "paged", 2000, cost=_cost())
-    out["alpaca.paged.swap.small_cpu"] = lambda: simulate(alpaca, "paged", 1200, 8, cost=_cost(),
+    out["synthetic.orca_oracle.n2"] = case(synth, "orca_oracle", 3000, cost=_cost(), n=2, seed=6)
+    out["alpaca.paged"] = case(alpaca, "paged", 2000, cost=_cost())
+    out["alpaca.paged.swap.small_cpu"] = case(alpaca, "paged", 1200, 8, cost=_cost(),
                                                           preemption_mode="swap", num_cpu_blocks=30)
-    out["alpaca.orca_pow2"] = lambda: simulate(alpaca, "orca_pow2", 2000, cost=_cost())
-    out["alpaca.paged.beam4"] = lambda: simulate(make_trace("alpaca", 200, 10.0, seed=12), "paged", 6000, cost=_cost(), seed=7,
+    out["alpaca.orca_pow2"] = case(alpaca, "orca_pow2", 2000, cost=_cost())
+    out["alpaca.paged.beam4"] = case(make_trace("alpaca", 200, 10.0, seed=12), "paged", 6000, cost=_cost(), seed=7,
                                                  beam=BeamModel.measured(4))
-    out["alpaca.paged.beam6.swap"] = lambda: simulate(alpaca[:200], "paged", 1500, cost=_cost(), seed=8,
+    out["alpaca.paged.beam6.swap"] = case(alpaca[:200], "paged", 1500, cost=_cost(), seed=8,
                                                       beam=BeamModel.measured(6), preemption_mode="swap",
                                                       num_cpu_blocks=100)
-    out["alpaca.orca_oracle.beam2"] = lambda: simulate(alpaca[:200], "orca_oracle", 2000, cost=_cost(), seed=9,
+    out["alpaca.orca_oracle.beam2"] = case(alpaca[:200], "orca_oracle", 2000, cost=_cost(), seed=9,
                                                        beam=BeamModel(2, 1.5))
     pre = make_trace("alpaca", 250, 30.0, seed=10)
     prompts, marks = _prefix_prompts(pre, 40, seed=11)
     pre = _with_prompt_lens(pre, prompts)
-    out["prefix.user"] = lambda: simulate(pre, "paged", 1500, cost=_cost(), prompts=prompts, prefix_lens=marks)
-    out["prefix.auto"] = lambda: simulate(pre, "paged", 1500, cost=_cost(), prompts=prompts,
+    out["prefix.user"] = case(pre, "paged", 1500, cost=_cost(), prompts=prompts, prefix_lens=marks)
+    out["prefix.auto"] = case(pre, "paged", 1500, cost=_cost(), prompts=prompts,
                                           enable_prefix_caching=True)
-    out["prefix.auto.charge_cached"] = lambda: simulate(pre, "paged", 1500, cost=_cost(), prompts=prompts,
+    out["prefix.auto.charge_cached"] = case(pre, "paged", 1500, cost=_cost(), prompts=prompts,
                                                         enable_prefix_caching=True, charge_cached=True)
-    out["prefix.auto.swap"] = lambda: simulate(pre, "paged", 800, cost=_cost(), prompts=prompts,
+    out["prefix.auto.swap"] = case(pre, "paged", 800, cost=_cost(), prompts=prompts,
                                                enable_prefix_caching=True, preemption_mode="swap",
                                                num_cpu_blocks=60)
-    out["prefix.user.orca_oracle"] = lambda: simulate(pre, "orca_oracle", 1500, cost=_cost(), prompts=prompts)
+    out["prefix.user.orca_oracle"] = case(pre, "orca_oracle", 1500, cost=_cost(), prompts=prompts)
     return out
 
 
@@ -128,6 +138,8 @@ def digest(res) -> str:
 
 
 PATHS = ("interpreted", "compiled")
+#: The suffix of a case's replay without step records (``record_steps=False``, what rate searches run): its own digest
+NO_STEPS = " without step records"
 
 
 @functools.cache
@@ -152,6 +164,8 @@ def results(path: str = "interpreted") -> dict:
         fastsim.replay = compiled_only
     try:
         out = {name: run() for name, run in cases().items()}
+        out.update({name + NO_STEPS: run(record_steps=False) for name, run in cases().items()
+                    if not name.endswith("no_steps")})
     finally:
         fastsim.status, fastsim.replay = status, replay
     assert not fell_back, f"replays fell back to the interpreter: {fell_back}"
@@ -206,3 +220,16 @@ if __name__ == "__main__":
         print(f"wrote {DIGESTS}")
     else:
         print(json.dumps(compute(), indent=1, sort_keys=True))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_replay_without_step_records_has_the_same_results(path):
+    """A replay that records no steps (``record_steps=False``: the rate searches, the bands) reaches the same
+    per-request times, preemptions, hit rate and computed tokens as the same replay recording every step."""
+    r = results(path)
+    for name in cases():
+        if name + NO_STEPS in r:
+            with_steps = r[name]
+            without = dataclasses.replace(with_steps, steps=pd.DataFrame())
+            assert r[name + NO_STEPS].steps.empty
+            assert digest(r[name + NO_STEPS]) == digest(without), name
