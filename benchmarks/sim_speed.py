@@ -7,10 +7,13 @@ The replays (``--kinds``, default all):
 - ``n4.paged.swap``: parallel sampling, 1,000 Alpaca requests with n = 4 at 7.5 req/s, swapping with 2,000 CPU
   blocks (notebook 04's Fig. 15 savings replay);
 - ``beam4.paged.swap``: beam search of width 4 (``BeamModel.measured(4)``), 500 Alpaca requests at 3 req/s, same
-  swap space.
+  swap space;
+- ``search.paged`` and ``search.orca_oracle``: the online replay without step records (``record_steps=False``), as
+  the rate searches and sensitivity bands run it (where the simulator takes steady decode steps as runs).
 
-This tree's replays run compiled where its ``.build/fastsim`` is built and fresh (``pagedattn.repro.fastsim``); each
-row records which simulator each tree ran. The other commit is exported with ``git archive`` into a temporary folder, and each round runs each replay of each
+This tree's replays run compiled where its ``.build/fastsim`` is built and fresh (``pagedattn.repro.fastsim``);
+``--compile-baseline`` builds the other commit's compiled simulator too (where it has one), so that both run
+compiled; each row records which simulator each tree ran. The other commit is exported with ``git archive`` into a temporary folder, and each round runs each replay of each
 tree in a fresh subprocess (``PYTHONPATH`` pointing at that tree's ``src``), the trees in alternating order, so
 that load on a shared machine hits both alike. Each replay's time is the child's CPU time (``time.process_time``)
 around ``simulate`` (the trace is made before; ``--repeat`` replays per child, the fastest counts); the fastest of
@@ -45,6 +48,8 @@ except ImportError:  # a tree from before the research code moved to pagedattn.r
 kind, n, rate = {kind!r}, {n}, {rate}
 if kind.startswith("online."):
     args = (make_trace("sharegpt", n, rate, seed=0), kind.removeprefix("online.")), {{}}
+elif kind.startswith("search."):
+    args = (make_trace("sharegpt", n, rate, seed=0), kind.removeprefix("search.")), dict(record_steps=False)
 elif kind == "offline.paged":
     args = (make_trace("sharegpt", n, math.inf, seed=0), "paged"), {{}}
 elif kind == "n4.paged.swap":
@@ -62,9 +67,11 @@ try:  # which simulator ran: the compiled copy (pagedattn.repro.fastsim) where t
     simulator = "compiled" if fastsim.status()[0] is not None else "interpreted: " + fastsim.status()[1]
 except ImportError:
     simulator = "interpreted"
-print(json.dumps({{"cpu_s": best, "steps": len(r.steps), "simulator": simulator}}))
+print(json.dumps({{"cpu_s": best, "steps": len(r.steps), "finish_sum": repr(float(r.requests["finish_time"].sum())),
+                  "simulator": simulator}}))
 """
-KINDS = ("online.paged", "online.orca_oracle", "offline.paged", "n4.paged.swap", "beam4.paged.swap")
+KINDS = ("online.paged", "online.orca_oracle", "offline.paged", "n4.paged.swap", "beam4.paged.swap", "search.paged",
+         "search.orca_oracle")
 
 
 def export(ref: str, into: Path) -> Path:
@@ -73,6 +80,14 @@ def export(ref: str, into: Path) -> Path:
     with tarfile.open(fileobj=BytesIO(blob)) as tar:
         tar.extractall(into, filter="data")
     return into
+
+
+def compile_tree(src: Path) -> None:
+    """Build a tree's compiled simulator in that tree (``python -m pagedattn.repro.fastsim``), where it has one."""
+    env = {**os.environ, "PYTHONPATH": str(src / "src"), "OMP_NUM_THREADS": "1"}
+    if (src / "src" / "pagedattn" / "repro" / "fastsim.py").exists():
+        subprocess.run([sys.executable, "-m", "pagedattn.repro.fastsim"], env=env, check=True, capture_output=True,
+                       cwd=str(src))
 
 
 def replay(src: Path, kind: str, n: int, rate: float, repeat: int) -> dict:
@@ -93,10 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=5.0, help="of the online replays")
     ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    ap.add_argument("--compile-baseline", action="store_true", help="build the baseline's compiled simulator")
     ap.add_argument("--out", default=None, help="JSON to write (default: results/benchmarks/sim_speed.json)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"baseline": export(args.baseline, Path(tmp)), "this tree": REPO}
+        if args.compile_baseline:
+            compile_tree(trees["baseline"])
         best: dict = {}
         for i in range(args.rounds):
             order = list(trees) if i % 2 == 0 else list(reversed(trees))
@@ -111,9 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = {}
     for kind in args.kinds:
         base, new = best[("baseline", kind)], best[("this tree", kind)]
-        if base["steps"] != new["steps"]:
+        same_finish = base.get("finish_sum", new["finish_sum"]) == new["finish_sum"]  # an old tree prints none
+        if base["steps"] != new["steps"] or not same_finish:
             raise SystemExit(f"{kind}: the two trees took different numbers of steps ({base['steps']} vs "
-                             f"{new['steps']}): not the same replay")
+                             f"{new['steps']}) or finished at other times: not the same replay")
         rows[kind] = {"baseline_cpu_s": base["cpu_s"], "cpu_s": new["cpu_s"], "steps": new["steps"],
                       "speedup": base["cpu_s"] / new["cpu_s"], "baseline_simulator": base.get("simulator"),
                       "simulator": new.get("simulator")}

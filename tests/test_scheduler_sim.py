@@ -1,15 +1,22 @@
 """Scheduler and simulated executor: continuous batching, preemption, no leaks, paper-scale Fig. 2 shares."""
+import contextlib
+import dataclasses
 import math
+
+import pandas as pd
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from pagedattn.config import SchedulerConfig
 from pagedattn.memory import BlockManager
 from pagedattn.memory.accounting import breakdown
 from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs, _add_moves
-from pagedattn.repro.sim import SYSTEMS, make_kv_manager, simulate
+from pagedattn.repro.experiments.online_serving import FittedStepTime
+from pagedattn.repro.sim import SYSTEMS, CostModel, make_kv_manager, simulate
 from pagedattn.repro.workloads import TraceRequest, make_trace
-from seq_groups import make_group
+from seq_groups import admit, make_group
+from test_sim_golden import digest
 
 
 def group(i, prompt_len, max_tokens=8, n=1):
@@ -327,3 +334,141 @@ def test_prefill_steps_count_the_requests_that_join_together():
     assert got["step_share"] == pytest.approx(5 / (5 + 5 * 9))
     prefill_time = res.steps.loc[res.steps["kind"] == "prefill", "dt"].sum()
     assert got["time_share"] == pytest.approx(prefill_time / res.steps["dt"].sum())
+
+
+# ------------------------------------------------------------------ steady decode steps taken as a run (issue 26)
+def _two_managers(kind):
+    """Two equal managers, each with the same three running groups (prompt lengths 15, 16 and 20)."""
+    out = []
+    for _ in range(2):
+        kv = BlockManager(block_size=4, num_gpu_blocks=30, watermark=0.0) if kind == "paged" else \
+            ContiguousKVManager(200, "oracle")
+        groups = [make_group(f"r{i}", [i], n, max_tokens=40) for i, n in enumerate((15, 16, 20))]
+        for g in groups:
+            admit(kv, g)
+        out.append((kv, groups))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["paged", "orca_oracle"])
+def test_advance_does_what_as_many_rounds_of_append_slots_do(kind):
+    """``advance(k)`` leaves a manager as k rounds of ``append_slots`` over the groups in order do: the same block
+    tables, block for block (paged: new blocks taken by step, then in order); ``run_stats(k)`` is the memory after
+    each round, counted beforehand (Orca; paged: None, counted round by round); and ``decode_room`` is the most
+    rounds that need no preemption."""
+    (a, ga), (b, gb) = _two_managers(kind)
+    room = a.decode_room([0, 1, 2], 100)
+    if kind == "paged":  # 4 + 4 + 5 blocks held, 17 free; new blocks from steps 2, 1, 1 on, every 4th: the 18th at 22
+        assert room == 21
+    else:  # the Oracle's reservations: 40 tokens beyond each prompt
+        assert room == 40
+    assert a.decode_room([0, 1, 2], 7) == 7 and a.decode_room([0, 1, 2], 0) == 0
+    final = {0: 15 + 40, 1: 16 + 40, 2: 20 + 40}
+    for steps in (1, 6, room - 7):
+        memory = a.run_stats([0, 1, 2], steps, final)  # each step's memory, before the steps are taken
+        a.advance([0, 1, 2], steps)
+        for k in range(steps):
+            for g in gb:
+                assert b.can_append_slots(g)
+                b.append_slots(g)
+            assert memory is None and kind == "paged" or memory[k] == b.stats(final), k
+        assert [a.block_table(i) for i in range(3)] == [b.block_table(i) for i in range(3)]
+        assert [a.num_tokens(i) for i in range(3)] == [b.num_tokens(i) for i in range(3)]
+    assert a.decode_room([0, 1, 2], 100) == 0  # the next round would preempt (paged) or outgrow (Oracle)
+    assert a.run_stats([0, 1], 1, final) is None  # not every reservation's sequence: counted step by step
+    assert a.run_stats([0, 1, 2], 1, {0: 1, 1: 1, 2: 1}) is None  # past a final length: the same
+    assert not all(b.can_append_slots(g) for g in gb)
+    a.check_invariants()
+
+
+def test_no_run_where_the_next_step_could_copy_admit_or_swap():
+    kv = BlockManager(block_size=4, num_gpu_blocks=40, watermark=0.0)
+    s = Scheduler(SchedulerConfig(max_num_seqs=2, max_model_len=64), kv)
+    s.add(group(0, 6, max_tokens=30))
+    s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=1.0))
+    assert s.steady_decode_steps(10) == 10  # alone, nobody waiting
+    s.add(group(1, 6, max_tokens=30))
+    assert s.steady_decode_steps(10) == 0  # the next step admits r1
+    s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=2.0))
+    s.add(group(2, 6))
+    assert s.steady_decode_steps(10) == 10  # r2 waits for a seat (max_num_seqs=2) until a sequence finishes
+    kv.fork(0, 99)  # a shared last block: the next append copies it
+    assert s.steady_decode_steps(10) == 0
+    kv.free(99)
+    s.pending_copies = [(1, 2)]
+    assert s.steady_decode_steps(10) == 0
+    s.pending_copies = []
+    assert s.steady_decode_steps(0) == 0
+
+
+def test_advance_appends_the_tokens_and_caches_all_but_the_last():
+    kv = BlockManager(block_size=4, num_gpu_blocks=40, watermark=0.0)
+    s = Scheduler(SchedulerConfig(max_model_len=64), kv)
+    s.add(group(0, 6, max_tokens=30, n=2))
+    s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=1.0))
+    s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=2.0))  # copy-on-write done: own last blocks
+    assert s.steady_decode_steps(50) == 50
+    s.advance(5, 7)
+    for seq in s.running[0].seqs:
+        assert seq.token_ids == [1] * 6 + [0, 0] + [7] * 5 and seq.num_computed_tokens == 12
+        assert kv.num_tokens(seq.seq_id) == 12  # the last token's slot comes with the next step
+    kv.check_invariants()
+
+
+@settings(max_examples=60, deadline=None)
+@given(lens=st.lists(st.tuples(st.integers(1, 200), st.integers(1, 150), st.floats(0, 2)), min_size=1, max_size=40),
+       system=st.sampled_from(["paged", "orca_max", "orca_pow2", "orca_oracle", "ft"]),
+       slots=st.integers(300, 3000), mode=st.sampled_from(["recompute", "swap"]), n=st.integers(1, 3),
+       block_size=st.sampled_from([4, 16]), max_num_seqs=st.sampled_from([3, 256]),
+       max_steps=st.sampled_from([None, 37, 400]), fitted=st.booleans(), interpreted=st.booleans())
+def test_replays_taking_runs_equal_replays_step_by_step(lens, system, slots, mode, n, block_size, max_num_seqs,
+                                                       max_steps, fitted, interpreted):
+    """Taking steady decode steps as runs changes no result: the same step records (recorded from each run's
+    counted memory) and per-request times, preemption counts and step counts as scheduling every step, with step
+    records and without, on random traces, budgets and limits, with a fitted step-time model too (always
+    interpreted: a subclass), by the compiled simulator and the interpreted one."""
+    from unittest import mock
+
+    from pagedattn.repro import fastsim
+    trace = [TraceRequest(f"r{i}", t, p, o) for i, (p, o, t) in enumerate(lens)]
+    cost = FittedStepTime(decode_s=1e-3, decode_per_seq_s=2e-5, decode_per_context_token_s=1e-7, prefill_s=2e-3,
+                          prefill_per_token_s=1e-5) if fitted else CostModel(step_overhead_s=0.002)
+    kw = dict(system=system, num_slots=slots, block_size=block_size, preemption_mode=mode,
+              num_cpu_blocks=20 if mode == "swap" else 0, n=n, seed=3, max_model_len=512, cost=cost,
+              max_num_seqs=max_num_seqs, max_steps=max_steps)
+    off = mock.patch.object(fastsim, "status", lambda: (None, "interpreted by the test"))
+    with off, mock.patch.object(Scheduler, "steady_decode_steps", lambda self, limit: 0):
+        step_by_step = _replay_or_error(trace, kw)
+    with off if interpreted else contextlib.nullcontext():
+        for record_steps in (True, False):
+            got = _replay_or_error(trace, {**kw, "record_steps": record_steps})
+            if isinstance(step_by_step, str):  # a request outgrows the whole pool: the same error either way
+                assert got == step_by_step
+                continue
+            want = step_by_step if record_steps else dataclasses.replace(step_by_step, steps=pd.DataFrame())
+            assert digest(got) == digest(want), record_steps
+
+
+def _replay_or_error(trace, kw):
+    """The replay's result, or its error's message."""
+    try:
+        return simulate(trace, **kw)
+    except RuntimeError as e:
+        return str(e)
+
+
+def test_replays_take_most_steps_as_runs(interpreted_simulator, monkeypatch):
+    """The runs happen (the golden digests and the property above would hold trivially if none did): most of a
+    paper-scale replay's steps are taken in runs, by the paged and the Orca managers alike, with step records and
+    without."""
+    taken = []
+    orig = Scheduler.advance
+    monkeypatch.setattr(Scheduler, "advance", lambda self, steps, fill, slots_taken=False: (
+        taken.append(steps), orig(self, steps, fill, slots_taken)))
+    trace = make_trace("sharegpt", 200, rate=5.0, seed=1)
+    for system in ("paged", "orca_oracle"):
+        for record_steps in (True, False):
+            taken.clear()
+            r = simulate(trace, system, 4000, record_steps=record_steps)
+            steps = len(r.steps) if record_steps else steps
+            assert sum(taken) > steps / 2, (system, record_steps)

@@ -161,6 +161,40 @@ class Scheduler:
                     g.metrics.finish_time = now
         return done
 
+    def steady_decode_steps(self, limit: int) -> int:
+        """How many of the next steps (at most ``limit``) are sure to be decode steps of the running sequences as
+        they stand, with no admission, swap, preemption or copy, provided that no sequence finishes and, while none
+        waits, no request arrives (the caller's bounds): the waiting queue's head cannot be admitted before memory
+        is freed (its blocks do not fit, and the running sequences' growth only takes more) or a sequence finishes
+        (``max_num_seqs``). 0 where that is not sure. The simulator takes such steps at once (``advance``); the
+        engine, whose tokens come from a model, never does."""
+        if limit <= 0 or self.swapped or self.pending_copies or not self.running:
+            return 0
+        if self.waiting and not self.static_batching:
+            head = self.waiting[0]
+            status = self.kv.can_allocate(head)
+            if status is AllocStatus.NEVER or status is AllocStatus.OK and \
+                    self.num_running_seqs() + len(head.get_seqs("waiting")) <= self.config.max_num_seqs:
+                return 0
+        seq_ids = []
+        for g in self.running:
+            if g.metrics.first_token_time is None:
+                return 0
+            seq_ids += [s.seq_id for s in g.get_seqs("running")]
+        return self.kv.decode_room(seq_ids, limit)
+
+    def advance(self, steps: int, fill_token: int, slots_taken: bool = False) -> None:
+        """``steps`` decode steps at once, as ``steady_decode_steps`` allowed: each running sequence gains ``steps``
+        copies of ``fill_token`` and the slots for them (``slots_taken``: the caller took those step by step, to
+        record the memory of each), and the K/V of all its tokens but the last is cached; what ``steps`` rounds of
+        ``schedule`` and ``update_from_output`` would have done."""
+        seqs = [s for g in self.running for s in g.get_seqs("running")]
+        if not slots_taken:
+            self.kv.advance([s.seq_id for s in seqs], steps)
+        for s in seqs:
+            s.extend(fill_token, steps)
+            s.num_computed_tokens = len(s.token_ids) - 1
+
     def _free_finished(self) -> list[SequenceGroup]:
         """Free the blocks of finished sequences; drop and return the groups that are done."""
         done = []

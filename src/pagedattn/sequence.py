@@ -177,6 +177,11 @@ class Sequence:
         self.token_ids.append(token_id)
         self.cumulative_logprob += logprob
 
+    def extend(self, token_id: int, count: int) -> None:
+        """Append ``count`` copies of one token with log-probability 0 (the simulator's dummy tokens of ``count``
+        decode steps at once, ``Scheduler.advance``)."""
+        self.token_ids += [token_id] * count
+
     def is_finished(self) -> bool:
         return self.status == "finished"
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pagedattn.memory.interface import AllocStatus, BlockCopies, BlockMoves
-from pagedattn.memory.accounting import KVStats, contiguous_stats
+from pagedattn.memory.accounting import KVStats, contiguous_run_stats, contiguous_stats
 
 Policy = Literal["max", "pow2", "oracle"]
 
@@ -292,6 +292,22 @@ class ContiguousKVManager:
                 raise ValueError(f"sequence {s.seq_id} outgrew its reservation of {r.reserved} slots")
             r.num_tokens += 1
         return []
+
+    def decode_room(self, seq_ids: list[int], limit: int) -> int:
+        """Decode steps in a row (at most ``limit``) that fit in these sequences' reservations."""
+        for seq_id in seq_ids:
+            r = self.tables[seq_id]
+            limit = min(limit, r.reserved - r.num_tokens)
+        return max(limit, 0)
+
+    def advance(self, seq_ids: list[int], steps: int) -> None:
+        """``steps`` decode steps at once: each reservation gains ``steps`` tokens (``decode_room``)."""
+        for seq_id in seq_ids:
+            self.tables[seq_id].num_tokens += steps
+
+    def run_stats(self, seq_ids: list[int], steps: int, final_len: dict[int, int]) -> list[KVStats] | None:
+        """``stats`` after each of the next ``steps`` steps of ``advance`` (``accounting.contiguous_run_stats``)."""
+        return contiguous_run_stats(self, seq_ids, steps, final_len)
 
     def free_seq(self, seq) -> None:
         r = self.tables.pop(seq.seq_id, None)

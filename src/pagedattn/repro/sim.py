@@ -19,6 +19,10 @@ still assumed (32 GB/s x 0.8, 5 us per copy).
 Beam search (§4.4, Fig. 14b) has no model to score candidates here, so ``BeamModel`` draws which beams survive each
 step, with a mean number of distinct parents measured on the real engine (notebook 04); see its docstring.
 
+A replay takes the decode steps that are sure to change nothing but lengths, slots and the clock (no arrival
+admitted, no finish, preemption or copy) as a run, without scheduling each (``Scheduler.steady_decode_steps``,
+``Scheduler.advance``): most of a replay's steps, with the same results step for step (``tests/test_sim_golden.py``).
+
 ``simulate`` runs this module's replay compiled with mypyc when a build of it is present and up to date
 (``pagedattn.repro.fastsim``, ``make fastsim``): the same source and results, about twice as fast.
 """
@@ -37,6 +41,7 @@ from pagedattn.repro.capacity import Load, normalized_latency, steady_window
 from pagedattn.repro.cost_profile import measured as _measured_a100
 from pagedattn.repro.fastsim import compiled_when_built
 from pagedattn.config import OPT_13B, ModelSpec, SchedulerConfig, blocks_needed, paper_slots
+from pagedattn.memory.accounting import KVStats
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager, Policy
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
@@ -389,6 +394,18 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     now, i, step, next_seq, computed = 0.0, 0, 0, 0, 0
     if beam is not None:
         n, beam_rng = beam.width, random.Random(seed)
+    # The decode steps that are sure to change nothing but lengths, slots and the clock (no arrival admitted, no
+    # finish, preemption or copy: ``Scheduler.steady_decode_steps``) are taken as a run: each costs the clock its
+    # step time (and, recording steps, takes its slots and records its memory), and the sequences get their tokens
+    # at the run's end (``Scheduler.advance``). The results are the same as step by step (the golden digests).
+    skip_runs = beam is None and not enable_prefix_caching and not prefix_lens
+    run_left = run_done = run_seqs = run_context = 0  # steps left and taken in the run, its sequences and context
+    run_ids: list[int] = []  # its sequences' ids, in the scheduler's order
+    # each of its steps' memory, computed when it begins (``KVManager.run_stats``; None: each step takes its slots
+    # and counts them, as a scheduled step does; [] without step records)
+    run_memory: list[KVStats] | None = []
+    run_closed_queue = False  # the run began with nobody waiting: an arrival ends it
+    no_swap = cost.swap_time(0, block_size)
     bar = tqdm(total=len(pending), desc=f"sim {system}", disable=not progress, leave=False)
     while i < len(pending) or sched.has_unfinished():
         if not sched.has_unfinished() and pending[i].arrival_time > now:
@@ -410,46 +427,79 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
             groups.append(g)
             sched.add(g)
             i += 1
-        out = sched.schedule()
-        for g in out.ignored:
-            g.metrics.finish_time = now
-            bar.update(1)
-        if out.is_empty():
-            if i < len(pending):
-                now = max(now, pending[i].arrival_time)
-                continue
-            if sched.has_unfinished():
-                raise RuntimeError("scheduler made no progress with requests left (a request can never fit?)")
-            break
-        dt = cost.step_time(out, block_size)
-        if beam is not None:  # this step's copy-on-write blocks and the previous step's forks (slots, on Orca)
-            dt += cost.copy_time(len(out.blocks_to_copy) * kv.block_size)
-        if out.is_prefill:  # prompt tokens charged (computed): the uncached ones, or all of them in the ablation
-            charged = sum(g.get_seqs("running")[0].get_len() for g in out.prefill_groups) if charge_cached \
-                else out.num_batched_tokens
-            computed += charged
-            if charge_cached:
-                dt += cost.prefill_time(charged) - cost.prefill_time(out.num_batched_tokens)
-        running = out.scheduled_groups
+        if run_left and run_closed_queue and sched.waiting:  # an arrival, maybe admitted now: the run ends here
+            run_left = 0
+            if run_done:
+                sched.advance(run_done, 0, slots_taken=run_memory is None)
+                run_done = 0
+        if run_left:  # a step of the run: a decode step of the running sequences as they stand
+            dt = cost.decode_time(run_seqs, run_context) + no_swap  # as ``CostModel.step_time``
+            run_context += run_seqs
+            run_left -= 1
+            run_done += 1
+            if record_steps and run_memory is None:  # its slots now, for its memory record
+                kv.advance(run_ids, 1)
+            prefill, num_batched = False, len(sched.running)
+        else:
+            out = sched.schedule()
+            for g in out.ignored:
+                g.metrics.finish_time = now
+                bar.update(1)
+            if out.is_empty():
+                if i < len(pending):
+                    now = max(now, pending[i].arrival_time)
+                    continue
+                if sched.has_unfinished():
+                    raise RuntimeError("scheduler made no progress with requests left (a request can never fit?)")
+                break
+            dt = cost.step_time(out, block_size)
+            if beam is not None:  # this step's copy-on-write blocks and the previous step's forks (slots, on Orca)
+                dt += cost.copy_time(len(out.blocks_to_copy) * kv.block_size)
+            if out.is_prefill:  # prompt tokens charged (computed): the uncached ones, or all of them in the ablation
+                charged = sum(g.get_seqs("running")[0].get_len() for g in out.prefill_groups) if charge_cached \
+                    else out.num_batched_tokens
+                computed += charged
+                if charge_cached:
+                    dt += cost.prefill_time(charged) - cost.prefill_time(out.num_batched_tokens)
+            prefill, num_batched = out.is_prefill, len(out.scheduled_groups)
         if record_steps:
             head = sched.waiting[0] if sched.waiting else None
             # memory-bound: a request waits although the scheduler would admit it but for memory
             bound = head is not None and head.metrics.arrival_time <= now and len(sched.running) < max_num_seqs
-            rows.add(step, now, dt, out.is_prefill, len(sched.running), len(running), len(sched.waiting),
-                     len(sched.swapped), bound, kv.stats(final_len))
+            rows.add(step, now, dt, prefill, len(sched.running), num_batched, len(sched.waiting),
+                     len(sched.swapped), bound,
+                     run_memory[run_done - 1] if run_done and run_memory is not None else kv.stats(final_len))
         now += dt
         step += 1
+        if run_done:  # the run's tokens are appended at its end, then the next step is scheduled as usual
+            if not run_left:
+                sched.advance(run_done, 0, slots_taken=run_memory is None)
+                run_done = 0
+                if max_steps is not None and step >= max_steps:
+                    break
+            continue
         # the model's stand-in: a dummy token for every running sequence, and the beam model's forks for each beam
         # group that goes on
         output = ModelOutput(fill_token=0, stop=stop, now=now)
         if beam is not None:
-            for g in running:
+            for g in out.scheduled_groups:
                 seqs = g.get_seqs("running")
                 if any(len(s.token_ids) + 1 < stop_len[s.seq_id] for s in seqs):
                     output.forks += beam.forks(seqs, beam_rng, first=g.seqs[0].get_output_len() == 0)
         bar.update(len(sched.update_from_output(out, output)))
         if max_steps is not None and step >= max_steps:
             break
+        if skip_runs and sched.running and not sched.swapped:  # (``steady_decode_steps``' cheapest conditions)
+            seqs = [s for g in sched.running for s in g.get_seqs("running")]
+            limit = min((stop_len[s.seq_id] - len(s.token_ids) for s in seqs), default=0) - 1  # no finish
+            if max_steps is not None:
+                limit = min(limit, max_steps - step)
+            run_left = sched.steady_decode_steps(limit)
+            if run_left:
+                run_seqs, run_context = len(seqs), sum(len(s.token_ids) for s in seqs)
+                run_ids = [s.seq_id for s in seqs]
+                run_closed_queue = not sched.waiting
+                run_memory = kv.run_stats(run_ids, run_left, final_len) if record_steps else []
     bar.close()
     reqs = pd.DataFrame([{"request_id": g.request_id, "arrival_time": g.metrics.arrival_time,
                           "first_token_time": g.metrics.first_token_time, "finish_time": g.metrics.finish_time,
