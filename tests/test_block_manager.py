@@ -213,6 +213,20 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.lengths[self.next_id] = self.lengths[s]
         self.next_id += 1
 
+    @precondition(lambda self: self._seqs("gpu") and len(self.m.tables) >= 2)
+    @rule(data=st.data())
+    def fork_into(self, data):
+        """A beam takes over another's sequence (§4.4): the pools and tables end as ``free`` then ``fork`` leave
+        them (the blocks both already share keep their counts; the rest are let go and shared in the same order)."""
+        parent = data.draw(st.sampled_from(self._seqs("gpu")))
+        child = data.draw(st.sampled_from(sorted(set(self.m.tables) - {parent})))
+        want = copy.deepcopy(self.m)
+        want.free(child)
+        want.fork(parent, child)
+        assert self.m.fork_into(parent, child) == []
+        assert snapshot(self.m) == snapshot(want)
+        self.lengths[child] = self.lengths[parent]
+
     @precondition(lambda self: self.m.tables)
     @rule(data=st.data())
     def free(self, data):

@@ -61,7 +61,7 @@ def record_plans(monkeypatch, interpreted_simulator):
     monkeypatch.setattr(Scheduler, "schedule", recording)
     # the simulator schedules every step here: it takes steady decode steps as runs without scheduling each
     # (``Scheduler.steady_decode_steps``), with the same results (tests/test_sim_golden.py), but no plan to compare
-    monkeypatch.setattr(Scheduler, "steady_decode_steps", lambda self, limit: 0)
+    monkeypatch.setattr(Scheduler, "steady_decode_steps", lambda self, limit, seqs: 0)
     return plans
 
 

@@ -229,6 +229,18 @@ def _found(system, which, rate, judged=True, search_requests=600):
             "judged": judged, "search_requests": search_requests}
 
 
+def judged_from_the_second_length(lengths, first):
+    """A stand-in for ``capacity.sustainable_rate``: one probe, and an answer judged unless the last probe's trace
+    had ``first`` requests (``lengths``: the replays' trace lengths, as the test's replay records them)."""
+    from pagedattn.repro import capacity
+
+    def fake_search(probe, lo, hi, threshold_s, resolution, **kw):
+        probe(lo)
+        return capacity.RateSearch(lo, hi, 0.1, "capacity", lo, 0.01, 1,
+                                   trend_se=0.03 if lengths[-1] == first else 0.005)
+    return fake_search
+
+
 def test_an_unjudged_search_runs_again_whole_on_the_next_length(monkeypatch):
     """``Params.search_requests``: a search runs on the first trace length, and again, whole, on the next while
     its answer is unjudged (``RateSearch.judged``); a judged one stops there. The ratio's note names each length."""
@@ -237,14 +249,10 @@ def test_an_unjudged_search_runs_again_whole_on_the_next_length(monkeypatch):
     p = O.Params.make(True, search_requests=(30, 60, 90))
     lengths = []
 
-    def fake_search(probe, lo, hi, threshold_s, resolution):  # judged from the second length on
-        probe(lo)
-        return capacity.RateSearch(lo, hi, 0.1, "capacity", lo, 0.01, 1, trend_se=0.03 if lengths[-1] == 30 else 0.005)
-
     def replay(rate, n):
         lengths.append(n)
         return pd.DataFrame()
-    monkeypatch.setattr(O, "sustainable_rate", fake_search)
+    monkeypatch.setattr(capacity, "sustainable_rate", judged_from_the_second_length(lengths, 30))
     row = O.search(replay, 10.0, p, 0.05)
     assert lengths == [30, 60] and row["search_requests"] == 60 and row["search_lengths_tried"] == "30 60"
     assert row["judged"]
@@ -326,3 +334,17 @@ def test_latency_gap_fits_a_per_request_delay_and_a_per_token_cost():
     a = b.assign(finish_time=b.finish_time + 0.012 + 0.0005 * out).iloc[::-1]
     intercept, slope = latency_gap(a, b)
     assert intercept == pytest.approx(0.012, abs=1e-9) and slope == pytest.approx(0.0005, abs=1e-9)
+
+
+def test_the_real_engines_search_runs_again_whole_on_a_longer_trace_while_unjudged(monkeypatch):
+    """Notebook 03's real-engine searches follow the same rule (``throughput.RealParams.search_requests``): the row
+    names the trace length it ended on and the lengths tried."""
+    from pagedattn.repro import capacity
+    from pagedattn.repro.experiments import throughput as T
+
+    lengths = []
+    monkeypatch.setattr(T, "real_serve", lambda system, trace, params: (lengths.append(len(trace)), pd.DataFrame())[1])
+    monkeypatch.setattr(capacity, "sustainable_rate", judged_from_the_second_length(lengths, 30))
+    row = T._real_sustainable_row(("sharegpt", "paged"), T.RealParams.make(True, search_requests=(30, 60, 90)), 0.1)
+    assert lengths == [30, 60] and row["search_requests"] == 60 and row["search_lengths_tried"] == "30 60"
+    assert row["judged"] and T.RealParams().search_requests == (600, 1200)

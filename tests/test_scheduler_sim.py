@@ -353,9 +353,8 @@ def _two_managers(kind):
 @pytest.mark.parametrize("kind", ["paged", "orca_oracle"])
 def test_advance_does_what_as_many_rounds_of_append_slots_do(kind):
     """``advance(k)`` leaves a manager as k rounds of ``append_slots`` over the groups in order do: the same block
-    tables, block for block (paged: new blocks taken by step, then in order); ``run_stats(k)`` is the memory after
-    each round, counted beforehand (Orca; paged: None, counted round by round); and ``decode_room`` is the most
-    rounds that need no preemption."""
+    tables, block for block (paged: new blocks taken by step, then in order), and the same memory; and
+    ``decode_room`` is the most rounds that need no preemption."""
     (a, ga), (b, gb) = _two_managers(kind)
     room = a.decode_room([0, 1, 2], 100)
     if kind == "paged":  # 4 + 4 + 5 blocks held, 17 free; new blocks from steps 2, 1, 1 on, every 4th: the 18th at 22
@@ -364,19 +363,16 @@ def test_advance_does_what_as_many_rounds_of_append_slots_do(kind):
         assert room == 40
     assert a.decode_room([0, 1, 2], 7) == 7 and a.decode_room([0, 1, 2], 0) == 0
     final = {0: 15 + 40, 1: 16 + 40, 2: 20 + 40}
-    for steps in (1, 6, room - 7):
-        memory = a.run_stats([0, 1, 2], steps, final)  # each step's memory, before the steps are taken
+    for steps in (1, 6, 1, room - 8):
         a.advance([0, 1, 2], steps)
         for k in range(steps):
             for g in gb:
                 assert b.can_append_slots(g)
                 b.append_slots(g)
-            assert memory is None and kind == "paged" or memory[k] == b.stats(final), k
         assert [a.block_table(i) for i in range(3)] == [b.block_table(i) for i in range(3)]
         assert [a.num_tokens(i) for i in range(3)] == [b.num_tokens(i) for i in range(3)]
+        assert a.stats(final) == b.stats(final)
     assert a.decode_room([0, 1, 2], 100) == 0  # the next round would preempt (paged) or outgrow (Oracle)
-    assert a.run_stats([0, 1], 1, final) is None  # not every reservation's sequence: counted step by step
-    assert a.run_stats([0, 1, 2], 1, {0: 1, 1: 1, 2: 1}) is None  # past a final length: the same
     assert not all(b.can_append_slots(g) for g in gb)
     a.check_invariants()
 
@@ -386,19 +382,19 @@ def test_no_run_where_the_next_step_could_copy_admit_or_swap():
     s = Scheduler(SchedulerConfig(max_num_seqs=2, max_model_len=64), kv)
     s.add(group(0, 6, max_tokens=30))
     s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=1.0))
-    assert s.steady_decode_steps(10) == 10  # alone, nobody waiting
+    assert s.steady_decode_steps(10, s.running_seqs()) == 10  # alone, nobody waiting
     s.add(group(1, 6, max_tokens=30))
-    assert s.steady_decode_steps(10) == 0  # the next step admits r1
+    assert s.steady_decode_steps(10, s.running_seqs()) == 0  # the next step admits r1
     s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=2.0))
     s.add(group(2, 6))
-    assert s.steady_decode_steps(10) == 10  # r2 waits for a seat (max_num_seqs=2) until a sequence finishes
+    assert s.steady_decode_steps(10, s.running_seqs()) == 10  # r2 waits for a seat (max_num_seqs=2) until a finish
     kv.fork(0, 99)  # a shared last block: the next append copies it
-    assert s.steady_decode_steps(10) == 0
+    assert s.steady_decode_steps(10, s.running_seqs()) == 0
     kv.free(99)
     s.pending_copies = [(1, 2)]
-    assert s.steady_decode_steps(10) == 0
+    assert s.steady_decode_steps(10, s.running_seqs()) == 0
     s.pending_copies = []
-    assert s.steady_decode_steps(0) == 0
+    assert s.steady_decode_steps(0, s.running_seqs()) == 0
 
 
 def test_advance_appends_the_tokens_and_caches_all_but_the_last():
@@ -407,12 +403,36 @@ def test_advance_appends_the_tokens_and_caches_all_but_the_last():
     s.add(group(0, 6, max_tokens=30, n=2))
     s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=1.0))
     s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=2.0))  # copy-on-write done: own last blocks
-    assert s.steady_decode_steps(50) == 50
-    s.advance(5, 7)
+    assert s.steady_decode_steps(50, s.running_seqs()) == 50
+    s.advance(5, 7, s.running_seqs())
     for seq in s.running[0].seqs:
         assert seq.token_ids == [1] * 6 + [0, 0] + [7] * 5 and seq.num_computed_tokens == 12
         assert kv.num_tokens(seq.seq_id) == 12  # the last token's slot comes with the next step
     kv.check_invariants()
+
+
+def test_a_runs_last_step_is_planned_as_schedule_plans_it_and_may_finish():
+    """``schedule_steady`` (a run's last step) plans and takes what ``schedule`` would: every running group
+    decodes, the same slots, no copy; its ``update_from_output`` finishes the sequences that are done then."""
+    plans = []
+    for steady in (False, True):
+        kv = BlockManager(block_size=4, num_gpu_blocks=40, watermark=0.0)
+        s = Scheduler(SchedulerConfig(max_num_seqs=2, max_model_len=64), kv)
+        for i, out_len in enumerate((3, 9)):
+            s.add(group(i, 6, max_tokens=out_len))
+        s.add(group(2, 6))  # waits for a seat until r0 finishes
+        s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=1.0))
+        assert s.steady_decode_steps(2, s.running_seqs()) == 2
+        s.advance(1, 0, s.running_seqs())
+        out = s.schedule_steady(s.running_seqs()) if steady else s.schedule()
+        plans.append(([g.request_id for g in out.decode_groups], out.blocks_to_copy, out.prefill_groups,
+                      [kv.block_table(i) for i in (0, 10)], [kv.num_tokens(i) for i in (0, 10)]))
+        done = s.update_from_output(out, ModelOutput(fill_token=0, now=3.0, stop=lambda q, g: (
+            "length" if q.get_output_len() >= g.sampling_params.max_tokens else None)))
+        assert [g.request_id for g in done] == ["r0"] and done[0].metrics.finish_time == 3.0
+        assert [g.request_id for g in s.running] == ["r1"] and s.waiting[0].request_id == "r2"
+        kv.check_invariants()
+    assert plans[0] == plans[1]
 
 
 @settings(max_examples=60, deadline=None)
@@ -437,7 +457,7 @@ def test_replays_taking_runs_equal_replays_step_by_step(lens, system, slots, mod
               num_cpu_blocks=20 if mode == "swap" else 0, n=n, seed=3, max_model_len=512, cost=cost,
               max_num_seqs=max_num_seqs, max_steps=max_steps)
     off = mock.patch.object(fastsim, "status", lambda: (None, "interpreted by the test"))
-    with off, mock.patch.object(Scheduler, "steady_decode_steps", lambda self, limit: 0):
+    with off, mock.patch.object(Scheduler, "steady_decode_steps", lambda self, limit, seqs: 0):
         step_by_step = _replay_or_error(trace, kw)
     with off if interpreted else contextlib.nullcontext():
         for record_steps in (True, False):
@@ -463,12 +483,12 @@ def test_replays_take_most_steps_as_runs(interpreted_simulator, monkeypatch):
     without."""
     taken = []
     orig = Scheduler.advance
-    monkeypatch.setattr(Scheduler, "advance", lambda self, steps, fill, slots_taken=False: (
-        taken.append(steps), orig(self, steps, fill, slots_taken)))
+    monkeypatch.setattr(Scheduler, "advance", lambda self, steps, fill, seqs, slots_taken=False: (
+        taken.append(steps), orig(self, steps, fill, seqs, slots_taken)))
     trace = make_trace("sharegpt", 200, rate=5.0, seed=1)
     for system in ("paged", "orca_oracle"):
+        steps = len(simulate(trace, system, 4000).steps)
         for record_steps in (True, False):
             taken.clear()
-            r = simulate(trace, system, 4000, record_steps=record_steps)
-            steps = len(r.steps) if record_steps else steps
+            simulate(trace, system, 4000, record_steps=record_steps)
             assert sum(taken) > steps / 2, (system, record_steps)

@@ -161,39 +161,49 @@ class Scheduler:
                     g.metrics.finish_time = now
         return done
 
-    def steady_decode_steps(self, limit: int) -> int:
-        """How many of the next steps (at most ``limit``) are sure to be decode steps of the running sequences as
-        they stand, with no admission, swap, preemption or copy, provided that no sequence finishes and, while none
-        waits, no request arrives (the caller's bounds): the waiting queue's head cannot be admitted before memory
-        is freed (its blocks do not fit, and the running sequences' growth only takes more) or a sequence finishes
-        (``max_num_seqs``). 0 where that is not sure. The simulator takes such steps at once (``advance``); the
-        engine, whose tokens come from a model, never does."""
+    def running_seqs(self) -> list[Sequence]:
+        """The running sequences, in the order a decode step appends to them (FCFS over the groups)."""
+        return [s for g in self.running for s in g.get_seqs("running")]
+
+    def steady_decode_steps(self, limit: int, seqs: list[Sequence]) -> int:
+        """How many of the next steps (at most ``limit``) are sure to be decode steps of the running sequences
+        ``seqs`` (``running_seqs()``) as they stand, with no admission, swap, preemption or copy, provided that no
+        sequence finishes before the last of them and, while none waits, no request arrives (the caller's bounds):
+        the waiting queue's head cannot be admitted before memory is freed (its blocks do not fit, and the running
+        sequences' growth only takes more) or a sequence finishes (``max_num_seqs``). 0 where that is not sure. The
+        simulator takes such steps at once (``advance``, then ``schedule_steady`` for the last); the engine, whose
+        tokens come from a model, never does."""
         if limit <= 0 or self.swapped or self.pending_copies or not self.running:
             return 0
         if self.waiting and not self.static_batching:
             head = self.waiting[0]
             status = self.kv.can_allocate(head)
             if status is AllocStatus.NEVER or status is AllocStatus.OK and \
-                    self.num_running_seqs() + len(head.get_seqs("waiting")) <= self.config.max_num_seqs:
+                    len(seqs) + len(head.get_seqs("waiting")) <= self.config.max_num_seqs:
                 return 0
-        seq_ids = []
-        for g in self.running:
-            if g.metrics.first_token_time is None:
-                return 0
-            seq_ids += [s.seq_id for s in g.get_seqs("running")]
-        return self.kv.decode_room(seq_ids, limit)
+        if any(g.metrics.first_token_time is None for g in self.running):
+            return 0
+        return self.kv.decode_room([s.seq_id for s in seqs], limit)
 
-    def advance(self, steps: int, fill_token: int, slots_taken: bool = False) -> None:
-        """``steps`` decode steps at once, as ``steady_decode_steps`` allowed: each running sequence gains ``steps``
-        copies of ``fill_token`` and the slots for them (``slots_taken``: the caller took those step by step, to
-        record the memory of each), and the K/V of all its tokens but the last is cached; what ``steps`` rounds of
-        ``schedule`` and ``update_from_output`` would have done."""
-        seqs = [s for g in self.running for s in g.get_seqs("running")]
+    def advance(self, steps: int, fill_token: int, seqs: list[Sequence], slots_taken: bool = False) -> None:
+        """``steps`` decode steps at once, as ``steady_decode_steps`` allowed: each running sequence (``seqs``, as
+        given to it) gains ``steps`` copies of ``fill_token`` and the slots for them (``slots_taken``: the caller
+        took those step by step, to record the memory of each), and the K/V of all its tokens but the last is
+        cached; what ``steps`` rounds of ``schedule`` and ``update_from_output`` would have done, no sequence
+        finishing."""
         if not slots_taken:
             self.kv.advance([s.seq_id for s in seqs], steps)
         for s in seqs:
             s.extend(fill_token, steps)
             s.num_computed_tokens = len(s.token_ids) - 1
+
+    def schedule_steady(self, seqs: list[Sequence]) -> SchedulerOutputs:
+        """The plan of a step that ``steady_decode_steps`` vouched for (the last of a run, after ``advance``): every
+        running group decodes, its sequences ``seqs`` take their slots (``KVManager.advance``), and nothing else
+        happens; what ``schedule`` would plan then, without its checks. Its ``update_from_output`` follows as usual,
+        finishing the sequences that are done."""
+        self.kv.advance([s.seq_id for s in seqs], 1)
+        return SchedulerOutputs(decode_groups=list(self.running))
 
     def _free_finished(self) -> list[SequenceGroup]:
         """Free the blocks of finished sequences; drop and return the groups that are done."""

@@ -137,16 +137,3 @@ def contiguous_stats(m: ContiguousKVManager, final_len: dict[int, int]) -> KVSta
         if r.held - n > waste:  # its buddy block (exact placement: the reservation) less its tokens
             waste = r.held - n
     return KVStats(states, ends - states, sizes - ends, m.total_slots - sizes, waste)
-
-
-def contiguous_run_stats(m: ContiguousKVManager, seq_ids: list[int], steps: int,
-                         final_len: dict[int, int]) -> list[KVStats] | None:
-    """``contiguous_stats`` after each of the next ``steps`` decode steps of ``seq_ids`` (every reservation gains a
-    token per step: its reserved slots turn into token states, one by one), computed from the state now. None unless
-    the sequences hold every reservation and none passes its final length."""
-    base = contiguous_stats(m, final_len)
-    if len(seq_ids) != len(m.tables) or any(m.tables[s].num_tokens + steps > final_len.get(s, -1) for s in seq_ids):
-        return None
-    ends, sizes = base.token_states + base.reserved, m.total_slots - base.external
-    return [KVStats(base.token_states + len(seq_ids) * step, ends - base.token_states - len(seq_ids) * step,
-                    sizes - ends, base.external, max(base.max_request_waste - step, 0)) for step in range(1, steps + 1)]

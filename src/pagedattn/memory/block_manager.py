@@ -437,9 +437,29 @@ class BlockManager:
         return cached
 
     def fork_into(self, parent_id: int, child_id: int) -> BlockCopies:
-        """The child drops its blocks and shares the parent's: nothing is copied (beam search, §4.4, Fig. 9)."""
-        self.free(child_id)
-        self.fork(parent_id, child_id)
+        """The child drops its blocks and shares the parent's: nothing is copied (beam search, §4.4, Fig. 9). The
+        blocks that both tables already hold at the same place (beams share most of their history) keep their
+        reference counts: only the child's others are let go and the parent's others shared, which leaves the pools
+        as ``free(child_id)`` then ``fork(parent_id, child_id)`` would."""
+        if parent_id == child_id:
+            raise ValueError(f"sequence {child_id} cannot be forked into itself")
+        parent, child = self.tables[parent_id], self.tables.get(child_id)
+        if child is None or child.device != parent.device:
+            self.free(child_id)
+            self.fork(parent_id, child_id)
+            return []
+        pb, cb = parent.blocks, child.blocks
+        common = min(len(pb), len(cb))
+        while common and pb[common - 1] != cb[common - 1]:  # the shared history ends where the tables first differ
+            common -= 1
+        if pb[:common] != cb[:common]:  # (they differed earlier too: share nothing by position)
+            common = 0
+        pool = self._pool(parent.device)
+        for b in cb[common:]:
+            pool.decref(b)
+        for b in pb[common:]:
+            pool.incref(b)
+        self.tables[child_id] = BlockTable(list(pb), parent.num_tokens, parent.device, list(parent.hashes))
         return []
 
     def can_append_slots(self, group) -> bool:
@@ -486,24 +506,19 @@ class BlockManager:
     def advance(self, seq_ids: list[int], steps: int) -> None:
         """``steps`` decode steps of these sequences at once (``decode_room``): their new blocks are taken from the
         pool in the order that step-by-step appends take them (by step, then in ``seq_ids`` order)."""
-        bs, tables = self.block_size, [self.tables[s] for s in seq_ids]
-        if steps == 1:  # one step (the simulator recording each step's memory): append_slot's path
-            for t in tables:
-                if t.num_tokens % bs == 0:
-                    t.blocks.append(self.gpu.allocate())
-                t.num_tokens += 1
-            return
-        needs = sorted((step, k) for k, t in enumerate(tables) for step in range(-t.num_tokens % bs + 1, steps + 1, bs))
-        for _, k in needs:
-            tables[k].blocks.append(self.gpu.allocate())
-        for t in tables:
+        bs, allocate = self.block_size, self.gpu.allocate
+        needs: list[tuple[int, BlockTable]] = []  # (step, table) of each new block, in ``seq_ids`` order
+        for seq_id in seq_ids:
+            t = self.tables[seq_id]
+            first = -t.num_tokens % bs + 1  # the step whose token opens a block (1 when the last block is full)
             t.num_tokens += steps
-
-    def run_stats(self, seq_ids: list[int], steps: int, final_len: dict[int, int]) -> None:
-        """None: a run's steps take their blocks and are counted one by one (``advance`` of one step, ``stats``).
-        Counting a run's memory ahead from one snapshot, blocks taken by step and slots wasted by phase, was no
-        faster on paper-scale replays (0.78 s against 0.74 s, interpreted): their runs are a few steps long."""
-        return None
+            while first <= steps:
+                needs.append((first, t))
+                first += bs
+        if steps > 1:  # by step, then in order (a stable sort); one step's are in order already
+            needs.sort(key=lambda need: need[0])
+        for _, t in needs:
+            t.blocks.append(allocate())
 
     def free_seq(self, seq) -> None:
         if seq.seq_id in self.tables:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pagedattn.memory.interface import AllocStatus, BlockCopies, BlockMoves
-from pagedattn.memory.accounting import KVStats, contiguous_run_stats, contiguous_stats
+from pagedattn.memory.accounting import KVStats, contiguous_stats
 
 Policy = Literal["max", "pow2", "oracle"]
 
@@ -304,10 +304,6 @@ class ContiguousKVManager:
         """``steps`` decode steps at once: each reservation gains ``steps`` tokens (``decode_room``)."""
         for seq_id in seq_ids:
             self.tables[seq_id].num_tokens += steps
-
-    def run_stats(self, seq_ids: list[int], steps: int, final_len: dict[int, int]) -> list[KVStats] | None:
-        """``stats`` after each of the next ``steps`` steps of ``advance`` (``accounting.contiguous_run_stats``)."""
-        return contiguous_run_stats(self, seq_ids, steps, final_len)
 
     def free_seq(self, seq) -> None:
         r = self.tables.pop(seq.seq_id, None)

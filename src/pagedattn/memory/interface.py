@@ -82,10 +82,6 @@ class KVManager(Protocol):
         """``steps`` such steps at once (``decode_room``): what ``steps`` rounds of ``append_slots`` over the
         sequences, in this order, would do."""
 
-    def run_stats(self, seq_ids: list[int], steps: int, final_len: dict[int, int]) -> list[KVStats] | None:
-        """``stats(final_len)`` after each of the next ``steps`` such steps (``advance``), without taking them; None
-        where they must be taken and counted one by one."""
-
     def free_seq(self, seq) -> None:
         """Release a sequence's blocks, if it holds any."""
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -232,6 +232,24 @@ def sustainable_rate(replay: Callable[[float], pd.DataFrame], lo: float, hi: flo
         if found.bound_by == "upper bound" and found.rate == cap:
             found = replace(found, bound_by="offline throughput", resolution=0.0)
     return replace(found, offline_rate=cap, probes=found.probes + 1)
+
+
+def sustainable_rate_judged(replay: Callable[[float, int], pd.DataFrame], lengths: Sequence[int], lo: float,
+                            hi: float, threshold_s: float = NL_THRESHOLD_S, resolution: float = RESOLUTION,
+                            **kw) -> tuple[RateSearch, list[int]]:
+    """``sustainable_rate`` over ``replay(rate, n)``, the run of a trace of ``n`` requests at ``rate``: on the first
+    of the trace lengths ``lengths``, and again, whole, on the next while the search is unjudged (``RateSearch
+    .judged``): the longer trace that the capacity rule asks for (module docstring), by a rule fixed before the run.
+    Returns the last search and the lengths tried (the last is its trace's)."""
+    if not lengths:
+        raise ValueError("no trace length to search on")
+    tried: list[int] = []
+    for n in lengths:
+        tried.append(n)
+        found = sustainable_rate(lambda rate: replay(rate, n), lo, hi, threshold_s, resolution, **kw)
+        if found.judged:
+            break
+    return found, tried
 
 
 def _search(probes: dict, replay, lo: float, hi: float, threshold_s: float, resolution: float, margin: float,

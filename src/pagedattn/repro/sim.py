@@ -41,7 +41,6 @@ from pagedattn.repro.capacity import Load, normalized_latency, steady_window
 from pagedattn.repro.cost_profile import measured as _measured_a100
 from pagedattn.repro.fastsim import compiled_when_built
 from pagedattn.config import OPT_13B, ModelSpec, SchedulerConfig, blocks_needed, paper_slots
-from pagedattn.memory.accounting import KVStats
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager, Policy
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
@@ -395,15 +394,15 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     if beam is not None:
         n, beam_rng = beam.width, random.Random(seed)
     # The decode steps that are sure to change nothing but lengths, slots and the clock (no arrival admitted, no
-    # finish, preemption or copy: ``Scheduler.steady_decode_steps``) are taken as a run: each costs the clock its
-    # step time (and, recording steps, takes its slots and records its memory), and the sequences get their tokens
-    # at the run's end (``Scheduler.advance``). The results are the same as step by step (the golden digests).
+    # preemption or copy, no finish before the last: ``Scheduler.steady_decode_steps``) are taken as a run: each
+    # step but the last costs the clock its step time (and, recording steps, takes its slots and records its memory),
+    # the sequences get those tokens at once (``Scheduler.advance``), and the last step is planned without the
+    # scheduler's checks (``Scheduler.schedule_steady``) and finished as a scheduled step is. The results are the
+    # same as step by step (the golden digests).
     skip_runs = beam is None and not enable_prefix_caching and not prefix_lens
-    run_left = run_done = run_seqs = run_context = 0  # steps left and taken in the run, its sequences and context
-    run_ids: list[int] = []  # its sequences' ids, in the scheduler's order
-    # each of its steps' memory, computed when it begins (``KVManager.run_stats``; None: each step takes its slots
-    # and counts them, as a scheduled step does; [] without step records)
-    run_memory: list[KVStats] | None = []
+    run_left = run_done = run_context = 0  # steps left and taken in the run, and its context tokens
+    run_seqs: list[Sequence] = []  # its sequences, in the scheduler's order
+    run_ids: list[int] = []
     run_closed_queue = False  # the run began with nobody waiting: an arrival ends it
     no_swap = cost.swap_time(0, block_size)
     bar = tqdm(total=len(pending), desc=f"sim {system}", disable=not progress, leave=False)
@@ -429,19 +428,23 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
             i += 1
         if run_left and run_closed_queue and sched.waiting:  # an arrival, maybe admitted now: the run ends here
             run_left = 0
-            if run_done:
-                sched.advance(run_done, 0, slots_taken=run_memory is None)
-                run_done = 0
-        if run_left:  # a step of the run: a decode step of the running sequences as they stand
-            dt = cost.decode_time(run_seqs, run_context) + no_swap  # as ``CostModel.step_time``
-            run_context += run_seqs
+        if run_done and run_left <= 1:  # the run's tokens so far, before its last step (or the step after its end)
+            sched.advance(run_done, 0, run_seqs, slots_taken=record_steps)
+            run_done = 0
+        if run_left > 1:  # a step of the run: a decode step of the running sequences as they stand
+            dt = cost.decode_time(len(run_ids), run_context) + no_swap  # as ``CostModel.step_time``
+            run_context += len(run_ids)
             run_left -= 1
             run_done += 1
-            if record_steps and run_memory is None:  # its slots now, for its memory record
+            if record_steps:  # its slots now, for its memory record
                 kv.advance(run_ids, 1)
             prefill, num_batched = False, len(sched.running)
         else:
-            out = sched.schedule()
+            if run_left:  # the run's last step
+                run_left = 0
+                out = sched.schedule_steady(run_seqs)
+            else:
+                out = sched.schedule()
             for g in out.ignored:
                 g.metrics.finish_time = now
                 bar.update(1)
@@ -467,16 +470,10 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
             # memory-bound: a request waits although the scheduler would admit it but for memory
             bound = head is not None and head.metrics.arrival_time <= now and len(sched.running) < max_num_seqs
             rows.add(step, now, dt, prefill, len(sched.running), num_batched, len(sched.waiting),
-                     len(sched.swapped), bound,
-                     run_memory[run_done - 1] if run_done and run_memory is not None else kv.stats(final_len))
+                     len(sched.swapped), bound, kv.stats(final_len))
         now += dt
         step += 1
-        if run_done:  # the run's tokens are appended at its end, then the next step is scheduled as usual
-            if not run_left:
-                sched.advance(run_done, 0, slots_taken=run_memory is None)
-                run_done = 0
-                if max_steps is not None and step >= max_steps:
-                    break
+        if run_done:  # within a run (its steps end before ``max_steps``): its last step is planned next
             continue
         # the model's stand-in: a dummy token for every running sequence, and the beam model's forks for each beam
         # group that goes on
@@ -490,16 +487,15 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
         if max_steps is not None and step >= max_steps:
             break
         if skip_runs and sched.running and not sched.swapped:  # (``steady_decode_steps``' cheapest conditions)
-            seqs = [s for g in sched.running for s in g.get_seqs("running")]
-            limit = min((stop_len[s.seq_id] - len(s.token_ids) for s in seqs), default=0) - 1  # no finish
+            seqs = sched.running_seqs()
+            limit = min((stop_len[s.seq_id] - len(s.token_ids) for s in seqs), default=0)  # no finish before the last
             if max_steps is not None:
                 limit = min(limit, max_steps - step)
-            run_left = sched.steady_decode_steps(limit)
+            run_left = sched.steady_decode_steps(limit, seqs)
             if run_left:
-                run_seqs, run_context = len(seqs), sum(len(s.token_ids) for s in seqs)
-                run_ids = [s.seq_id for s in seqs]
+                run_seqs, run_ids = seqs, [s.seq_id for s in seqs]
+                run_context = sum(len(s.token_ids) for s in seqs)
                 run_closed_queue = not sched.waiting
-                run_memory = kv.run_stats(run_ids, run_left, final_len) if record_steps else []
     bar.close()
     reqs = pd.DataFrame([{"request_id": g.request_id, "arrival_time": g.metrics.arrival_time,
                           "first_token_time": g.metrics.first_token_time, "finish_time": g.metrics.finish_time,

@@ -82,7 +82,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from pagedattn.repro import vllm_cpu
-from pagedattn.repro.capacity import Load, describe_ratio, sustainable_rate
+from pagedattn.repro.capacity import Load, describe_ratio, sustainable_rate_judged
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams, tiny_opt
 from pagedattn.repro.experiments.kv_waste import MEMORY_BOUND_MIN_PCT
@@ -680,28 +680,25 @@ def search(replay, offline_req_s: float, params: Params, threshold_s: float) -> 
     """A sustainable-rate search (``capacity.sustainable_rate``, §6.2's measure with its latency, capacity and
     offline-throughput rules) over ``replay(rate, n)``, the per-request frame of the search trace of ``n`` requests
     at that rate: on a live server or on the simulator's prediction. It runs on the first of the trace lengths
-    ``params.search_requests``, and again, whole, on the next while unjudged (``RateSearch.judged``). The first probe
+    ``params.search_requests``, and again, whole, on the next while unjudged (``capacity.sustainable_rate_judged``).
+    The first probe
     is the offline run (every request at t = 0) whose throughput caps the range; the bisection then stops at
     ``rate_resolution``. The range is the
     curves' lowest rate (``min(load_fractions) x offline_req_s``, where every server has kept up; the search extends it
     down by 4x should it fail) to 2x ``offline_req_s`` (the offline probe caps it). Returns the search's
     ``RateSearch.row()`` of the last run, its trace length (``search_requests``), the lengths tried
     (``search_lengths_tried``), the threshold and the wall seconds of all of them."""
-    t, client, tried = time.perf_counter(), [], []
+    t, client = time.perf_counter(), []
 
-    def probe(rate: float) -> pd.DataFrame:
+    def probe(rate: float, n: int) -> pd.DataFrame:
         df = replay(rate, n)
         if "client_cpu_s" in df.attrs:  # a live probe: the replay client's CPU (``send``)
             client.append((df.attrs["client_cpu_s"], df.attrs["client_wall_s"]))
         return df
-    for n in params.search_requests:
-        tried.append(n)
-        found = sustainable_rate(probe, min(params.load_fractions) * offline_req_s, 2 * offline_req_s, threshold_s,
-                                 params.rate_resolution)
-        if found.judged:
-            break
+    found, tried = sustainable_rate_judged(probe, params.search_requests, min(params.load_fractions) * offline_req_s,
+                                           2 * offline_req_s, threshold_s, params.rate_resolution)
     cpu = np.array(client) if client else np.full((1, 2), np.nan)
-    return {**found.row(), "search_requests": n, "search_lengths_tried": " ".join(map(str, tried)),
+    return {**found.row(), "search_requests": tried[-1], "search_lengths_tried": " ".join(map(str, tried)),
             "threshold_s": threshold_s, "search_s": time.perf_counter() - t,
             "client_cpu_s_per_probe": float(cpu[:, 0].mean()),
             "client_cpu_share_max": float((cpu[:, 0] / cpu[:, 1]).max())}
