@@ -47,6 +47,34 @@ def test_server_cost_from_a_low_rate_trace_and_the_offline_run():
     assert (cheap.request_delay_s, cheap.step_s, cheap.token_s) == pytest.approx((0, 0, 0), abs=1e-12)
 
 
+def test_calibration_takes_the_median_of_each_cost_over_its_repeats(monkeypatch):
+    """``calibrate``: ``calibration_repeats`` measurements, each a served run and the same engine in-process, on the
+    same calibration requests; each server cost is the median over them (one slow moment, here the second repeat's
+    114 ms delay, moves nothing), and the budget rule's step time is the fit of the repeat with the median in-process
+    time plus those costs."""
+    import contextlib
+
+    p = O.Params.make(True, calibration_repeats=3, url="http://x")
+    costs = iter([O.ServerCost(0.008, 1.2e-3, 2e-4), O.ServerCost(0.114, 4.7e-3, 3e-4), O.ServerCost(0.011, 1.5e-3,
+                                                                                                     1e-4)])
+    in_process = iter([0.8, 1.2, 0.9])
+    lows = []
+    monkeypatch.setattr(O, "_Endpoint", lambda url: contextlib.nullcontext(type("E", (), {"url": url})))
+    monkeypatch.setattr(O, "measure_offline", lambda url, trace, vocab, bar: 2.0)
+    monkeypatch.setattr(O, "send", lambda url, low, vocab: (lows.append(low), pd.DataFrame())[1])
+
+    def step_time(model, params, system, low):
+        s = next(in_process)
+        return O.FittedStepTime(decode_s=s), {"in_process_s": s}, pd.DataFrame()
+    monkeypatch.setattr(O, "measure_step_time", step_time)
+    monkeypatch.setattr(O, "measure_server_cost", lambda served, local, span, calib: next(costs))
+    c = O.calibrate(p, model=None, checkpoint="")
+    assert c["server_cost"] == O.ServerCost(0.011, 1.5e-3, 2e-4)
+    assert c["cost"].decode_s == pytest.approx(0.9 + 1.5e-3) and c["cost"].request_delay_s == 0.011
+    assert len(c["repeats"]) == 3 and list(c["repeats"].request_delay_s) == [0.008, 0.114, 0.011]
+    assert len(lows) == 3 and all(low is lows[0] for low in lows) and c["low"] is lows[0]
+
+
 def test_the_request_delay_adds_to_latency_from_the_arrival():
     p = O.Params.make(True)
     cost = O.FittedStepTime(decode_s=1e-3, prefill_per_token_s=1e-6)

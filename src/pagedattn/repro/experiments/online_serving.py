@@ -115,6 +115,13 @@ class Params(ServingParams):
     #: steps hold one request
     calibration_requests: int = 40
     calibration_fraction: float = 0.07
+    #: the server's costs are measured this many times, each a served run and the same engine in-process right after
+    #: it, and the median of each cost is taken (``calibrate``): one measurement subtracts two runs made at different
+    #: moments, and this VM's speed moves between moments. The full run of 2026-12-03 read 114 ms of delay per
+    #: request and 5.0 ms per step and token where three calibrations alone, just after, read 8-11 ms and 1.5-1.7 ms
+    #: (its paged server's median time to first token was 26 ms), and its predictions were off by a median 847 %.
+    #: Three, not more: each costs about 25 s.
+    calibration_repeats: int = 3
     #: the sustainable-rate searches' trace lengths (``search``): the shortest of these that judges the search
     #: (``capacity.Load.trend_se`` at most 1 % of the rate, ``RateSearch.judged``). Each search runs on the first;
     #: one left unjudged runs again, whole, on the next. On 300 every search of two full runs was judged: trend_se
@@ -163,7 +170,8 @@ class Params(ServingParams):
     #: system is memory-bound (``kv_waste.MEMORY_BOUND_MIN_PCT``)
     memory_bound_min_pct: float = MEMORY_BOUND_MIN_PCT
 
-    QUICK = dict(num_requests=30, search_requests=(30,), calibration_requests=12, rate_resolution=1.0,
+    QUICK = dict(num_requests=30, search_requests=(30,), calibration_requests=12, calibration_repeats=1,
+                 rate_resolution=1.0,
                  load_fractions=(0.4, 1.0), systems=("orca_oracle", "paged"), vllm=False)
 
     @property
@@ -559,22 +567,33 @@ def _share(predicted: pd.DataFrame | None) -> float:
 
 
 def calibrate(params: Params, model, checkpoint: str, bar=None) -> dict:
-    """The server's costs, measured once, before the budget rule and the sweep, on the paged server at
-    ``params.slots`` (``reference_slots`` unless ``num_slots`` is set; an external ``url`` itself): a warm-up and
-    its offline throughput (every request sent at t = 0), then the low-rate calibration trace (other requests, the
-    next seed, at ``calibration_fraction`` of that throughput) sent to it, against the same engine in-process on
-    the same requests (``measure_step_time``, ``measure_server_cost``); never on a point they predict. Returns the
-    calibration trace (``low``), the ``ServerCost`` (``server_cost``) and the paged engine's fit with it added
-    (``cost``: the step time of the budget rule)."""
+    """The server's costs, measured before the budget rule and the sweep, on the paged server at ``params.slots``
+    (``reference_slots`` unless ``num_slots`` is set; an external ``url`` itself), ``calibration_repeats`` times:
+    each time its offline throughput (every request sent at t = 0), the low-rate calibration trace (other requests,
+    the next seed, at ``calibration_fraction`` of the first offline throughput) sent to it, and the same engine
+    in-process on the same requests right after (``measure_step_time``, ``measure_server_cost``); never on a point
+    they predict. Each cost is the median over the repeats. Returns the calibration trace (``low``), the
+    ``ServerCost`` (``server_cost``), the paged engine's fit of the repeat with the median in-process time with it
+    added (``cost``: the step time of the budget rule), and one row per repeat (``repeats``)."""
     vocab, offline_trace = params.model["vocab_size"], params.trace(math.inf)
+    low, rows, fits = None, [], []
     with (_Endpoint(params.url) if params.url else Server.ours(checkpoint, "paged", params)) as server:
-        span = measure_offline(server.url, offline_trace, vocab, bar)
-        low = replace(params, seed=params.seed + 1).trace(params.calibration_fraction * len(offline_trace) / span,
-                                                          params.calibration_requests)
-        engine_fit, calib, local_low = measure_step_time(model, params, "paged", low)
-        server_cost = measure_server_cost(send(server.url, low, vocab), local_low, span, calib)
-    return {"low": low, "server_cost": server_cost, "cost": with_server_cost(engine_fit, server_cost),
-            "slots": params.slots, "offline_served_req_s": len(offline_trace) / span}
+        for _ in range(params.calibration_repeats):
+            span = measure_offline(server.url, offline_trace, vocab, bar)
+            if low is None:
+                low = replace(params, seed=params.seed + 1).trace(
+                    params.calibration_fraction * len(offline_trace) / span, params.calibration_requests)
+            served_low = send(server.url, low, vocab)
+            engine_fit, calib, local_low = measure_step_time(model, params, "paged", low)
+            cost = measure_server_cost(served_low, local_low, span, calib)
+            fits.append(engine_fit)
+            rows.append({**asdict(cost), "offline_served_s": span, "in_process_s": calib["in_process_s"]})
+    repeats = pd.DataFrame(rows)
+    server_cost = ServerCost(**{k: float(repeats[k].median()) for k in ("request_delay_s", "step_s", "token_s")})
+    middle = sorted(range(len(rows)), key=lambda i: rows[i]["in_process_s"])[len(rows) // 2]
+    return {"low": low, "server_cost": server_cost, "cost": with_server_cost(fits[middle], server_cost),
+            "slots": params.slots, "repeats": repeats,
+            "offline_served_req_s": len(offline_trace) / float(repeats.offline_served_s.median())}
 
 
 def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_python: Path | None = None,
@@ -807,8 +826,8 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
             t = sweep(params, model, ckpt, progress, vllm_python, calibration)
     finally:
         torch.set_num_threads(threads)
-    t["budget"] = budget
-    for name in ("curves", "sustainable", "offline", "step_time_fit", "budget"):
+    t["budget"], t["calibration"] = budget, calibration["repeats"]
+    for name in ("curves", "sustainable", "offline", "step_time_fit", "budget", "calibration"):
         if t[name] is not None:
             t[name].to_csv(out_dir / f"{name}.csv", index=False)
     hw = hardware_label("cpu")
