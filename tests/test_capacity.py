@@ -130,6 +130,50 @@ def test_offline_bracket_finds_what_the_whole_range_finds():
     assert top.bound_by == "upper bound" and top.rate == 3.0
 
 
+@pytest.mark.parametrize("bracket", [(9.0, 9.5), (8.0, 8.4), (4.0, 4.2), (30.0, 33.0), (0.02, 0.03)])
+def test_a_search_from_a_given_bracket_finds_what_the_offline_bracket_finds(bracket):
+    """``sustainable_rate(bracket=...)`` (a shorter trace's answer, as ``sustainable_rate_judged`` passes it) changes
+    only the probes: the same rules and resolution, the same rate within the resolution, whether the capacity lies
+    in the bracket, near it, far below or above it, or the bracket lies outside the range; fewer replays where the
+    bracket holds the answer."""
+    calls = []
+
+    def replay(rate):
+        calls.append(rate)
+        return fifo_server(10.0, 1000)(rate)
+
+    default = sustainable_rate(replay, 0.01, 40.0, 0.05, 0.05)  # latency binds near 9 req/s, below capacity (10)
+    n_default = len(calls)
+    calls.clear()
+    found = sustainable_rate(replay, 0.01, 40.0, 0.05, 0.05, bracket=bracket)
+    assert found.rate == pytest.approx(default.rate, rel=0.05) and found.resolution <= 0.05
+    assert found.bound_by == default.bound_by and found.probes == len(calls) and found.offline_rate == default.offline_rate
+    if bracket == (9.0, 9.5):  # it holds the answer
+        assert len(calls) < n_default
+
+
+def test_a_longer_search_starts_from_the_bracket_of_the_shorter_one():
+    """``sustainable_rate_judged``: an unjudged search's bracket is the next length's first bracket; the row names
+    the length it ended on and the lengths tried."""
+    seen = []
+
+    def search(replay, lo, hi, threshold_s, resolution, bracket=None):
+        seen.append(bracket)
+        replay(lo)
+        return RateSearch(5.0 * len(seen), 5.5 * len(seen), 0.1, "capacity", 5.0, 0.01, 1,
+                          trend_se=0.0 if len(seen) == 3 else 0.03)
+    lengths = []
+    orig = capacity.sustainable_rate
+    try:
+        capacity.sustainable_rate = search
+        row = capacity.sustainable_rate_judged(lambda rate, n: lengths.append(n), (10, 20, 40, 80), 1.0, 100.0)
+    finally:
+        capacity.sustainable_rate = orig
+    assert seen == [None, (5.0, 5.5), (10.0, 11.0)] and lengths == [10, 20, 40]
+    assert row["search_requests"] == 40 and row["search_lengths_tried"] == "10 20 40" and row["judged"]
+    assert row["sustainable_rate"] == 15.0
+
+
 @pytest.mark.parametrize("n", [5, 150, 400, 1000, 3000])
 def test_the_steady_window_receives_the_nominal_rate(n):
     """A rate is what the steady window receives (``poisson_arrivals``): exactly, for every trace length and seed,

@@ -690,3 +690,23 @@ def test_reference_works_outside_inference_mode_after_inside():
         inside = paged_attention_ref(q, kc, vc, bt, cl, 0.3)
     outside = paged_attention_ref(q, kc, vc, bt, cl, 0.3)
     assert torch.equal(inside, outside)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=2, max_size=5))
+def test_all_pairs_covers_every_pair_of_values(levels):
+    """The interpreted correctness sweep's cases (``attention_kernel.all_pairs``): every value of each factor with
+    every value of each other factor in some case, every case a combination of the factors' values, no case twice,
+    and never more cases than the whole product; the notebook's grid (8 x 4 x 2 x 3) in 32 cases."""
+    import itertools
+    import math
+
+    from pagedattn.repro.experiments.attention_kernel import all_pairs
+
+    factors = [[f"f{k}v{v}" for v in range(n)] for k, n in enumerate(levels)]
+    rows = all_pairs(factors)
+    assert len(rows) == len(set(rows)) <= math.prod(levels)
+    assert all(len(r) == len(factors) and all(x in f for x, f in zip(r, factors)) for r in rows)
+    for i, j in itertools.combinations(range(len(factors)), 2):
+        assert {(r[i], r[j]) for r in rows} == set(itertools.product(factors[i], factors[j]))
+    assert len(all_pairs([list(range(8)), list(range(4)), list(range(2)), list(range(3))])) == 32

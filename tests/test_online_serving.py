@@ -270,7 +270,7 @@ def judged_from_the_second_length(lengths, first):
 
 
 def test_an_unjudged_search_runs_again_whole_on_the_next_length(monkeypatch):
-    """``Params.search_requests``: a search runs on the first trace length, and again, whole, on the next while
+    """``Params.search_requests``: a search runs on the first trace length, and again on the next while
     its answer is unjudged (``RateSearch.judged``); a judged one stops there. The ratio's note names each length."""
     from pagedattn.repro import capacity
 

@@ -356,15 +356,17 @@ def test_advance_does_what_as_many_rounds_of_append_slots_do(kind):
     tables, block for block (paged: new blocks taken by step, then in order), and the same memory; and
     ``decode_room`` is the most rounds that need no preemption."""
     (a, ga), (b, gb) = _two_managers(kind)
-    room = a.decode_room([0, 1, 2], 100)
+    seqs = [s for g in ga for s in g.seqs]
+    assert [s.seq_id for s in seqs] == [0, 1, 2]
+    room = a.decode_room(seqs, 100)
     if kind == "paged":  # 4 + 4 + 5 blocks held, 17 free; new blocks from steps 2, 1, 1 on, every 4th: the 18th at 22
         assert room == 21
     else:  # the Oracle's reservations: 40 tokens beyond each prompt
         assert room == 40
-    assert a.decode_room([0, 1, 2], 7) == 7 and a.decode_room([0, 1, 2], 0) == 0
+    assert a.decode_room(seqs, 7) == 7 and a.decode_room(seqs, 0) == 0
     final = {0: 15 + 40, 1: 16 + 40, 2: 20 + 40}
     for steps in (1, 6, 1, room - 8):
-        a.advance([0, 1, 2], steps)
+        a.advance(seqs, steps)
         for k in range(steps):
             for g in gb:
                 assert b.can_append_slots(g)
@@ -372,7 +374,7 @@ def test_advance_does_what_as_many_rounds_of_append_slots_do(kind):
         assert [a.block_table(i) for i in range(3)] == [b.block_table(i) for i in range(3)]
         assert [a.num_tokens(i) for i in range(3)] == [b.num_tokens(i) for i in range(3)]
         assert a.stats(final) == b.stats(final)
-    assert a.decode_room([0, 1, 2], 100) == 0  # the next round would preempt (paged) or outgrow (Oracle)
+    assert a.decode_room(seqs, 100) == 0  # the next round would preempt (paged) or outgrow (Oracle)
     assert not all(b.can_append_slots(g) for g in gb)
     a.check_invariants()
 
@@ -404,6 +406,7 @@ def test_advance_appends_the_tokens_and_caches_all_but_the_last():
     s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=1.0))
     s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=2.0))  # copy-on-write done: own last blocks
     assert s.steady_decode_steps(50, s.running_seqs()) == 50
+    kv.advance(s.running_seqs(), 5)  # the caller takes the slots (``KVManager.advance``)
     s.advance(5, 7, s.running_seqs())
     for seq in s.running[0].seqs:
         assert seq.token_ids == [1] * 6 + [0, 0] + [7] * 5 and seq.num_computed_tokens == 12
@@ -423,6 +426,7 @@ def test_a_runs_last_step_is_planned_as_schedule_plans_it_and_may_finish():
         s.add(group(2, 6))  # waits for a seat until r0 finishes
         s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=1.0))
         assert s.steady_decode_steps(2, s.running_seqs()) == 2
+        kv.advance(s.running_seqs(), 1)
         s.advance(1, 0, s.running_seqs())
         out = s.schedule_steady(s.running_seqs()) if steady else s.schedule()
         plans.append(([g.request_id for g in out.decode_groups], out.blocks_to_copy, out.prefill_groups,
@@ -483,8 +487,8 @@ def test_replays_take_most_steps_as_runs(interpreted_simulator, monkeypatch):
     without."""
     taken = []
     orig = Scheduler.advance
-    monkeypatch.setattr(Scheduler, "advance", lambda self, steps, fill, seqs, slots_taken=False: (
-        taken.append(steps), orig(self, steps, fill, seqs, slots_taken)))
+    monkeypatch.setattr(Scheduler, "advance", lambda self, steps, fill, seqs: (
+        taken.append(steps), orig(self, steps, fill, seqs)))
     trace = make_trace("sharegpt", 200, rate=5.0, seed=1)
     for system in ("paged", "orca_oracle"):
         steps = len(simulate(trace, system, 4000).steps)

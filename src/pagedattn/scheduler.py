@@ -183,16 +183,14 @@ class Scheduler:
                 return 0
         if any(g.metrics.first_token_time is None for g in self.running):
             return 0
-        return self.kv.decode_room([s.seq_id for s in seqs], limit)
+        return self.kv.decode_room(seqs, limit)
 
-    def advance(self, steps: int, fill_token: int, seqs: list[Sequence], slots_taken: bool = False) -> None:
+    def advance(self, steps: int, fill_token: int, seqs: list[Sequence]) -> None:
         """``steps`` decode steps at once, as ``steady_decode_steps`` allowed: each running sequence (``seqs``, as
-        given to it) gains ``steps`` copies of ``fill_token`` and the slots for them (``slots_taken``: the caller
-        took those step by step, to record the memory of each), and the K/V of all its tokens but the last is
-        cached; what ``steps`` rounds of ``schedule`` and ``update_from_output`` would have done, no sequence
-        finishing."""
-        if not slots_taken:
-            self.kv.advance([s.seq_id for s in seqs], steps)
+        given to it) gains ``steps`` copies of ``fill_token``, and the K/V of all its tokens but the last is cached;
+        what ``steps`` rounds of ``schedule`` and ``update_from_output`` would have done, no sequence finishing,
+        once the caller has taken the slots for those steps (``KVManager.advance``: the simulator takes them all at
+        once, or step by step where it records each step's memory)."""
         for s in seqs:
             s.extend(fill_token, steps)
             s.num_computed_tokens = len(s.token_ids) - 1
@@ -202,7 +200,7 @@ class Scheduler:
         running group decodes, its sequences ``seqs`` take their slots (``KVManager.advance``), and nothing else
         happens; what ``schedule`` would plan then, without its checks. Its ``update_from_output`` follows as usual,
         finishing the sequences that are done."""
-        self.kv.advance([s.seq_id for s in seqs], 1)
+        self.kv.advance(seqs, 1)
         return SchedulerOutputs(decode_groups=list(self.running))
 
     def _free_finished(self) -> list[SequenceGroup]:

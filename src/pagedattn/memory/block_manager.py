@@ -450,10 +450,10 @@ class BlockManager:
             return []
         pb, cb = parent.blocks, child.blocks
         common = min(len(pb), len(cb))
-        while common and pb[common - 1] != cb[common - 1]:  # the shared history ends where the tables first differ
+        # the shared history ends where the tables first differ: a block held at the same place by both came from
+        # one fork, and so did every block before it (forks share prefixes; copy-on-write replaces only last blocks)
+        while common and pb[common - 1] != cb[common - 1]:
             common -= 1
-        if pb[:common] != cb[:common]:  # (they differed earlier too: share nothing by position)
-            common = 0
         pool = self._pool(parent.device)
         for b in cb[common:]:
             pool.decref(b)
@@ -478,7 +478,7 @@ class BlockManager:
                 copies.append(c)
         return copies
 
-    def decode_room(self, seq_ids: list[int], limit: int) -> int:
+    def decode_room(self, seqs: list, limit: int) -> int:
         """Decode steps in a row (at most ``limit``) that these sequences take with no preemption or copy: until
         the new blocks that their appends need, step by step, would outnumber the free blocks (each sequence needs
         one whenever its last block is full, §4.3). 0 where a step could copy (a shared last block) or register a
@@ -487,8 +487,8 @@ class BlockManager:
             return 0
         bs, refs, max_len = self.block_size, self.gpu.ref_counts, self.max_model_len
         new_blocks = [0] * (limit + 1)  # by step (1-based)
-        for seq_id in seq_ids:
-            t = self.tables[seq_id]
+        for s in seqs:
+            t = self.tables[s.seq_id]
             n = t.num_tokens
             if t.device != "gpu" or n % bs and refs[t.blocks[-1]] > 1:
                 return 0
@@ -503,13 +503,13 @@ class BlockManager:
                 return step - 1
         return limit
 
-    def advance(self, seq_ids: list[int], steps: int) -> None:
+    def advance(self, seqs: list, steps: int) -> None:
         """``steps`` decode steps of these sequences at once (``decode_room``): their new blocks are taken from the
-        pool in the order that step-by-step appends take them (by step, then in ``seq_ids`` order)."""
+        pool in the order that step-by-step appends take them (by step, then in ``seqs`` order)."""
         bs, allocate = self.block_size, self.gpu.allocate
-        needs: list[tuple[int, BlockTable]] = []  # (step, table) of each new block, in ``seq_ids`` order
-        for seq_id in seq_ids:
-            t = self.tables[seq_id]
+        needs: list[tuple[int, BlockTable]] = []  # (step, table) of each new block, in ``seqs`` order
+        for s in seqs:
+            t = self.tables[s.seq_id]
             first = -t.num_tokens % bs + 1  # the step whose token opens a block (1 when the last block is full)
             t.num_tokens += steps
             while first <= steps:

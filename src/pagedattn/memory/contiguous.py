@@ -274,7 +274,7 @@ class ContiguousKVManager:
         """No block tables to share: the parent's filled slots are copied into the child's reservation, as HF's
         ``_reorder_cache`` does; returns those slot copies (block size 1)."""
         n = self.tables[parent_id].num_tokens
-        copies = list(zip(self.block_table(parent_id)[:n], self.block_table(child_id)[:n]))
+        copies = list(zip(self.block_table(parent_id, n), self.block_table(child_id, n)))
         self.tables[child_id].num_tokens = n
         return copies
 
@@ -293,17 +293,17 @@ class ContiguousKVManager:
             r.num_tokens += 1
         return []
 
-    def decode_room(self, seq_ids: list[int], limit: int) -> int:
+    def decode_room(self, seqs: list, limit: int) -> int:
         """Decode steps in a row (at most ``limit``) that fit in these sequences' reservations."""
-        for seq_id in seq_ids:
-            r = self.tables[seq_id]
+        for s in seqs:
+            r = self.tables[s.seq_id]
             limit = min(limit, r.reserved - r.num_tokens)
         return max(limit, 0)
 
-    def advance(self, seq_ids: list[int], steps: int) -> None:
+    def advance(self, seqs: list, steps: int) -> None:
         """``steps`` decode steps at once: each reservation gains ``steps`` tokens (``decode_room``)."""
-        for seq_id in seq_ids:
-            self.tables[seq_id].num_tokens += steps
+        for s in seqs:
+            self.tables[s.seq_id].num_tokens += steps
 
     def free_seq(self, seq) -> None:
         r = self.tables.pop(seq.seq_id, None)

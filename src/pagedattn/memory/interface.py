@@ -74,11 +74,11 @@ class KVManager(Protocol):
         """Make sequence ``child_id`` (which holds blocks) a copy of ``parent_id`` (beam search, §4.4); returns the
         block copies that the executor must perform (none where the child shares the parent's blocks)."""
 
-    def decode_room(self, seq_ids: list[int], limit: int) -> int:
-        """How many decode steps in a row, at most ``limit``, the device-resident sequences ``seq_ids`` can each
+    def decode_room(self, seqs: list, limit: int) -> int:
+        """How many decode steps in a row, at most ``limit``, the device-resident sequences ``seqs`` can each
         take one more token, in this order every step, with no preemption, copy or refusal (0 where unsure)."""
 
-    def advance(self, seq_ids: list[int], steps: int) -> None:
+    def advance(self, seqs: list, steps: int) -> None:
         """``steps`` such steps at once (``decode_room``): what ``steps`` rounds of ``append_slots`` over the
         sequences, in this order, would do."""
 

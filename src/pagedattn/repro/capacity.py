@@ -206,7 +206,8 @@ class RateSearch:
 
 def sustainable_rate(replay: Callable[[float], pd.DataFrame], lo: float, hi: float,
                      threshold_s: float = NL_THRESHOLD_S, resolution: float = RESOLUTION,
-                     margin: float = CAPACITY_MARGIN, max_extensions: int = 3, offline: bool = True) -> RateSearch:
+                     margin: float = CAPACITY_MARGIN, max_extensions: int = 3, offline: bool = True,
+                     bracket: tuple[float, float] | None = None) -> RateSearch:
     """The highest rate in ``[lo, hi]`` that passes the latency and capacity rules (module docstring), by geometric
     bisection down to ``resolution``. ``replay(rate)`` returns the run's per-request frame. If ``lo`` fails, the
     range is extended down by 4x at a time, up to ``max_extensions`` times; if ``hi`` passes, it is reported with
@@ -217,7 +218,11 @@ def sustainable_rate(replay: Callable[[float], pd.DataFrame], lo: float, hi: flo
     ``bound_by="offline throughput"`` (and resolution 0: no higher rate counts). The search starts from the bracket
     ``[offline / 2, offline]`` inside ``[lo, hi]`` (a rate the system cannot serve fails the capacity rule, so the
     answer is rarely far from it), moving it down by 4x while its lower end fails. Only the probes differ from a search
-    over the whole range: the rules and the resolution are the same."""
+    over the whole range: the rules and the resolution are the same.
+
+    ``bracket``: another first bracket (``sustainable_rate_judged`` passes a shorter trace's ``rate`` and
+    ``failed_at``), clipped to the range (ignored where nothing of it is left); it moves by its own width, doubled at each move, while its lower end fails
+    or its upper end passes. Again only the probes differ."""
     probes: dict[float, Load] = {}
     if not offline:
         return _search(probes, replay, lo, hi, threshold_s, resolution, margin, max_extensions)
@@ -226,9 +231,12 @@ def sustainable_rate(replay: Callable[[float], pd.DataFrame], lo: float, hi: flo
         found = _search(probes, replay, lo, hi, threshold_s, resolution, margin, max_extensions)
     else:
         hi = min(hi, cap)
-        a = max(lo, cap / 2)
-        found = _search(probes, replay, a, hi, threshold_s, resolution, margin, max_extensions, outer=(lo, hi)) \
-            if a < hi else _search(probes, replay, lo, hi, threshold_s, resolution, margin, max_extensions)
+        a, b, step = max(lo, cap / 2), hi, 4.0
+        if bracket is not None and max(lo, bracket[0]) < min(hi, bracket[1]):
+            a, b, step = max(lo, bracket[0]), min(hi, bracket[1]), 0.0
+        found = _search(probes, replay, a, b, threshold_s, resolution, margin, max_extensions, outer=(lo, hi),
+                        step=step) \
+            if a < b else _search(probes, replay, lo, hi, threshold_s, resolution, margin, max_extensions)
         if found.bound_by == "upper bound" and found.rate == cap:
             found = replace(found, bound_by="offline throughput", resolution=0.0)
     return replace(found, offline_rate=cap, probes=found.probes + 1)
@@ -236,27 +244,37 @@ def sustainable_rate(replay: Callable[[float], pd.DataFrame], lo: float, hi: flo
 
 def sustainable_rate_judged(replay: Callable[[float, int], pd.DataFrame], lengths: Sequence[int], lo: float,
                             hi: float, threshold_s: float = NL_THRESHOLD_S, resolution: float = RESOLUTION,
-                            **kw) -> tuple[RateSearch, list[int]]:
+                            **kw) -> dict:
     """``sustainable_rate`` over ``replay(rate, n)``, the run of a trace of ``n`` requests at ``rate``: on the first
-    of the trace lengths ``lengths``, and again, whole, on the next while the search is unjudged (``RateSearch
-    .judged``): the longer trace that the capacity rule asks for (module docstring), by a rule fixed before the run.
-    Returns the last search and the lengths tried (the last is its trace's)."""
+    of the trace lengths ``lengths``, and again on the next while the search is unjudged (``RateSearch.judged``):
+    the longer trace that the capacity rule asks for (module docstring), by a rule fixed before the run. A search
+    again starts from the bracket that the one before found (``sustainable_rate``'s ``bracket``), where it found one:
+    a longer trace moves a rate little, and such a search takes about half the probes of one from the offline
+    throughput's bracket. Its answer is a bracket of a passing and a failing rate within the resolution, as that
+    search's is; the two can differ by up to the resolution, and by more only where passing is not monotone in the
+    rate, which the bisection assumes anyway. Returns the last search's ``RateSearch.row()`` with its trace length
+    (``search_requests``) and the lengths tried (``search_lengths_tried``, space-separated)."""
     if not lengths:
         raise ValueError("no trace length to search on")
     tried: list[int] = []
+    bracket = None
     for n in lengths:
         tried.append(n)
-        found = sustainable_rate(lambda rate: replay(rate, n), lo, hi, threshold_s, resolution, **kw)
+        found = sustainable_rate(lambda rate: replay(rate, n), lo, hi, threshold_s, resolution, bracket=bracket,
+                                 **kw)
         if found.judged:
             break
-    return found, tried
+        if found.rate > 0 and math.isfinite(found.failed_at):
+            bracket = (found.rate, found.failed_at)
+    return {**found.row(), "search_requests": tried[-1], "search_lengths_tried": " ".join(map(str, tried))}
 
 
 def _search(probes: dict, replay, lo: float, hi: float, threshold_s: float, resolution: float, margin: float,
-            max_extensions: int, outer: tuple[float, float] | None = None) -> RateSearch:
+            max_extensions: int, outer: tuple[float, float] | None = None, step: float = 4.0) -> RateSearch:
     """``sustainable_rate``'s bisection, remembering each probe's load in ``probes``. With ``outer``, ``[lo, hi]``
-    is a first bracket inside the range ``outer``: it moves down while ``lo`` fails and up while ``hi`` passes (4x at
-    a time, never past ``outer``) before the range's own rules apply at its ends."""
+    is a first bracket inside the range ``outer``: it moves down while ``lo`` fails and up while ``hi`` passes (by
+    ``step`` at a time; 0: by the bracket's own width, doubled at each move; never past ``outer``) before the range's
+    own rules apply at its ends."""
 
     def load(rate: float) -> Load:
         if rate not in probes:
@@ -268,10 +286,13 @@ def _search(probes: dict, replay, lo: float, hi: float, threshold_s: float, reso
 
     if outer is not None:
         o_lo, o_hi = outer
+        grow = step or hi / lo
         while lo > o_lo and not ok(lo):
-            lo, hi = max(o_lo, lo / 4), lo
+            lo, hi = max(o_lo, lo / grow), lo
+            grow = step or grow * grow
         while hi < o_hi and ok(hi):
-            lo, hi = hi, min(o_hi, hi * 4)
+            lo, hi = hi, min(o_hi, hi * grow)
+            grow = step or grow * grow
     extensions = 0
     while not ok(lo):
         if extensions == max_extensions:

@@ -20,8 +20,9 @@ Beam search (§4.4, Fig. 14b) has no model to score candidates here, so ``BeamMo
 step, with a mean number of distinct parents measured on the real engine (notebook 04); see its docstring.
 
 A replay takes the decode steps that are sure to change nothing but lengths, slots and the clock (no arrival
-admitted, no finish, preemption or copy) as a run, without scheduling each (``Scheduler.steady_decode_steps``,
-``Scheduler.advance``): most of a replay's steps, with the same results step for step (``tests/test_sim_golden.py``).
+admitted, no preemption or copy, no finish before the last of them) as a run, without scheduling each
+(``Scheduler.steady_decode_steps``, ``Scheduler.advance``, ``Scheduler.schedule_steady`` for the last): most of a
+replay's steps, with the same results step for step (``tests/test_sim_golden.py``).
 
 ``simulate`` runs this module's replay compiled with mypyc when a build of it is present and up to date
 (``pagedattn.repro.fastsim``, ``make fastsim``): the same source and results, about twice as fast.
@@ -402,7 +403,6 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     skip_runs = beam is None and not enable_prefix_caching and not prefix_lens
     run_left = run_done = run_context = 0  # steps left and taken in the run, and its context tokens
     run_seqs: list[Sequence] = []  # its sequences, in the scheduler's order
-    run_ids: list[int] = []
     run_closed_queue = False  # the run began with nobody waiting: an arrival ends it
     no_swap = cost.swap_time(0, block_size)
     bar = tqdm(total=len(pending), desc=f"sim {system}", disable=not progress, leave=False)
@@ -429,15 +429,17 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
         if run_left and run_closed_queue and sched.waiting:  # an arrival, maybe admitted now: the run ends here
             run_left = 0
         if run_done and run_left <= 1:  # the run's tokens so far, before its last step (or the step after its end)
-            sched.advance(run_done, 0, run_seqs, slots_taken=record_steps)
+            if not record_steps:  # their slots at once (recording, each step took its own)
+                kv.advance(run_seqs, run_done)
+            sched.advance(run_done, 0, run_seqs)
             run_done = 0
         if run_left > 1:  # a step of the run: a decode step of the running sequences as they stand
-            dt = cost.decode_time(len(run_ids), run_context) + no_swap  # as ``CostModel.step_time``
-            run_context += len(run_ids)
+            dt = cost.decode_time(len(run_seqs), run_context) + no_swap  # as ``CostModel.step_time``
+            run_context += len(run_seqs)
             run_left -= 1
             run_done += 1
             if record_steps:  # its slots now, for its memory record
-                kv.advance(run_ids, 1)
+                kv.advance(run_seqs, 1)
             prefill, num_batched = False, len(sched.running)
         else:
             if run_left:  # the run's last step
@@ -493,7 +495,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                 limit = min(limit, max_steps - step)
             run_left = sched.steady_decode_steps(limit, seqs)
             if run_left:
-                run_seqs, run_ids = seqs, [s.seq_id for s in seqs]
+                run_seqs = seqs
                 run_context = sum(len(s.token_ids) for s in seqs)
                 run_closed_queue = not sched.waiting
     bar.close()

@@ -124,7 +124,8 @@ class Params(ServingParams):
     calibration_repeats: int = 3
     #: the sustainable-rate searches' trace lengths (``search``): the shortest of these that judges the search
     #: (``capacity.Load.trend_se`` at most 1 % of the rate, ``RateSearch.judged``). Each search runs on the first;
-    #: one left unjudged runs again, whole, on the next. On 300 every search of two full runs was judged: trend_se
+    #: one left unjudged runs again on the next, from the bracket that it found (since 2026-12-03, for time: a whole
+    #: second search took 140 of the 218 s of Orca (Oracle)'s search that day). On 300 every search of two full runs was judged: trend_se
     #: 0.58 / 0.46 / 0.66 % and 0.44 / 0.44 / 0.79 % (paged / Orca Max / Orca Oracle servers), 0.40-0.50 % for their
     #: predictions; a first trial on a machine shared with another job had 0.94 % at most. The full run of
     #: 2026-12-02 on the Intel VM left the paged server's search unjudged on 300 (trend_se 1.16 %), and the rule
@@ -592,8 +593,7 @@ def calibrate(params: Params, model, checkpoint: str, bar=None) -> dict:
     server_cost = ServerCost(**{k: float(repeats[k].median()) for k in ("request_delay_s", "step_s", "token_s")})
     middle = sorted(range(len(rows)), key=lambda i: rows[i]["in_process_s"])[len(rows) // 2]
     return {"low": low, "server_cost": server_cost, "cost": with_server_cost(fits[middle], server_cost),
-            "slots": params.slots, "repeats": repeats,
-            "offline_served_req_s": len(offline_trace) / float(repeats.offline_served_s.median())}
+            "slots": params.slots, "repeats": repeats}
 
 
 def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_python: Path | None = None,
@@ -699,7 +699,8 @@ def search(replay, offline_req_s: float, params: Params, threshold_s: float) -> 
     """A sustainable-rate search (``capacity.sustainable_rate``, §6.2's measure with its latency, capacity and
     offline-throughput rules) over ``replay(rate, n)``, the per-request frame of the search trace of ``n`` requests
     at that rate: on a live server or on the simulator's prediction. It runs on the first of the trace lengths
-    ``params.search_requests``, and again, whole, on the next while unjudged (``capacity.sustainable_rate_judged``).
+    ``params.search_requests``, and again on the next while unjudged, from the bracket found before
+    (``capacity.sustainable_rate_judged``).
     The first probe
     is the offline run (every request at t = 0) whose throughput caps the range; the bisection then stops at
     ``rate_resolution``. The range is the
@@ -714,11 +715,10 @@ def search(replay, offline_req_s: float, params: Params, threshold_s: float) -> 
         if "client_cpu_s" in df.attrs:  # a live probe: the replay client's CPU (``send``)
             client.append((df.attrs["client_cpu_s"], df.attrs["client_wall_s"]))
         return df
-    found, tried = sustainable_rate_judged(probe, params.search_requests, min(params.load_fractions) * offline_req_s,
-                                           2 * offline_req_s, threshold_s, params.rate_resolution)
+    found = sustainable_rate_judged(probe, params.search_requests, min(params.load_fractions) * offline_req_s,
+                                    2 * offline_req_s, threshold_s, params.rate_resolution)
     cpu = np.array(client) if client else np.full((1, 2), np.nan)
-    return {**found.row(), "search_requests": tried[-1], "search_lengths_tried": " ".join(map(str, tried)),
-            "threshold_s": threshold_s, "search_s": time.perf_counter() - t,
+    return {**found, "threshold_s": threshold_s, "search_s": time.perf_counter() - t,
             "client_cpu_s_per_probe": float(cpu[:, 0].mean()),
             "client_cpu_share_max": float((cpu[:, 0] / cpu[:, 1]).max())}
 

@@ -263,9 +263,9 @@ class RealParams(ServingParams):
     offline_requests: int = 150
     #: the rate searches' trace lengths: on 150 requests four of the five searches were unjudged
     #: (``capacity.Load.trend_se`` 2-4 % of the rate, above half the 2 % margin); the capacity rule asks for a longer
-    #: trace then. A search runs on 600 requests, and again, whole, on 1,200 while unjudged
-    #: (``capacity.sustainable_rate_judged``; one of three was, by 0.02 points, in the run of 2026-12-03). The online
-    #: curves (``rates``) keep ``num_requests``.
+    #: trace then. A search runs on 600 requests, and again on 1,200 while unjudged, from the bracket that the
+    #: first found (``capacity.sustainable_rate_judged``; one of three was unjudged, by 0.02 points, in the run of
+    #: 2026-12-03). The online curves (``rates``) keep ``num_requests``.
     search_requests: tuple = (600, 1200)
     systems: tuple = ("ft", "orca_max", "orca_pow2", "orca_oracle", "paged")
     #: the systems whose sustainable rate is searched: those of the CPU-scale ratio claims (ours over Orca (Oracle)
@@ -355,11 +355,11 @@ def _real_sustainable_row(job: tuple, params: RealParams, threshold_s: float) ->
     """One whole bisection of ``real_sustainable`` (its probes one after another): ``(workload, system)``."""
     w, s = job
     rates = params.rates[w]
-    found, tried = sustainable_rate_judged(lambda rate, n: real_serve(s, params.trace(w, n, rate), params),
-                                          params.search_requests, min(rates) / 4, max(rates) * 16, threshold_s,
-                                          params.rate_resolution)
-    return {"scale": "cpu (real engine)", "trace": w, "system": s, "label": LABELS[s], **found.row(),
-            "search_requests": tried[-1], "search_lengths_tried": " ".join(map(str, tried)), "threshold_s": threshold_s}
+    found = sustainable_rate_judged(lambda rate, n: real_serve(s, params.trace(w, n, rate), params),
+                                    params.search_requests, min(rates) / 4, max(rates) * 16, threshold_s,
+                                    params.rate_resolution)
+    return {"scale": "cpu (real engine)", "trace": w, "system": s, "label": LABELS[s], **found,
+            "threshold_s": threshold_s}
 
 
 def real_sustainable(params: RealParams, threshold_s: float, progress: bool = True) -> pd.DataFrame:
