@@ -269,7 +269,7 @@ def judged_from_the_second_length(lengths, first):
     return fake_search
 
 
-def test_an_unjudged_search_runs_again_whole_on_the_next_length(monkeypatch):
+def test_an_unjudged_search_runs_again_on_the_next_length(monkeypatch):
     """``Params.search_requests``: a search runs on the first trace length, and again on the next while
     its answer is unjudged (``RateSearch.judged``); a judged one stops there. The ratio's note names each length."""
     from pagedattn.repro import capacity
@@ -364,7 +364,7 @@ def test_latency_gap_fits_a_per_request_delay_and_a_per_token_cost():
     assert intercept == pytest.approx(0.012, abs=1e-9) and slope == pytest.approx(0.0005, abs=1e-9)
 
 
-def test_the_real_engines_search_runs_again_whole_on_a_longer_trace_while_unjudged(monkeypatch):
+def test_the_real_engines_search_runs_again_on_a_longer_trace_while_unjudged(monkeypatch):
     """Notebook 03's real-engine searches follow the same rule (``throughput.RealParams.search_requests``): the row
     names the trace length it ended on and the lengths tried."""
     from pagedattn.repro import capacity
