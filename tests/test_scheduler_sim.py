@@ -415,8 +415,9 @@ def test_advance_appends_the_tokens_and_caches_all_but_the_last():
 
 
 def test_a_runs_last_step_is_planned_as_schedule_plans_it_and_may_finish():
-    """``schedule_steady`` (a run's last step) plans and takes what ``schedule`` would: every running group
-    decodes, the same slots, no copy; its ``update_from_output`` finishes the sequences that are done then."""
+    """``schedule_steady`` (a run's last step, its slots taken by the caller) plans what ``schedule`` would: every
+    running group decodes, the same slots, no copy; its ``update_from_output`` finishes the sequences that are done
+    then."""
     plans = []
     for steady in (False, True):
         kv = BlockManager(block_size=4, num_gpu_blocks=40, watermark=0.0)
@@ -428,7 +429,9 @@ def test_a_runs_last_step_is_planned_as_schedule_plans_it_and_may_finish():
         assert s.steady_decode_steps(2, s.running_seqs()) == 2
         kv.advance(s.running_seqs(), 1)
         s.advance(1, 0, s.running_seqs())
-        out = s.schedule_steady(s.running_seqs()) if steady else s.schedule()
+        if steady:
+            kv.advance(s.running_seqs(), 1)  # the caller takes a run's slots, its last step's too
+        out = s.schedule_steady() if steady else s.schedule()
         plans.append(([g.request_id for g in out.decode_groups], out.blocks_to_copy, out.prefill_groups,
                       [kv.block_table(i) for i in (0, 10)], [kv.num_tokens(i) for i in (0, 10)]))
         done = s.update_from_output(out, ModelOutput(fill_token=0, now=3.0, stop=lambda q, g: (

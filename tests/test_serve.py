@@ -19,6 +19,7 @@ from pagedattn.llm import LLM
 from pagedattn.sequence import SamplingParams
 from pagedattn.serve import build_app, field_of, load_engine, serve_in_thread
 from pagedattn.repro.workloads import synthetic_prompt
+from pagedattn.repro.zoo import train_tokenizer
 
 MODEL = "tiny:opt"
 
@@ -220,6 +221,20 @@ def test_a_checkpoint_folder_is_served(tmp_path, one_thread):
     tiny_opt(0).save_pretrained(tmp_path)
     engine = load_engine(str(tmp_path), num_slots=512)
     assert engine.max_model_len == 512 and engine.vocab_size == 512
+    # no tokenizer files: token ids only. transformers 5 builds an empty tokenizer for such a folder, which decodes
+    # every id to "" and whose end-of-text token, id 0, stopped sequences that HF generate continues (OPT's EOS is 2)
+    assert engine.tokenizer is None and engine.sampler.eos_token_ids == {2}
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        engine.add_request("t", "def f():", SamplingParams(max_tokens=2))
+    # a tokenizer saved beside the weights is loaded and decodes the streamed text
+    tok = train_tokenizer(["def f(x):\n    return x + 1\n"] * 20, vocab_size=300)
+    tok.save_pretrained(tmp_path)
+    engine = load_engine(str(tmp_path), num_slots=512)
+    assert engine.tokenizer is not None and len(engine.tokenizer) == len(tok)
+    engine.add_request("t", "def f(x):", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        (out,) = engine.step()
+    assert out.outputs[0].text == tok.decode(out.outputs[0].token_ids, skip_special_tokens=True)
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_engine(str(tmp_path / "missing"))
 

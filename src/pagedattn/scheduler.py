@@ -195,12 +195,11 @@ class Scheduler:
             s.extend(fill_token, steps)
             s.num_computed_tokens = len(s.token_ids) - 1
 
-    def schedule_steady(self, seqs: list[Sequence]) -> SchedulerOutputs:
+    def schedule_steady(self) -> SchedulerOutputs:
         """The plan of a step that ``steady_decode_steps`` vouched for (the last of a run, after ``advance``): every
-        running group decodes, its sequences ``seqs`` take their slots (``KVManager.advance``), and nothing else
-        happens; what ``schedule`` would plan then, without its checks. Its ``update_from_output`` follows as usual,
-        finishing the sequences that are done."""
-        self.kv.advance(seqs, 1)
+        running group decodes and nothing else happens; what ``schedule`` would plan then, without its checks. As
+        for ``advance``, the caller has taken the step's slots (``KVManager.advance``). Its ``update_from_output``
+        follows as usual, finishing the sequences that are done."""
         return SchedulerOutputs(decode_groups=list(self.running))
 
     def _free_finished(self) -> list[SequenceGroup]:

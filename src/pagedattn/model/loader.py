@@ -124,12 +124,24 @@ def load_for_engine(model, tokenizer=None, dtype=None, device: torch.device | No
     return load_model(model, dtype, target), tokenizer
 
 
+#: files of which a folder's tokenizer is made (fast, BPE, SentencePiece, WordPiece); the name of one must be there
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model",
+                   "vocab.txt")
+
+
 def _try_tokenizer(path: str):
+    """The tokenizer saved next to the weights, or ``None`` (token-id prompts only) where there is none. The files are
+    looked for first: transformers 5 builds an empty tokenizer (a vocabulary of one token) for a folder that has only
+    a model. With it, every id decoded to no text, slowly (the incremental detokenizer decoded up to 8 tokens back per
+    sequence and step: about a third of a served step's CPU), and its end-of-text id 0 joined the model's EOS ids, so
+    sequences stopped where Hugging Face ``generate`` goes on."""
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+        return None
     try:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(path)
-    except Exception:  # no tokenizer files next to the weights: token-id prompts only
+    except Exception:  # unreadable tokenizer files: token-id prompts only
         return None
 
 

@@ -221,8 +221,8 @@ def sustainable_rate(replay: Callable[[float], pd.DataFrame], lo: float, hi: flo
     over the whole range: the rules and the resolution are the same.
 
     ``bracket``: another first bracket (``sustainable_rate_judged`` passes a shorter trace's ``rate`` and
-    ``failed_at``), clipped to the range (ignored where nothing of it is left); it moves by its own width, doubled at each move, while its lower end fails
-    or its upper end passes. Again only the probes differ."""
+    ``failed_at``), clipped to the range (ignored where nothing of it is left); it moves by its own width, doubled at
+    each move, while its lower end fails or its upper end passes. Again only the probes differ."""
     probes: dict[float, Load] = {}
     if not offline:
         return _search(probes, replay, lo, hi, threshold_s, resolution, margin, max_extensions)
@@ -233,7 +233,7 @@ def sustainable_rate(replay: Callable[[float], pd.DataFrame], lo: float, hi: flo
         hi = min(hi, cap)
         a, b, step = max(lo, cap / 2), hi, 4.0
         if bracket is not None and max(lo, bracket[0]) < min(hi, bracket[1]):
-            a, b, step = max(lo, bracket[0]), min(hi, bracket[1]), 0.0
+            a, b, step = max(lo, bracket[0]), min(hi, bracket[1]), None
         found = _search(probes, replay, a, b, threshold_s, resolution, margin, max_extensions, outer=(lo, hi),
                         step=step) \
             if a < b else _search(probes, replay, lo, hi, threshold_s, resolution, margin, max_extensions)
@@ -270,11 +270,11 @@ def sustainable_rate_judged(replay: Callable[[float, int], pd.DataFrame], length
 
 
 def _search(probes: dict, replay, lo: float, hi: float, threshold_s: float, resolution: float, margin: float,
-            max_extensions: int, outer: tuple[float, float] | None = None, step: float = 4.0) -> RateSearch:
+            max_extensions: int, outer: tuple[float, float] | None = None, step: float | None = 4.0) -> RateSearch:
     """``sustainable_rate``'s bisection, remembering each probe's load in ``probes``. With ``outer``, ``[lo, hi]``
-    is a first bracket inside the range ``outer``: it moves down while ``lo`` fails and up while ``hi`` passes (by
-    ``step`` at a time; 0: by the bracket's own width, doubled at each move; never past ``outer``) before the range's
-    own rules apply at its ends."""
+    is a first bracket inside the range ``outer``: it moves down while ``lo`` fails and up while ``hi`` passes (by a
+    factor ``step`` at a time; ``None``: by the bracket's own width, doubled at each move; never past ``outer``)
+    before the range's own rules apply at its ends."""
 
     def load(rate: float) -> Load:
         if rate not in probes:
@@ -286,13 +286,13 @@ def _search(probes: dict, replay, lo: float, hi: float, threshold_s: float, reso
 
     if outer is not None:
         o_lo, o_hi = outer
-        grow = step or hi / lo
+        grow = hi / lo if step is None else step
         while lo > o_lo and not ok(lo):
             lo, hi = max(o_lo, lo / grow), lo
-            grow = step or grow * grow
+            grow = grow * grow if step is None else step
         while hi < o_hi and ok(hi):
             lo, hi = hi, min(o_hi, hi * grow)
-            grow = step or grow * grow
+            grow = grow * grow if step is None else step
     extensions = 0
     while not ok(lo):
         if extensions == max_extensions:

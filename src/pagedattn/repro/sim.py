@@ -397,9 +397,10 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     # The decode steps that are sure to change nothing but lengths, slots and the clock (no arrival admitted, no
     # preemption or copy, no finish before the last: ``Scheduler.steady_decode_steps``) are taken as a run: each
     # step but the last costs the clock its step time (and, recording steps, takes its slots and records its memory),
-    # the sequences get those tokens at once (``Scheduler.advance``), and the last step is planned without the
-    # scheduler's checks (``Scheduler.schedule_steady``) and finished as a scheduled step is. The results are the
-    # same as step by step (the golden digests).
+    # the sequences get those tokens at once (``Scheduler.advance``), and the last step takes its slots, is planned
+    # without the scheduler's checks (``Scheduler.schedule_steady``) and is finished as a scheduled step is. The
+    # simulator takes every slot of a run (``KVManager.advance``), the scheduler none. The results are the same as
+    # step by step (the golden digests).
     skip_runs = beam is None and not enable_prefix_caching and not prefix_lens
     run_left = run_done = run_context = 0  # steps left and taken in the run, and its context tokens
     run_seqs: list[Sequence] = []  # its sequences, in the scheduler's order
@@ -442,9 +443,10 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                 kv.advance(run_seqs, 1)
             prefill, num_batched = False, len(sched.running)
         else:
-            if run_left:  # the run's last step
+            if run_left:  # the run's last step: its slots, then its plan
                 run_left = 0
-                out = sched.schedule_steady(run_seqs)
+                kv.advance(run_seqs, 1)
+                out = sched.schedule_steady()
             else:
                 out = sched.schedule()
             for g in out.ignored:

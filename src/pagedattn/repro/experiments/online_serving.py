@@ -123,16 +123,16 @@ class Params(ServingParams):
     #: Three, not more: each costs about 25 s.
     calibration_repeats: int = 3
     #: the sustainable-rate searches' trace lengths (``search``): the shortest of these that judges the search
-    #: (``capacity.Load.trend_se`` at most 1 % of the rate, ``RateSearch.judged``). Each search runs on the first;
-    #: one left unjudged runs again on the next, from the bracket that it found (since 2026-12-03, for time: a whole
-    #: second search took 140 of the 218 s of Orca (Oracle)'s search that day). On 300 every search of two full runs was judged: trend_se
-    #: 0.58 / 0.46 / 0.66 % and 0.44 / 0.44 / 0.79 % (paged / Orca Max / Orca Oracle servers), 0.40-0.50 % for their
-    #: predictions; a first trial on a machine shared with another job had 0.94 % at most. The full run of
-    #: 2026-12-02 on the Intel VM left the paged server's search unjudged on 300 (trend_se 1.16 %), and the rule
-    #: ("the shortest of 300 and 600 that judges every search") was then applied by hand to the whole notebook: 600
-    #: for every search, which doubled the live searches' time (7.5 of its 13.6 minutes). Applied per search, as
-    #: here since 2026-12-03 (for time, before any run with it), a judged search costs 300 requests a probe and an
-    #: unjudged one 300 + 600. The curves keep ``num_requests``; the budget rule simulates the longest.
+    #: (``capacity.Load.trend_se`` at most 1 % of the rate, ``RateSearch.judged``). Each search runs on the first; one
+    #: left unjudged runs again on the next, from the bracket that it found (since 2026-12-03, for time: a whole second
+    #: search took 140 of the 218 s of Orca (Oracle)'s search that day). On 300 every search of two full runs was
+    #: judged: trend_se 0.58 / 0.46 / 0.66 % and 0.44 / 0.44 / 0.79 % (paged / Orca Max / Orca Oracle servers),
+    #: 0.40-0.50 % for their predictions; a first trial on a machine shared with another job had 0.94 % at most. The
+    #: full run of 2026-12-02 on the Intel VM left the paged server's search unjudged on 300 (trend_se 1.16 %), and the
+    #: rule ("the shortest of 300 and 600 that judges every search") was then applied by hand to the whole notebook: 600
+    #: for every search, which doubled the live searches' time (7.5 of its 13.6 minutes). Applied per search, as here
+    #: since 2026-12-03 (for time, before any run with it), a judged search costs 300 requests a probe and an unjudged
+    #: one 300 + 600. The curves keep ``num_requests``; the budget rule simulates the longest.
     search_requests: tuple = (300, 600)
     #: the searches' resolution: 10 %, coarser than notebook 03's CPU scale (5 %). Each probe is a live replay of
     #: the search trace and lasts about its length / rate seconds (issue 26: the notebook ran 8
