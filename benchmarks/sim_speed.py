@@ -6,8 +6,8 @@ The replays (``--kinds``, default all):
 - ``offline.paged``: the same 1,000 requests all arriving at 0 (the offline throughput replays, with preemption);
 - ``n4.paged.swap``: parallel sampling, 1,000 Alpaca requests with n = 4 at 7.5 req/s, swapping with 2,000 CPU
   blocks (notebook 04's Fig. 15 savings replay);
-- ``beam4.paged.swap``: beam search of width 4 (``BeamModel.measured(4)``), 500 Alpaca requests at 3 req/s, same
-  swap space;
+- ``beam4.paged.swap`` and ``beam4.orca_oracle.swap``: beam search of width 4 (``BeamModel.measured(4)``), 500
+  Alpaca requests at 3 req/s, same swap space (Orca refills a re-forked beam's reservation with slot copies);
 - ``search.paged`` and ``search.orca_oracle``: the online replay without step records (``record_steps=False``), as
   the rate searches and sensitivity bands run it (where the simulator takes steady decode steps as runs).
 
@@ -54,9 +54,9 @@ elif kind == "offline.paged":
     args = (make_trace("sharegpt", n, math.inf, seed=0), "paged"), {{}}
 elif kind == "n4.paged.swap":
     args = (make_trace("alpaca", n, 7.5, seed=0), "paged"), dict(n=4, preemption_mode="swap", num_cpu_blocks=2000)
-elif kind == "beam4.paged.swap":
-    args = (make_trace("alpaca", n // 2, 3.0, seed=0), "paged"), dict(beam=BeamModel.measured(4),
-                                                                       preemption_mode="swap", num_cpu_blocks=2000)
+elif kind.startswith("beam4."):
+    args = (make_trace("alpaca", n // 2, 3.0, seed=0), kind.split(".")[1]), dict(
+        beam=BeamModel.measured(4), preemption_mode="swap", num_cpu_blocks=2000)
 best = float("inf")
 for _ in range({repeat}):
     t = time.process_time()
@@ -70,8 +70,8 @@ except ImportError:
 print(json.dumps({{"cpu_s": best, "steps": len(r.steps), "finish_sum": repr(float(r.requests["finish_time"].sum())),
                   "simulator": simulator}}))
 """
-KINDS = ("online.paged", "online.orca_oracle", "offline.paged", "n4.paged.swap", "beam4.paged.swap", "search.paged",
-         "search.orca_oracle")
+KINDS = ("online.paged", "online.orca_oracle", "offline.paged", "n4.paged.swap", "beam4.paged.swap",
+         "beam4.orca_oracle.swap", "search.paged", "search.orca_oracle")
 
 
 def export(ref: str, into: Path) -> Path:

@@ -9,6 +9,7 @@ compared: its kind, the requests it runs, preempts, swaps out and in, the number
 import pytest
 import torch
 
+from pagedattn.memory.interface import num_copied
 from pagedattn.repro.experiments.common import make_engine, tiny_opt
 from pagedattn.scheduler import Scheduler
 from pagedattn.sequence import SamplingParams
@@ -42,7 +43,7 @@ def trace(num_requests: int, shared_prefix: int, seed: int) -> tuple[list[TraceR
 def plan(out, sched) -> tuple:
     return ("prefill" if out.is_prefill else "decode", tuple(g.request_id for g in out.scheduled_groups),
             tuple(g.request_id for g in out.preempted), tuple(g.request_id for g in out.ignored),
-            len(out.blocks_to_swap_out), len(out.blocks_to_swap_in), len(out.blocks_to_copy),
+            len(out.blocks_to_swap_out), len(out.blocks_to_swap_in), num_copied(out.blocks_to_copy),
             len(sched.running), len(sched.waiting), len(sched.swapped))
 
 

@@ -4,6 +4,7 @@ import pytest
 
 from pagedattn.memory import AllocStatus, BlockManager, KVManager
 from pagedattn.memory.contiguous import ContiguousKVManager
+from pagedattn.memory.interface import copy_pairs, num_copied
 from pagedattn.sequence import SequenceGroup
 from seq_groups import admit, make_group
 
@@ -50,7 +51,14 @@ def test_fork_into_shares_blocks_when_paged_and_copies_slots_when_contiguous():
     g = group("r", [0, 1], 6)
     admit(orca, g)
     copies = orca.fork_into(0, 1)
-    assert copies == list(zip(orca.block_table(0)[:6], orca.block_table(1)[:6])) and orca.num_tokens(1) == 6
+    assert copy_pairs(copies) == list(zip(orca.block_table(0)[:6], orca.block_table(1)[:6]))
+    assert copies == [(orca.block_table(0)[0], orca.block_table(1)[0], 6)] and orca.num_tokens(1) == 6
+    assert num_copied(copies) == 6
+
+
+def test_copy_runs_expand_to_one_pair_per_block():
+    assert copy_pairs([(3, 7, 1), (10, 20, 3)]) == [(3, 7), (10, 20), (11, 21), (12, 22)]
+    assert num_copied([(3, 7, 1), (10, 20, 3)]) == 4 and copy_pairs([]) == [] and num_copied([]) == 0
 
 
 def test_never_reason_names_the_limit():

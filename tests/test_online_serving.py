@@ -5,12 +5,16 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
+from transformers import OPTForCausalLM
 
 from pagedattn.repro.experiments import online_serving as O
+from pagedattn.repro.experiments.common import tiny_opt
 
 
 def test_fit_recovers_a_known_step_time():
@@ -376,3 +380,14 @@ def test_the_real_engines_search_runs_again_on_a_longer_trace_while_unjudged(mon
     row = T._real_sustainable_row(("sharegpt", "paged"), T.RealParams.make(True, search_requests=(30, 60, 90)), 0.1)
     assert lengths == [30, 60] and row["search_requests"] == 60 and row["search_lengths_tried"] == "30 60"
     assert row["judged"] and T.RealParams().search_requests == (600, 1200)
+
+
+def test_a_checkpoint_is_saved_once_under_a_name_its_bytes_decide(tmp_path):
+    a = O.saved_checkpoint(tiny_opt(0, **O.Params().model), tmp_path)
+    again = O.saved_checkpoint(tiny_opt(0, **O.Params().model), tmp_path)
+    other = O.saved_checkpoint(tiny_opt(1, **O.Params().model), tmp_path)
+    assert a == again != other
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({Path(a).name, Path(other).name})  # no leftovers
+    loaded = OPTForCausalLM.from_pretrained(a)
+    assert all(torch.equal(x, y) for x, y in zip(loaded.state_dict().values(),
+                                                 tiny_opt(0, **O.Params().model).state_dict().values()))

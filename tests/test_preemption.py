@@ -16,6 +16,7 @@ import torch
 
 from pagedattn.engine import LLMEngine
 from pagedattn.memory import BlockManager
+from pagedattn.memory.interface import copy_pairs
 from pagedattn.sequence import SamplingParams, SequenceGroup
 from tiny_models import tiny_llama, tiny_opt
 
@@ -130,7 +131,7 @@ class SwapSpy:
             self.swap_ins += 1
             back = [s for s, (_, dev, _) in self.before.items() if dev == "cpu" and kv.tables[s].device == "gpu"]
             assert back
-            self.check_moved(back, out.blocks_to_swap_in, kv.gpu, dict(out.blocks_to_copy))
+            self.check_moved(back, out.blocks_to_swap_in, kv.gpu, dict(copy_pairs(out.blocks_to_copy)))
         self._move(out)
         pairs = [(src_dev, r.k_cpu + r.v_cpu, out.blocks_to_swap_out), (src_cpu, r.k_caches + r.v_caches,
                                                                          out.blocks_to_swap_in)]

@@ -7,6 +7,7 @@ import pytest
 
 from pagedattn.memory import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
+from pagedattn.memory.interface import num_copied
 from pagedattn.repro.sim import BEAM_DISTINCT_PARENTS, BeamModel, CostModel, simulate
 from pagedattn.repro.workloads import TraceRequest, make_trace
 from seq_groups import make_group
@@ -24,7 +25,8 @@ def tiny(system, distinct_parents, cost=None):
 def step(kv, model: BeamModel, beams, rng, first: bool) -> int:
     """One step of the beam model's forks, applied as the scheduler applies them (``KVManager.fork_into``); the
     K/V tokens copied (none on the paged manager)."""
-    return sum(len(kv.fork_into(parent.seq_id, child.seq_id)) for parent, child in model.forks(beams, rng, first))
+    forks = model.forks(beams, rng, first)
+    return sum(num_copied(kv.fork_into(parent.seq_id, child.seq_id)) for parent, child in forks)
 
 def test_one_parent_per_step_shares_all_but_the_last_block():
     """Step k appends token k's slot (4 + k tokens). With one parent per step the dead beam is re-forked from it, so

@@ -27,6 +27,7 @@ from pagedattn.config import SchedulerConfig
 from pagedattn.cpuinfo import bf16_in_hardware
 from pagedattn.executor import ModelRunner, StepResult
 from pagedattn.memory import AllocStatus, BlockManager, KVManager
+from pagedattn.memory.interface import num_copied
 from pagedattn.model.loader import eos_token_ids, load_for_engine
 from pagedattn.output_processor import OutputProcessor
 from pagedattn.sampling import Sampler, make_generator
@@ -280,7 +281,7 @@ class LLMEngine:
         self.step_metrics.append(StepMetrics(
             self.num_steps - 1, "prefill" if out.is_prefill else "decode", len(inp.meta.context_lens_list),
             n_tokens if out.is_prefill else 0, n_tokens, blocks_used, sum(inp.meta.context_lens_list),
-            len(out.preempted), len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out), len(out.blocks_to_copy),
+            len(out.preempted), len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out), num_copied(out.blocks_to_copy),
             step_time, result.forward_time, len(sched.running), len(sched.waiting), len(sched.swapped)))
 
     def step_metrics_frame(self):

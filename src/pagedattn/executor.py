@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from pagedattn.kernels import KernelBackend
-from pagedattn.memory.interface import KVManager
+from pagedattn.memory.interface import KVManager, copy_pairs
 from pagedattn.model.attention import AttentionMetadata, PagedAttention
 from pagedattn.scheduler import SchedulerOutputs
 from pagedattn.sequence import Sequence, SequenceGroup
@@ -111,7 +111,7 @@ class ModelRunner:
             for src, dst in zip(self.k_cpu + self.v_cpu, self.k_caches + self.v_caches):
                 ops.swap_blocks(src, dst, m)
         if out.blocks_to_copy:
-            m = torch.tensor(out.blocks_to_copy, dtype=torch.long, device=self.device)
+            m = torch.tensor(copy_pairs(out.blocks_to_copy), dtype=torch.long, device=self.device)
             ops.copy_blocks(self.k_caches, self.v_caches, m)
 
     # ------------------------------------------------------------------------------------------- inputs

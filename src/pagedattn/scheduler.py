@@ -37,7 +37,7 @@ class SchedulerOutputs:
     decode_groups: list[SequenceGroup] = field(default_factory=list)
     blocks_to_swap_in: dict[int, int] = field(default_factory=dict)
     blocks_to_swap_out: dict[int, int] = field(default_factory=dict)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_copy: BlockCopies = field(default_factory=list)
     preempted: list[SequenceGroup] = field(default_factory=list)
     ignored: list[SequenceGroup] = field(default_factory=list)
 

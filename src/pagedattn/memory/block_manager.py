@@ -470,12 +470,12 @@ class BlockManager:
                 need += 1
         return need == 0 or need <= self.gpu.num_free
 
-    def append_slots(self, group) -> list[tuple[int, int]]:
+    def append_slots(self, group) -> BlockCopies:
         copies = []
         for s in group.get_seqs("running"):
             c = self.append_slot(s.seq_id, s.token_ids)
             if c is not None:
-                copies.append(c)
+                copies.append((c[0], c[1], 1))
         return copies
 
     def decode_room(self, seqs: list, limit: int) -> int:

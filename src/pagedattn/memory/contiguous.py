@@ -272,11 +272,11 @@ class ContiguousKVManager:
 
     def fork_into(self, parent_id: int, child_id: int) -> BlockCopies:
         """No block tables to share: the parent's filled slots are copied into the child's reservation, as HF's
-        ``_reorder_cache`` does; returns those slot copies (block size 1)."""
-        n = self.tables[parent_id].num_tokens
-        copies = list(zip(self.block_table(parent_id, n), self.block_table(child_id, n)))
-        self.tables[child_id].num_tokens = n
-        return copies
+        ``_reorder_cache`` does; returns that copy, one run of slots (block size 1)."""
+        parent, child = self.tables[parent_id], self.tables[child_id]
+        n = min(parent.num_tokens, child.reserved)
+        child.num_tokens = parent.num_tokens
+        return [(parent.pieces[0], child.pieces[0], n)] if n else []
 
     def can_append_slots(self, group) -> bool:
         for s in group.get_seqs("running"):
@@ -285,7 +285,7 @@ class ContiguousKVManager:
                 return False
         return True
 
-    def append_slots(self, group) -> list[tuple[int, int]]:
+    def append_slots(self, group) -> BlockCopies:
         for s in group.get_seqs("running"):
             r = self.tables[s.seq_id]
             if r.num_tokens >= r.reserved:

@@ -44,6 +44,7 @@ from pagedattn.repro.fastsim import compiled_when_built
 from pagedattn.config import OPT_13B, ModelSpec, SchedulerConfig, blocks_needed, paper_slots
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager, Policy
+from pagedattn.memory.interface import num_copied
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
 from pagedattn.sequence import FinishReason, SamplingParams, Sequence, SequenceGroup
 from pagedattn.repro.workloads import TraceRequest
@@ -461,7 +462,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                 break
             dt = cost.step_time(out, block_size)
             if beam is not None:  # this step's copy-on-write blocks and the previous step's forks (slots, on Orca)
-                dt += cost.copy_time(len(out.blocks_to_copy) * kv.block_size)
+                dt += cost.copy_time(num_copied(out.blocks_to_copy) * kv.block_size)
             if out.is_prefill:  # prompt tokens charged (computed): the uncached ones, or all of them in the ablation
                 charged = sum(g.get_seqs("running")[0].get_len() for g in out.prefill_groups) if charge_cached \
                     else out.num_batched_tokens
