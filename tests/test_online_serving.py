@@ -383,11 +383,11 @@ def test_the_real_engines_search_runs_again_on_a_longer_trace_while_unjudged(mon
 
 
 def test_a_checkpoint_is_saved_once_under_a_name_its_bytes_decide(tmp_path):
-    a = O.saved_checkpoint(tiny_opt(0, **O.Params().model), tmp_path)
-    again = O.saved_checkpoint(tiny_opt(0, **O.Params().model), tmp_path)
-    other = O.saved_checkpoint(tiny_opt(1, **O.Params().model), tmp_path)
+    shape = O.Params().model
+    model = tiny_opt(0, **shape)
+    a, again = O.saved_checkpoint(model, tmp_path), O.saved_checkpoint(model, tmp_path)
+    other = O.saved_checkpoint(tiny_opt(1, **shape), tmp_path)
     assert a == again != other
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted({Path(a).name, Path(other).name})  # no leftovers
     loaded = OPTForCausalLM.from_pretrained(a)
-    assert all(torch.equal(x, y) for x, y in zip(loaded.state_dict().values(),
-                                                 tiny_opt(0, **O.Params().model).state_dict().values()))
+    assert all(torch.equal(x, y) for x, y in zip(loaded.state_dict().values(), model.state_dict().values()))
