@@ -169,6 +169,9 @@ def test_a_longer_search_starts_from_the_bracket_of_the_shorter_one(monkeypatch)
     assert seen == [None, (5.0, 5.5), (10.0, 11.0)] and lengths == [10, 20, 40]
     assert row["search_requests"] == 40 and row["search_lengths_tried"] == "10 20 40" and row["judged"]
     assert row["sustainable_rate"] == 15.0
+    seen.clear()  # a caller's first bracket (notebook 13's rate grid) goes to the first length only
+    capacity.sustainable_rate_judged(lambda rate, n: None, (10, 20), 1.0, 100.0, bracket=(2.0, 3.0))
+    assert seen == [(2.0, 3.0), (5.0, 5.5)]
 
 
 @pytest.mark.parametrize("n", [5, 150, 400, 1000, 3000])

@@ -55,7 +55,7 @@ def test_calibration_takes_the_median_of_each_cost_over_its_repeats(monkeypatch)
     """``calibrate``: ``calibration_repeats`` measurements, each a served run and the same engine in-process, on the
     same calibration requests; each server cost is the median over them (one slow moment, here the second repeat's
     114 ms delay, moves nothing), and the budget rule's step time is the fit of the repeat with the median in-process
-    time plus those costs."""
+    time plus those costs. The server warms up before the first repeat only."""
     import contextlib
 
     p = O.Params.make(True, calibration_repeats=3, url="http://x")
@@ -64,7 +64,8 @@ def test_calibration_takes_the_median_of_each_cost_over_its_repeats(monkeypatch)
     in_process = iter([0.8, 1.2, 0.9])
     lows = []
     monkeypatch.setattr(O, "_Endpoint", lambda url: contextlib.nullcontext(type("E", (), {"url": url})))
-    monkeypatch.setattr(O, "measure_offline", lambda url, trace, vocab, bar: 2.0)
+    warm = []
+    monkeypatch.setattr(O, "measure_offline", lambda url, trace, vocab, bar, warm_up: (warm.append(warm_up), 2.0)[1])
     monkeypatch.setattr(O, "send", lambda url, low, vocab: (lows.append(low), pd.DataFrame())[1])
 
     def step_time(model, params, system, low):
@@ -77,6 +78,7 @@ def test_calibration_takes_the_median_of_each_cost_over_its_repeats(monkeypatch)
     assert c["cost"].decode_s == pytest.approx(0.9 + 1.5e-3) and c["cost"].request_delay_s == 0.011
     assert len(c["repeats"]) == 3 and list(c["repeats"].request_delay_s) == [0.008, 0.114, 0.011]
     assert len(lows) == 3 and all(low is lows[0] for low in lows) and c["low"] is lows[0]
+    assert warm == [True, False, False]  # one server: its warm-up once
 
 
 def test_the_request_delay_adds_to_latency_from_the_arrival():
@@ -293,6 +295,38 @@ def test_an_unjudged_search_runs_again_on_the_next_length(monkeypatch):
     cur = pd.DataFrame([{"system": "paged", "rate": 1.0, "nl_error_pct": 1.0}])
     note = {c.name: c for c in O.claims(cur, sus)}["online.rate_ratio.paged_vs_orca_oracle.measured"].note
     assert "ours searched on 60 requests, Orca (Oracle)'s on 30" in note
+
+
+def test_a_search_starts_from_the_bracket_its_own_grid_gives():
+    """``grid_bracket``: the highest passing grid rate and the lowest failing one above it, read from the measured
+    or the predicted columns; none where the grid passes everywhere or nowhere. The search from it finds what the
+    search from the offline throughput's bracket finds, within the resolution, in fewer probes."""
+    def point(rate, nl_m, up_m, nl_p, up_p):
+        return {"system": "paged", "rate": rate, "nl_measured_s": nl_m, "keeps_up_measured": up_m,
+                "throughput_measured": rate, "nl_predicted_s": nl_p, "keeps_up_predicted": up_p,
+                "throughput_predicted": rate}
+    grid = [point(1.0, 0.01, True, 0.01, True), point(2.0, 0.02, True, 0.2, True), point(3.0, 0.02, False, 0.3, True)]
+    assert O.grid_bracket(grid, 0.1, "paged", "measured") == (2.0, 3.0)
+    assert O.grid_bracket(grid, 0.1, "paged", "predicted") == (1.0, 2.0)
+    assert O.grid_bracket(grid, 0.001, "paged", "measured") is None
+    assert O.grid_bracket(grid, 1.0, "paged", "predicted") is None
+
+    # the grid on the search's own trace (150 requests), where the bracket it gives holds the answer
+    p = O.Params.make(True, num_requests=150, search_requests=(150,), rate_resolution=0.05,
+                      load_fractions=(0.4, 0.7, 1.0))
+    cost = O.FittedStepTime(decode_s=2e-3, decode_per_seq_s=1e-4, prefill_per_token_s=1e-5)
+    offline = len(p.trace(math.inf)) / float(O.predict(p.trace(math.inf), "paged", p, cost).finish_time.max())
+    loads = {f * offline: O.Load.of(O.predict(p.trace(f * offline), "paged", p, cost)) for f in p.load_fractions}
+    grid = [point(r, ld.normalized_latency_s, ld.keeps_up(), math.nan, False) for r, ld in loads.items()]
+    bracket = O.grid_bracket(grid, 0.05, "paged", "measured")
+    assert bracket is not None
+
+    def replay(rate, n):
+        return O.predict(p.trace(rate, n), "paged", p, cost)
+    plain, from_grid = O.search(replay, offline, p, 0.05), O.search(replay, offline, p, 0.05, bracket)
+    assert bracket[0] <= from_grid["sustainable_rate"] < from_grid["failed_at"] <= bracket[1]
+    assert from_grid["probes"] < plain["probes"]
+    assert abs(from_grid["sustainable_rate"] / plain["sustainable_rate"] - 1) <= p.rate_resolution
 
 
 def test_vllm_has_a_curve_and_a_grid_rate_but_no_prediction_and_no_ratio():

@@ -244,7 +244,7 @@ def sustainable_rate(replay: Callable[[float], pd.DataFrame], lo: float, hi: flo
 
 def sustainable_rate_judged(replay: Callable[[float, int], pd.DataFrame], lengths: Sequence[int], lo: float,
                             hi: float, threshold_s: float = NL_THRESHOLD_S, resolution: float = RESOLUTION,
-                            **kw) -> dict:
+                            bracket: tuple[float, float] | None = None, **kw) -> dict:
     """``sustainable_rate`` over ``replay(rate, n)``, the run of a trace of ``n`` requests at ``rate``: on the first
     of the trace lengths ``lengths``, and again on the next while the search is unjudged (``RateSearch.judged``):
     the longer trace that the capacity rule asks for (module docstring), by a rule fixed before the run. A search
@@ -253,11 +253,14 @@ def sustainable_rate_judged(replay: Callable[[float, int], pd.DataFrame], length
     throughput's bracket. Its answer is a bracket of a passing and a failing rate within the resolution, as that
     search's is; the two can differ by up to the resolution, and by more only where passing is not monotone in the
     rate, which the bisection assumes anyway. Returns the last search's ``RateSearch.row()`` with its trace length
-    (``search_requests``) and the lengths tried (``search_lengths_tried``, space-separated)."""
+    (``search_requests``) and the lengths tried (``search_lengths_tried``, space-separated).
+
+    ``bracket``: the first search's first bracket (``sustainable_rate``'s), where the caller knows one: notebook 13
+    reads it off the rate grid it measured before (``online_serving.grid_sustainable``). Again only the probes
+    differ."""
     if not lengths:
         raise ValueError("no trace length to search on")
     tried: list[int] = []
-    bracket = None
     for n in lengths:
         tried.append(n)
         found = sustainable_rate(lambda rate: replay(rate, n), lo, hi, threshold_s, resolution, bracket=bracket,

@@ -572,17 +572,17 @@ def _share(predicted: pd.DataFrame | None) -> float:
 def calibrate(params: Params, model, checkpoint: str, bar=None) -> dict:
     """The server's costs, measured before the budget rule and the sweep, on the paged server at ``params.slots``
     (``reference_slots`` unless ``num_slots`` is set; an external ``url`` itself), ``calibration_repeats`` times:
-    each time its offline throughput (every request sent at t = 0), the low-rate calibration trace (other requests,
-    the next seed, at ``calibration_fraction`` of the first offline throughput) sent to it, and the same engine
-    in-process on the same requests right after (``measure_step_time``, ``measure_server_cost``); never on a point
-    they predict. Each cost is the median over the repeats. Returns the calibration trace (``low``), the
+    each time its offline throughput (every request sent at t = 0; the warm-up before it only the first time), the
+    low-rate calibration trace (other requests, the next seed, at ``calibration_fraction`` of the first offline
+    throughput) sent to it, and the same engine in-process on the same requests right after (``measure_step_time``,
+    ``measure_server_cost``); never on a point they predict. Each cost is the median over the repeats. Returns the calibration trace (``low``), the
     ``ServerCost`` (``server_cost``), the paged engine's fit of the repeat with the median in-process time with it
     added (``cost``: the step time of the budget rule), and one row per repeat (``repeats``)."""
     vocab, offline_trace = params.model["vocab_size"], params.trace(math.inf)
     low, rows, fits = None, [], []
     with (_Endpoint(params.url) if params.url else Server.ours(checkpoint, "paged", params)) as server:
-        for _ in range(params.calibration_repeats):
-            span = measure_offline(server.url, offline_trace, vocab, bar)
+        for i in range(params.calibration_repeats):
+            span = measure_offline(server.url, offline_trace, vocab, bar, warm_up=i == 0)
             if low is None:
                 low = replace(params, seed=params.seed + 1).trace(
                     params.calibration_fraction * len(offline_trace) / span, params.calibration_requests)
@@ -603,7 +603,8 @@ def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_py
     """Each system, the paged one first, on its server: a warm-up and its offline throughput (every request sent at
     t = 0); its engine's step time fitted in-process (``measure_step_time``); every rate of its grid
     (``load_fractions`` of that throughput) with the simulator's prediction beside each measurement; and its
-    sustainable rate searched on the server and on the prediction (``search``). The prediction's step time is the
+    sustainable rate searched on the server and on the prediction (``search``), each from the bracket its grid gives
+    (``grid_bracket``: the measured grid for the server, the predicted one for the prediction). The prediction's step time is the
     system's in-process fit plus the server's costs (``ServerCost``), measured once, on the paged server, on a
     low-rate calibration trace and the offline run (``calibrate``, or ``calibration`` when given: ``run`` measures
     it before the budget rule), never on a point they predict. The latency threshold is ``threshold_factor`` x the
@@ -639,12 +640,13 @@ def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_py
             if threshold is None:
                 threshold = params.threshold_factor * min(rows, key=lambda r: r["rate"])["nl_measured_s"]
             for which in ("measured", "predicted"):
+                bracket = grid_bracket(grid, threshold, system, which)
                 if which == "predicted":
                     found = search(lambda rate, n: predict(params.trace(rate, n), system, params, cost),
-                                   served_req_s, params, threshold)
+                                   served_req_s, params, threshold, bracket)
                 elif system in params.searched:
                     found = search(lambda rate, n: send(server.url, params.trace(rate, n), vocab),
-                                   served_req_s, params, threshold)
+                                   served_req_s, params, threshold, bracket)
                 else:
                     found = grid_sustainable(pd.DataFrame(grid), threshold, system)
                 at = found["sustainable_rate"]  # the paged-or-Orca system's memory-bound share there (simulated)
@@ -671,11 +673,13 @@ def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_py
             "sustainable": pd.DataFrame(searches), "threshold_s": threshold}
 
 
-def measure_offline(url: str, trace: list[TraceRequest], vocab_size: int, bar=None) -> float:
+def measure_offline(url: str, trace: list[TraceRequest], vocab_size: int, bar=None, warm_up: bool = True) -> float:
     """A warm-up (the whole offline ``trace`` once: the first batches pay one-time costs, and vLLM-CPU compiles for
-    new batch shapes for many seconds), then every request of it sent at t = 0 again: the span in seconds from the
-    first send to the last token."""
-    send(url, trace, vocab_size)
+    new batch shapes for many seconds; ``warm_up=False`` on a server that has served it before, as ``calibrate``'s
+    repeats after the first), then every request of it sent at t = 0 again: the span in seconds from the first send
+    to the last token."""
+    if warm_up:
+        send(url, trace, vocab_size)
     served = send(url, trace, vocab_size)
     if bar is not None:
         bar.update()
@@ -697,7 +701,8 @@ def measure_rates(url: str, system: str, params: Params, fractions: tuple, offli
     return rows
 
 
-def search(replay, offline_req_s: float, params: Params, threshold_s: float) -> dict:
+def search(replay, offline_req_s: float, params: Params, threshold_s: float,
+           bracket: tuple[float, float] | None = None) -> dict:
     """A sustainable-rate search (``capacity.sustainable_rate``, §6.2's measure with its latency, capacity and
     offline-throughput rules) over ``replay(rate, n)``, the per-request frame of the search trace of ``n`` requests
     at that rate: on a live server or on the simulator's prediction. It runs on the first of the trace lengths
@@ -707,7 +712,8 @@ def search(replay, offline_req_s: float, params: Params, threshold_s: float) -> 
     is the offline run (every request at t = 0) whose throughput caps the range; the bisection then stops at
     ``rate_resolution``. The range is the
     curves' lowest rate (``min(load_fractions) x offline_req_s``, where every server has kept up; the search extends it
-    down by 4x should it fail) to 2x ``offline_req_s`` (the offline probe caps it). Returns the search's
+    down by 4x should it fail) to 2x ``offline_req_s`` (the offline probe caps it). ``bracket``: the first bracket,
+    where the caller read one off its rate grid (``grid_bracket``); only the probes differ. Returns the search's
     ``RateSearch.row()`` of the last run, its trace length (``search_requests``), the lengths tried
     (``search_lengths_tried``), the threshold and the wall seconds of all of them."""
     t, client = time.perf_counter(), []
@@ -718,7 +724,7 @@ def search(replay, offline_req_s: float, params: Params, threshold_s: float) -> 
             client.append((df.attrs["client_cpu_s"], df.attrs["client_wall_s"]))
         return df
     found = sustainable_rate_judged(probe, params.search_requests, min(params.load_fractions) * offline_req_s,
-                                    2 * offline_req_s, threshold_s, params.rate_resolution)
+                                    2 * offline_req_s, threshold_s, params.rate_resolution, bracket=bracket)
     cpu = np.array(client) if client else np.full((1, 2), np.nan)
     return {**found, "threshold_s": threshold_s, "search_s": time.perf_counter() - t,
             "client_cpu_s_per_probe": float(cpu[:, 0].mean()),
@@ -738,24 +744,38 @@ class _Endpoint:
         pass
 
 
-def grid_sustainable(curve: pd.DataFrame, threshold_s: float, system: str) -> dict:
+def grid_sustainable(curve: pd.DataFrame, threshold_s: float, system: str, which: str = "measured") -> dict:
     """A live server's sustainable rate read off its measured rate grid, where it gets no search: vLLM-CPU's (its
     start compiles the model for a minute or more) and those not in ``Params.searched``. The highest swept rate
     passing both rules of ``pagedattn.repro.capacity`` (latency at or below ``threshold_s``, no growing queue; NaN if
     none does), with the lowest swept rate above it as ``failed_at`` and the grid's step there as its resolution (inf
     at the top of the grid), and that grid point's measured throughput and normalized latency as a search's
-    ``throughput_at_rate`` and ``nl_at_rate_s``."""
+    ``throughput_at_rate`` and ``nl_at_rate_s``. ``which="predicted"`` reads the simulator's prediction at the same
+    rates instead (``grid_bracket``)."""
     d = curve.sort_values("rate")
-    ok = d[(d.nl_measured_s <= threshold_s) & d.keeps_up_measured]
+    ok = d[(d[f"nl_{which}_s"] <= threshold_s) & d[f"keeps_up_{which}"].astype(bool)]
     at = ok.iloc[-1] if len(ok) else None
     rate = float(at.rate) if at is not None else float("nan")
     above = d[d.rate > rate].rate
-    return {"system": system, "label": NAMES[system], "which": "measured", "sustainable_rate": rate,
+    return {"system": system, "label": NAMES[system], "which": which, "sustainable_rate": rate,
             "resolution": float(above.min() / rate - 1) if len(above) and rate > 0 else float("inf"),
             "bound_by": "rate grid",
-            "throughput_at_rate": float(at.throughput_measured) if at is not None else float("nan"),
-            "nl_at_rate_s": float(at.nl_measured_s) if at is not None else float("nan"),
+            "throughput_at_rate": float(at[f"throughput_{which}"]) if at is not None else float("nan"),
+            "nl_at_rate_s": float(at[f"nl_{which}_s"]) if at is not None else float("nan"),
             "failed_at": float(above.min()) if len(above) else float("inf"), "threshold_s": threshold_s}
+
+
+def grid_bracket(grid: list[dict], threshold_s: float, system: str, which: str) -> tuple[float, float] | None:
+    """A search's first bracket read off the rate grid measured (or predicted) just before on the curves' shorter
+    trace (``grid_sustainable``): its highest passing rate and the lowest failing rate above it, or ``None`` (the
+    offline throughput's bracket, ``capacity.sustainable_rate``) where the grid has no such pair. A search from
+    ``[offline / 2, offline]`` took six live probes to reach the 10 % resolution, and its probe at half the offline
+    throughput was the longest (issue 26: Orca (Oracle)'s search took 93 of notebook 13's 471 s in a slow hour of
+    this VM, 2026-12-03); the grid's step (0.7 to 1.0 of the offline throughput) needs two probes fewer. The search
+    judges every rate on its own trace and walks out of a wrong bracket, so only its probes differ."""
+    g = grid_sustainable(pd.DataFrame(grid), threshold_s, system, which)
+    lo, hi = g["sustainable_rate"], g["failed_at"]
+    return (lo, hi) if lo > 0 and math.isfinite(hi) else None
 
 
 def _how_found(rates: pd.DataFrame, other: str) -> str:
