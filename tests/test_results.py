@@ -285,6 +285,14 @@ def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebook
     assert "No full `make reproduce` is recorded yet" in readme.render_timing(out)
 
 
+def test_a_quick_run_divides_the_cores_among_its_notebooks_and_a_full_run_gives_each_all():
+    assert reproduce.default_jobs(quick=True, at_once=2, cores=2) == 1
+    assert reproduce.default_jobs(quick=True, at_once=2, cores=8) == 4
+    assert reproduce.default_jobs(quick=True, at_once=4, cores=2) == 1
+    assert reproduce.default_jobs(quick=False, at_once=1, cores=2) == 2
+    assert reproduce.default_jobs(quick=False, at_once=2, cores=2) == 2
+
+
 def test_machine_cores_busy_is_busy_ticks_over_all_ticks_times_cores(monkeypatch):
     monkeypatch.setattr(reproduce.os, "cpu_count", lambda: 2)
     assert reproduce.machine_cores_busy((100, 1000), (600, 2000)) == pytest.approx(1.0)  # half of 2 cores

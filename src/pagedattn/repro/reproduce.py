@@ -284,24 +284,37 @@ def _pool_runs(notebooks: list[Path], run, at_once: int, quick: bool, results_di
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def default_jobs(quick: bool, at_once: int, cores: int | None = None) -> int:
+    """Each notebook's sweep workers when ``--jobs`` is not given: one per core, and in a quick run (every notebook
+    side by side) the cores divided among the notebooks at once, so that two notebooks of one worker each keep two
+    cores busy without a pool to start in each: the quick run took 187 s with one job each against 202 s with two
+    (2026-12-03, 2 cores, 2 at once; no result depends on the number of jobs, ``tests/test_parallel.py``). A full
+    run keeps one per core: its notebooks that run side by side (``SHARE_THE_MACHINE``) are few and short."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // at_once) if quick else cores
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small parameters (CI-sized), written to results/quick/")
     ap.add_argument("--only", nargs="*", help="notebook name prefixes to run, e.g. 01 03")
     ap.add_argument("--results-dir", default=None,
                     help=f"root to write to (default: {RESULTS_DIR}, or {QUICK_RESULTS_DIR} with --quick)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                    help="worker processes for each notebook's sweeps (default: one per core)")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="worker processes for each notebook's sweeps (default: one per core, divided among the "
+                         "notebooks run at once in a quick run)")
     ap.add_argument("--scheduler", default=None, help="a Dask scheduler address, e.g. tcp://HOST:8786")
     ap.add_argument("--notebooks-at-once", type=int, default=None,
                     help="notebooks run side by side, each in its own process: with --quick all of them, else only "
                          "those that time nothing on the CPU (SHARE_THE_MACHINE) (default: 1, or 2 with --quick)")
     args = ap.parse_args(argv)
-    if args.jobs < 1:
-        ap.error("--jobs must be at least 1")
     at_once = args.notebooks_at_once if args.notebooks_at_once is not None else (2 if args.quick else 1)
     if at_once < 1:
         ap.error("--notebooks-at-once must be at least 1")
+    if args.jobs is None:
+        args.jobs = default_jobs(args.quick, at_once)
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
     results_dir = Path(args.results_dir or (QUICK_RESULTS_DIR if args.quick else RESULTS_DIR))
     try:
         notebooks = select(sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")), args.only)

