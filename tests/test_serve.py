@@ -237,6 +237,13 @@ def test_a_checkpoint_folder_is_served(tmp_path, one_thread):
     assert out.outputs[0].text == tok.decode(out.outputs[0].token_ids, skip_special_tokens=True)
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_engine(str(tmp_path / "missing"))
+    # tokenizer files that cannot be read: token ids only, and a warning that names the folder and the error
+    broken = tmp_path / "broken"
+    tiny_opt(0).save_pretrained(broken)
+    (broken / "tokenizer.json").write_text("{ not json")
+    with pytest.warns(UserWarning, match=r"broken: its tokenizer files could not be read \(\w+"):
+        engine = load_engine(str(broken), num_slots=512)
+    assert engine.tokenizer is None
 
 
 def test_field_of_names_the_parameter_of_engine_errors():

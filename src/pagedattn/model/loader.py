@@ -7,6 +7,7 @@ so loading is a ``load_state_dict`` after the model is built on the meta device 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -134,14 +135,18 @@ def _try_tokenizer(path: str):
     looked for first: transformers 5 builds an empty tokenizer (a vocabulary of one token) for a folder that has only
     a model. With it, every id decoded to no text, slowly (the incremental detokenizer decoded up to 8 tokens back per
     sequence and step: about a third of a served step's CPU), and its end-of-text id 0 joined the model's EOS ids, so
-    sequences stopped where Hugging Face ``generate`` goes on."""
+    sequences stopped where Hugging Face ``generate`` goes on. Tokenizer files that cannot be read leave token-id
+    prompts only too, with a warning that names the folder and the error (text prompts are then refused with "needs a
+    tokenizer", which alone would not say why)."""
     if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
         return None
     try:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(path)
-    except Exception:  # unreadable tokenizer files: token-id prompts only
+    except Exception as e:  # unreadable tokenizer files: token-id prompts only, and the user is told why
+        warnings.warn(f"{path}: its tokenizer files could not be read ({type(e).__name__}: {e}); serving it with "
+                      "token-id prompts only", stacklevel=3)
         return None
 
 
