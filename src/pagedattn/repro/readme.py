@@ -189,7 +189,8 @@ def render_timing(results_dir: Path = RESULTS_DIR) -> str:
         q = json.loads(quick_record.read_text())
         failed = f", {len(q['failed'])} failed" if q.get("failed") else ""
         text += (f"\n- The last `make reproduce QUICK=1` ({q['date']}, {q['notebooks']} notebooks{failed}, "
-                 f"{q['notebooks_at_once']} at once, {q['jobs']} jobs each, {q['machine']}) took "
+                 f"{q['notebooks_at_once']} at once, {q['jobs']} job{'s' if q['jobs'] != 1 else ''} each, "
+                 f"{q['machine']}) took "
                  f"{q['seconds'] / 60:.1f} minutes of wall time.")
     return text
 
