@@ -52,6 +52,7 @@ mutants: $(DEVSTAMP)
 ## Run every notebook headlessly with papermill into results/<notebook>/ and regenerate results/SUMMARY.md.
 ## QUICK=1: small parameters, written to results/quick/ (git-ignored), never over the committed results.
 ## JOBS=N: worker processes per notebook (default: one per core); SCHEDULER=tcp://HOST:8786: a Dask scheduler.
+## With QUICK=1 the default shares the cores among the 2 notebooks run at once (one job each on 2 cores).
 reproduce: $(STAMP) fastsim
 	$(BIN)/python -m pagedattn.repro.reproduce $(QUICK_FLAG) $(if $(JOBS),--jobs $(JOBS),) $(if $(SCHEDULER),--scheduler $(SCHEDULER),)
 

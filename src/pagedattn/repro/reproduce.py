@@ -9,9 +9,10 @@ ignores, so a first try never overwrites the committed results. A notebook that 
 folder gets a ``STALE`` file, so that SUMMARY.md marks whatever ``summary.json`` it holds as stale, and the command
 exits 1.
 
-``--jobs N`` (default: one per core) and ``--scheduler tcp://HOST:PORT`` (a Dask scheduler) reach each notebook as
-the papermill parameters ``jobs`` and ``scheduler`` when its parameters cell declares them, and always as the
-environment variables ``PAGEDATTN_JOBS`` and ``PAGEDATTN_SCHEDULER``. ``PAGEDATTN_NOTEBOOK`` names the notebook, for
+``--jobs N`` (default: one per core, divided among the notebooks side by side in a quick run, ``default_jobs``) and
+``--scheduler tcp://HOST:PORT`` (a Dask scheduler) reach each notebook as the papermill parameters ``jobs`` and
+``scheduler`` when its parameters cell declares them, and always as the environment variables ``PAGEDATTN_JOBS`` and
+``PAGEDATTN_SCHEDULER``. ``PAGEDATTN_NOTEBOOK`` names the notebook, for
 the provenance block of its ``summary.json``. Each successful notebook's duration, jobs, machine and date go to
 ``<root>/<notebook>/run.json`` (apart from summary.json, whose bytes must not depend on how the run was made).
 
