@@ -12,9 +12,9 @@ exits 1.
 ``--jobs N`` (default: one per core, divided among the notebooks side by side in a quick run, ``default_jobs``) and
 ``--scheduler tcp://HOST:PORT`` (a Dask scheduler) reach each notebook as the papermill parameters ``jobs`` and
 ``scheduler`` when its parameters cell declares them, and always as the environment variables ``PAGEDATTN_JOBS`` and
-``PAGEDATTN_SCHEDULER``. ``PAGEDATTN_NOTEBOOK`` names the notebook, for
-the provenance block of its ``summary.json``. Each successful notebook's duration, jobs, machine and date go to
-``<root>/<notebook>/run.json`` (apart from summary.json, whose bytes must not depend on how the run was made).
+``PAGEDATTN_SCHEDULER``. ``PAGEDATTN_NOTEBOOK`` names the notebook, for the provenance block of its
+``summary.json``. Each successful notebook's duration, jobs, machine and date go to ``<root>/<notebook>/run.json``
+(apart from summary.json, whose bytes must not depend on how the run was made).
 
 ``--notebooks-at-once K`` runs up to K notebooks side by side, each in a process of its own (its kernel's
 environment is its own). A quick run (``--quick``) defaults to two and takes every notebook that way: it times
