@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from pagedattn.kernels import KernelBackend
 from pagedattn.memory.interface import KVManager, copy_pairs
 from pagedattn.model.attention import AttentionMetadata, PagedAttention
-from pagedattn.scheduler import SchedulerOutputs
+from pagedattn.scheduler import ModelOutput, SchedulerOutputs
 from pagedattn.sequence import Sequence, SequenceGroup
 
 
@@ -184,3 +184,30 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return logits, time.perf_counter() - t0
+
+
+class ModelExecutor:
+    """The real engine's executor (``core.Executor``): the ``ModelRunner``'s block moves and forward pass through
+    the paged KV cache (§4.1), then the ``Sampler``'s tokens (§4.4), on the engine's clock. A model's tokens are
+    known only once computed, so it takes no runs of steady decode steps (``steps_left`` is 0)."""
+
+    fill_token = 0  # (never used: no runs)
+
+    def __init__(self, runner: ModelRunner, sampler, clock=time.perf_counter) -> None:
+        self.runner, self.sampler, self.clock = runner, sampler, clock
+
+    def execute(self, plan: SchedulerOutputs) -> ModelOutput | None:
+        if plan.is_empty():
+            return None
+        result = self.runner.execute(plan)
+        if result is None:  # only block moves ran (every running group was swapped out)
+            return ModelOutput(now=self.clock(), forward_time=0.0)
+        output = self.sampler(plan, result)
+        output.forward_time = result.forward_time
+        return output
+
+    def steps_left(self, seqs: list[Sequence]) -> int:
+        return 0
+
+    def steady_step(self, num_seqs: int, context_tokens: int) -> float:
+        raise NotImplementedError("a model executor takes no runs of steady decode steps")

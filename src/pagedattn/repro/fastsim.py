@@ -49,7 +49,8 @@ PACKAGE = "pagedattn_fastsim"
 #: module -> its name in the copy: what a replay runs, in import order
 MODULES = {"pagedattn.sequence": "sequence", "pagedattn.memory.accounting": "accounting",
            "pagedattn.memory.block_manager": "block_manager", "pagedattn.memory.contiguous": "contiguous",
-           "pagedattn.scheduler": "scheduler", "pagedattn.repro.sim": "sim"}
+           "pagedattn.memory.systems": "systems", "pagedattn.scheduler": "scheduler", "pagedattn.core": "core",
+           "pagedattn.repro.sim": "sim"}
 MANIFEST = "manifest.json"
 ENV = "PAGEDATTN_FASTSIM"
 # mypyc's flags. "skip": the copied modules' imports of the rest of pagedattn (and of torch, numpy) are typed Any
@@ -157,7 +158,7 @@ def replay(args: dict[str, Any]) -> Any | None:
         warnings.warn(f"compiled simulator refused a replay ({e}); replaying it interpreted", stacklevel=3)
         return None
     return sim.SimResult(r.system, r.steps, r.requests, r.num_preemptions, r.prefix_hit_rate,
-                         r.prefill_tokens_computed)
+                         r.prefill_tokens_computed, r.steps_in_runs)
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -112,18 +112,15 @@ def make_engine(model, system: str, num_slots: int, block_size: int = 16, max_mo
     """An ``LLMEngine`` serving as ``system`` (``paged``; ``paged_user`` and ``paged_auto``: paged, the latter with
     automatic prefix caching; ``orca_max`` / ``orca_pow2`` / ``orca_oracle``; ``ft``: Orca (Max)'s reservation with
     static batching) over ``num_slots`` token slots, the same budget for every system. It keeps every step's
-    metrics unless ``max_step_metrics`` says otherwise (a server passes a bound). The KV manager comes from
-    ``sim.make_kv_manager``, the one mapping from a system to its manager that the simulator uses too."""
+    metrics unless ``max_step_metrics`` says otherwise (a server passes a bound). The KV manager is the engine's
+    ``EngineArgs.kv_manager`` (``memory.systems``, the one mapping from a system to its manager, the simulator's too)."""
     from pagedattn.engine import LLMEngine
-    from pagedattn.repro.sim import make_kv_manager
 
     engine_kw.setdefault("max_step_metrics", None)  # an experiment reads every step's metrics, however many
-    paged = system.startswith("paged")
-    kv = make_kv_manager("paged" if paged else system, num_slots, block_size, max_model_len,
-                         engine_kw.pop("num_cpu_blocks", 0), enable_prefix_caching=system == "paged_auto")
-    engine = LLMEngine(model, engine_kw.pop("tokenizer", None), kv, max_model_len=max_model_len, **engine_kw)
-    engine.scheduler.static_batching = system == "ft"  # FasterTransformer: no request joins a running batch
-    return engine
+    name = "paged" if system.startswith("paged") else "static" if system == "ft" else system
+    return LLMEngine(model, engine_kw.pop("tokenizer", None), name, num_slots=num_slots, block_size=block_size,
+                     max_model_len=max_model_len, num_cpu_blocks=engine_kw.pop("num_cpu_blocks", 0),
+                     enable_prefix_caching=system == "paged_auto", **engine_kw)
 
 
 # ------------------------------------------------------------------------------------------------ replay
