@@ -37,6 +37,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import types
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -139,11 +140,11 @@ def _convert(value: Any, cls: type) -> Any:
     return cls(**{f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init})
 
 
-def replay(args: dict[str, Any]) -> Any | None:
-    """``sim.simulate``'s replay by the compiled copy, given its arguments by name; None where the copy cannot take
-    it (``status``, or a subclass of ``CostModel`` / ``BeamModel``), and the caller replays it interpreted."""
-    from pagedattn.repro import sim
-
+def replay(args: dict[str, Any], sim: Any) -> Any | None:
+    """``sim.simulate``'s replay by the compiled copy, given its arguments by name and the interpreted ``sim``
+    module's namespace (its classes: this module does not import it, which imports this one); None where the copy
+    cannot take it (``status``, or a subclass of ``CostModel`` / ``BeamModel``), and the caller replays it
+    interpreted."""
     fast, _ = status()
     if fast is None:
         return None
@@ -170,10 +171,11 @@ def compiled_when_built(simulate: F) -> F:
     if simulate.__module__ != "pagedattn.repro.sim":
         return simulate
     signature = inspect.signature(simulate)
+    sim = types.SimpleNamespace(**{k: simulate.__globals__.get(k) for k in ("CostModel", "BeamModel", "SimResult")})
 
     @functools.wraps(simulate)
     def dispatch(*args, **kwargs):
-        r = replay(signature.bind(*args, **kwargs).arguments)
+        r = replay(signature.bind(*args, **kwargs).arguments, sim)
         return r if r is not None else simulate(*args, **kwargs)
     return dispatch  # type: ignore[return-value]
 

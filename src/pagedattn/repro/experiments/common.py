@@ -18,6 +18,7 @@ from typing import Callable, ClassVar
 import numpy as np
 import pandas as pd
 
+from pagedattn.model.tiny import TINY_OPT_SHAPE, tiny_opt  # noqa: F401  (the experiments' model, re-exported)
 from pagedattn.repro.paper import DEFAULT_BLOCK_SIZE
 from pagedattn.repro.workloads import TraceRequest, make_trace
 
@@ -49,25 +50,6 @@ class ServingParams(ExperimentParams):
 
 
 # ------------------------------------------------------------------------------------------------ CPU model
-#: The CPU-scale model's shape unless an experiment passes its own (``transformers.OPTConfig`` fields);
-#: ``ffn_dim`` is 4 x hidden unless given.
-TINY_OPT_SHAPE = dict(vocab_size=512, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-                      max_position_embeddings=512, init_std=0.2)
-
-
-def tiny_opt(seed: int = 0, **shape):
-    """A small random-weight OPT (transformers; the paper's model family), fp32, eval mode, seeded: the model of
-    the CPU-scale runs, where only lengths matter. ``shape`` overrides ``TINY_OPT_SHAPE`` (``OPTConfig`` fields).
-    ``init_std=0.2`` keeps the logits far from uniform, so greedy decoding is deterministic."""
-    import torch
-    from transformers import OPTConfig, OPTForCausalLM
-
-    cfg = {**TINY_OPT_SHAPE, **shape}
-    cfg.setdefault("ffn_dim", 4 * cfg["hidden_size"])
-    torch.manual_seed(seed)
-    return OPTForCausalLM(OPTConfig(**cfg)).eval()
-
-
 def tiny_opt_cached(seed: int = 0, **shape):
     """``tiny_opt(seed, **shape)``, built once per process and shared by later calls with the same arguments: a
     sweep's task builds its model in its worker from the seed (the same weights in every process: the
