@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, MutableSequence, Protocol
 
-from pagedattn.memory.interface import num_copied
+from pagedattn.memory.interface import KVManager, num_copied
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
 from pagedattn.sequence import Sequence, SequenceGroup
 
@@ -95,7 +95,8 @@ class Executor(Protocol):
 
 
 class EngineCore:
-    """``schedule`` -> ``execute`` -> ``update_from_output``, over one scheduler and one executor.
+    """``schedule`` -> ``execute`` -> ``update_from_output``, over one scheduler and one executor (``kv``: the
+    scheduler's KV manager).
 
     ``clock`` reads the time a step starts (the engine's ``time.perf_counter``; the simulator's clock, which its
     executor moves). ``record_steps``: append each step's ``StepMetrics`` to ``steps`` (a list, or the container
@@ -103,12 +104,12 @@ class EngineCore:
     simulator's; ``KVManager.stats``). ``fast_forward``: take runs of steady decode steps (see the module
     docstring), at most ``max_steps`` steps in all."""
 
-    def __init__(self, scheduler: Scheduler, executor: Executor, clock: Callable[[], float],
+    def __init__(self, scheduler: Scheduler, executor: Executor, kv: KVManager, clock: Callable[[], float],
                  record_steps: bool = True, steps: MutableSequence[StepMetrics] | None = None,
                  final_len: dict[int, int] | None = None, fast_forward: bool = False,
                  max_steps: int | None = None) -> None:
         self.scheduler, self.executor, self.clock = scheduler, executor, clock
-        self.kv = scheduler.kv
+        self.kv = kv  # the scheduler's (its allocator view), read here for the records too
         self.record_steps, self.final_len = record_steps, final_len
         self.steps: MutableSequence[StepMetrics] = [] if steps is None else steps
         self.num_steps = 0  # steps run since the start (``steps`` keeps the last ones)

@@ -200,7 +200,7 @@ class LLMEngine:
         self.processor = OutputProcessor(self.tokenizer)
         if args.max_step_metrics is not None and (as_int(args.max_step_metrics) is None or args.max_step_metrics < 0):
             raise ValueError(f"max_step_metrics must be None or an integer >= 0, got {args.max_step_metrics!r}")
-        self.core = EngineCore(self.scheduler, ModelExecutor(self.runner, self.sampler, self.now), self.now,
+        self.core = EngineCore(self.scheduler, ModelExecutor(self.runner, self.sampler, self.now), self.kv, self.now,
                                record_steps=args.max_step_metrics != 0,
                                steps=StepMetricsRing(maxlen=args.max_step_metrics))
         self._seq_ids = itertools.count()

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from pagedattn.kernels import KernelBackend
-from pagedattn.memory.interface import KVManager, copy_pairs
+from pagedattn.memory.interface import KVLayout, copy_pairs
 from pagedattn.model.attention import AttentionMetadata, PagedAttention
 from pagedattn.scheduler import ModelOutput, SchedulerOutputs
 from pagedattn.sequence import Sequence, SequenceGroup
@@ -52,7 +53,7 @@ class StepResult:
 class ModelRunner:
     """Executes ``SchedulerOutputs`` on a model with a paged KV cache."""
 
-    def __init__(self, model: nn.Module, kv: KVManager, backend: KernelBackend, device: torch.device,
+    def __init__(self, model: nn.Module, kv: KVLayout, backend: KernelBackend, device: torch.device,
                  dtype: torch.dtype) -> None:
         self.model, self.kv, self.backend, self.device, self.dtype = model, kv, backend, device, dtype
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
@@ -180,7 +181,7 @@ class ModelRunner:
         hidden = self.model(inp.input_ids, inp.positions, inp.meta)
         if inp.logits_indices is not None:
             hidden = hidden[inp.logits_indices]
-        logits = self.model.compute_logits(hidden)
+        logits = cast(Any, self.model).compute_logits(hidden)  # (our models' LM head: model.opt / model.llama)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return logits, time.perf_counter() - t0

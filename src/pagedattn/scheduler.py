@@ -10,13 +10,13 @@ Every step the scheduler decides which sequence groups run next:
    plus the blocks their next tokens need (none for a sequence with room in its last block). A swapped group that
    could not come back even into an empty pool is refused at once, with an error naming the limit.
 
-The scheduler talks to its KV manager only through ``memory.KVManager``, the protocol that ``memory.BlockManager``
-(paged) and ``memory.contiguous.ContiguousKVManager`` (Orca) implement, so the same loop serves the real engine and
-the simulation. It never touches tensors: the block moves it decides travel to the executor in ``SchedulerOutputs``.
-It owns a step's bookkeeping after the forward pass (``update_from_output``: tokens computed and appended, stop checks,
-beam forks, freeing, per-request times), for the engine and the simulator alike, and so
-``Sequence.num_computed_tokens``: the cached prefix at admission, 0 when preempted by recomputation, the whole
-sequence after each step that computed it.
+The scheduler talks to its KV manager only through ``memory.interface.KVAllocator``, the scheduler's view of the
+``KVManager`` that ``memory.BlockManager`` (paged) and ``memory.contiguous.ContiguousKVManager`` (Orca) implement, so
+the same loop serves the real engine and the simulation. It never touches tensors: the block moves it decides travel
+to the executor in ``SchedulerOutputs``. It owns a step's bookkeeping after the forward pass (``update_from_output``:
+tokens computed and appended, stop checks, beam forks, freeing, per-request times), for the engine and the simulator
+alike, and so ``Sequence.num_computed_tokens``: the cached prefix at admission, 0 when preempted by recomputation,
+the whole sequence after each step that computed it.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from pagedattn.config import SchedulerConfig
-from pagedattn.memory.interface import AllocStatus, BlockCopies, KVManager
+from pagedattn.memory.interface import AllocStatus, BlockCopies, KVAllocator
 from pagedattn.sequence import FinishReason, Sequence, SequenceGroup
 
 
@@ -86,7 +86,7 @@ class ModelOutput:
 class Scheduler:
     """FCFS iteration-level scheduler over a KV manager (paged or contiguous)."""
 
-    def __init__(self, config: SchedulerConfig, kv_manager: KVManager, static_batching: bool = False) -> None:
+    def __init__(self, config: SchedulerConfig, kv_manager: KVAllocator, static_batching: bool = False) -> None:
         self.config = config
         self.kv = kv_manager
         # FasterTransformer-style static batching: a new batch starts only when the previous one has finished.

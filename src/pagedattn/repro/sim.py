@@ -415,7 +415,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     ex = SimExecutor(cost or CostModel(), block_size, kv, beam, seed, charge_cached)
     final_len: dict[int, int] = {}  # seq_id -> prompt + output (its final KV length)
     target: dict[int, int] = {}  # seq_id -> output length from the trace
-    core = EngineCore(sched, ex, ex.clock, record_steps, final_len=final_len if record_steps else None,
+    core = EngineCore(sched, ex, kv, ex.clock, record_steps, final_len=final_len if record_steps else None,
                       fast_forward=beam is None and not enable_prefix_caching and not prefix_lens, max_steps=max_steps)
     pending = sorted(trace, key=lambda r: r.arrival_time)
     n = beam.width if beam is not None else n
