@@ -69,14 +69,14 @@ needs_build = pytest.mark.skipif(not built(), reason=f"no compiled simulator: {f
 @needs_build
 def test_replays_go_to_the_compiled_copy_unless_a_model_is_a_subclass():
     trace = [TraceRequest(f"r{i}", 0.1 * i, 30 + i, 20) for i in range(10)]
-    assert fastsim.replay({"trace": trace, "system": "paged", "num_slots": 2000}) is not None
+    assert fastsim.replay({"trace": trace, "system": "paged", "num_slots": 2000}, sim) is not None
 
     class Slower(CostModel):
         def decode_time(self, num_seqs: int, context_tokens: int) -> float:
             return 2 * super().decode_time(num_seqs, context_tokens)
 
-    assert fastsim.replay({"trace": trace, "cost": Slower()}) is None
-    assert fastsim.replay({"trace": trace, "cost": CostModel(step_overhead_s=0.01)}) is not None
+    assert fastsim.replay({"trace": trace, "cost": Slower()}, sim) is None
+    assert fastsim.replay({"trace": trace, "cost": CostModel(step_overhead_s=0.01)}, sim) is not None
 
 
 def _both(trace, **kw):
@@ -87,7 +87,7 @@ def _both(trace, **kw):
         slow = simulate(trace, **kw)
     finally:
         fastsim.status = status
-    fast = fastsim.replay({"trace": trace, **kw})
+    fast = fastsim.replay({"trace": trace, **kw}, sim)
     assert fast is not None
     return slow, fast
 

@@ -27,7 +27,8 @@ This module imports no torch: it serves the simulator at paper scale on a laptop
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, MutableSequence, Protocol
+from typing import TYPE_CHECKING, Callable, MutableSequence, NamedTuple, Protocol
+from typing import Sequence as Sequence_
 
 from pagedattn.memory.interface import KVManager, num_copied
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class StepMetrics:
-    """One engine step. Queue lengths and memory are as the step ran (after scheduling, before its tokens were
+    """One engine step (a named tuple: a replay records one per step, so it must be cheap to make). Queue lengths and memory are as the step ran (after scheduling, before its tokens were
     applied). ``slots_filled`` counts the context tokens of the sequences computed (K/V read from the cache);
     ``blocks_used`` is the device pool's used blocks (slots, for a contiguous manager); ``memory_bound``: a request
     that has arrived waits although the scheduler would admit it but for memory; ``memory``: Fig. 2's breakdown of
@@ -125,34 +126,26 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def step(self) -> tuple[SchedulerOutputs | None, list[SequenceGroup]]:
+    def step(self) -> tuple[SchedulerOutputs | None, Sequence_[SequenceGroup]]:
         """One step: returns its plan (None for a step within a run) and the groups that finished. An empty plan
         (``is_empty()``) ran nothing: no request could run, or those left were refused (the plan's ``ignored``,
         which the scheduler has finished). Raises when requests are left that nothing will ever run."""
-        sched, kv = self.scheduler, self.kv
-        if self._run_left and self._run_closed_queue and sched.waiting:  # an arrival, maybe admitted now: run ends
-            self._run_left = 0
-        if self._run_done and self._run_left <= 1:  # the run's tokens so far, before its last step (or after it)
+        sched = self.scheduler
+        run_left = self._run_left
+        if run_left:
+            if self._run_closed_queue and sched.waiting:  # an arrival, maybe admitted now: the run ends
+                run_left = self._run_left = 0
+            elif run_left > 1:  # a step of the run: a decode step of the running sequences as they stand
+                return self._steady_step()
+        if self._run_done:  # the run's tokens so far, before its last step (or after its end)
             if not self.record_steps:  # their slots at once (recording, each step took its own)
-                kv.advance(self._run_seqs, self._run_done)
+                self.kv.advance(self._run_seqs, self._run_done)
             sched.advance(self._run_done, self.executor.fill_token, self._run_seqs)
             self._run_done = 0
         start = self.clock()
-        if self._run_left > 1:  # a step of the run: a decode step of the running sequences as they stand
-            n, context = len(self._run_seqs), self._run_context
-            dt = self.executor.steady_step(n, context)
-            self._run_context += n
-            self._run_left -= 1
-            self._run_done += 1
-            if self.record_steps:  # its slots now, for its memory record
-                kv.advance(self._run_seqs, 1)
-                self._record_steady(start, dt, n, context)
-            self.num_steps += 1
-            self.num_steady_steps += 1
-            return None, []
-        if self._run_left:  # the run's last step: its slots, then its plan
+        if run_left:  # the run's last step: its slots, then its plan
             self._run_left = 0
-            kv.advance(self._run_seqs, 1)
+            self.kv.advance(self._run_seqs, 1)
             plan = sched.schedule_steady()
         else:
             plan = sched.schedule(start)
@@ -160,7 +153,7 @@ class EngineCore:
         if output is None:
             if not (plan.preempted or plan.ignored) and sched.has_unfinished():
                 raise RuntimeError("the scheduler made no progress with requests left (a request can never fit?)")
-            return plan, []
+            return plan, ()
         if self.record_steps:
             self._record(plan, start, output)
         finished = sched.update_from_output(plan, output)
@@ -168,6 +161,21 @@ class EngineCore:
         if self.fast_forward and sched.running and not sched.swapped:  # (``steady_decode_steps``' cheapest checks)
             self._start_run()
         return plan, finished
+
+    def _steady_step(self) -> tuple[None, Sequence_[SequenceGroup]]:
+        """A step within a run: charged, its slots taken when recording, not planned (see the module docstring)."""
+        start = self.clock() if self.record_steps else 0.0
+        n, context = len(self._run_seqs), self._run_context
+        dt = self.executor.steady_step(n, context)
+        self._run_context = context + n
+        self._run_left -= 1
+        self._run_done += 1
+        if self.record_steps:  # its slots now, for its memory record
+            self.kv.advance(self._run_seqs, 1)
+            self._record_steady(start, dt, n, context)
+        self.num_steps += 1
+        self.num_steady_steps += 1
+        return None, ()
 
     def _start_run(self) -> None:
         seqs = self.scheduler.running_seqs()
@@ -183,33 +191,26 @@ class EngineCore:
     # ------------------------------------------------------------------------------------------ records
     def _memory_bound(self, now: float) -> bool:
         sched = self.scheduler
-        head = sched.waiting[0] if sched.waiting else None
-        return head is not None and head.metrics.arrival_time <= now and \
+        waiting = sched.waiting
+        return bool(waiting) and waiting[0].metrics.arrival_time <= now and \
             len(sched.running) < sched.config.max_num_seqs
-
-    def _append(self, m: StepMetrics) -> None:
-        self.steps.append(m)
 
     def _record(self, plan: SchedulerOutputs, start: float, output: ModelOutput) -> None:
         sched, kv = self.scheduler, self.kv
-        if plan.prefill_groups:
-            seqs = [g.get_seqs("running")[0] for g in plan.prefill_groups]
-        else:
-            seqs = [s for g in plan.decode_groups for s in g.get_seqs("running")]
         tokens = plan.num_batched_tokens
         duration = output.duration if output.duration is not None else self.clock() - start
-        self._append(StepMetrics(
+        self.steps.append(StepMetrics(
             self.num_steps, "prefill" if plan.is_prefill else "decode", start, duration,
-            duration if output.forward_time is None else output.forward_time, len(seqs), len(plan.scheduled_groups),
-            tokens if plan.is_prefill else 0, tokens, kv.num_used_gpu_blocks, sum(s.get_len() for s in seqs),
-            len(plan.preempted), len(plan.blocks_to_swap_in) + len(plan.blocks_to_swap_out),
+            duration if output.forward_time is None else output.forward_time, output.num_seqs,
+            len(plan.scheduled_groups), tokens if plan.is_prefill else 0, tokens, kv.num_used_gpu_blocks,
+            output.context_tokens, len(plan.preempted), len(plan.blocks_to_swap_in) + len(plan.blocks_to_swap_out),
             num_copied(plan.blocks_to_copy), len(sched.running), len(sched.waiting), len(sched.swapped),
             self._memory_bound(start), kv.stats(self.final_len) if self.final_len is not None else None))
 
     def _record_steady(self, start: float, dt: float, n: int, context: int) -> None:
         sched, kv = self.scheduler, self.kv
         running = len(sched.running)
-        self._append(StepMetrics(
+        self.steps.append(StepMetrics(
             self.num_steps, "decode", start, dt, dt, n, running, 0, n, kv.num_used_gpu_blocks, context, 0, 0, 0,
             running, len(sched.waiting), len(sched.swapped), self._memory_bound(start),
             kv.stats(self.final_len) if self.final_len is not None else None))

@@ -205,6 +205,8 @@ class ModelExecutor:
             return ModelOutput(now=self.clock(), forward_time=0.0)
         output = self.sampler(plan, result)
         output.forward_time = result.forward_time
+        ctx = result.inp.meta.context_lens_list
+        output.num_seqs, output.context_tokens = len(ctx), sum(ctx)
         return output
 
     def steps_left(self, seqs: list[Sequence]) -> int:

@@ -71,7 +71,8 @@ class ModelOutput:
       the engine's is ``sampling.check_stop``, the simulator's the trace's output length);
     - ``now``: the clock at the end of the step; ``duration``: the step's, where the executor decides it (the
       simulator's charge; None: the engine core measures it on its clock); ``forward_time``: of which in the
-      model forward (None: all of it)."""
+      model forward (None: all of it); ``num_seqs`` and ``context_tokens``: the sequences the step computed and
+      the context tokens they read (for the step's record)."""
 
     tokens: list[tuple[Sequence, SequenceGroup, int, float]] = field(default_factory=list)
     rewrites: list[tuple[Sequence, list[int], float]] = field(default_factory=list)
@@ -81,6 +82,8 @@ class ModelOutput:
     now: float = 0.0
     duration: float | None = None
     forward_time: float | None = None
+    num_seqs: int = 0
+    context_tokens: int = 0
 
 
 class Scheduler:

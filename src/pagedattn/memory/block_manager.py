@@ -36,10 +36,10 @@ import hashlib
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from pagedattn.config import blocks_needed, check_block_size
-from pagedattn.memory.accounting import KVStats, paged_stats
+from pagedattn.memory.accounting import KVStats
 from pagedattn.memory.block_pool import BlockPool, NoFreeBlocksError
 from pagedattn.memory.interface import AllocStatus, BlockCopies, BlockView, PoolCounts, SeqView
 
@@ -483,7 +483,7 @@ class BlockManager:
                 copies.append((c[0], c[1], 1))
         return copies
 
-    def decode_room(self, seqs: Sequence[SeqView], limit: int) -> int:
+    def decode_room(self, seqs: list[SeqView], limit: int) -> int:
         """Decode steps in a row (at most ``limit``) that these sequences take with no preemption or copy: until
         the new blocks that their appends need, step by step, would outnumber the free blocks (each sequence needs
         one whenever its last block is full, §4.3). 0 where a step could copy (a shared last block) or register a
@@ -508,7 +508,7 @@ class BlockManager:
                 return step - 1
         return limit
 
-    def advance(self, seqs: Sequence[SeqView], steps: int) -> None:
+    def advance(self, seqs: list[SeqView], steps: int) -> None:
         """``steps`` decode steps of these sequences at once (``decode_room``): their new blocks are taken from the
         pool in the order that step-by-step appends take them (by step, then in ``seqs`` order)."""
         bs, allocate = self.block_size, self.gpu.allocate
@@ -572,3 +572,62 @@ class BlockManager:
 
     def swap_in_group(self, group) -> dict[int, int]:
         return self.swap_in([s.seq_id for s in group.get_seqs("swapped")])
+
+
+# ------------------------------------------------------------------------------ Fig. 2's accounting (§3)
+def paged_stats(m: BlockManager, final_len: dict[int, int]) -> KVStats:
+    """``KVStats`` of a ``BlockManager``, in one pass over its device tables when no block is shared (a running
+    replay's usual state; the simulator asks this every step), else counting each shared block once."""
+    bs = m.block_size
+    states = ends = nblocks = waste = 0
+    for seq_id, t in m.tables.items():
+        if t.device != "gpu":
+            continue
+        n, size = t.num_tokens, len(t.blocks) * bs
+        nblocks += len(t.blocks)
+        states += n
+        end = final_len.get(seq_id, n)
+        end = n if end < n else end  # a sequence past its final length (never in a replay) fills what it holds
+        ends += size if size < end else end
+        if size - n > waste:
+            waste = size - n
+    used = m.gpu.num_used
+    allocated = used * bs
+    if nblocks != used:  # shared blocks (or pinned prefixes): each physical block counted once
+        states, reserved = _shared_blocks(m, final_len)
+        ends = states + reserved
+    hit = m.prefix_hits / m.prefix_queries if m.prefix_queries else None
+    return KVStats(states, ends - states, allocated - ends, m.gpu.num_blocks * bs - allocated, waste,
+                   used - len(m.pinned), nblocks, hit)
+
+
+def _shared_blocks(m: BlockManager, final_len: dict[int, int]) -> tuple[int, int]:
+    """Token-state and reserved slots when blocks are shared: a block's slots are filled (or will be) as far as its
+    furthest sharer fills them. A block full of one sharer's tokens is full for all (every slot filled and to be
+    filled), so only the entries past each table's full blocks (usually its last) are looked at, and the full
+    blocks are counted without walking the tables: a block's reference count is the number of device-table entries
+    that point at it plus its pins (``BlockManager.check_invariants``), so a block sits among some table's full
+    blocks exactly when it has more entries than those past the full ones, and the tables' distinct blocks are the
+    pool's used blocks less those that only pins hold."""
+    bs, refs, pins = m.block_size, m.gpu.ref_counts, Counter(m.pinned)
+    alone = filled = future = 0  # blocks past the full ones with one reference (this entry's), and their slots
+    shared: dict[int, list[int]] = {}  # other such blocks -> [entries past full blocks, slots filled, to be filled]
+    for seq_id, t in m.tables.items():
+        if t.device != "gpu":
+            continue
+        blocks, n = t.blocks, t.num_tokens
+        end = max(final_len.get(seq_id, n), n)
+        for i in range(min(len(blocks), n // bs), len(blocks)):
+            b, lo = blocks[i], i * bs
+            f = n - lo if n > lo else 0  # under a block: it is past the full ones
+            u = bs if end - lo > bs else end - lo if end > lo else 0
+            if refs[b] == 1:
+                alone, filled, future = alone + 1, filled + f, future + u
+            elif (p := shared.get(b)) is None:
+                shared[b] = [1, f, u]
+            else:
+                p[0], p[1], p[2] = p[0] + 1, max(p[1], f), max(p[2], u)
+    partial = [p for b, p in shared.items() if refs[b] - pins[b] == p[0]]  # among no table's full blocks
+    full = m.gpu.num_used - sum(refs[b] == k for b, k in pins.items()) - alone - len(partial)
+    states = bs * full + filled + sum(p[1] for p in partial)
+    return states, future - filled + sum(p[2] - p[1] for p in partial)

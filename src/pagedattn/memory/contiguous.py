@@ -18,10 +18,10 @@ pieces that cover the reservation, give the tail back), so the slack can serve o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from pagedattn.memory.interface import AllocStatus, BlockCopies, BlockMoves, PoolCounts, SeqView
-from pagedattn.memory.accounting import KVStats, contiguous_stats
+from pagedattn.memory.accounting import KVStats
 
 Policy = Literal["max", "pow2", "oracle"]
 
@@ -297,14 +297,14 @@ class ContiguousKVManager:
             r.num_tokens += 1
         return []
 
-    def decode_room(self, seqs: Sequence[SeqView], limit: int) -> int:
+    def decode_room(self, seqs: list[SeqView], limit: int) -> int:
         """Decode steps in a row (at most ``limit``) that fit in these sequences' reservations."""
         for s in seqs:
             r = self.tables[s.seq_id]
             limit = min(limit, r.reserved - r.num_tokens)
         return max(limit, 0)
 
-    def advance(self, seqs: Sequence[SeqView], steps: int) -> None:
+    def advance(self, seqs: list[SeqView], steps: int) -> None:
         """``steps`` decode steps at once: each reservation gains ``steps`` tokens (``decode_room``)."""
         for s in seqs:
             self.tables[s.seq_id].num_tokens += steps
@@ -335,3 +335,20 @@ class ContiguousKVManager:
         assert used + a.num_free == a.total, "arena slots lost or double counted"
         held = sum(r.reserved if self.placement == "exact" else next_pow2(r.reserved) for r in self.tables.values())
         assert used == held, "allocated slots differ from reservations"
+
+
+# ------------------------------------------------------------------------------ Fig. 2's accounting (§3)
+def contiguous_stats(m: ContiguousKVManager, final_len: dict[int, int]) -> KVStats:
+    """``KVStats`` of a ``ContiguousKVManager``: a reservation's slots beyond its tokens are reserved up to the
+    request's final length and internal fragmentation after it; a buddy block's rounding slack is external."""
+    states = ends = sizes = waste = 0
+    for seq_id, r in m.tables.items():
+        n, size = r.num_tokens, r.reserved
+        end = final_len.get(seq_id, n)
+        end = n if end < n else size if end > size else end  # min(max(final, n), size)
+        states += n
+        ends += end
+        sizes += size
+        if r.held - n > waste:  # its buddy block (exact placement: the reservation) less its tokens
+            waste = r.held - n
+    return KVStats(states, ends - states, sizes - ends, m.total_slots - sizes, waste)

@@ -33,6 +33,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from typing import Literal, cast
+from typing import Sequence as Sequence_
 
 import numpy as np
 import pandas as pd
@@ -42,7 +43,8 @@ from pagedattn.repro.capacity import Load, normalized_latency, steady_window
 from pagedattn.repro.cost_profile import measured as _measured_a100
 from pagedattn.repro.fastsim import compiled_when_built
 from pagedattn.config import OPT_13B, ModelSpec, SchedulerConfig, blocks_needed, paper_slots
-from pagedattn.core import EngineCore
+from pagedattn.core import EngineCore, StepMetrics
+from pagedattn.memory.accounting import KVStats
 from pagedattn.memory.interface import num_copied
 from pagedattn.memory.systems import is_static, make_kv_manager
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
@@ -160,6 +162,11 @@ class CostModel:
             return self.prefill_time(out.num_batched_tokens, len(out.prefill_groups)) + swap
         lens = [len(s.token_ids) for g in out.decode_groups for s in g.get_seqs("running")]
         return self.decode_time(len(lens), sum(lens)) + swap
+
+    def decode_step_time(self, num_seqs: int, context_tokens: int, swapped_blocks: int, block_size: int = 16) -> float:
+        """``step_time`` of a decode step over ``num_seqs`` sequences and ``context_tokens`` tokens of context that
+        swaps ``swapped_blocks`` blocks, given its counts (the simulator has them at hand)."""
+        return self.decode_time(num_seqs, context_tokens) + self.swap_time(swapped_blocks, block_size)
 
 
 #: Mean distinct parents among a beam group's ``k`` next beams per step, by beam width, measured on the real engine:
@@ -314,11 +321,12 @@ STEP_COLUMNS = ("step", "time", "dt", "kind", "num_running", "num_batched", "num
 SHARING_COLUMNS = ("physical_blocks", "logical_blocks")  # paged only: Fig. 15's blocks with and without sharing
 
 
-def steps_frame(steps, paged: bool) -> pd.DataFrame:
-    """``SimResult.steps``: one row per recorded ``StepMetrics`` (one tuple per step, turned into columns once)."""
+def steps_frame(steps: Sequence_[StepMetrics], paged: bool) -> pd.DataFrame:
+    """``SimResult.steps``: one row per recorded ``StepMetrics`` (one tuple per step, turned into columns once; the
+    fields are read as typed attributes, which the compiled simulator reads natively)."""
     rows = []
     for m in steps:
-        k = m.memory
+        k = cast(KVStats, m.memory)
         row = (m.step, m.time, m.step_time, m.kind, m.num_running, m.num_groups, m.num_waiting, m.num_swapped,
                m.memory_bound, k.max_request_waste, k.token_states, k.reserved, k.internal, k.external)
         rows.append(row + (k.physical_blocks, k.logical_blocks) if paged else row)
@@ -346,7 +354,6 @@ class SimExecutor:
         self.now = 0.0
         self.stop_len: dict[int, int] = {}  # seq_id -> its token count once its output is done
         self.computed = 0  # prompt tokens charged as computed
-        self._no_swap = cost.swap_time(0, block_size)
 
     def clock(self) -> float:
         return self.now
@@ -358,7 +365,7 @@ class SimExecutor:
         return min((self.stop_len[s.seq_id] - len(s.token_ids) for s in seqs), default=0)
 
     def steady_step(self, num_seqs: int, context_tokens: int) -> float:
-        dt = self.cost.decode_time(num_seqs, context_tokens) + self._no_swap  # as ``CostModel.step_time``
+        dt = self.cost.decode_time(num_seqs, context_tokens)  # ``decode_step_time`` with nothing swapped
         self.now += dt
         return dt
 
@@ -366,18 +373,29 @@ class SimExecutor:
         if plan.is_empty():
             return None
         cost = self.cost
-        dt = cost.step_time(plan, self.block_size)
+        nswap = len(plan.blocks_to_swap_in) + len(plan.blocks_to_swap_out)
+        if plan.is_prefill:
+            seqs = [g.get_seqs("running")[0] for g in plan.prefill_groups]
+            context = sum(len(s.token_ids) for s in seqs)
+            dt = cost.step_time(plan, self.block_size)
+        else:  # the step's sequences and context in the pass that gives each its token (``CostModel.step_time``)
+            seqs, context = [], 0
+            for g in plan.decode_groups:
+                for s in g.get_seqs("running"):
+                    seqs.append(s)
+                    context += len(s.token_ids)
+            dt = cost.decode_step_time(len(seqs), context, nswap, self.block_size)
+        tokens = [(s, g, 0, 0.0) for g in plan.scheduled_groups for s in g.get_seqs("running")]
         if self.beam is not None:  # this step's copy-on-write blocks and the previous step's forks (slots, on Orca)
             dt += cost.copy_time(num_copied(plan.blocks_to_copy) * self.kv.block_size)
         if plan.is_prefill:  # prompt tokens charged (computed): the uncached ones, or all of them in the ablation
-            charged = sum(g.get_seqs("running")[0].get_len() for g in plan.prefill_groups) if self.charge_cached \
-                else plan.num_batched_tokens
+            charged = context if self.charge_cached else plan.num_batched_tokens
             self.computed += charged
             if self.charge_cached:
                 dt += cost.prefill_time(charged) - cost.prefill_time(plan.num_batched_tokens)
         self.now += dt
-        output = ModelOutput(tokens=[(s, g, 0, 0.0) for g in plan.scheduled_groups for s in g.get_seqs("running")],
-                             stop=self.stop, now=self.now, duration=dt)
+        output = ModelOutput(tokens=tokens, stop=self.stop, now=self.now, duration=dt, num_seqs=len(seqs),
+                             context_tokens=context)
         if self.beam is not None:
             for g in plan.scheduled_groups:
                 seqs = g.get_seqs("running")
@@ -443,7 +461,8 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
             core.add(g)
             i += 1
         plan, done = core.step()
-        bar.update(len(done) + (len(plan.ignored) if plan is not None else 0))
+        if done or plan is not None and plan.ignored:
+            bar.update(len(done) + (len(plan.ignored) if plan is not None else 0))
         if plan is not None and plan.is_empty():  # nothing could run: wait for the next arrival
             if i < len(pending):
                 ex.now = max(ex.now, pending[i].arrival_time)
