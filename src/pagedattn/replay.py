@@ -190,7 +190,7 @@ async def send_one(client, rec: RequestRecord, body: dict, t0: float, path: str 
                 n = _tokens_in(chunk)
                 if n:
                     now = clock() - t0
-                    if rec.first_token is None:
+                    if rec.last_token is None:
                         rec.first_token = now
                     else:
                         rec.itl.append(now - rec.last_token)
