@@ -87,6 +87,15 @@ def _top(d: dict[int, float], k: int) -> list[tuple[int, float]]:
     return sorted(d.items(), key=lambda kv: -kv[1])[:k]
 
 
+def _by_text(tokenizer, top: list[tuple[int, float]]) -> dict[str, float]:
+    """``{token text: log-probability}``, most likely first; tokens whose texts collide (byte pieces of one
+    character all decode to U+FFFD) keep the most likely one's value."""
+    out: dict[str, float] = {}
+    for t, v in top:
+        out.setdefault(token_text(tokenizer, t), v)
+    return out
+
+
 def completion_logprobs(tokenizer, ids: list[int], lps: list[dict[int, float]], k: int, offset: int = 0) -> dict:
     """OpenAI's completions ``logprobs`` object for tokens ``ids``: tokens, their log-probabilities, the top ``k``
     per token and each token's character offset in the text (from ``offset``)."""
@@ -96,7 +105,7 @@ def completion_logprobs(tokenizer, ids: list[int], lps: list[dict[int, float]], 
         offsets.append(offset)
         offset += len(t)
     return {"tokens": tokens, "token_logprobs": [d.get(t) for t, d in zip(ids, lps)],
-            "top_logprobs": [{token_text(tokenizer, t): v for t, v in _top(d, k)} for d in lps],
+            "top_logprobs": [_by_text(tokenizer, _top(d, k)) for d in lps],
             "text_offset": offsets}
 
 
@@ -319,8 +328,8 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
             elif isinstance(p, str):
                 try:
                     out.append(await engine.tokenize(p))
-                except ValueError as e:
-                    raise RequestError(str(e), "prompt") from None
+                except (ValueError, TypeError) as e:  # no tokenizer; text a tokenizer refuses
+                    raise RequestError(f"the prompt could not be tokenized: {e}", "prompt") from None
             else:
                 out.append(p)
         return out
