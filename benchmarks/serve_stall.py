@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import time
@@ -37,24 +38,30 @@ def big_prompt(mb: float) -> str:
     return (words * (int(mb * 1e6) // len(words) + 1))[:int(mb * 1e6)]
 
 
-async def send_big(url: str, prompt: str, delay: float, model: str) -> dict:
+def big_body(prompt: str, model: str) -> bytes:
+    """The big request's JSON, encoded before the round: encoding 5 MB on the client's event loop, which also times
+    the streams' chunks, would show as a gap that the server never made."""
+    return json.dumps({"model": model, "prompt": prompt, "max_tokens": 4}).encode()
+
+
+async def send_big(url: str, body: bytes, delay: float) -> dict:
     await asyncio.sleep(delay)
     t = time.perf_counter()
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         try:
-            r = await client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 4})
+            r = await client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
             status, body = r.status_code, r.text[:300]
         except httpx.HTTPError as e:
             status, body = None, f"{type(e).__name__}: {e}"[:300]
     return {"status": status, "answer": body, "seconds": time.perf_counter() - t, "answered_at": time.perf_counter()}
 
 
-async def one_round(url: str, model: str, streams: int, max_tokens: int, big: str | None, delay: float) -> dict:
+async def one_round(url: str, model: str, streams: int, max_tokens: int, big: bytes | None, delay: float) -> dict:
     trace = [Request(f"s{i}", 0.0, 16, max_tokens) for i in range(streams)]
     t0 = time.perf_counter()
     jobs = [replay(url, trace, model, vocab_size=4096, seed=1)]
     if big is not None:
-        jobs.append(send_big(url, big, delay, model))
+        jobs.append(send_big(url, big, delay))
     records, *extra = await asyncio.gather(*jobs)
     bad = [r.error for r in records if r.status != "ok"]
     if bad:
@@ -70,6 +77,13 @@ async def one_round(url: str, model: str, streams: int, max_tokens: int, big: st
     return out
 
 
+def _commit() -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=str(REPO / "models" / "opt-stdlib"))
@@ -78,21 +92,22 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-mb", type=float, default=5.0)
     p.add_argument("--delay", type=float, default=0.5, help="s after the streams start that the big request goes")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--server-args", default="", help="more options for python -m pagedattn.serve")
+    p.add_argument("--server-args", default="", help="more options for python -m pagedattn.serve (such as limits "
+                   "raised above the big prompt, so that it is tokenized before it is refused)")
     p.add_argument("--out", default=None, help="the JSON (default: results/benchmarks/serve_stall.json)")
     a = p.parse_args(argv)
     from pagedattn.repro.results import hardware_label, today, write_benchmark
 
     server_args = [a.model, "--served-model-name", "m", "--num-slots", "8192", "--max-model-len", "512",
                    "--threads", "1", *a.server_args.split()]
-    prompt = big_prompt(a.prompt_mb)
+    body = big_body(big_prompt(a.prompt_mb), "m")
     rounds = []
     with ServerProcess(server_args) as server:
         asyncio.run(one_round(server.url, "m", 2, 8, None, 0))  # warm-up
         rss_before = rss_mib(server.pid)
         for i in range(a.rounds):
             for with_big in ((False, True) if i % 2 == 0 else (True, False)):
-                r = asyncio.run(one_round(server.url, "m", a.streams, a.max_tokens, prompt if with_big else None,
+                r = asyncio.run(one_round(server.url, "m", a.streams, a.max_tokens, body if with_big else None,
                                           a.delay))
                 rounds.append({"round": i, "with_big_prompt": with_big, **r})
                 print(rounds[-1], flush=True)
@@ -102,7 +117,7 @@ def main(argv=None) -> int:
     tested = all(r["big_answered_while_streaming"] for r in rounds if r["with_big_prompt"])
     report = {"benchmark": "serve_stall", "hardware": hardware_label(), "date": today(),
               "load_average": os.getloadavg(), "server": " ".join(["python -m pagedattn.serve", *server_args]),
-              "streams": a.streams, "max_tokens": a.max_tokens, "prompt_mb": a.prompt_mb, "delay_s": a.delay,
+              "commit": _commit(), "streams": a.streams, "max_tokens": a.max_tokens, "prompt_mb": a.prompt_mb, "delay_s": a.delay,
               "max_gap_without_ms": max(without), "max_gap_with_ms": max(with_big),
               "big_answered_while_streaming": tested, "under_100_ms": tested and max(with_big) < 100,
               "rss_before_mib": rss_before, "rss_after_mib": rss_after, "rounds": rounds}
