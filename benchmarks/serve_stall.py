@@ -9,8 +9,10 @@ has a tokenizer, so a text prompt reaches tokenizing). Each round replays ``--st
 ``--prompt-mb`` MB text prompt sent ``--delay`` s after them. Issue 52's measurement on 52a1c24: the longest gap went
 from 0.008 s to 3.445 s (tokenizing on the engine's only thread). The acceptance figure is a longest gap under 100 ms
 with the big request (``max_gap_with_ms``); the big request's own answer (a 4xx naming the limit, from a server with
-limits) and the server's RSS before and after are recorded too. A round whose streams ended before the big request
-was answered does not test anything, and says so (``big_answered_while_streaming``).
+limits) and the server's RSS before and after are recorded too. A round in which some moment between sending the big
+request and its answer had no stream in flight did not test that moment, and says so (``big_window_streamed_share``,
+``big_answered_while_streaming``); ``--waves`` sends the streams again every ``--wave-gap`` s, to keep streams in
+flight through a slow refusal (a prompt let past the limits, ``--server-args``, to time its tokenizing).
 """
 from __future__ import annotations
 
@@ -53,11 +55,23 @@ async def send_big(url: str, body: bytes, delay: float) -> dict:
             status, body = r.status_code, r.text[:300]
         except httpx.HTTPError as e:
             status, body = None, f"{type(e).__name__}: {e}"[:300]
-    return {"status": status, "answer": body, "seconds": time.perf_counter() - t, "answered_at": time.perf_counter()}
+    return {"status": status, "answer": body, "seconds": time.perf_counter() - t, "sent_at": t,
+            "answered_at": time.perf_counter()}
 
 
-async def one_round(url: str, model: str, streams: int, max_tokens: int, big: bytes | None, delay: float) -> dict:
-    trace = [Request(f"s{i}", 0.0, 16, max_tokens) for i in range(streams)]
+def covered(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    """The share of ``[start, end]`` that at least one of ``spans`` covers."""
+    total, reach = 0.0, start
+    for a, b in sorted(spans):
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            total, reach = total + b - a, b
+    return total / (end - start) if end > start else 0.0
+
+
+async def one_round(url: str, model: str, streams: int, max_tokens: int, big: bytes | None, delay: float,
+                    waves: int = 1, wave_gap: float = 0.0) -> dict:
+    trace = [Request(f"w{w}s{i}", w * wave_gap, 16, max_tokens) for w in range(waves) for i in range(streams)]
     t0 = time.perf_counter()
     jobs = [replay(url, trace, model, vocab_size=4096, seed=1)]
     if big is not None:
@@ -71,9 +85,10 @@ async def one_round(url: str, model: str, streams: int, max_tokens: int, big: by
            "streams_ended_s": max(r.last_token for r in records)}
     if extra:
         b = extra[0]
-        answered = b.pop("answered_at") - t0
+        sent, answered = b.pop("sent_at") - t0, b.pop("answered_at") - t0
+        share = covered([(r.first_token, r.last_token) for r in records], sent, answered)
         out.update(big_status=b["status"], big_answer=b["answer"], big_seconds=b["seconds"], big_answered_s=answered,
-                   big_answered_while_streaming=answered < min(r.last_token for r in records))
+                   big_window_streamed_share=share, big_answered_while_streaming=share > 0.999)
     return out
 
 
@@ -92,6 +107,9 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-mb", type=float, default=5.0)
     p.add_argument("--delay", type=float, default=0.5, help="s after the streams start that the big request goes")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--waves", type=int, default=1, help="send --streams streams this many times, --wave-gap s apart, "
+                   "so that streams run through a slow refusal")
+    p.add_argument("--wave-gap", type=float, default=2.0)
     p.add_argument("--server-args", default="", help="more options for python -m pagedattn.serve (such as limits "
                    "raised above the big prompt, so that it is tokenized before it is refused)")
     p.add_argument("--out", default=None, help="the JSON (default: results/benchmarks/serve_stall.json)")
@@ -108,7 +126,7 @@ def main(argv=None) -> int:
         for i in range(a.rounds):
             for with_big in ((False, True) if i % 2 == 0 else (True, False)):
                 r = asyncio.run(one_round(server.url, "m", a.streams, a.max_tokens, body if with_big else None,
-                                          a.delay))
+                                          a.delay, a.waves, a.wave_gap))
                 rounds.append({"round": i, "with_big_prompt": with_big, **r})
                 print(rounds[-1], flush=True)
         rss_after = rss_mib(server.pid)
@@ -117,7 +135,8 @@ def main(argv=None) -> int:
     tested = all(r["big_answered_while_streaming"] for r in rounds if r["with_big_prompt"])
     report = {"benchmark": "serve_stall", "hardware": hardware_label(), "date": today(),
               "load_average": os.getloadavg(), "server": " ".join(["python -m pagedattn.serve", *server_args]),
-              "commit": _commit(), "streams": a.streams, "max_tokens": a.max_tokens, "prompt_mb": a.prompt_mb, "delay_s": a.delay,
+              "commit": _commit(), "streams": a.streams, "waves": a.waves, "wave_gap_s": a.wave_gap,
+              "max_tokens": a.max_tokens, "prompt_mb": a.prompt_mb, "delay_s": a.delay,
               "max_gap_without_ms": max(without), "max_gap_with_ms": max(with_big),
               "big_answered_while_streaming": tested, "under_100_ms": tested and max(with_big) < 100,
               "rss_before_mib": rss_before, "rss_after_mib": rss_after, "rounds": rounds}
