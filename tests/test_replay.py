@@ -196,18 +196,26 @@ def test_time_limit_cancels_a_stream_that_the_server_holds(scripted):
 
 
 # ------------------------------------------------------------------------------------------------ a live server
+#: a chat template for the trained small OPT, which has none (the server answers chat requests with the tokenizer's)
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
 @pytest.fixture(scope="module")
 def opt_server(one_thread):
-    """(URL, AsyncEngine, tokenizer) of a paged server of the trained small OPT (it has a tokenizer)."""
+    """(URL, AsyncEngine, tokenizer) of a paged server of the trained small OPT, its tokenizer given a chat
+    template."""
     from transformers import AutoTokenizer
 
     from pagedattn.async_engine import AsyncEngine
     from pagedattn.serve import build_app, load_engine, serve_in_thread
 
-    engine = load_engine(OPT_STDLIB, "paged", num_slots=2048, block_size=16, max_model_len=512)
+    tokenizer = AutoTokenizer.from_pretrained(OPT_STDLIB)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    engine = load_engine(OPT_STDLIB, "paged", num_slots=2048, block_size=16, max_model_len=512, tokenizer=tokenizer)
     async_engine = AsyncEngine(engine, max_queued=100)
     with serve_in_thread(build_app(async_engine, OPT_STDLIB)) as url:
-        yield url, async_engine, AutoTokenizer.from_pretrained(OPT_STDLIB)
+        yield url, async_engine, tokenizer
 
 
 def test_sharegpt_text_end_to_end_with_max_concurrency_and_a_json_result(opt_server, tmp_path):
@@ -234,6 +242,24 @@ def test_sharegpt_text_end_to_end_with_max_concurrency_and_a_json_result(opt_ser
     assert saved["completed"] == 6 and saved["max_concurrency"] == 2 and saved["rate"] == "inf"
     assert set(saved["itl"]) == {"mean", "median", "std", "p50", "p90"} and saved["itl"]["p90"] >= saved["itl"]["p50"]
     assert (df["max_itl"].notna() == (df["tokens"] > 1)).all()  # one gap per token after the first
+
+
+def test_sharegpt_text_drives_the_chat_endpoint(opt_server, tmp_path):
+    url, async_engine, tokenizer = opt_server
+    out = tmp_path / "chat.csv"
+    summary = replay.main(["--url", url, "--endpoint", "chat", "--prompts", "sharegpt", "--num-requests", "4",
+                           "--rate", "50", "--burstiness", "2", "--scale", "16", "--max-tokens", "10",
+                           "--max-prompt-chars", "400", "--seed", "3", "--out", str(out)])
+    import pandas as pd
+
+    df = pd.read_csv(out)
+    assert summary["completed"] == 4 and (df["tokens"] == df["max_tokens"]).all()  # ignore_eos: every token
+    prompts = {r.request_id: r.prompt for r in replay.sharegpt_text_requests(4, 3, 16, 400, 10)}
+    templated = [tokenizer.apply_chat_template([{"role": "user", "content": prompts[i]}], add_generation_prompt=True,
+                                               tokenize=False) for i in df["request_id"]]
+    # the server's usage counts the prompt after its chat template
+    assert list(df["prompt_len"]) == [len(tokenizer(t, add_special_tokens=False).input_ids) for t in templated]
+    assert np.allclose(df["arrival"], replay.gamma_arrivals(4, 50, 2, 3))
 
 
 def test_token_id_trace_end_to_end_writes_the_latency_csv(opt_server, tmp_path):
