@@ -158,6 +158,13 @@ async def drive(url: str, pid: int, total: int, concurrency: int, time_limit: fl
     return counts
 
 
+def commit() -> str:
+    """The checked-out commit (``git rev-parse --short HEAD``), with ``+`` when the tree has uncommitted changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True).stdout.strip()
+    return git("rev-parse", "--short", "HEAD") + ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--num-requests", type=int, default=20_000)
@@ -185,8 +192,8 @@ def main(argv=None) -> int:
     server_errors = sum(v for k, v in counts.items() if k.startswith("5"))
     ok = alive and growth <= a.max_growth_mib and server_errors == 0 and not last.get("in_flight")
     report = {"benchmark": "serve_soak", "hardware": hardware_label(), "date": today(),
-              "load_average": os.getloadavg(), "server": " ".join(["python -m pagedattn.serve", *server_args]),
-              "server_process": "separate (its own PID; RSS from /proc/PID/status)",
+              "load_average": os.getloadavg(), "commit": commit(),
+              "server": " ".join(["python -m pagedattn.serve", *server_args]), "server_process": "separate (its own PID; RSS from /proc/PID/status)",
               "num_requests_asked": a.num_requests, "num_requests_sent": last["requests"],
               "stopped_by_time_limit": last["requests"] < a.num_requests, "time_limit_s": a.time_limit,
               "concurrency": a.concurrency, "seconds": time.perf_counter() - t0, "statuses": counts,

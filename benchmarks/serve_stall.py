@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_soak import ServerProcess, rss_mib  # noqa: E402  (the soak's server process and RSS reader)
+from serve_soak import ServerProcess, commit, rss_mib  # noqa: E402  (the soak's server process, commit and RSS)
 
 from pagedattn.replay import Request, replay  # noqa: E402
 
@@ -92,13 +92,6 @@ async def one_round(url: str, model: str, streams: int, max_tokens: int, big: by
     return out
 
 
-def _commit() -> str:
-    import subprocess
-
-    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=str(REPO / "models" / "opt-stdlib"))
@@ -135,7 +128,7 @@ def main(argv=None) -> int:
     tested = all(r["big_answered_while_streaming"] for r in rounds if r["with_big_prompt"])
     report = {"benchmark": "serve_stall", "hardware": hardware_label(), "date": today(),
               "load_average": os.getloadavg(), "server": " ".join(["python -m pagedattn.serve", *server_args]),
-              "commit": _commit(), "streams": a.streams, "waves": a.waves, "wave_gap_s": a.wave_gap,
+              "commit": commit(), "streams": a.streams, "waves": a.waves, "wave_gap_s": a.wave_gap,
               "max_tokens": a.max_tokens, "prompt_mb": a.prompt_mb, "delay_s": a.delay,
               "max_gap_without_ms": max(without), "max_gap_with_ms": max(with_big),
               "big_answered_while_streaming": tested, "under_100_ms": tested and max(with_big) < 100,
