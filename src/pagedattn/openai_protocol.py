@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from pagedattn.sequence import SamplingParams
 
@@ -129,7 +130,7 @@ def _max_tokens(body: dict, name: str, default: int | None) -> int | None:
 
 
 def _sampling(body: dict, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-    kw = {k: body[k] if body.get(k) is not None else default for k, default in SAMPLING_FIELDS.items()}
+    kw: dict[str, Any] = {k: body[k] if body.get(k) is not None else default for k, default in SAMPLING_FIELDS.items()}
     kw["stop_token_ids"] = kw["stop_token_ids"] or []
     kw["stop"] = kw["stop"] if kw["stop"] is not None else []
     if isinstance(kw["stop"], list) and len(kw["stop"]) > 16:
