@@ -357,8 +357,9 @@ def test_a_prompt_being_tokenized_does_not_hold_up_a_stream_in_flight(live, monk
     async def run():
         async with httpx.AsyncClient(base_url=url, timeout=120) as http:
             slow = asyncio.create_task(http.post("/v1/completions", json={"prompt": "the cat", "max_tokens": 3}))
-            while not entered.is_set():
+            while not entered.is_set() and not slow.done():
                 await asyncio.sleep(0.01)
+            assert entered.is_set(), "the text request never reached the tokenizer"
             chunks = []
             async with http.stream("POST", "/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 20,
                                                                      "ignore_eos": True, "stream": True}) as r:
@@ -415,7 +416,7 @@ def test_fuzzed_json_never_gets_a_500(live):
     raw_st = st.sampled_from([b"", b"{", b"[" * 5000, b'{"prompt": ' * 3000, b"1e999999", b"9" * 5000,
                               b'{"prompt": "' + b"\\ud800" * 100 + b'"}', b"\xff\xfe", b"null", b'"str"'])
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     @given(body=body_st, raw=st.none() | raw_st, chat=st.booleans(), depth=st.integers(0, 3))
     def check(body, raw, chat, depth):
         if isinstance(body.get("max_tokens"), int) and not isinstance(body["max_tokens"], bool):
