@@ -499,7 +499,7 @@ def load_engine(model, kv_manager: str = "paged", num_slots: int = 8192, block_s
     if swap_space and kv_manager.startswith("paged") and "num_cpu_blocks" not in engine_kw:
         import torch
 
-        dtype = engine_kw.get("dtype") or getattr(config, "torch_dtype", None) or torch.float32
+        dtype = engine_kw.get("dtype") or torch.float32  # the CPU engine's default; a smaller one: more blocks
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype, torch.float32)
         engine_kw["num_cpu_blocks"] = cpu_blocks_for(swap_space, config, block_size,
