@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator, Callable, Protocol
+from typing import Any, AsyncIterator, Callable, Protocol
 
 from pagedattn.engine import LLMEngine
 from pagedattn.sequence import RequestOutput, SamplingParams
@@ -104,7 +104,7 @@ class AsyncEngine:
 
     async def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         """A text's token ids, on the tokenizer's thread; ``ValueError`` without a tokenizer."""
-        tokenizer = self.engine.tokenizer
+        tokenizer: Any = self.engine.tokenizer
         if tokenizer is None:
             raise ValueError("a text prompt needs a tokenizer; this model has none: send token ids")
         return await self.run_tokenizer(lambda: list(tokenizer(prompt, add_special_tokens=add_special_tokens)

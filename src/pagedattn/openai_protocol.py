@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from pagedattn.sequence import SamplingParams
 
@@ -30,7 +31,8 @@ UNSUPPORTED = {"echo": (False, None), "suffix": (None, ""), "logit_bias": (None,
                "prediction": (None,), "chat_template": (None,), "chat_template_kwargs": (None, {}),
                "continue_final_message": (None, False), "skip_special_tokens": (None, True),
                "spaces_between_special_tokens": (None, True), "truncate_prompt_tokens": (None,),
-               "allowed_token_ids": (None,), "bad_words": (None, []), "logits_processors": (None, [])}
+               "allowed_token_ids": (None,), "bad_words": (None, []), "logits_processors": (None, []),
+               "parallel_tool_calls": (None,), "reasoning_effort": (None,), "web_search_options": (None,)}
 #: the most top log-probabilities per token a request may ask for (OpenAI allows 5 for completions, 20 for chat)
 MAX_LOGPROBS = 20
 ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -129,7 +131,7 @@ def _max_tokens(body: dict, name: str, default: int | None) -> int | None:
 
 
 def _sampling(body: dict, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-    kw = {k: body[k] if body.get(k) is not None else default for k, default in SAMPLING_FIELDS.items()}
+    kw: dict[str, Any] = {k: body[k] if body.get(k) is not None else default for k, default in SAMPLING_FIELDS.items()}
     kw["stop_token_ids"] = kw["stop_token_ids"] or []
     kw["stop"] = kw["stop"] if kw["stop"] is not None else []
     if isinstance(kw["stop"], list) and len(kw["stop"]) > 16:
@@ -153,6 +155,8 @@ def _stream_options(body: dict) -> tuple[bool, bool]:
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool) \
             or set(options) - {"include_usage", "continuous_usage_stats"}:
         raise RequestError("stream_options must be an object like {\"include_usage\": true}", "stream_options")
+    if options.get("continuous_usage_stats") not in (None, False):
+        raise RequestError("stream_options.continuous_usage_stats is not supported by this server", "stream_options")
     return stream, options.get("include_usage", False)
 
 

@@ -42,7 +42,7 @@ def apply_penalties(logits: Tensor, rows: list[SamplingRow], eos_token_ids: froz
     negative one, of every token in the prompt or the output (CTRL, Keskar et al. 2019; Hugging Face's
     ``RepetitionPenaltyLogitsProcessor``); ``frequency_penalty`` is subtracted once per occurrence of a token in the
     output, ``presence_penalty`` once if it occurs at all (OpenAI's definition)."""
-    todo = [i for i, r in enumerate(rows) if r.seq is not None and (
+    todo = [i for i, r in enumerate(rows) if r.params.processes_logits and r.seq is not None and (
         r.params.has_penalties or r.seq.get_output_len() < r.params.min_tokens)]
     if not todo:
         return logits

@@ -144,6 +144,8 @@ class SamplingParams:
         if not isinstance(self.include_stop_str_in_output, bool):
             raise ValueError(f"include_stop_str_in_output must be True or False, got "
                              f"{self.include_stop_str_in_output!r}")
+        # the sampler's hot path asks this of every row: a plain attribute, set once
+        self.processes_logits = self.has_penalties or self.min_tokens > 0
         if self.logprobs is not None:
             self.logprobs = _integer("logprobs", self.logprobs, 0)
             if self.logprobs > MAX_LOGPROBS:

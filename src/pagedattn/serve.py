@@ -29,6 +29,7 @@ import json
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -278,6 +279,7 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
     app = FastAPI(title="pagedattn", lifespan=lifespan)
     created = int(time.time())
     llm = engine.engine
+    tokenizer: Any = llm.tokenizer
     max_chars = max_prompt_chars if max_prompt_chars is not None else 32 * llm.max_model_len
     metrics = ServerMetrics(llm, model_name)
     engine.observer = metrics
@@ -305,7 +307,7 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
         return {"object": "list", "data": [card]}
 
     async def chat_ids(messages: list[dict], add_generation_prompt: bool) -> list[int]:
-        tok = llm.tokenizer
+        tok = tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise RequestError(f"the model {model_name!r} has no chat template (its tokenizer defines none), so it "
                                "cannot serve chat; use /v1/completions", "messages")
@@ -411,9 +413,9 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
             if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
                                                     and 0 <= t < llm.vocab_size for t in ids):
                 raise RequestError(f"tokens must be a list of token ids from 0 to {llm.vocab_size - 1}", "tokens")
-            if llm.tokenizer is None:
+            if tokenizer is None:
                 raise RequestError("this model has no tokenizer: its token ids have no text", "tokens")
-            text = await engine.run_tokenizer(lambda: llm.tokenizer.decode(ids))
+            text = await engine.run_tokenizer(lambda: tokenizer.decode(ids))
         except RequestError as e:
             return _error(e, e.status, param=e.param)
         return {"prompt": text}
@@ -497,7 +499,7 @@ def load_engine(model, kv_manager: str = "paged", num_slots: int = 8192, block_s
     if swap_space and kv_manager.startswith("paged") and "num_cpu_blocks" not in engine_kw:
         import torch
 
-        dtype = engine_kw.get("dtype") or getattr(config, "torch_dtype", None) or torch.float32
+        dtype = engine_kw.get("dtype") or torch.float32  # the CPU engine's default; a smaller one: more blocks
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype, torch.float32)
         engine_kw["num_cpu_blocks"] = cpu_blocks_for(swap_space, config, block_size,

@@ -13,6 +13,7 @@ outputs, per output token: vLLM v0's name; V1 calls it ``vllm:inter_token_latenc
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -61,7 +62,7 @@ class ServerMetrics:
     def __init__(self, engine: LLMEngine, model_name: str) -> None:
         self.registry = CollectorRegistry()
         self.label = model_name
-        kw = {"labelnames": ["model_name"], "registry": self.registry}
+        kw: dict[str, Any] = {"labelnames": ["model_name"], "registry": self.registry}
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of the finished requests.", **kw)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", **kw)
         self.success = Counter("vllm:request_success", "Finished requests, by finish reason.",
