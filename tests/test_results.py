@@ -68,6 +68,12 @@ def test_bad_claims_name_the_field(bad, match):
         Claim("x", 1, 1, **bad)
 
 
+@pytest.fixture(autouse=True)
+def _no_calibration_replay(monkeypatch):
+    """``reproduce``'s calibration replay (a second or two per notebook) is tested once, in the run.json test."""
+    monkeypatch.setenv(reproduce.CALIBRATION_ENV, "0")
+
+
 @pytest.fixture
 def fake_notebooks(tmp_path, monkeypatch):
     """Three fake notebooks; the runner writes a summary.json for each, except 02_b, which fails."""
@@ -266,8 +272,9 @@ def test_replace_blocks_rewrites_between_markers_and_needs_them():
 
 # --- timing record (issue 26, part 3) and --jobs / --scheduler ---------------------------------------------------
 
-def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebooks):
+def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebooks, monkeypatch):
     ran, fake_run = fake_notebooks
+    monkeypatch.setenv(reproduce.CALIBRATION_ENV, "1")
     fake_run.fail = False
     out = tmp_path / "results"
     assert reproduce.main(["--results-dir", str(out), "--jobs", "3"]) == 0

@@ -161,12 +161,20 @@ def write_run_record(out_dir: Path, notebook: str, timing: dict, jobs: int, sche
 #: on an A100-40GB, paged), the fastest of ``CALIBRATION_REPEATS``.
 CALIBRATION_REPLAY = "sim_speed online.paged: 1,000 ShareGPT requests at 5 req/s, paged, OPT-13B/A100-40GB"
 CALIBRATION_REPEATS = 3
+#: The environment variable that sets the calibration's repeats (0: none, ``run.json`` records ``null``); the test
+#: suite's fake notebooks take seconds, and their runs need no calibration each.
+CALIBRATION_ENV = "PAGEDATTN_CALIBRATION_REPEATS"
 
 
-def calibration_replay(repeats: int = CALIBRATION_REPEATS) -> dict:
-    """The wall and CPU seconds (the fastest of ``repeats``) of one fixed simulator replay (``CALIBRATION_REPLAY``),
-    so that a run record tells a slow hour of the machine from a slower notebook; the same replay at another hour
-    of the same commit takes the same steps, so only the machine's speed moves it."""
+def calibration_replay(repeats: int | None = None) -> dict | None:
+    """The wall and CPU seconds (the fastest of ``repeats``, by default ``$PAGEDATTN_CALIBRATION_REPEATS`` or
+    ``CALIBRATION_REPEATS``) of one fixed simulator replay (``CALIBRATION_REPLAY``), so that a run record tells a slow
+    hour of the machine from a slower notebook; the same replay at another hour of the same commit takes the same
+    steps, so only the machine's speed moves it. ``None`` with no repeats."""
+    if repeats is None:
+        repeats = int(os.environ.get(CALIBRATION_ENV, CALIBRATION_REPEATS))
+    if repeats < 1:
+        return None
     from pagedattn.repro.sim import simulate
     from pagedattn.repro.workloads import make_trace
 
