@@ -159,10 +159,12 @@ async def drive(url: str, pid: int, total: int, concurrency: int, time_limit: fl
 
 
 def commit() -> str:
-    """The checked-out commit (``git rev-parse --short HEAD``), with ``+`` when the tree has uncommitted changes."""
+    """The checked-out commit (``git rev-parse --short HEAD``), with ``+`` when the code (``src/``, ``benchmarks/``)
+    has uncommitted changes (not the results the benchmarks write)."""
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True).stdout.strip()
-    return git("rev-parse", "--short", "HEAD") + ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "src", "benchmarks")
+    return git("rev-parse", "--short", "HEAD") + ("+" if dirty else "")
 
 
 def main(argv=None) -> int:
