@@ -12,7 +12,10 @@ once the server reports nothing in flight (``/health``), it records the server's
 the server is idle at the end and its RSS after the first tenth (the warm-up: allocator pools, compiled kernels) grew
 by at most ``--max-growth-mib``. ``--time-limit`` bounds the run: the soak then stops at the end of the tenth under way
 and records how many requests it sent (``num_requests_sent``), never the number asked for.
-Writes ``results/benchmarks/serve_soak.json`` (hardware and date labelled) unless ``--out`` says otherwise.
+Writes ``results/benchmarks/serve_soak.json`` (hardware, date and commit labelled) unless ``--out`` says otherwise.
+Measured on the 2-core VM (2026-12-04, 09fe837, load average 4-5 from other jobs): all 20,000 requests in 64 s, no
+5xx; the server's RSS 785.0 MiB at start, 798.5 after the first tenth, 798.7 at the end. Its RSS at start includes the
+CPU swap pool the server zero-fills (``--swap-space``, default 4 GiB, capped at the batch limit's full length).
 """
 from __future__ import annotations
 

@@ -13,6 +13,15 @@ limits) and the server's RSS before and after are recorded too. A round in which
 request and its answer had no stream in flight did not test that moment, and says so (``big_window_streamed_share``,
 ``big_answered_while_streaming``); ``--waves`` sends the streams again every ``--wave-gap`` s, to keep streams in
 flight through a slow refusal (a prompt let past the limits, ``--server-args``, to time its tokenizing).
+
+Measured on the 2-core VM shared with other jobs (2026-12-04, 09fe837, load average 3.6-4.9; JSONs in
+``results/benchmarks/``): with the server's default limits the 5 MB prompt gets a 400 from ``--max-prompt-chars`` in
+0.06-0.07 s, and the longest gap was 38.7-48.0 ms with it against 22.4-45.1 ms alone (3 rounds each). With the limits
+raised so that it is tokenized (``--server-args "--max-prompt-chars 6000000 --max-body-bytes 20000000" --streams 6
+--max-tokens 400 --waves 10 --wave-gap 2``; 1.7M tokens, refused after 6.6 s for the context length), 159.5-195.8 ms
+against 26.3-59.5 ms alone; earlier runs read 281-323 ms and, under heavier load (tokenizing 16-18 s), 2.0-2.1 s. The
+tokenizer runs on its own thread but the GIL is not free throughout: tokenizing the same 5 MB in one process, a
+thread that sleeps 1 ms at a time saw a longest gap of 185 ms.
 """
 from __future__ import annotations
 
