@@ -198,7 +198,8 @@ def main(argv=None) -> int:
     ok = alive and growth <= a.max_growth_mib and server_errors == 0 and not last.get("in_flight")
     report = {"benchmark": "serve_soak", "hardware": hardware_label(), "date": today(),
               "load_average": os.getloadavg(), "commit": commit(),
-              "server": " ".join(["python -m pagedattn.serve", *server_args]), "server_process": "separate (its own PID; RSS from /proc/PID/status)",
+              "server": " ".join(["python -m pagedattn.serve", *server_args]),
+              "server_process": "separate (its own PID; RSS from /proc/PID/status)",
               "num_requests_asked": a.num_requests, "num_requests_sent": last["requests"],
               "stopped_by_time_limit": last["requests"] < a.num_requests, "time_limit_s": a.time_limit,
               "concurrency": a.concurrency, "seconds": time.perf_counter() - t0, "statuses": counts,
