@@ -62,7 +62,7 @@ reproduce: $(STAMP) fastsim
 
 ## Regenerate results/SUMMARY.md and README.md's generated blocks from the summary.json and run.json files present.
 summary: $(STAMP)
-	$(BIN)/python -m pagedattn.repro.results
+	$(BIN)/python -m pagedattn.repro.readme
 
 ## Open JupyterLab on the notebooks with the pagedattn (.venv) kernel (LAB_ARGS="--no-browser" etc. go to JupyterLab).
 lab: $(STAMP)

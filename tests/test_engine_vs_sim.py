@@ -1,17 +1,20 @@
-"""The real engine and the simulator make the same scheduling decisions, step by step (issue 27): both run the same
-``Scheduler`` and KV manager, and both hand a step's results to ``Scheduler.update_from_output``; only the forward
-pass differs (a model, or a step-time model). The engine's model here is a tiny OPT whose LM head is all zeros, so
-greedy decoding emits token 0, the simulator's dummy token, and automatic prefix caching hashes the same tokens.
+"""The real engine and the simulator make the same scheduling decisions, step by step (issues 27, 49): both are the
+engine core (``core.EngineCore``) over the same ``Scheduler`` and KV manager; only the executor differs (a model, or a
+step-time model). The engine's model here is a tiny OPT whose LM head is all zeros, so greedy decoding emits token 0,
+the simulator's dummy token, and automatic prefix caching hashes the same tokens.
 
 Every request arrives at t = 0 (the engine's clock and the simulator's differ; with no arrivals in between, the
-decisions depend on the queues alone) and generates its trace's output length (``ignore_eos``). Each step's plan is
-compared: its kind, the requests it runs, preempts, swaps out and in, the number of block copies, and the queues."""
+decisions depend on the queues alone) and generates its trace's output length (``ignore_eos``). Each step's record
+(``core.StepMetrics``) is compared: its kind, the sequences and requests it runs, its tokens, the blocks in use and
+the context slots read, what it preempts, swaps and copies, and the queues. The simulator runs with its fast path on
+(runs of steady decode steps, taken without planning each), as every replay of the results does: its records must
+still equal the engine's, which plans every step."""
 import pytest
 import torch
 
-from pagedattn.memory.interface import num_copied
+from pagedattn import core
+
 from pagedattn.repro.experiments.common import make_engine, tiny_opt
-from pagedattn.scheduler import Scheduler
 from pagedattn.sequence import SamplingParams
 from pagedattn.repro.sim import simulate
 from pagedattn.repro.workloads import TraceRequest, synthetic_prompt
@@ -40,30 +43,14 @@ def trace(num_requests: int, shared_prefix: int, seed: int) -> tuple[list[TraceR
     return reqs, prompts
 
 
-def plan(out, sched) -> tuple:
-    return ("prefill" if out.is_prefill else "decode", tuple(g.request_id for g in out.scheduled_groups),
-            tuple(g.request_id for g in out.preempted), tuple(g.request_id for g in out.ignored),
-            len(out.blocks_to_swap_out), len(out.blocks_to_swap_in), num_copied(out.blocks_to_copy),
-            len(sched.running), len(sched.waiting), len(sched.swapped))
+#: the fields of a step's record that the executor does not decide (its clock and duration do)
+FIELDS = ("step", "kind", "batch_size", "num_groups", "num_prefill_tokens", "num_batched_tokens", "blocks_used",
+          "slots_filled", "num_preempted", "num_blocks_swapped", "num_blocks_copied", "num_running", "num_waiting",
+          "num_swapped", "memory_bound")
 
 
-@pytest.fixture
-def record_plans(monkeypatch, interpreted_simulator):
-    """Every ``Scheduler.schedule`` call's plan, per scheduler."""
-    plans: dict[int, list] = {}
-    schedule = Scheduler.schedule
-
-    def recording(self):
-        out = schedule(self)
-        if not out.is_empty():
-            plans.setdefault(id(self), []).append(plan(out, self))
-        return out
-
-    monkeypatch.setattr(Scheduler, "schedule", recording)
-    # the simulator schedules every step here: it takes steady decode steps as runs without scheduling each
-    # (``Scheduler.steady_decode_steps``), with the same results (tests/test_sim_golden.py), but no plan to compare
-    monkeypatch.setattr(Scheduler, "steady_decode_steps", lambda self, limit, seqs: 0)
-    return plans
+def record(m) -> tuple:
+    return tuple(getattr(m, f) for f in FIELDS)
 
 
 CASES = {  # name: (system, preemption mode, CPU blocks, shared prefix, automatic prefix caching, KV slots)
@@ -75,8 +62,21 @@ CASES = {  # name: (system, preemption mode, CPU blocks, shared prefix, automati
 }
 
 
+@pytest.fixture
+def sim_cores(monkeypatch, interpreted_simulator):
+    """The engine cores that replays build (``simulate`` keeps no step records but its frame's columns)."""
+    cores = []
+    init = core.EngineCore.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        cores.append(self)
+    monkeypatch.setattr(core.EngineCore, "__init__", spy)
+    return cores
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_engine_and_simulator_schedule_alike(name, record_plans, one_thread):
+def test_engine_and_simulator_schedule_alike(name, sim_cores, one_thread):
     system, mode, cpu_blocks, prefix, caching, num_slots = CASES[name]
     reqs, prompts = trace(24, prefix, seed=len(name))
     block_size, max_len = 8, 128
@@ -92,14 +92,17 @@ def test_engine_and_simulator_schedule_alike(name, record_plans, one_thread):
     while engine.has_unfinished_requests():
         for o in engine.step(finished_only=True):
             outputs[o.request_id] = o
-    sim_plans, engine_plans = record_plans.values()
-    assert len(engine_plans) == len(sim_plans) == len(sim.steps)
-    for i, (a, b) in enumerate(zip(sim_plans, engine_plans)):
-        assert a == b, f"step {i}: simulator {a} vs engine {b}"
+    sim_metrics = sim_cores[0].steps
+    sim_steps, engine_steps = [record(m) for m in sim_metrics], [record(m) for m in engine.step_metrics]
+    assert len(engine_steps) == len(sim_steps) == len(sim.steps)
+    for a, b in zip(sim_steps, engine_steps):
+        assert a == b, f"simulator {a} vs engine {b} ({FIELDS})"
+    if not caching:
+        assert sim.steps_in_runs > 0, "the simulator took no runs: its fast path is untested here"
     if mode == "swap":
-        assert any(p[4] for p in sim_plans), "no swap happened: the case does not test swapping"
+        assert any(m.num_blocks_swapped for m in sim_metrics), "no swap happened: the case does not test swapping"
     else:
-        assert any(p[2] for p in sim_plans) or system != "paged", "no preemption: the case does not test it"
+        assert any(m.num_preempted for m in sim_metrics) or system != "paged", "no preemption: the case does not test it"
     if caching:
         assert sim.prefix_hit_rate and sim.prefix_hit_rate == engine.kv.stats().prefix_hit_rate
     assert all(o.outputs[0].token_ids == [0] * r.output_len for r in reqs for o in [outputs[r.request_id]])

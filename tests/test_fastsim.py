@@ -7,7 +7,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pagedattn.repro import fastsim
+from pagedattn.repro import fastsim, sim
 from pagedattn.repro.sim import BeamModel, CostModel, simulate
 from pagedattn.repro.workloads import TraceRequest
 
@@ -59,7 +59,7 @@ def test_a_missing_stale_or_foreign_build_is_not_used(tmp_path, monkeypatch, fre
     fastsim.status.cache_clear()
     assert fastsim.status() == (None, f"{fastsim.ENV}=0")
     trace = [TraceRequest("a", 0.0, 20, 5)]
-    assert fastsim.replay({"trace": trace}) is None
+    assert fastsim.replay({"trace": trace}, sim) is None
     assert simulate(trace, "paged", 640).requests.finish_time.notna().all()  # interpreted
 
 

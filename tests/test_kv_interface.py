@@ -4,11 +4,13 @@ import pytest
 
 from pagedattn.memory import AllocStatus, BlockManager, KVManager
 from pagedattn.memory.contiguous import ContiguousKVManager
-from pagedattn.memory.interface import copy_pairs, num_copied
+from pagedattn.memory.interface import KVAllocator, KVInspector, KVLayout, copy_pairs, num_copied
 from pagedattn.sequence import SequenceGroup
 from seq_groups import admit, make_group
 
-MEMBERS = sorted(n for n in [*vars(KVManager), *KVManager.__annotations__] if not n.startswith("_"))
+#: every member of the three views that make up ``KVManager`` (the scheduler's, the executor's, the inspector's)
+VIEWS = (KVAllocator, KVLayout, KVInspector)
+MEMBERS = sorted({n for view in VIEWS for n in [*vars(view), *view.__annotations__] if not n.startswith("_")})
 
 
 def group(rid: str, seq_ids: list[int], prompt_len: int, max_tokens: int = 8) -> SequenceGroup:
@@ -17,7 +19,8 @@ def group(rid: str, seq_ids: list[int], prompt_len: int, max_tokens: int = 8) ->
 
 @pytest.mark.parametrize("kv", [BlockManager(4, 16), ContiguousKVManager(64, "oracle", max_model_len=64)])
 def test_both_managers_implement_every_member(kv):
-    assert "block_size" in MEMBERS and "never_reason" in MEMBERS and "fork_into" in MEMBERS
+    assert "block_size" in MEMBERS and "never_reason" in MEMBERS and "slot_mapping" in MEMBERS and \
+        "pool_counts" in MEMBERS and all(view in KVManager.__mro__ for view in VIEWS)
     missing = [n for n in MEMBERS if not hasattr(kv, n)]
     assert not missing
 

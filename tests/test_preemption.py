@@ -95,11 +95,11 @@ class SwapSpy:
         engine.scheduler.schedule = self.schedule
         engine.runner.move_blocks = self.move_blocks
 
-    def schedule(self):
+    def schedule(self, now: float = 0.0):
         kv = self.kv
         self.before = {s: (list(t.blocks), t.device, [kv._pool(t.device).block_hash.get(b) for b in t.blocks])
                        for s, t in kv.tables.items()}
-        self.out = self._schedule()
+        self.out = self._schedule(now)
         return self.out
 
     def check_moved(self, seqs: list[int], m: dict[int, int], dst, cow: dict[int, int]) -> None:

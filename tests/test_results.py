@@ -231,14 +231,14 @@ def test_check_cli_exits_1_on_stale_results(monkeypatch, capsys):
 def test_committed_summary_md_is_what_pagedattn_results_writes():
     """CI: results/SUMMARY.md is generated, staleness included (regenerate: python -m pagedattn.repro.results)."""
     assert (RESULTS_DIR / "SUMMARY.md").read_text() == render_summary_md(), \
-        "results/SUMMARY.md is out of date: run `python -m pagedattn.repro.results` and commit it"
+        "results/SUMMARY.md is out of date: run `python -m pagedattn.repro.readme` (make summary) and commit it"
 
 
 # --- README blocks (issue 26, part 5) ----------------------------------------------------------------------------
 
 def test_committed_readme_blocks_are_what_pagedattn_results_writes():
     assert (REPO_ROOT / "README.md").read_text() == readme.render_readme(), \
-        "README.md's generated blocks are out of date: run `python -m pagedattn.repro.results` and commit it"
+        "README.md's generated blocks are out of date: run `python -m pagedattn.repro.readme` (make summary) and commit it"
 
 
 def test_every_headline_pattern_matches_a_committed_claim():

@@ -379,15 +379,26 @@ def test_advance_does_what_as_many_rounds_of_append_slots_do(kind):
     a.check_invariants()
 
 
+def fill(out, now: float, stop=None) -> ModelOutput:
+    """A simulator's step output: a dummy token for every running sequence of the plan ``out``."""
+    return ModelOutput(tokens=[(q, g, 0, 0.0) for g in out.scheduled_groups for q in g.get_seqs("running")], now=now,
+                       stop=stop)
+
+
+def step(s: Scheduler, now: float) -> list:
+    out = s.schedule(now)
+    return s.update_from_output(out, fill(out, now))
+
+
 def test_no_run_where_the_next_step_could_copy_admit_or_swap():
     kv = BlockManager(block_size=4, num_gpu_blocks=40, watermark=0.0)
     s = Scheduler(SchedulerConfig(max_num_seqs=2, max_model_len=64), kv)
     s.add(group(0, 6, max_tokens=30))
-    s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=1.0))
+    step(s, 1.0)
     assert s.steady_decode_steps(10, s.running_seqs()) == 10  # alone, nobody waiting
     s.add(group(1, 6, max_tokens=30))
     assert s.steady_decode_steps(10, s.running_seqs()) == 0  # the next step admits r1
-    s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=2.0))
+    step(s, 2.0)
     s.add(group(2, 6))
     assert s.steady_decode_steps(10, s.running_seqs()) == 10  # r2 waits for a seat (max_num_seqs=2) until a finish
     kv.fork(0, 99)  # a shared last block: the next append copies it
@@ -403,8 +414,8 @@ def test_advance_appends_the_tokens_and_caches_all_but_the_last():
     kv = BlockManager(block_size=4, num_gpu_blocks=40, watermark=0.0)
     s = Scheduler(SchedulerConfig(max_model_len=64), kv)
     s.add(group(0, 6, max_tokens=30, n=2))
-    s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=1.0))
-    s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=2.0))  # copy-on-write done: own last blocks
+    step(s, 1.0)
+    step(s, 2.0)  # copy-on-write done: own last blocks
     assert s.steady_decode_steps(50, s.running_seqs()) == 50
     kv.advance(s.running_seqs(), 5)  # the caller takes the slots (``KVManager.advance``)
     s.advance(5, 7, s.running_seqs())
@@ -425,7 +436,7 @@ def test_a_runs_last_step_is_planned_as_schedule_plans_it_and_may_finish():
         for i, out_len in enumerate((3, 9)):
             s.add(group(i, 6, max_tokens=out_len))
         s.add(group(2, 6))  # waits for a seat until r0 finishes
-        s.update_from_output(s.schedule(), ModelOutput(fill_token=0, now=1.0))
+        step(s, 1.0)
         assert s.steady_decode_steps(2, s.running_seqs()) == 2
         kv.advance(s.running_seqs(), 1)
         s.advance(1, 0, s.running_seqs())
@@ -434,7 +445,7 @@ def test_a_runs_last_step_is_planned_as_schedule_plans_it_and_may_finish():
         out = s.schedule_steady() if steady else s.schedule()
         plans.append(([g.request_id for g in out.decode_groups], out.blocks_to_copy, out.prefill_groups,
                       [kv.block_table(i) for i in (0, 10)], [kv.num_tokens(i) for i in (0, 10)]))
-        done = s.update_from_output(out, ModelOutput(fill_token=0, now=3.0, stop=lambda q, g: (
+        done = s.update_from_output(out, fill(out, 3.0, stop=lambda q, g: (
             "length" if q.get_output_len() >= g.sampling_params.max_tokens else None)))
         assert [g.request_id for g in done] == ["r0"] and done[0].metrics.finish_time == 3.0
         assert [g.request_id for g in s.running] == ["r1"] and s.waiting[0].request_id == "r2"

@@ -151,8 +151,8 @@ def results(path: str = "interpreted") -> dict:
 
     status, replay, fell_back = fastsim.status, fastsim.replay, []
 
-    def compiled_only(args):
-        r = replay(args)
+    def compiled_only(args, sim):
+        r = replay(args, sim)
         if r is None:
             fell_back.append(args.get("system"))
         return r

@@ -1,12 +1,15 @@
 """The serving engine (paper §4, Fig. 4): ``LLMEngine`` (add_request / step / abort).
 
-One ``step()`` is one iteration of iteration-level batching (§4.5), in three parts: the ``Scheduler`` picks the groups
-to run and the block moves (swap, copy-on-write); the ``ModelRunner`` performs the moves and one forward pass through
-the paged KV cache (§4.1); the ``Sampler`` picks one token per sequence (§4.4 for n > 1 and beams), the scheduler
-applies them (``update_from_output``: tokens, stops, beam forks, freeing finished sequences' blocks), and the
-``OutputProcessor`` builds the outputs. Prefill and decode steps never mix (vLLM v0).
-Names and behaviour follow vLLM. The KV manager is any ``memory.KVManager`` (paged by default; Orca's contiguous one
-for the baselines). The ``LLM`` facade is in ``pagedattn.llm``; model loading in ``pagedattn.model.loader``.
+One ``step()`` is one iteration of iteration-level batching (§4.5), taken by the engine core (``core.EngineCore``):
+the ``Scheduler`` plans it (the groups to run, the block moves: swap, copy-on-write); the ``ModelExecutor`` performs
+the moves and one forward pass through the paged KV cache (§4.1) and samples one token per sequence (§4.4 for n > 1
+and beams); the scheduler applies them (``update_from_output``: tokens, stops, beam forks, freeing finished
+sequences' blocks). The ``OutputProcessor`` then builds the outputs. Prefill and decode steps never mix (vLLM v0).
+The simulator runs the same core with a simulated executor (``repro.sim``).
+
+Names and behaviour follow vLLM. The KV manager is a system's (``EngineArgs.kv_manager``, ``memory.systems``: paged by
+default, Orca's contiguous reservations and static batching for the baselines), or one passed built. The ``LLM``
+facade is in ``pagedattn.llm``; model loading in ``pagedattn.model.loader``.
 
 Bad input is isolated per request: ``add_request`` raises ``ValueError`` naming the limit (empty prompt, prompt over
 ``max_model_len``, more blocks than the whole pool, unknown token or stop id, ...).
@@ -18,31 +21,41 @@ import time
 import warnings
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Literal, cast
 
 import torch
 
 from pagedattn import beam_search, kernels
 from pagedattn.config import SchedulerConfig
 from pagedattn.cpuinfo import bf16_in_hardware
-from pagedattn.executor import ModelRunner, StepResult
-from pagedattn.memory import AllocStatus, BlockManager, KVManager
-from pagedattn.memory.interface import num_copied
+from pagedattn.config import check_block_size
+from pagedattn.core import EngineCore, StepMetrics
+from pagedattn.executor import ModelExecutor, ModelRunner
+from pagedattn.memory import AllocStatus, KVManager
+from pagedattn.memory.systems import SYSTEMS, is_static, make_kv_manager
 from pagedattn.model.loader import eos_token_ids, load_for_engine
 from pagedattn.output_processor import OutputProcessor
 from pagedattn.sampling import Sampler, make_generator
-from pagedattn.scheduler import Scheduler, SchedulerOutputs
+from pagedattn.scheduler import Scheduler
 from pagedattn.sequence import RequestOutput, SamplingParams, Sequence, SequenceGroup, as_int, as_token_ids
 
 
 @dataclass
 class EngineArgs:
-    """Engine configuration (vLLM's names). ``num_gpu_blocks=None`` sizes the device pool from ``kv_cache_memory``
-    bytes (default: 80 % of free GPU memory on CUDA, 256 MiB on the CPU), capped at ``max_num_seqs`` full-length
-    sequences. ``num_cpu_blocks=None`` gives swap mode as many CPU blocks as device blocks (recompute: none)."""
+    """Engine configuration (vLLM's names where vLLM has the setting).
 
-    block_size: int = 16
+    ``kv_manager``: the system (``memory.systems.SYSTEMS``: ``paged``; ``orca_max`` / ``orca_pow2`` /
+    ``orca_oracle``; ``static``, FasterTransformer's static batching over Orca (Max)'s reservation), or a KV manager
+    passed built to ``LLMEngine``. The KV budget: ``num_slots`` token slots, the same for every system (§6.1 holds
+    it fixed), or ``num_gpu_blocks`` blocks of ``block_size`` (default 16) tokens, or as many as ``kv_cache_memory``
+    bytes hold (default: 80 % of free GPU memory on CUDA, 256 MiB on the CPU), capped at ``max_num_seqs``
+    full-length sequences. ``num_cpu_blocks=None`` gives swap mode as many CPU blocks as device blocks (recompute:
+    none). Options that size or configure the KV manager are refused, naming them, when it is passed built."""
+
+    kv_manager: str = "paged"
+    block_size: int | None = None
     num_gpu_blocks: int | None = None
+    num_slots: int | None = None
     kv_cache_memory: int | None = None
     num_cpu_blocks: int | None = None
     max_num_seqs: int = 256
@@ -60,60 +73,45 @@ class EngineArgs:
     threads: int | None = None
 
 
+#: ``EngineArgs``' options that size or configure a KV manager: refused with one passed built
+KV_OPTIONS = ("block_size", "num_gpu_blocks", "num_slots", "kv_cache_memory", "num_cpu_blocks")
+
+
 class StepMetricsRing(deque):
-    """``LLMEngine.step_metrics``: the last ``maxlen`` steps' ``StepMetrics``, oldest first. A bounded ring, so
-    that a server running for days keeps a fixed amount; it also takes slices (``ring[-10:]``) as a list did."""
+    """``LLMEngine.step_metrics``: the last ``maxlen`` steps' ``core.StepMetrics``, oldest first. A bounded ring, so
+    that a server running for days keeps a fixed amount; it also takes slices (``ring[-10:]``) as a list does."""
 
     def __getitem__(self, key):
         return list(self)[key] if isinstance(key, slice) else super().__getitem__(key)
 
 
-@dataclass
-class StepMetrics:
-    """One engine step. ``slots_filled`` counts the batch's context tokens (K/V held in the cache); ``blocks_used``
-    is the device pool's used blocks (slots / block size for a contiguous manager)."""
-
-    step: int
-    kind: str  # "prefill" | "decode"
-    batch_size: int  # sequences computed
-    num_prefill_tokens: int
-    num_batched_tokens: int
-    blocks_used: int
-    slots_filled: int
-    num_preempted: int
-    num_blocks_swapped: int
-    num_blocks_copied: int
-    step_time: float
-    forward_time: float
-    num_running: int = 0  # groups in the scheduler's queues at the end of the step
-    num_waiting: int = 0
-    num_swapped: int = 0
-
-    @property
-    def overhead_time(self) -> float:
-        """Time outside the model forward: scheduling, block tables, block moves, sampling, outputs."""
-        return self.step_time - self.forward_time
-
-
-def make_block_manager(args: EngineArgs, config, dtype: torch.dtype, device: torch.device, max_model_len: int
-                       ) -> BlockManager:
-    """The default paged KV manager: ``num_gpu_blocks``, or as many blocks as ``kv_cache_memory`` bytes hold (80 %
-    of free GPU memory on CUDA, 256 MiB on the CPU), at most ``max_num_seqs`` full-length sequences."""
-    num_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    elem = torch.empty((), dtype=dtype).element_size()
-    block_bytes = 2 * config.num_hidden_layers * num_kv * head_dim * args.block_size * elem
-    blocks = args.num_gpu_blocks
-    if blocks is None:
-        budget = args.kv_cache_memory
-        if budget is None:
-            budget = int(0.8 * torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" else 256 << 20
-        cap = args.max_num_seqs * -(-max_model_len // args.block_size)
-        blocks = max(1, min(budget // block_bytes, cap))
+def make_kv(args: EngineArgs, config, dtype: torch.dtype, device: torch.device, max_model_len: int) -> KVManager:
+    """The KV manager of ``args.kv_manager`` (``memory.systems.make_kv_manager``) over the budget of ``args``:
+    ``num_slots``, or ``num_gpu_blocks`` blocks, or as many blocks as ``kv_cache_memory`` bytes hold (80 % of free
+    GPU memory on CUDA, 256 MiB on the CPU), at most ``max_num_seqs`` full-length sequences."""
+    if args.num_slots is not None and args.num_gpu_blocks is not None:
+        raise ValueError("give the KV budget once: num_slots or num_gpu_blocks, not both")
+    block_size = 16 if args.block_size is None else args.block_size
+    check_block_size(block_size)
+    slots = args.num_slots
+    if slots is None:
+        blocks = args.num_gpu_blocks
+        if blocks is None:
+            num_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            elem = torch.empty((), dtype=dtype).element_size()
+            block_bytes = 2 * config.num_hidden_layers * num_kv * head_dim * block_size * elem
+            budget = args.kv_cache_memory
+            if budget is None:
+                budget = int(0.8 * torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" else 256 << 20
+            cap = args.max_num_seqs * -(-max_model_len // block_size)
+            blocks = max(1, min(budget // block_bytes, cap))
+        slots = blocks * block_size
     cpu = args.num_cpu_blocks
     if cpu is None:
-        cpu = blocks if args.preemption_mode == "swap" else 0
-    return BlockManager(args.block_size, blocks, cpu, args.watermark, max_model_len, args.enable_prefix_caching)
+        cpu = slots // block_size if args.preemption_mode == "swap" and args.kv_manager == "paged" else 0
+    return make_kv_manager(args.kv_manager, slots, block_size, max_model_len, cpu, args.watermark,
+                           enable_prefix_caching=args.enable_prefix_caching)
 
 
 def tokenize(prompt, tokenizer) -> tuple[str | None, list[int]]:
@@ -149,10 +147,32 @@ def check_request(token_ids: list[int], params: SamplingParams, vocab_size: int,
 
 
 class LLMEngine:
-    """Continuous batching over a paged KV cache (or any ``KVManager``)."""
+    """Continuous batching over a paged KV cache (or any system's KV manager): the engine core
+    (``core.EngineCore``) with a model executor (``executor.ModelExecutor``). The keyword arguments are
+    ``EngineArgs``' fields; ``kv_manager`` is a system's name or a KV manager passed built."""
 
-    def __init__(self, model, tokenizer=None, kv_manager: KVManager | None = None, **kwargs) -> None:
-        self.args = args = EngineArgs(**kwargs)
+    def __init__(self, model, tokenizer=None, kv_manager: str | KVManager = "paged", *, block_size: int | None = None,
+                 num_gpu_blocks: int | None = None, num_slots: int | None = None, kv_cache_memory: int | None = None,
+                 num_cpu_blocks: int | None = None, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
+                 preemption_mode: Literal["recompute", "swap"] = "recompute", watermark: float = 0.01,
+                 attention_backend: str = "auto", device: str | None = None, dtype: Any = None,
+                 enable_prefix_caching: bool = False, max_step_metrics: int | None = 10_000,
+                 threads: int | None = None) -> None:
+        built = None if isinstance(kv_manager, str) else kv_manager
+        self.args = args = EngineArgs(
+            "paged" if built is not None else cast(str, kv_manager), block_size, num_gpu_blocks, num_slots,
+            kv_cache_memory, num_cpu_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, preemption_mode,
+            watermark, attention_backend, device, dtype, enable_prefix_caching, max_step_metrics, threads)
+        if built is not None:
+            given = [f"{k}={getattr(args, k)!r}" for k in KV_OPTIONS if getattr(args, k) is not None
+                     and not (k == "block_size" and args.block_size == built.block_size)]
+            given += ["enable_prefix_caching=True"] if args.enable_prefix_caching else []
+            if given:
+                raise ValueError(f"{', '.join(given)} would be ignored: the KV manager was passed built (block size "
+                                 f"{built.block_size}); give them to its constructor, or pass kv_manager by name")
+        elif args.kv_manager not in SYSTEMS:
+            raise ValueError(f"unknown system kv_manager={args.kv_manager!r}; known: {list(SYSTEMS)}")
         if args.threads is not None:
             if args.threads < 1:
                 raise ValueError(f"threads={args.threads}: at least one thread")
@@ -168,24 +188,39 @@ class LLMEngine:
         config: Any = self.model.config  # a transformers config
         self.vocab_size = config.vocab_size
         self.max_model_len = min(args.max_model_len or config.max_position_embeddings, config.max_position_embeddings)
-        self.kv: KVManager = kv_manager if kv_manager is not None else \
-            make_block_manager(args, config, self.dtype, self.device, self.max_model_len)
+        self.kv: KVManager = built if built is not None else \
+            make_kv(args, config, self.dtype, self.device, self.max_model_len)
         max_tokens = args.max_num_batched_tokens or max(self.max_model_len, 2048)
         self.scheduler = Scheduler(SchedulerConfig(args.max_num_seqs, max_tokens, self.max_model_len,
-                                                   args.preemption_mode), self.kv)
+                                                   args.preemption_mode), self.kv,
+                                   static_batching=is_static(args.kv_manager))
         self.backend = kernels.get_backend(args.attention_backend)
         self.runner = ModelRunner(self.model, self.kv, self.backend, self.device, self.dtype)
         self.sampler = Sampler(eos_token_ids(self.model, self.tokenizer), self.max_model_len, self.tokenizer)
         self.processor = OutputProcessor(self.tokenizer)
         if args.max_step_metrics is not None and (as_int(args.max_step_metrics) is None or args.max_step_metrics < 0):
             raise ValueError(f"max_step_metrics must be None or an integer >= 0, got {args.max_step_metrics!r}")
-        self.step_metrics = StepMetricsRing(maxlen=args.max_step_metrics)
-        self.num_steps = 0  # steps that ran the model, since the start (``step_metrics`` keeps the last ones)
+        self.core = EngineCore(self.scheduler, ModelExecutor(self.runner, self.sampler, self.now), self.kv, self.now,
+                               record_steps=args.max_step_metrics != 0,
+                               steps=StepMetricsRing(maxlen=args.max_step_metrics))
         self._seq_ids = itertools.count()
 
     @classmethod
-    def from_engine_args(cls, model, engine_args: EngineArgs, tokenizer=None, kv_manager=None) -> "LLMEngine":
-        return cls(model, tokenizer, kv_manager, **asdict(engine_args))
+    def from_engine_args(cls, model, engine_args: EngineArgs, tokenizer=None, kv_manager: KVManager | None = None
+                         ) -> "LLMEngine":
+        kw = asdict(engine_args)
+        name = kw.pop("kv_manager")
+        return cls(model, tokenizer, kv_manager if kv_manager is not None else name, **kw)
+
+    @property
+    def step_metrics(self) -> StepMetricsRing:
+        """The last ``max_step_metrics`` steps' ``core.StepMetrics``, oldest first."""
+        return cast(StepMetricsRing, self.core.steps)
+
+    @property
+    def num_steps(self) -> int:
+        """Steps run since the start (``step_metrics`` keeps the last ones)."""
+        return self.core.num_steps
 
     @staticmethod
     def now() -> float:
@@ -255,41 +290,26 @@ class LLMEngine:
 
     # ------------------------------------------------------------------------------------------- step
     def step(self, finished_only: bool = False) -> list[RequestOutput]:
-        """One iteration: schedule, execute (block moves, forward), postprocess (sample, stop, free, outputs).
-        Returns the scheduled requests' outputs (``finished_only``: only those that finished this step)."""
-        t0 = time.perf_counter()
-        out = self.scheduler.schedule()
-        result = self.runner.execute(out)
-        blocks_used = self.kv.num_used_gpu_blocks
+        """One iteration (``core.EngineCore.step``: schedule, execute, update), then the outputs: of the scheduled
+        requests (``finished_only``: of those that finished this step) and of the requests refused this step."""
+        plan, finished = self.core.step()
+        assert plan is not None  # (a model executor takes no runs of steady steps)
         outputs = []
-        for g in out.ignored:  # refused: they can never be served
-            outputs.append(self.processor.fail(g, g.error))
-            self.sampler.forget(g.request_id)
-        if result is None:
-            if out.is_empty() and not (out.preempted or out.ignored) and self.scheduler.has_unfinished():
-                raise RuntimeError("the scheduler made no progress with requests left")
-            return outputs
-        for g in self.scheduler.update_from_output(out, self.sampler(out, result)):
+        for g in plan.ignored:  # refused by the scheduler: they can never be served
+            outputs.append(self.processor.output(g))
             self._forget(g.request_id)
-        outputs += self.processor.outputs(out.scheduled_groups, finished_only)
-        self._record(out, result, time.perf_counter() - t0, blocks_used)
-        return outputs
-
-    def _record(self, out: SchedulerOutputs, result: StepResult, step_time: float, blocks_used: int) -> None:
-        inp, sched = result.inp, self.scheduler
-        n_tokens = int(inp.input_ids.shape[0])
-        self.num_steps += 1
-        self.step_metrics.append(StepMetrics(
-            self.num_steps - 1, "prefill" if out.is_prefill else "decode", len(inp.meta.context_lens_list),
-            n_tokens if out.is_prefill else 0, n_tokens, blocks_used, sum(inp.meta.context_lens_list),
-            len(out.preempted), len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out),
-            num_copied(out.blocks_to_copy), step_time, result.forward_time, len(sched.running), len(sched.waiting),
-            len(sched.swapped)))
+        for g in finished:
+            self._forget(g.request_id)
+        return outputs + self.processor.outputs(plan.scheduled_groups, finished_only)
 
     def step_metrics_frame(self):
         import pandas as pd
 
-        return pd.DataFrame([{**asdict(m), "overhead_time": m.overhead_time} for m in self.step_metrics])
+        rows = []
+        for m in self.step_metrics:
+            row = {f: getattr(m, f) for f in StepMetrics.__dataclass_fields__ if f != "memory"}
+            rows.append({**row, "overhead_time": m.overhead_time})
+        return pd.DataFrame(rows)
 
     # ------------------------------------------------------------------------------------- invariants
     def check_invariants(self) -> None:

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from pagedattn.kernels import KernelBackend
-from pagedattn.memory.interface import KVManager, copy_pairs
+from pagedattn.memory.interface import KVLayout, copy_pairs
 from pagedattn.model.attention import AttentionMetadata, PagedAttention
-from pagedattn.scheduler import SchedulerOutputs
+from pagedattn.scheduler import ModelOutput, SchedulerOutputs
 from pagedattn.sequence import Sequence, SequenceGroup
 
 
@@ -52,7 +53,7 @@ class StepResult:
 class ModelRunner:
     """Executes ``SchedulerOutputs`` on a model with a paged KV cache."""
 
-    def __init__(self, model: nn.Module, kv: KVManager, backend: KernelBackend, device: torch.device,
+    def __init__(self, model: nn.Module, kv: KVLayout, backend: KernelBackend, device: torch.device,
                  dtype: torch.dtype) -> None:
         self.model, self.kv, self.backend, self.device, self.dtype = model, kv, backend, device, dtype
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
@@ -180,7 +181,34 @@ class ModelRunner:
         hidden = self.model(inp.input_ids, inp.positions, inp.meta)
         if inp.logits_indices is not None:
             hidden = hidden[inp.logits_indices]
-        logits = self.model.compute_logits(hidden)
+        logits = cast(Any, self.model).compute_logits(hidden)  # (our models' LM head: model.opt / model.llama)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return logits, time.perf_counter() - t0
+
+
+class ModelExecutor:
+    """The real engine's executor (``core.Executor``): the ``ModelRunner``'s block moves and forward pass through
+    the paged KV cache (§4.1), then the ``Sampler``'s tokens (§4.4), on the engine's clock. A model's tokens are
+    known only once computed, so it takes no runs of steady decode steps (``steps_left`` is 0)."""
+
+    fill_token = 0  # (never used: no runs)
+
+    def __init__(self, runner: ModelRunner, sampler, clock=time.perf_counter) -> None:
+        self.runner, self.sampler, self.clock = runner, sampler, clock
+
+    def execute(self, plan: SchedulerOutputs) -> ModelOutput | None:
+        if plan.is_empty():
+            return None
+        result = self.runner.execute(plan)
+        if result is None:  # only block moves ran (every running group was swapped out)
+            return ModelOutput(now=self.clock(), forward_time=0.0)
+        output = self.sampler(plan, result)
+        output.forward_time = result.forward_time
+        return output
+
+    def steps_left(self, seqs: list[Sequence]) -> int:
+        return 0
+
+    def steady_step(self, num_seqs: int, context_tokens: int) -> float:
+        raise NotImplementedError("a model executor takes no runs of steady decode steps")

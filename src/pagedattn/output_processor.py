@@ -2,14 +2,13 @@
 
 After the scheduler has applied the step's tokens (``Scheduler.update_from_output``), every scheduled request gets a
 ``RequestOutput``: its samples (the ``n`` most likely when ``best_of`` is larger), or its best beams, with text from
-the incremental detokenizer. Requests that the scheduler refused (they can never be served) finish with their error.
+the incremental detokenizer. Requests that the scheduler refused (they can never be served, finished there) come out
+with their error.
 
 The processor knows the unfinished requests (``requests``) and their detokenizer state; it touches neither the
 scheduler nor the KV manager.
 """
 from __future__ import annotations
-
-import time
 
 from pagedattn import beam_search
 from pagedattn.detokenizer import IncrementalDetokenizer
@@ -36,15 +35,6 @@ class OutputProcessor:
     def outputs(self, groups: list[SequenceGroup], finished_only: bool = False) -> list[RequestOutput]:
         """The outputs of a step's scheduled ``groups`` (``finished_only``: of those that finished)."""
         return [self.output(g) for g in groups if not finished_only or g.is_finished()]
-
-    def fail(self, g: SequenceGroup, message: str | None) -> RequestOutput:
-        """Finish a request that can never be served with ``message`` as its error."""
-        g.error = message
-        for s in g.seqs:
-            s.status, s.finish_reason = "finished", "error"
-        g.metrics.finish_time = time.perf_counter()
-        self.forget(g.request_id)
-        return self.output(g)
 
     def output(self, g: SequenceGroup) -> RequestOutput:
         if beam_search.is_beam_group(g):  # the best beams, best first

@@ -10,13 +10,13 @@ Every step the scheduler decides which sequence groups run next:
    plus the blocks their next tokens need (none for a sequence with room in its last block). A swapped group that
    could not come back even into an empty pool is refused at once, with an error naming the limit.
 
-The scheduler talks to its KV manager only through ``memory.KVManager``, the protocol that ``memory.BlockManager``
-(paged) and ``memory.contiguous.ContiguousKVManager`` (Orca) implement, so the same loop serves the real engine and
-the simulation. It never touches tensors: the block moves it decides travel to the executor in ``SchedulerOutputs``.
-It owns a step's bookkeeping after the forward pass (``update_from_output``: tokens computed and appended, stop checks,
-beam forks, freeing, per-request times), for the engine and the simulator alike, and so
-``Sequence.num_computed_tokens``: the cached prefix at admission, 0 when preempted by recomputation, the whole
-sequence after each step that computed it.
+The scheduler talks to its KV manager only through ``memory.interface.KVAllocator``, the scheduler's view of the
+``KVManager`` that ``memory.BlockManager`` (paged) and ``memory.contiguous.ContiguousKVManager`` (Orca) implement, so
+the same loop serves the real engine and the simulation. It never touches tensors: the block moves it decides travel
+to the executor in ``SchedulerOutputs``. It owns a step's bookkeeping after the forward pass (``update_from_output``:
+tokens computed and appended, stop checks, beam forks, freeing, per-request times), for the engine and the simulator
+alike, and so ``Sequence.num_computed_tokens``: the cached prefix at admission, 0 when preempted by recomputation,
+the whole sequence after each step that computed it.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from pagedattn.config import SchedulerConfig
-from pagedattn.memory.interface import AllocStatus, BlockCopies, KVManager
+from pagedattn.memory.interface import AllocStatus, BlockCopies, KVAllocator
 from pagedattn.sequence import FinishReason, Sequence, SequenceGroup
 
 
@@ -62,29 +62,31 @@ class SchedulerOutputs:
 
 @dataclass
 class ModelOutput:
-    """What a step's forward pass decided, for ``Scheduler.update_from_output`` to apply:
+    """What a step's executor decided, for ``Scheduler.update_from_output`` to apply:
 
-    - ``tokens``: a new token for each sequence that was sampled (with its group and log-probability);
-    - ``fill_token``: or one token for every running sequence of the step (the simulator's dummy token);
+    - ``tokens``: a new token for each sequence that was computed (with its group and log-probability);
     - ``rewrites``, ``forks``, ``finished``: beam search's decisions (``beam_search.BeamStep``, §4.4): beams' new
       histories, the K/V forks of surviving parents into dead beams' sequences, the beams of searches that are over;
     - ``stop``: the rule that stops a sequence after its new token (``stop(seq, group)``: a finish reason or None;
       the engine's is ``sampling.check_stop``, the simulator's the trace's output length);
-    - ``now``: the clock at the end of the step."""
+    - ``now``: the clock at the end of the step; ``duration``: the step's, where the executor decides it (the
+      simulator's charge; None: the engine core measures it on its clock); ``forward_time``: of which in the
+      model forward (None: all of it)."""
 
     tokens: list[tuple[Sequence, SequenceGroup, int, float]] = field(default_factory=list)
-    fill_token: int | None = None
     rewrites: list[tuple[Sequence, list[int], float]] = field(default_factory=list)
     forks: list[tuple[Sequence, Sequence]] = field(default_factory=list)
     finished: list[tuple[Sequence, FinishReason]] = field(default_factory=list)
     stop: Callable[[Sequence, SequenceGroup], FinishReason | None] | None = None
     now: float = 0.0
+    duration: float | None = None
+    forward_time: float | None = None
 
 
 class Scheduler:
     """FCFS iteration-level scheduler over a KV manager (paged or contiguous)."""
 
-    def __init__(self, config: SchedulerConfig, kv_manager: KVManager, static_batching: bool = False) -> None:
+    def __init__(self, config: SchedulerConfig, kv_manager: KVAllocator, static_batching: bool = False) -> None:
         self.config = config
         self.kv = kv_manager
         # FasterTransformer-style static batching: a new batch starts only when the previous one has finished.
@@ -94,6 +96,7 @@ class Scheduler:
         self.swapped: deque[SequenceGroup] = deque()
         self.num_preemptions = {"recompute": 0, "swap": 0}
         self.pending_copies: BlockCopies = []  # decided between steps (beam search forks), run with the next step
+        self._now = 0.0  # the start of the step being planned (a refused request's finish time)
 
     # ----------------------------------------------------------------------------------------------- queues
     def add(self, group: SequenceGroup) -> None:
@@ -131,17 +134,12 @@ class Scheduler:
         histories, forks of surviving beams into dead beams' sequences, finished searches); each scheduled request
         gets its first-token time, and its finish time when it is done; the blocks of finished sequences are freed.
         Returns the groups that finished (dropped from ``running``)."""
-        now, stop, fill = output.now, output.stop, output.fill_token
+        now, stop = output.now, output.stop
         for g in out.scheduled_groups:
             if g.metrics.first_token_time is None:
                 g.metrics.first_token_time = now
             for s in g.get_seqs("running"):
                 s.num_computed_tokens = len(s.token_ids)
-                if fill is not None:
-                    s.append_token(fill)
-                    reason = stop(s, g) if stop is not None else None
-                    if reason is not None:
-                        s.finish(reason)
         for s, g, token, logprob in output.tokens:
             s.append_token(token, logprob)
             reason = stop(s, g) if stop is not None else None
@@ -219,7 +217,10 @@ class Scheduler:
         return done
 
     # ------------------------------------------------------------------------------------------- scheduling
-    def schedule(self) -> SchedulerOutputs:
+    def schedule(self, now: float = 0.0) -> SchedulerOutputs:
+        """The next step's plan (see the module docstring). Requests that can never be served are refused here,
+        finished with their error at ``now`` (the step's start), and listed in the plan's ``ignored``."""
+        self._now = now
         out = SchedulerOutputs(blocks_to_copy=self.pending_copies)
         self.pending_copies = []
         while self.swapped and self.kv.swap_in_status(self.swapped[0]) is AllocStatus.NEVER:
@@ -333,6 +334,7 @@ class Scheduler:
             self.kv.free_seq(s)
             if not s.is_finished():
                 s.finish("error")
+        g.metrics.finish_time = self._now
         out.ignored.append(g)
 
 

@@ -9,10 +9,8 @@ import math
 import operator
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import TYPE_CHECKING, Literal, cast
+from typing import Literal, cast
 
-if TYPE_CHECKING:  # for the annotation only: the sequence module imports no torch at run time
-    from pagedattn.beam_search import BeamSearchState
 
 Status = Literal["waiting", "running", "swapped", "finished"]
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -281,7 +279,9 @@ class SequenceGroup:
         self.prompt = prompt
         self.error: str | None = None
         self.prefix_len = 0  # tokens of the prompt marked as a shared prefix (paper §4.4, Fig. 16)
-        self.beam_state: BeamSearchState | None = None  # a beam search's state, for beam requests only
+        # a beam search's state (``beam_search.BeamSearchState``, read through ``beam_search._state``), for beam
+        # requests only; typed loosely: beam search imports this module (and torch), not the other way
+        self.beam_state: object | None = None
         self.prompt_token_ids: list[int] = seqs[0].prompt_token_ids  # copied once, for the request's outputs
 
     @property

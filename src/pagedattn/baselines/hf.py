@@ -55,7 +55,7 @@ def continuous_batching(hf_model, prompts: list[list[int]], output_lens: list[in
                                    max_batch_tokens=2048, max_requests_per_batch=max_requests,
                                    allow_block_sharing=allow_block_sharing)
     t0, w0 = time.process_time(), time.perf_counter()
-    results = {}
+    results: dict = {}
     with hf_model.continuous_batching_context_manager(generation_config=gc, continuous_batching_config=cfg,
                                                       block=True, timeout=5) as manager:
         if on_start is not None:

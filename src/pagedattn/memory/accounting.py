@@ -13,11 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from pagedattn.memory.block_manager import BlockManager
-    from pagedattn.memory.contiguous import ContiguousKVManager
+from typing import Any, Protocol
 
 KINDS = ("token_states", "reserved", "internal", "external")
 
@@ -54,18 +50,44 @@ class KVStats:
         return SlotBreakdown(self.token_states, self.reserved, self.internal, self.external)
 
 
-def breakdown(manager: BlockManager | ContiguousKVManager, final_len: dict[int, int]) -> SlotBreakdown:
+class _Manager(Protocol):
+    """What this module reads of a KV manager (it imports neither manager: each imports it)."""
+
+    def stats(self, final_len: dict[int, int] | None = None) -> KVStats: ...
+
+
+class _PagedPool(Protocol):
+    """``BlockManager``'s state that its ``KVStats`` count: the block tables, the device pool and the pins."""
+
+    block_size: int
+    tables: dict[int, Any]  # seq_id -> block table (``device``, ``blocks``, ``num_tokens``)
+    gpu: Any  # the device ``BlockPool`` (``num_used``, ``num_blocks``, ``ref_counts``)
+    pinned: list[int]
+    prefix_hits: int
+    prefix_queries: int
+
+
+class _Reservations(Protocol):
+    """``ContiguousKVManager``'s state that its ``KVStats`` count: the reservations and the arena's size."""
+
+    tables: dict[int, Any]  # seq_id -> reservation (``num_tokens``, ``reserved``, ``held``)
+
+    @property
+    def total_slots(self) -> int: ...
+
+
+def breakdown(manager: _Manager, final_len: dict[int, int]) -> SlotBreakdown:
     """The Fig. 2 classification of the manager's device slots right now."""
     return manager.stats(final_len).breakdown
 
 
-def max_request_waste(manager: BlockManager | ContiguousKVManager) -> int:
+def max_request_waste(manager: _Manager) -> int:
     """The most slots any one request holds beyond its tokens (paged: < one block, §4.2; Orca: its reservation's
     unfilled part, including the buddy block's slack)."""
     return manager.stats({}).max_request_waste
 
 
-def paged_stats(m: BlockManager, final_len: dict[int, int]) -> KVStats:
+def paged_stats(m: _PagedPool, final_len: dict[int, int]) -> KVStats:
     """``KVStats`` of a ``BlockManager``, in one pass over its device tables when no block is shared (a running
     replay's usual state; the simulator asks this every step), else counting each shared block once."""
     bs = m.block_size
@@ -91,7 +113,7 @@ def paged_stats(m: BlockManager, final_len: dict[int, int]) -> KVStats:
                    used - len(m.pinned), nblocks, hit)
 
 
-def _shared_blocks(m: BlockManager, final_len: dict[int, int]) -> tuple[int, int]:
+def _shared_blocks(m: _PagedPool, final_len: dict[int, int]) -> tuple[int, int]:
     """Token-state and reserved slots when blocks are shared: a block's slots are filled (or will be) as far as its
     furthest sharer fills them. A block full of one sharer's tokens is full for all (every slot filled and to be
     filled), so only the entries past each table's full blocks (usually its last) are looked at, and the full
@@ -123,7 +145,7 @@ def _shared_blocks(m: BlockManager, final_len: dict[int, int]) -> tuple[int, int
     return states, future - filled + sum(p[2] - p[1] for p in partial)
 
 
-def contiguous_stats(m: ContiguousKVManager, final_len: dict[int, int]) -> KVStats:
+def contiguous_stats(m: _Reservations, final_len: dict[int, int]) -> KVStats:
     """``KVStats`` of a ``ContiguousKVManager``: a reservation's slots beyond its tokens are reserved up to the
     request's final length and internal fragmentation after it; a buddy block's rounding slack is external."""
     states = ends = sizes = waste = 0

@@ -36,12 +36,12 @@ import hashlib
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from pagedattn.config import blocks_needed, check_block_size
 from pagedattn.memory.accounting import KVStats, paged_stats
 from pagedattn.memory.block_pool import BlockPool, NoFreeBlocksError
-from pagedattn.memory.interface import AllocStatus, BlockCopies, BlockView
+from pagedattn.memory.interface import AllocStatus, BlockCopies, BlockView, PoolCounts, SeqView
 
 __all__ = ["AllocStatus", "BlockManager", "BlockTable", "block_hashes"]
 
@@ -152,6 +152,11 @@ class BlockManager:
         """A snapshot of the device memory (``memory.accounting.KVStats``); ``final_len[seq_id]``: each sequence's
         KV length at its end, where known (what tells reserved slots from internal fragmentation)."""
         return paged_stats(self, final_len or {})
+
+    def pool_counts(self) -> PoolCounts:
+        """The device and CPU pools' blocks in all and free, and the prefix cache's lookups and hits."""
+        return PoolCounts(self.gpu.num_blocks, self.gpu.num_free, self.cpu.num_blocks, self.cpu.num_free,
+                          self.prefix_queries, self.prefix_hits)
 
     def block_view(self) -> BlockView:
         """A copy of the device pool's blocks (``interface.BlockView``): device-resident tables by seq id,
@@ -478,7 +483,7 @@ class BlockManager:
                 copies.append((c[0], c[1], 1))
         return copies
 
-    def decode_room(self, seqs: list, limit: int) -> int:
+    def decode_room(self, seqs: Sequence[SeqView], limit: int) -> int:
         """Decode steps in a row (at most ``limit``) that these sequences take with no preemption or copy: until
         the new blocks that their appends need, step by step, would outnumber the free blocks (each sequence needs
         one whenever its last block is full, §4.3). 0 where a step could copy (a shared last block) or register a
@@ -503,7 +508,7 @@ class BlockManager:
                 return step - 1
         return limit
 
-    def advance(self, seqs: list, steps: int) -> None:
+    def advance(self, seqs: Sequence[SeqView], steps: int) -> None:
         """``steps`` decode steps of these sequences at once (``decode_room``): their new blocks are taken from the
         pool in the order that step-by-step appends take them (by step, then in ``seqs`` order)."""
         bs, allocate = self.block_size, self.gpu.allocate

@@ -18,9 +18,9 @@ pieces that cover the reservation, give the tail back), so the slack can serve o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
-from pagedattn.memory.interface import AllocStatus, BlockCopies, BlockMoves
+from pagedattn.memory.interface import AllocStatus, BlockCopies, BlockMoves, PoolCounts, SeqView
 from pagedattn.memory.accounting import KVStats, contiguous_stats
 
 Policy = Literal["max", "pow2", "oracle"]
@@ -263,6 +263,10 @@ class ContiguousKVManager:
         """A snapshot of the device memory (``memory.accounting.KVStats``; see ``BlockManager.stats``)."""
         return contiguous_stats(self, final_len or {})
 
+    def pool_counts(self) -> PoolCounts:
+        """The arena's slots in all and free (block size 1); no CPU pool, no prefix cache."""
+        return PoolCounts(self.arena.total, self.arena.num_free, 0, 0)
+
     def block_view(self) -> None:
         """No blocks to draw: one contiguous reservation per sequence."""
         return None
@@ -293,14 +297,14 @@ class ContiguousKVManager:
             r.num_tokens += 1
         return []
 
-    def decode_room(self, seqs: list, limit: int) -> int:
+    def decode_room(self, seqs: Sequence[SeqView], limit: int) -> int:
         """Decode steps in a row (at most ``limit``) that fit in these sequences' reservations."""
         for s in seqs:
             r = self.tables[s.seq_id]
             limit = min(limit, r.reserved - r.num_tokens)
         return max(limit, 0)
 
-    def advance(self, seqs: list, steps: int) -> None:
+    def advance(self, seqs: Sequence[SeqView], steps: int) -> None:
         """``steps`` decode steps at once: each reservation gains ``steps`` tokens (``decode_room``)."""
         for s in seqs:
             self.tables[s.seq_id].num_tokens += steps

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -81,7 +82,7 @@ def load_model(path_or_hf_model, dtype=None, device: str | torch.device = "cpu")
         raise ValueError(f"checkpoint does not match {cls.__name__}: missing {missing[:8]}, "
                          f"unexpected {unexpected[:8]}")
     if tied:
-        model.tie_weights()
+        cast(Any, model).tie_weights()  # (our models' own method; nn.Module's __getattr__ hides its type)
     model = model.to(device=device, dtype=dtype).eval()
     if torch.device(device).type == "cpu":
         store_linear_weights_transposed(model)

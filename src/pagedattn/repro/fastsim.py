@@ -37,6 +37,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import types
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -49,7 +50,8 @@ PACKAGE = "pagedattn_fastsim"
 #: module -> its name in the copy: what a replay runs, in import order
 MODULES = {"pagedattn.sequence": "sequence", "pagedattn.memory.accounting": "accounting",
            "pagedattn.memory.block_manager": "block_manager", "pagedattn.memory.contiguous": "contiguous",
-           "pagedattn.scheduler": "scheduler", "pagedattn.repro.sim": "sim"}
+           "pagedattn.memory.systems": "systems", "pagedattn.scheduler": "scheduler", "pagedattn.core": "core",
+           "pagedattn.repro.sim": "sim"}
 MANIFEST = "manifest.json"
 ENV = "PAGEDATTN_FASTSIM"
 # mypyc's flags. "skip": the copied modules' imports of the rest of pagedattn (and of torch, numpy) are typed Any
@@ -138,11 +140,11 @@ def _convert(value: Any, cls: type) -> Any:
     return cls(**{f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init})
 
 
-def replay(args: dict[str, Any]) -> Any | None:
-    """``sim.simulate``'s replay by the compiled copy, given its arguments by name; None where the copy cannot take
-    it (``status``, or a subclass of ``CostModel`` / ``BeamModel``), and the caller replays it interpreted."""
-    from pagedattn.repro import sim
-
+def replay(args: dict[str, Any], sim: Any) -> Any | None:
+    """``sim.simulate``'s replay by the compiled copy, given its arguments by name and the interpreted ``sim``
+    module's namespace (its classes: this module does not import it, which imports this one); None where the copy
+    cannot take it (``status``, or a subclass of ``CostModel`` / ``BeamModel``), and the caller replays it
+    interpreted."""
     fast, _ = status()
     if fast is None:
         return None
@@ -157,7 +159,7 @@ def replay(args: dict[str, Any]) -> Any | None:
         warnings.warn(f"compiled simulator refused a replay ({e}); replaying it interpreted", stacklevel=3)
         return None
     return sim.SimResult(r.system, r.steps, r.requests, r.num_preemptions, r.prefix_hit_rate,
-                         r.prefill_tokens_computed)
+                         r.prefill_tokens_computed, r.steps_in_runs)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -169,10 +171,11 @@ def compiled_when_built(simulate: F) -> F:
     if simulate.__module__ != "pagedattn.repro.sim":
         return simulate
     signature = inspect.signature(simulate)
+    sim = types.SimpleNamespace(**{k: simulate.__globals__.get(k) for k in ("CostModel", "BeamModel", "SimResult")})
 
     @functools.wraps(simulate)
     def dispatch(*args, **kwargs):
-        r = replay(signature.bind(*args, **kwargs).arguments)
+        r = replay(signature.bind(*args, **kwargs).arguments, sim)
         return r if r is not None else simulate(*args, **kwargs)
     return dispatch  # type: ignore[return-value]
 

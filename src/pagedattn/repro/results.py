@@ -1,8 +1,9 @@
 """The results convention of ../shared/DESIGN.md: one ``summary.json`` per experiment, and a generated
 ``results/SUMMARY.md`` table of paper vs reproduced numbers (never edited by hand).
 
-Run ``python -m pagedattn.repro.results`` to regenerate ``results/SUMMARY.md`` and README.md's generated blocks
-(``pagedattn.repro.readme``) from every ``summary.json`` present; ``--check`` lists the stale results instead.
+Run ``python -m pagedattn.repro.results`` to regenerate ``results/SUMMARY.md`` from every ``summary.json`` present
+(``python -m pagedattn.repro.readme``, ``make summary``: README.md's generated blocks too); ``--check`` lists the stale
+results instead.
 
 Freshness (issue 26): each ``summary.json`` carries a ``provenance`` block, the content hash of every ``pagedattn``
 source file the run had imported, of the notebook's source (cell types and sources, not outputs) and of
@@ -240,7 +241,9 @@ def render_summary_md(results_dir: str | os.PathLike = RESULTS_DIR, root: Path =
         lines += [f"## {doc['experiment']}{' (STALE)' if reasons else ''}", ""]
         lines += [f"**Stale:** {r}" for r in reasons] + ([""] if reasons else [])
         lines += [f"- hardware: {doc['hardware']}", f"- model: {doc['model']}",
-                  f"- date: {doc['date']}{' (quick mode)' if doc.get('quick') else ''}", ""]
+                  f"- date: {doc['date']}{' (quick mode)' if doc.get('quick') else ''}"]
+        lines += [f"- restamped {r['date']} at {r['commit']}, not rerun: {r['reason']}"
+                  for r in (doc.get("provenance") or {}).get("restamps", [])] + [""]
         by_kind = {k: [c for c in doc["claims"] if c.get("kind", "reproduction") == k] for k in KINDS}
         for kind, title in zip(KINDS, _KIND_TITLES):
             if by_kind[kind]:
@@ -338,8 +341,8 @@ def check(results_dir: str | os.PathLike = RESULTS_DIR, root: Path = REPO_ROOT) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pagedattn.repro.results``: regenerate SUMMARY.md and README.md's blocks; ``--check``: list stale results
-    and exit 1 if there is any."""
+    """``python -m pagedattn.repro.results``: regenerate SUMMARY.md (``python -m pagedattn.repro.readme``: README.md's
+    generated blocks too); ``--check``: list stale results and exit 1 if there is any."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="list the stale results (exit 1 if any); write nothing")
     args = ap.parse_args(argv)
@@ -347,10 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         stale = check()
         print("\n".join(stale) if stale else "no stale results")
         return 1 if stale else 0
-    from pagedattn.repro.readme import write_readme
-
     print(f"wrote {build_summary_md()}")
-    print(f"{'rewrote' if write_readme() else 'unchanged:'} {REPO_ROOT / 'README.md'}")
     return 0
 
 

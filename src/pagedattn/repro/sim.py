@@ -42,9 +42,9 @@ from pagedattn.repro.capacity import Load, normalized_latency, steady_window
 from pagedattn.repro.cost_profile import measured as _measured_a100
 from pagedattn.repro.fastsim import compiled_when_built
 from pagedattn.config import OPT_13B, ModelSpec, SchedulerConfig, blocks_needed, paper_slots
-from pagedattn.memory.block_manager import BlockManager
-from pagedattn.memory.contiguous import ContiguousKVManager, Policy
+from pagedattn.core import EngineCore
 from pagedattn.memory.interface import num_copied
+from pagedattn.memory.systems import is_static, make_kv_manager
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
 from pagedattn.sequence import FinishReason, SamplingParams, Sequence, SequenceGroup
 from pagedattn.repro.workloads import TraceRequest
@@ -220,21 +220,6 @@ class BeamModel:
         return [(beams[rng.choice(parents)], beam) for d, beam in enumerate(beams) if d not in parents]
 
 
-def make_kv_manager(system: str, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
-                    num_cpu_blocks: int = 0, watermark: float = 0.01, placement: str = "buddy",
-                    enable_prefix_caching: bool = False):
-    """The KV manager of a system, over a budget of ``num_slots`` token slots."""
-    if system == "paged":
-        return BlockManager(block_size, num_slots // block_size, num_cpu_blocks, watermark, max_model_len,
-                            enable_prefix_caching)
-    if system in ("orca_max", "ft"):
-        return ContiguousKVManager(num_slots, "max", max_model_len, cast(Placement, placement))
-    if system.startswith("orca_"):
-        return ContiguousKVManager(num_slots, cast(Policy, system.removeprefix("orca_")), max_model_len,
-                                   cast(Placement, placement))
-    raise ValueError(f"unknown system {system!r}; known: {list(LABELS)}")
-
-
 @dataclass
 class SimResult:
     system: str
@@ -243,6 +228,7 @@ class SimResult:
     num_preemptions: dict = field(default_factory=dict)
     prefix_hit_rate: float | None = None  # share of looked-up prompt blocks found cached (paged, when looked up)
     prefill_tokens_computed: int = 0  # prompt tokens charged as computed (a cached prefix is not, but by ablation)
+    steps_in_runs: int = 0  # steps taken within runs of steady decode steps (``core.EngineCore``'s fast path)
 
     @property
     def duration(self) -> float:
@@ -322,30 +308,82 @@ class SimResult:
         return len(self.requests) / self.duration
 
 
-class StepRecords:
-    """A replay's per-step records: one tuple per step (no dict per step), turned into columns and a ``DataFrame``
-    once at the end, one row per step of ``SimResult.steps``."""
+#: the columns of ``SimResult.steps``, from each step's ``core.StepMetrics`` (``memory``: its ``KVStats``)
+STEP_COLUMNS = ("step", "time", "dt", "kind", "num_running", "num_batched", "num_waiting", "num_swapped",
+                "memory_bound", "max_request_waste", "token_states", "reserved", "internal", "external")
+SHARING_COLUMNS = ("physical_blocks", "logical_blocks")  # paged only: Fig. 15's blocks with and without sharing
 
-    COLUMNS = ("step", "time", "dt", "kind", "num_running", "num_batched", "num_waiting", "num_swapped",
-               "memory_bound", "max_request_waste", "token_states", "reserved", "internal", "external")
-    SHARING = ("physical_blocks", "logical_blocks")  # paged only: Fig. 15's blocks with and without sharing
 
-    def __init__(self, paged: bool) -> None:
-        self.paged = paged
-        self.rows: list[tuple] = []
+def steps_frame(steps, paged: bool) -> pd.DataFrame:
+    """``SimResult.steps``: one row per recorded ``StepMetrics`` (one tuple per step, turned into columns once)."""
+    rows = []
+    for m in steps:
+        k = m.memory
+        row = (m.step, m.time, m.step_time, m.kind, m.num_running, m.num_groups, m.num_waiting, m.num_swapped,
+               m.memory_bound, k.max_request_waste, k.token_states, k.reserved, k.internal, k.external)
+        rows.append(row + (k.physical_blocks, k.logical_blocks) if paged else row)
+    if not rows:
+        return pd.DataFrame()
+    names = STEP_COLUMNS + (SHARING_COLUMNS if paged else ())
+    return pd.DataFrame({name: np.array(col) for name, col in zip(names, zip(*rows))})  # same dtypes
 
-    def add(self, step: int, time: float, dt: float, prefill: bool, num_running: int, num_batched: int,
-            num_waiting: int, num_swapped: int, memory_bound: bool, stats) -> None:
-        row = (step, time, dt, "prefill" if prefill else "decode", num_running, num_batched, num_waiting,
-               num_swapped, memory_bound, stats.max_request_waste, stats.token_states, stats.reserved,
-               stats.internal, stats.external)
-        self.rows.append(row + (stats.physical_blocks, stats.logical_blocks) if self.paged else row)
 
-    def frame(self) -> pd.DataFrame:
-        if not self.rows:
-            return pd.DataFrame()
-        names = self.COLUMNS + (self.SHARING if self.paged else ())
-        return pd.DataFrame({name: np.array(col) for name, col in zip(names, zip(*self.rows))})  # same dtypes
+class SimExecutor:
+    """The simulator's executor (``core.Executor``): a step-time model on a simulated clock, no tensors.
+
+    A step is charged ``CostModel.step_time`` (plus, with beams, its K/V copies: the copy-on-write blocks and Orca's
+    context copies, ``CostModel.copy_time``; a prefill only for its uncached prompt tokens, or all of them with
+    ``charge_cached``), and the clock moves by it. Each running sequence's next token is a dummy token, and a
+    sequence stops at its trace's length (``stop_len``, set by the driver as requests arrive). With ``beam``
+    (``BeamModel``, §4.4) each beam group that goes on is re-forked after every step by the beam model."""
+
+    fill_token = 0
+
+    def __init__(self, cost: CostModel, block_size: int, kv, beam: BeamModel | None = None, seed: int = 0,
+                 charge_cached: bool = False) -> None:
+        self.cost, self.block_size, self.kv, self.beam = cost, block_size, kv, beam
+        self.beam_rng, self.charge_cached = random.Random(seed), charge_cached
+        self.now = 0.0
+        self.stop_len: dict[int, int] = {}  # seq_id -> its token count once its output is done
+        self.computed = 0  # prompt tokens charged as computed
+        self._no_swap = cost.swap_time(0, block_size)
+
+    def clock(self) -> float:
+        return self.now
+
+    def stop(self, s: Sequence, g: SequenceGroup) -> FinishReason | None:
+        return "length" if len(s.token_ids) >= self.stop_len[s.seq_id] else None
+
+    def steps_left(self, seqs: list[Sequence]) -> int:
+        return min((self.stop_len[s.seq_id] - len(s.token_ids) for s in seqs), default=0)
+
+    def steady_step(self, num_seqs: int, context_tokens: int) -> float:
+        dt = self.cost.decode_time(num_seqs, context_tokens) + self._no_swap  # as ``CostModel.step_time``
+        self.now += dt
+        return dt
+
+    def execute(self, plan: SchedulerOutputs) -> ModelOutput | None:
+        if plan.is_empty():
+            return None
+        cost = self.cost
+        dt = cost.step_time(plan, self.block_size)
+        if self.beam is not None:  # this step's copy-on-write blocks and the previous step's forks (slots, on Orca)
+            dt += cost.copy_time(num_copied(plan.blocks_to_copy) * self.kv.block_size)
+        if plan.is_prefill:  # prompt tokens charged (computed): the uncached ones, or all of them in the ablation
+            charged = sum(g.get_seqs("running")[0].get_len() for g in plan.prefill_groups) if self.charge_cached \
+                else plan.num_batched_tokens
+            self.computed += charged
+            if self.charge_cached:
+                dt += cost.prefill_time(charged) - cost.prefill_time(plan.num_batched_tokens)
+        self.now += dt
+        output = ModelOutput(tokens=[(s, g, 0, 0.0) for g in plan.scheduled_groups for s in g.get_seqs("running")],
+                             stop=self.stop, now=self.now, duration=dt)
+        if self.beam is not None:
+            for g in plan.scheduled_groups:
+                seqs = g.get_seqs("running")
+                if any(len(s.token_ids) + 1 < self.stop_len[s.seq_id] for s in seqs):
+                    output.forks += self.beam.forks(seqs, self.beam_rng, first=g.seqs[0].get_output_len() == 0)
+        return output
 
 
 @compiled_when_built
@@ -357,154 +395,69 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
              prefix_lens: dict[str, int] | None = None, enable_prefix_caching: bool = False,
              charge_cached: bool = False, beam: BeamModel | None = None,
              equal_sample_lengths: bool = False) -> SimResult:
-    """Replay a trace through the scheduler and a KV manager, with a step-time model (no tensors).
+    """Replay a trace on the engine core (``core.EngineCore``) with the simulated executor (``SimExecutor``): the
+    real scheduler and KV manager of ``system``, a step-time model, requests arriving on the simulated clock.
 
     With ``n > 1`` every request is a parallel-sampling group (§4.4): its ``n`` samples share the prompt's blocks,
     the first generates the trace's output length and the others lengths drawn (seeded) from the trace's outputs
     (``equal_sample_lengths=True``: every sample the trace's output length, an ablation that tells how much of a
-    saving the independent draws cost; ``gain_sources.parallel_saving_causes``).
-
-    Shared prefixes (§4.4, Fig. 16): ``prompts`` gives requests real token ids (otherwise every prompt is zeros), so
-    that prefix hashes match; ``prefix_lens`` marks user-shared prefixes; ``enable_prefix_caching`` finds them
-    automatically. A prefill step is charged only for its uncached tokens (``charge_cached=True``: for all of them,
-    an ablation in which sharing saves memory only).
-
-    With ``beam`` (``BeamModel``, §4.4) every request is a beam-search group of ``beam.width`` beams, all as long as
-    the trace's output (``n`` is ignored), forked after every step by the beam model; each step is also charged its
-    K/V copies (``CostModel.copy_time``: the copy-on-write blocks, and Orca's context copies of the step before).
-    Runs without beams charge no copy, as before (parallel sampling copies one block per sample, once)."""
-    num_slots = num_slots or paper_slots()
-    cost = cost or CostModel()
-    kv = make_kv_manager(system, num_slots, block_size, max_model_len, num_cpu_blocks, placement=placement,
+    saving the independent draws cost; ``gain_sources.parallel_saving_causes``). With ``beam`` (``BeamModel``)
+    every request is a beam-search group of ``beam.width`` beams, all as long as the trace's output (``n`` is
+    ignored). Shared prefixes (§4.4, Fig. 16): ``prompts`` gives requests real token ids (otherwise every prompt is
+    zeros), so that prefix hashes match; ``prefix_lens`` marks user-shared prefixes; ``enable_prefix_caching``
+    finds them automatically. Runs of steady decode steps are taken at once (``EngineCore``'s fast path) where
+    neither beams nor prefixes are replayed."""
+    kv = make_kv_manager("static" if system == "ft" else system, num_slots or paper_slots(), block_size,
+                         max_model_len, num_cpu_blocks, placement=placement,
                          enable_prefix_caching=enable_prefix_caching)
     sched = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
-                                      cast(PreemptionMode, preemption_mode)), kv,
-                      static_batching=(system == "ft"))
-    pending = sorted(trace, key=lambda r: r.arrival_time)
-    target: dict[int, int] = {}  # seq_id -> output length from the trace
+                                      cast(PreemptionMode, preemption_mode)), kv, static_batching=is_static(system))
+    ex = SimExecutor(cost or CostModel(), block_size, kv, beam, seed, charge_cached)
     final_len: dict[int, int] = {}  # seq_id -> prompt + output (its final KV length)
-    stop_len: dict[int, int] = {}  # seq_id -> its token count once its output is done
-
-    def stop(s: Sequence, g: SequenceGroup) -> FinishReason | None:  # the trace's output length
-        return "length" if len(s.token_ids) >= stop_len[s.seq_id] else None
-
+    target: dict[int, int] = {}  # seq_id -> output length from the trace
+    core = EngineCore(sched, ex, kv, ex.clock, record_steps, final_len=final_len if record_steps else None,
+                      fast_forward=beam is None and not enable_prefix_caching and not prefix_lens, max_steps=max_steps)
+    pending = sorted(trace, key=lambda r: r.arrival_time)
+    n = beam.width if beam is not None else n
+    rng, trace_outputs = np.random.default_rng(seed), np.array([r.output_len for r in trace])
     groups: list[SequenceGroup] = []
-    rows = StepRecords(paged=system == "paged")
-    rng = np.random.default_rng(seed)
-    trace_outputs = np.array([r.output_len for r in trace])
-    now, i, step, next_seq, computed = 0.0, 0, 0, 0, 0
-    if beam is not None:
-        n, beam_rng = beam.width, random.Random(seed)
-    # The decode steps that are sure to change nothing but lengths, slots and the clock (no arrival admitted, no
-    # preemption or copy, no finish before the last: ``Scheduler.steady_decode_steps``) are taken as a run: each
-    # step but the last costs the clock its step time (and, recording steps, takes its slots and records its memory),
-    # the sequences get those tokens at once (``Scheduler.advance``), and the last step takes its slots, is planned
-    # without the scheduler's checks (``Scheduler.schedule_steady``) and is finished as a scheduled step is. The
-    # simulator takes every slot of a run (``KVManager.advance``), the scheduler none. The results are the same as
-    # step by step (the golden digests).
-    skip_runs = beam is None and not enable_prefix_caching and not prefix_lens
-    run_left = run_done = run_context = 0  # steps left and taken in the run, and its context tokens
-    run_seqs: list[Sequence] = []  # its sequences, in the scheduler's order
-    run_closed_queue = False  # the run began with nobody waiting: an arrival ends it
-    no_swap = cost.swap_time(0, block_size)
+    i = 0
     bar = tqdm(total=len(pending), desc=f"sim {system}", disable=not progress, leave=False)
-    while i < len(pending) or sched.has_unfinished():
-        if not sched.has_unfinished() and pending[i].arrival_time > now:
-            now = pending[i].arrival_time  # idle until the next arrival
-        while i < len(pending) and pending[i].arrival_time <= now:
+    while i < len(pending) or core.has_unfinished():
+        if not core.has_unfinished() and pending[i].arrival_time > ex.now:
+            ex.now = pending[i].arrival_time  # idle until the next arrival
+        while i < len(pending) and pending[i].arrival_time <= ex.now:  # the arrivals, as groups of n sequences
             r = pending[i]
             room = max_model_len - r.prompt_len
             lens = [r.output_len] * n if n == 1 or beam is not None or equal_sample_lengths else \
                 [r.output_len] + [min(int(x), room) for x in rng.choice(trace_outputs, n - 1)]
             tokens = prompts[r.request_id] if prompts else [0] * r.prompt_len
-            seqs = [Sequence(next_seq + k, tokens) for k in range(n)]
+            seqs = [Sequence(len(target) + k, tokens) for k in range(n)]
             g = SequenceGroup(r.request_id, seqs, SamplingParams(n=n, max_tokens=max(lens), ignore_eos=True),
                               arrival_time=r.arrival_time)
             g.prefix_len = (prefix_lens or {}).get(r.request_id, 0)
             for s, out_len in zip(seqs, lens):
                 target[s.seq_id], final_len[s.seq_id] = out_len, r.prompt_len + out_len
-                stop_len[s.seq_id] = len(tokens) + out_len
-            next_seq += n
+                ex.stop_len[s.seq_id] = len(tokens) + out_len
             groups.append(g)
-            sched.add(g)
+            core.add(g)
             i += 1
-        if run_left and run_closed_queue and sched.waiting:  # an arrival, maybe admitted now: the run ends here
-            run_left = 0
-        if run_done and run_left <= 1:  # the run's tokens so far, before its last step (or the step after its end)
-            if not record_steps:  # their slots at once (recording, each step took its own)
-                kv.advance(run_seqs, run_done)
-            sched.advance(run_done, 0, run_seqs)
-            run_done = 0
-        if run_left > 1:  # a step of the run: a decode step of the running sequences as they stand
-            dt = cost.decode_time(len(run_seqs), run_context) + no_swap  # as ``CostModel.step_time``
-            run_context += len(run_seqs)
-            run_left -= 1
-            run_done += 1
-            if record_steps:  # its slots now, for its memory record
-                kv.advance(run_seqs, 1)
-            prefill, num_batched = False, len(sched.running)
-        else:
-            if run_left:  # the run's last step: its slots, then its plan
-                run_left = 0
-                kv.advance(run_seqs, 1)
-                out = sched.schedule_steady()
-            else:
-                out = sched.schedule()
-            for g in out.ignored:
-                g.metrics.finish_time = now
-                bar.update(1)
-            if out.is_empty():
-                if i < len(pending):
-                    now = max(now, pending[i].arrival_time)
-                    continue
-                if sched.has_unfinished():
-                    raise RuntimeError("scheduler made no progress with requests left (a request can never fit?)")
-                break
-            dt = cost.step_time(out, block_size)
-            if beam is not None:  # this step's copy-on-write blocks and the previous step's forks (slots, on Orca)
-                dt += cost.copy_time(num_copied(out.blocks_to_copy) * kv.block_size)
-            if out.is_prefill:  # prompt tokens charged (computed): the uncached ones, or all of them in the ablation
-                charged = sum(g.get_seqs("running")[0].get_len() for g in out.prefill_groups) if charge_cached \
-                    else out.num_batched_tokens
-                computed += charged
-                if charge_cached:
-                    dt += cost.prefill_time(charged) - cost.prefill_time(out.num_batched_tokens)
-            prefill, num_batched = out.is_prefill, len(out.scheduled_groups)
-        if record_steps:
-            head = sched.waiting[0] if sched.waiting else None
-            # memory-bound: a request waits although the scheduler would admit it but for memory
-            bound = head is not None and head.metrics.arrival_time <= now and len(sched.running) < max_num_seqs
-            rows.add(step, now, dt, prefill, len(sched.running), num_batched, len(sched.waiting),
-                     len(sched.swapped), bound, kv.stats(final_len))
-        now += dt
-        step += 1
-        if run_done:  # within a run (its steps end before ``max_steps``): its last step is planned next
-            continue
-        # the model's stand-in: a dummy token for every running sequence, and the beam model's forks for each beam
-        # group that goes on
-        output = ModelOutput(fill_token=0, stop=stop, now=now)
-        if beam is not None:
-            for g in out.scheduled_groups:
-                seqs = g.get_seqs("running")
-                if any(len(s.token_ids) + 1 < stop_len[s.seq_id] for s in seqs):
-                    output.forks += beam.forks(seqs, beam_rng, first=g.seqs[0].get_output_len() == 0)
-        bar.update(len(sched.update_from_output(out, output)))
-        if max_steps is not None and step >= max_steps:
+        plan, done = core.step()
+        bar.update(len(done) + (len(plan.ignored) if plan is not None else 0))
+        if plan is not None and plan.is_empty():  # nothing could run: wait for the next arrival
+            if i < len(pending):
+                ex.now = max(ex.now, pending[i].arrival_time)
+                continue
+            if core.has_unfinished():
+                raise RuntimeError("scheduler made no progress with requests left (a request can never fit?)")
             break
-        if skip_runs and sched.running and not sched.swapped:  # (``steady_decode_steps``' cheapest conditions)
-            seqs = sched.running_seqs()
-            limit = min((stop_len[s.seq_id] - len(s.token_ids) for s in seqs), default=0)  # no finish before the last
-            if max_steps is not None:
-                limit = min(limit, max_steps - step)
-            run_left = sched.steady_decode_steps(limit, seqs)
-            if run_left:
-                run_seqs = seqs
-                run_context = sum(len(s.token_ids) for s in seqs)
-                run_closed_queue = not sched.waiting
+        if max_steps is not None and core.num_steps >= max_steps:
+            break
     bar.close()
     reqs = pd.DataFrame([{"request_id": g.request_id, "arrival_time": g.metrics.arrival_time,
                           "first_token_time": g.metrics.first_token_time, "finish_time": g.metrics.finish_time,
                           "prompt_len": g.seqs[0].get_prompt_len(), "output_len": target[g.seqs[0].seq_id],
                           "total_output_len": sum(target[s.seq_id] for s in g.seqs),
                           "error": g.error} for g in groups])
-    return SimResult(system, rows.frame(), reqs, dict(sched.num_preemptions), kv.stats().prefix_hit_rate, computed)
+    return SimResult(system, steps_frame(core.steps, system == "paged"), reqs, dict(sched.num_preemptions),
+                     kv.stats().prefix_hit_rate, ex.computed, core.num_steady_steps)

@@ -18,6 +18,7 @@ from typing import Callable, ClassVar
 import numpy as np
 import pandas as pd
 
+from pagedattn.model.tiny import TINY_OPT_SHAPE, tiny_opt  # noqa: F401  (the experiments' model, re-exported)
 from pagedattn.repro.paper import DEFAULT_BLOCK_SIZE
 from pagedattn.repro.workloads import TraceRequest, make_trace
 
@@ -49,25 +50,6 @@ class ServingParams(ExperimentParams):
 
 
 # ------------------------------------------------------------------------------------------------ CPU model
-#: The CPU-scale model's shape unless an experiment passes its own (``transformers.OPTConfig`` fields);
-#: ``ffn_dim`` is 4 x hidden unless given.
-TINY_OPT_SHAPE = dict(vocab_size=512, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-                      max_position_embeddings=512, init_std=0.2)
-
-
-def tiny_opt(seed: int = 0, **shape):
-    """A small random-weight OPT (transformers; the paper's model family), fp32, eval mode, seeded: the model of
-    the CPU-scale runs, where only lengths matter. ``shape`` overrides ``TINY_OPT_SHAPE`` (``OPTConfig`` fields).
-    ``init_std=0.2`` keeps the logits far from uniform, so greedy decoding is deterministic."""
-    import torch
-    from transformers import OPTConfig, OPTForCausalLM
-
-    cfg = {**TINY_OPT_SHAPE, **shape}
-    cfg.setdefault("ffn_dim", 4 * cfg["hidden_size"])
-    torch.manual_seed(seed)
-    return OPTForCausalLM(OPTConfig(**cfg)).eval()
-
-
 def tiny_opt_cached(seed: int = 0, **shape):
     """``tiny_opt(seed, **shape)``, built once per process and shared by later calls with the same arguments: a
     sweep's task builds its model in its worker from the seed (the same weights in every process: the
@@ -112,18 +94,15 @@ def make_engine(model, system: str, num_slots: int, block_size: int = 16, max_mo
     """An ``LLMEngine`` serving as ``system`` (``paged``; ``paged_user`` and ``paged_auto``: paged, the latter with
     automatic prefix caching; ``orca_max`` / ``orca_pow2`` / ``orca_oracle``; ``ft``: Orca (Max)'s reservation with
     static batching) over ``num_slots`` token slots, the same budget for every system. It keeps every step's
-    metrics unless ``max_step_metrics`` says otherwise (a server passes a bound). The KV manager comes from
-    ``sim.make_kv_manager``, the one mapping from a system to its manager that the simulator uses too."""
+    metrics unless ``max_step_metrics`` says otherwise (a server passes a bound). The KV manager is the engine's
+    ``EngineArgs.kv_manager`` (``memory.systems``, the one mapping from a system to its manager, the simulator's too)."""
     from pagedattn.engine import LLMEngine
-    from pagedattn.repro.sim import make_kv_manager
 
     engine_kw.setdefault("max_step_metrics", None)  # an experiment reads every step's metrics, however many
-    paged = system.startswith("paged")
-    kv = make_kv_manager("paged" if paged else system, num_slots, block_size, max_model_len,
-                         engine_kw.pop("num_cpu_blocks", 0), enable_prefix_caching=system == "paged_auto")
-    engine = LLMEngine(model, engine_kw.pop("tokenizer", None), kv, max_model_len=max_model_len, **engine_kw)
-    engine.scheduler.static_batching = system == "ft"  # FasterTransformer: no request joins a running batch
-    return engine
+    name = "paged" if system.startswith("paged") else "static" if system == "ft" else system
+    return LLMEngine(model, engine_kw.pop("tokenizer", None), name, num_slots=num_slots, block_size=block_size,
+                     max_model_len=max_model_len, num_cpu_blocks=engine_kw.pop("num_cpu_blocks", 0),
+                     enable_prefix_caching=system == "paged_auto", **engine_kw)
 
 
 # ------------------------------------------------------------------------------------------------ replay

@@ -1,0 +1,27 @@
+"""The package's structure (issue 49): no import circles among ``pagedattn``'s modules, imports made only for
+annotations (``if TYPE_CHECKING:``) and inside functions included. The layers themselves (research above the entry
+points, the entry points above the engine, the engine above its core) are import-linter's contracts in
+pyproject.toml, checked by ``make check``."""
+import grimp
+
+
+def circles(graph) -> list[tuple[str, ...]]:
+    """Every import ``a -> b`` whose ``b`` reaches back to ``a``, with the chain that closes the circle."""
+    found = []
+    for a in sorted(graph.modules):
+        for b in sorted(graph.find_modules_directly_imported_by(a)):
+            if b.startswith("pagedattn") and graph.chain_exists(importer=b, imported=a):
+                found.append((a, *graph.find_shortest_chain(importer=b, imported=a)))
+    return found
+
+
+def test_no_import_circles():
+    graph = grimp.build_graph("pagedattn", exclude_type_checking_imports=False)
+    assert "pagedattn.core" in graph.modules and "pagedattn.repro.sim" in graph.modules
+    assert not circles(graph), "import circles (each: a module, then the chain back to it)"
+
+
+def test_the_check_sees_a_circle():
+    graph = grimp.build_graph("pagedattn", exclude_type_checking_imports=False)
+    graph.add_import(importer="pagedattn.memory.interface", imported="pagedattn.repro.sim")
+    assert any(c[0] == "pagedattn.memory.interface" and c[-1] == "pagedattn.memory.interface" for c in circles(graph))
