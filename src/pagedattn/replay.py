@@ -368,10 +368,11 @@ def write_mooncake(trace: Sequence[TraceLike], path: str) -> None:
     same times, and ``read_mooncake`` reads it back."""
     with open(path, "w") as f:
         for r in trace:
-            row = {"timestamp": round(1000 * r.arrival_time, 3), "input_length": r.prompt_len,
+            row: dict[str, float | str] = {"timestamp": round(1000 * r.arrival_time, 3), "input_length": r.prompt_len,
                    "output_length": r.output_len}
-            if isinstance(getattr(r, "prompt", None), str):
-                row["text"] = r.prompt
+            prompt = getattr(r, "prompt", None)
+            if isinstance(prompt, str):
+                row["text"] = prompt
             f.write(json.dumps(row) + "\n")
 
 
@@ -379,7 +380,7 @@ def read_mooncake(path: str) -> list[Request]:
     """The requests of a Mooncake-style JSONL (``write_mooncake``'s, or AIPerf's: other keys are ignored): arrival
     ``timestamp`` (ms), ``input_length`` (random token ids of that length unless the row has a ``text`` prompt) and
     ``output_length``. A row without them is a ``ValueError`` naming its line."""
-    out = []
+    out: list[Request] = []
     with open(path) as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
