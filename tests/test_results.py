@@ -68,6 +68,12 @@ def test_bad_claims_name_the_field(bad, match):
         Claim("x", 1, 1, **bad)
 
 
+@pytest.fixture(autouse=True)
+def _no_calibration_replay(monkeypatch):
+    """``reproduce``'s calibration replay (a second or two per notebook) is tested once, in the run.json test."""
+    monkeypatch.setenv(reproduce.CALIBRATION_ENV, "0")
+
+
 @pytest.fixture
 def fake_notebooks(tmp_path, monkeypatch):
     """Three fake notebooks; the runner writes a summary.json for each, except 02_b, which fails."""
@@ -266,14 +272,19 @@ def test_replace_blocks_rewrites_between_markers_and_needs_them():
 
 # --- timing record (issue 26, part 3) and --jobs / --scheduler ---------------------------------------------------
 
-def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebooks):
+def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebooks, monkeypatch):
     ran, fake_run = fake_notebooks
+    monkeypatch.setenv(reproduce.CALIBRATION_ENV, "1")
     fake_run.fail = False
     out = tmp_path / "results"
     assert reproduce.main(["--results-dir", str(out), "--jobs", "3"]) == 0
     record = json.loads((out / "01_a" / "run.json").read_text())
     assert set(record) == {"notebook", "seconds", "jobs", "scheduler", "machine", "date", "started", "all_notebooks",
-                           "simulator", "machine_cores_busy", "finished", "at_once"}
+                           "simulator", "machine_cores_busy", "finished", "at_once", "parameters",
+                           "calibration_replay"}
+    calibration = record["calibration_replay"]  # issue 52: a slow hour shows in the fixed replay's time
+    assert calibration["replay"] == reproduce.CALIBRATION_REPLAY and calibration["cpu_s"] > 0 < calibration["wall_s"]
+    assert record["parameters"] == {}  # no --vllm: vLLM-CPU is not asked for
     assert record["machine_cores_busy"] is None or 0 <= record["machine_cores_busy"] <= os.cpu_count()
     assert record["simulator"] == "compiled" or record["simulator"].startswith("interpreted (")
     assert record["jobs"] == 3 and record["notebook"] == "01_a" and record["all_notebooks"] is True
@@ -283,6 +294,13 @@ def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebook
     assert reproduce.main(["--results-dir", str(out), "--only", "02"]) == 0  # a partial run: no longer one full run
     assert "not one full" in (out / "SUMMARY.md").read_text()
     assert "No full `make reproduce` is recorded yet" in readme.render_timing(out)
+
+
+def test_vllm_reaches_only_the_notebooks_that_declare_it():
+    """``make reproduce VLLM=1``: notebook 13 gets ``vllm=True``; a notebook without that parameter gets nothing."""
+    nb13, nb01 = (reproduce.NOTEBOOKS_DIR / f"{n}.ipynb" for n in ("13_online_serving", "01_kv_memory_waste"))
+    assert reproduce.notebook_parameters(nb13, vllm=True) == {"vllm": True}
+    assert reproduce.notebook_parameters(nb13, vllm=False) == {} == reproduce.notebook_parameters(nb01, vllm=True)
 
 
 def test_a_quick_run_divides_the_cores_among_its_notebooks_and_a_full_run_gives_each_all():

@@ -9,18 +9,29 @@ a step computes. The loop sleeps when no request is in flight.
 Each request's outputs reach its consumer through a ``_Stream`` that keeps only the latest ``RequestOutput`` (outputs
 are cumulative, so a slow consumer skips intermediate ones and memory stays bounded). A consumer that stops early (a
 client that disconnected) has its request aborted, which frees its blocks before the next step.
+
+Text is tokenized (``tokenize``, ``run_tokenizer``) on a second worker thread, never the engine's: a long prompt
+costs its own request time, while the steps of the requests in flight go on. Requests reach the engine as token ids.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable, Protocol
 
 from pagedattn.engine import LLMEngine
 from pagedattn.sequence import RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
+
+
+class OutputObserver(Protocol):
+    """What watches every output the loop delivers (the server's Prometheus metrics, ``serve_metrics``)."""
+
+    def observe(self, output: RequestOutput) -> None: ...
+
+    def forget(self, request_id: str) -> None: ...
 
 
 class EngineOverloaded(Exception):
@@ -53,10 +64,12 @@ class AsyncEngine:
     about to be added); beyond it ``generate`` raises ``EngineOverloaded`` instead of queueing without limit.
     Call ``start()`` inside the running event loop and ``await stop()`` at shutdown."""
 
-    def __init__(self, engine: LLMEngine, max_queued: int = 1000) -> None:
+    def __init__(self, engine: LLMEngine, max_queued: int = 1000, observer: OutputObserver | None = None) -> None:
         self.engine = engine
         self.max_queued = max_queued
+        self.observer = observer
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._tokenizer_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
         self._streams: dict[str, _Stream] = {}
         self._queued: set[str] = set()  # admitted, no output yet
         self._aborts: set[str] = set()  # to abort on the worker before the next step
@@ -78,10 +91,24 @@ class AsyncEngine:
         for s in self._streams.values():
             s.fail("the server is shutting down")
         self._worker.shutdown(wait=True)
+        self._tokenizer_worker.shutdown(wait=True)
 
     async def _call(self, fn, *args):
         """Run ``fn(*args)`` on the engine's worker thread."""
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
+    async def run_tokenizer(self, fn: Callable, *args):
+        """Run ``fn(*args)`` (tokenizing, a chat template) on the tokenizer's thread: off the engine's thread and the
+        event loop, so that a long text stalls neither the steps in flight nor the streams."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_worker, fn, *args)
+
+    async def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        """A text's token ids, on the tokenizer's thread; ``ValueError`` without a tokenizer."""
+        tokenizer: Any = self.engine.tokenizer
+        if tokenizer is None:
+            raise ValueError("a text prompt needs a tokenizer; this model has none: send token ids")
+        return await self.run_tokenizer(lambda: list(tokenizer(prompt, add_special_tokens=add_special_tokens)
+                                                     ["input_ids"]))
 
     # ------------------------------------------------------------------------------------------- requests
     @property
@@ -137,6 +164,8 @@ class AsyncEngine:
     def _forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
         self._queued.discard(request_id)
+        if self.observer is not None:
+            self.observer.forget(request_id)
 
     # ---------------------------------------------------------------------------------------- engine loop
     def _step(self, aborts: list[str]) -> tuple[list[RequestOutput], bool]:
@@ -167,6 +196,8 @@ class AsyncEngine:
                 self._queued.discard(o.request_id)
                 if stream is not None:
                     stream.put(o)
+                if self.observer is not None:
+                    self.observer.observe(o)
             await asyncio.sleep(0)  # let handlers stream and new requests arrive between steps
 
     async def _reset(self, message: str) -> bool:

@@ -196,7 +196,7 @@ class LLMEngine:
                                    static_batching=is_static(args.kv_manager))
         self.backend = kernels.get_backend(args.attention_backend)
         self.runner = ModelRunner(self.model, self.kv, self.backend, self.device, self.dtype)
-        self.sampler = Sampler(eos_token_ids(self.model, self.tokenizer), self.max_model_len)
+        self.sampler = Sampler(eos_token_ids(self.model, self.tokenizer), self.max_model_len, self.tokenizer)
         self.processor = OutputProcessor(self.tokenizer)
         if args.max_step_metrics is not None and (as_int(args.max_step_metrics) is None or args.max_step_metrics < 0):
             raise ValueError(f"max_step_metrics must be None or an integer >= 0, got {args.max_step_metrics!r}")
@@ -254,6 +254,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids = tokenize(prompt, self.tokenizer)
         check_request(token_ids, params, self.vocab_size, self.max_model_len, self.args.max_num_seqs)
+        self.sampler.check(params)
         if params.use_beam_search:  # its k beams must fit in the pool together, even alone (§4.4)
             beam_search.check_fits(self.kv, len(token_ids), params, self.max_model_len)
         if as_int(prefix_len) is None or prefix_len < 0:

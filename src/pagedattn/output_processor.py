@@ -47,5 +47,8 @@ class OutputProcessor:
         for i, s in enumerate(seqs):
             ids = s.output_token_ids
             text = self.detokenizer.text(s.seq_id, ids, final=g.is_finished()) if self.detokenizer else None
-            outs.append(CompletionOutput(i, text, ids, s.cumulative_logprob, s.finish_reason))
+            if text is not None and s.stop_text_len is not None:  # a stop string ended it (sampling.Sampler.stop)
+                text = text[:s.stop_text_len]
+            logprobs = list(s.output_logprobs) if g.sampling_params.logprobs is not None else None
+            outs.append(CompletionOutput(i, text, ids, s.cumulative_logprob, s.finish_reason, logprobs, s.stop_reason))
         return RequestOutput(g.request_id, g.prompt, g.prompt_token_ids, outs, g.is_finished(), g.metrics, g.error)

