@@ -55,16 +55,36 @@ def test_gpu_results_fill_the_null_claims_of_02_and_06():
     from pagedattn.repro.experiments import attention_kernel as ak
     from pagedattn.repro.experiments import preemption as pe
 
-    nulls = [Claim("paged_over_contiguous_latency.gpu", None, None), Claim("bandwidth_fraction.gpu", None, None)]
+    nulls = [Claim("paged_over_contiguous_latency.gpu", None, None), Claim("bandwidth_fraction.gpu", None, None),
+             Claim("paged_over_same_kernel_latency.gpu", None, None)]
     assert ak.with_gpu_claims(nulls, {}) == nulls
-    rows = [{"batch": b, "context": c, "block_size": 16, "ratio": 1.05, "bw_fraction": 0.8}
-            for b in ak.FIG18A_BATCHES for c in (*ak.FIG18A_CONTEXTS, ak.BW_POINT["context"])]
+    rows = [{"batch": b, "context": c, "block_size": 16, "ratio": 0.5, "ratio_vs_sdpa": 1.25, "ratio_same_code": 1.05,
+             "bw_fraction": 0.8} for b in ak.FIG18A_BATCHES for c in (*ak.FIG18A_CONTEXTS, ak.BW_POINT["context"])]
     meta = {"device": "cuda:0", "hardware": "cuda: X", "hardware_slug": "cuda-x", "timestamp": "t",
             "copy_bandwidth_gbps": 3000.0}
     filled = ak.with_gpu_claims(nulls, {"cuda-x": {"meta": meta, "df": pd.DataFrame(rows),
                                                    "path": gpu_check.Path("bench_cuda-x.json")}})
     assert [c.name for c in filled] == [c.name for c in nulls]
-    assert abs(filled[0].ours - 1.05) < 1e-12 and filled[0].holds and filled[1].ours == 0.8 and filled[1].holds
+    # Fig. 18a against SDPA (issue 54), the same-kernel ratio apart; the file's own ``ratio`` column is not read
+    assert abs(filled[0].ours - 1.25) < 1e-12 and filled[0].holds and filled[1].ours == 0.8 and filled[1].holds
+    assert abs(filled[2].ours - 1.05) < 1e-12 and filled[2].holds
     assert [c.ours for c in pe.gpu_claims(None)] == [None, None]
     micro = pd.DataFrame({"block_size": [16, 64], "recompute_over_swap": [0.1, 1.0], "scale": "GPU", "tokens": 1024})
     assert [(c.ours, c.holds) for c in pe.gpu_claims(micro)] == [(0.1, False), (1.0, True)]
+
+
+def test_equivalence_judges_fp32_by_identity_and_half_precision_against_hf():
+    """fp32: identical tokens or the claim fails; fp16 / bf16: the engine's agreement with HF float64 against HF's own
+    (issue 54); a dtype not measured stays null."""
+    ref = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    assert gpu_check.first_divergence([[1, 2, 3, 4], [5, 0, 7, 8]], ref) == [None, 1]
+    assert gpu_check.agreement([[1, 2, 3, 4], [5, 0, 7, 8]], ref) == (1 + 0.25) / 2
+    cl = {c.name: c for c in gpu_check.equivalence_claims("cuda: X", {
+        "float32": {"identical": 7, "prompts": 8, "tokens": 4},
+        "float16": {"ours_vs_fp64": 0.60, "hf_vs_fp64": 0.65, "prompts": 8, "tokens": 4},
+        "bfloat16": {"ours_vs_fp64": 0.40, "hf_vs_fp64": 0.55, "prompts": 8, "tokens": 4}}, "test")}
+    assert cl["engine_matches_hf_greedy.gpu.float32"].holds is False
+    assert cl["engine_fp64_agreement_minus_hf.gpu.float16"].holds is True
+    assert cl["engine_fp64_agreement_minus_hf.gpu.bfloat16"].holds is False
+    empty = gpu_check.equivalence_claims("cuda: X", {}, "no run")
+    assert [c.ours for c in empty] == [None, None, None] and all("not measured" in c.note for c in empty)
