@@ -88,3 +88,43 @@ def test_equivalence_judges_fp32_by_identity_and_half_precision_against_hf():
     assert cl["engine_fp64_agreement_minus_hf.gpu.bfloat16"].holds is False
     empty = gpu_check.equivalence_claims("cuda: X", {}, "no run")
     assert [c.ours for c in empty] == [None, None, None] and all("not measured" in c.note for c in empty)
+
+
+def test_issue54_steps_run_their_code_on_the_cpu(tmp_path):
+    """The kernel-vs-SDPA and engine steps on tiny shapes (``Sizes.smoke``), on the CPU: every figure the GPU run
+    needs comes out (timings, the roofline without a copy bandwidth stays null, the profiler's launches), with the
+    claims named as the GPU run names them. Not a GPU figure: the code path only."""
+    ctx = gpu_check.Context(tmp_path, "cpu", "cpu: smoke", "cpu-smoke", sizes=gpu_check.Sizes.smoke())
+    k = gpu_check.step_kernel_vs_sdpa(ctx)
+    assert k["rows"] == 2 and set(k) >= {"mha", "gqa"}
+    import pandas as pd
+
+    df = pd.read_csv(k["file"])
+    assert (df.max_abs_diff_vs_sdpa < 1e-4).all() and (df.paged_ms > 0).all()
+    e = gpu_check.step_engine(ctx)
+    d = e["decode"]
+    assert d["decode_steps"] == 2 and d["decode_step_ms"] > 0 and d["launches_per_decode_step"] == 0
+    assert d["roofline_ms"] is None and e["mns4"]["tokens_per_s"] > 0 and e["hf_generate_b2"]["tokens_per_s"] > 0
+    names = {c.name: c for c in ctx.claims["gpu_check"]}
+    assert {"kernel_over_sdpa.gpu.mha", "kernel_bandwidth_fraction.gpu.gqa", "engine_tokens_per_s.gpu.mns4",
+            "decode_step_over_roofline.gpu.b4", "gpu_busy_fraction.gpu.decode_b4",
+            "hf_generate_tokens_per_s.gpu.b2", "launches_per_decode_step.gpu.b4"} <= set(names)
+    assert names["gpu_busy_fraction.gpu.decode_b4"].ours is None  # no device activity on a CPU: null, not 0
+
+
+def test_a_failing_step_is_reported_not_skipped(monkeypatch, tmp_path, capsys):
+    """On a GPU a step that raises is recorded with its error and the exit status is 1; the other steps run."""
+    import torch
+
+    ran = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "steps", lambda: [
+        gpu_check.Step("kernels", "boom", [], lambda ctx: (_ for _ in ()).throw(RuntimeError("no kernel"))),
+        gpu_check.Step("swap", "ok", [], lambda ctx: ran.append(1) or {"x": 1})])
+    import pagedattn.repro.results as results
+
+    monkeypatch.setattr(results, "hardware_label", lambda device: "cuda: test")
+    assert gpu_check.main(["--only", "kernels,swap", "--results-dir", str(tmp_path)]) == 1
+    doc = json.loads((tmp_path / "gpu_check" / "summary.json").read_text())
+    assert doc["extra"]["failed"] == {"kernels": "RuntimeError: no kernel"} and ran == [1]
+    assert "FAILED" in capsys.readouterr().out
