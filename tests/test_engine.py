@@ -107,6 +107,20 @@ def test_greedy_matches_hf(model_and_ref, setup):
     assert_all_blocks_free(e)
 
 
+@pytest.mark.parametrize("setup", [dict(), dict(block_size=4, num_gpu_blocks=14, preemption_mode="recompute")],
+                         ids=["roomy", "recompute"])
+def test_batched_prefill_matches_hf(model_and_ref, setup, monkeypatch):
+    """The GPU's prefill (one SDPA call per step for all sequences, ``attention.BATCHED_PREFILL``) forced on the
+    CPU gives HF's greedy tokens, also when preemption recomputes prompts."""
+    from pagedattn.model import attention
+
+    monkeypatch.setattr(attention, "BATCHED_PREFILL", True)
+    hf, ref = model_and_ref
+    llm = LLM(hf, **setup)
+    assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == ref
+    assert_all_blocks_free(llm.engine)
+
+
 def test_orca_contiguous_manager_on_the_same_engine(llama_and_ref):
     hf, ref = llama_and_ref
     kv = ContiguousKVManager(512, "oracle", max_model_len=128)

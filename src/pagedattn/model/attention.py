@@ -6,16 +6,18 @@ A forward pass takes a *flat* batch of ``T`` new tokens from several sequences a
 shared by all layers. Each layer
 
 1. writes the new tokens' K/V into their slots (``reshape_and_cache``, the KV-cache write of §4.1);
-2. attends: a *prefill* (many query tokens per sequence, §4.3) runs one SDPA call for all the step's sequences
-   (:class:`PrefillLayout`); a *decode* (one query token per sequence) runs the backend's ``paged_attention`` kernel
-   over the block tables.
+2. attends: a *prefill* (many query tokens per sequence, §4.3) runs, on a GPU, one SDPA call for all the step's
+   sequences (:class:`PrefillLayout`), on a CPU one per sequence (``BATCHED_PREFILL``); a *decode* (one query token
+   per sequence) runs the backend's ``paged_attention`` kernel over the block tables.
 
-The batched prefill pads the step's sequences to the longest query (``L``) and the longest context (``C``) and
-attends over the context read back from the cache by block table, so a fresh prompt, a recomputed one and one behind
-a cached prefix take the same path, with a mask that is causal with each sequence's offset. Grouped-query attention
+The batched prefill pads the step's sequences to the longest query (``L``). When every context is new (the usual
+prefill) it runs causal SDPA over the right-padded fresh K/V: a padded key sits after every real one, so the causal
+mask already hides it, and grouped-query attention goes through SDPA's ``enable_gqa``. When some sequence has a cached
+context (a recomputed prompt, a shared prefix) it attends over the contexts read back from the cache by block table,
+padded to the longest (``C``), with a mask that is causal with each sequence's offset; grouped-query attention then
 packs the ``G`` query heads of a kv head as ``G * L`` rows against that kv head's keys (FlashInfer's GQA "query
-packing"), so K/V are never repeated per query head. No Python loop runs over sequences: the layout's index tensors
-are built once per forward pass and shared by every layer.
+packing"). Either way K/V are never repeated per query head in our code. No Python loop runs over sequences: the
+layout's index tensors are built once per forward pass and shared by every layer.
 """
 from __future__ import annotations
 
@@ -52,6 +54,14 @@ class AttentionMetadata:
         return len(self.context_lens_list)
 
 
+#: The prefill's path: None chooses by device, one SDPA call for the whole step (``_prefill_batched``) off the CPU,
+#: where a Python loop of kernel launches over sequences keeps the GPU idle (issue 54), and one SDPA call per sequence
+#: on the CPU, where the loop costs little and the padding of the batched call costs more (measured on the 2-core VM,
+#: one thread: attention of 32 prompts of 16-200 tokens, 8 heads over 2, 21 ms per sequence vs 45 ms batched; a
+#: 4-layer Llama's prefill of those prompts about 20 % slower batched). True / False force a path (tests).
+BATCHED_PREFILL: bool | None = None
+
+
 class PagedAttention(torch.nn.Module):
     """Multi-head attention over paged K/V (GQA when ``num_kv_heads < num_heads``). Holds no weights."""
 
@@ -81,8 +91,39 @@ class PagedAttention(torch.nn.Module):
         return out.reshape(T, self.num_heads * self.head_dim)
 
     def _prefill(self, q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tensor:
-        """Causal attention of every sequence's new tokens over its whole context, in one SDPA call (K/V read from the
-        cache, just written)."""
+        batched = BATCHED_PREFILL if BATCHED_PREFILL is not None else q.device.type != "cpu"
+        return (self._prefill_batched if batched else self._prefill_per_sequence)(q, k, v, meta)
+
+    def _prefill_per_sequence(self, q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tensor:
+        """Causal SDPA per sequence: over the fresh K/V when the whole context is new, else over the context gathered
+        from the cache by block table, causal with an offset. The CPU's path (see ``BATCHED_PREFILL``)."""
+        out = torch.empty_like(q)
+        loc, bs = meta.query_start_loc, self.k_cache.shape[1]
+        gqa = self.num_heads // self.num_kv_heads
+        for s in range(meta.num_seqs):
+            start, end, ctx = loc[s], loc[s + 1], meta.context_lens_list[s]
+            qs = q[start:end].transpose(0, 1)  # [H, L, D]
+            n_new = end - start
+            if ctx == n_new:  # the whole context is new: attend over the fresh K/V
+                ks, vs, mask, causal = k[start:end], v[start:end], None, True
+            else:  # cached context before the query: gather it by block table, causal with an offset
+                table = meta.block_tables[s, : -(-ctx // bs)].long()
+                ks = self.k_cache[table].flatten(0, 1)[:ctx]
+                vs = self.v_cache[table].flatten(0, 1)[:ctx]
+                rows = torch.arange(ctx - n_new, ctx, device=q.device)[:, None]
+                mask, causal = rows >= torch.arange(ctx, device=q.device)[None, :], False
+            ks, vs = ks.transpose(0, 1), vs.transpose(0, 1)  # [KVH, C, D]
+            if gqa > 1:
+                ks, vs = ks.repeat_interleave(gqa, dim=0), vs.repeat_interleave(gqa, dim=0)
+            # 4-D inputs: on the CPU, 3-D SDPA falls back to a much slower path
+            o = F.scaled_dot_product_attention(qs[None], ks.to(qs.dtype)[None], vs.to(qs.dtype)[None],
+                                               attn_mask=mask, is_causal=causal, scale=self.scale)
+            out[start:end] = o[0].transpose(0, 1)
+        return out
+
+    def _prefill_batched(self, q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tensor:
+        """Causal attention of every sequence's new tokens over its whole context, in one SDPA call (see the module
+        docstring). The GPU's path."""
         group = self.num_heads // self.num_kv_heads
         lay = meta.prefill_layout
         if lay is None or lay.group != group or lay.block_size != self.k_cache.shape[1]:
@@ -90,6 +131,12 @@ class PagedAttention(torch.nn.Module):
         S, L, H, KVH, D = lay.num_seqs, lay.max_query, self.num_heads, self.num_kv_heads, self.head_dim
         qp = q.new_zeros(S * L, H, D)
         qp[lay.q_rows] = q
+        if lay.all_new:  # no cached context: right-padded fresh K/V, plain causal (a padded key follows every real one)
+            kp, vp = q.new_zeros(S * L, KVH, D), q.new_zeros(S * L, KVH, D)
+            kp[lay.q_rows], vp[lay.q_rows] = k, v
+            o = F.scaled_dot_product_attention(*(t.view(S, L, -1, D).transpose(1, 2) for t in (qp, kp, vp)),
+                                               is_causal=True, scale=self.scale, enable_gqa=group > 1)
+            return o.transpose(1, 2).reshape(S * L, H, D)[lay.q_rows]
         # [S, L, KVH, G, D] -> [S, KVH, G * L, D]: the G query heads of a kv head as rows against its keys
         qp = qp.view(S, L, KVH, group, D).permute(0, 2, 3, 1, 4).reshape(S, KVH, group * L, D)
         ks = self.k_cache.flatten(0, 1)[lay.kv_slots].permute(0, 2, 1, 3).to(q.dtype)  # [S, KVH, C, D]
@@ -118,8 +165,12 @@ class PrefillLayout:
     group: int
     block_size: int
     q_rows: Tensor
-    kv_slots: Tensor
-    mask: Tensor
+    kv_slots: Tensor | None  # None (and no mask) when every context is new: ``all_new``
+    mask: Tensor | None
+
+    @property
+    def all_new(self) -> bool:
+        return self.kv_slots is None
 
     @classmethod
     def build(cls, meta: AttentionMetadata, block_size: int, group: int, device: torch.device) -> "PrefillLayout":
@@ -131,6 +182,8 @@ class PrefillLayout:
         L = max(b - a for a, b in zip(starts, starts[1:]))
         seq = torch.repeat_interleave(torch.arange(S, device=device), new)
         q_rows = seq * L + torch.arange(int(loc[-1]), device=device) - loc[:-1][seq]
+        if all(c == b - a for c, a, b in zip(meta.context_lens_list, starts, starts[1:])):
+            return cls(S, L, C, group, block_size, q_rows, None, None)
         pos = torch.arange(C, device=device)
         tables = meta.block_tables.long()
         kv_slots = tables[:, pos // block_size] * block_size + pos % block_size  # [S, C]
