@@ -259,8 +259,9 @@ def attention_tile_config(head_dim: int, dtype: torch.dtype, group: int, interpr
     The register footprint per thread grows with ``TILE_N x HEADS x BLOCK_D`` (the K and V tiles, in fp32 on the MHA
     path) over the number of threads; GQA programs also hold ``BLOCK_G`` query rows and their ``[BLOCK_G, TILE_N]``
     scores. MHA programs take 4 heads of up to 128 dims: 16-token tiles on 4 warps up to head dim 64, 32-token tiles on
-    8 warps at 128 (32 x 4 x 128 = 16K elements per tile, 64 per thread: 98-128 registers, no spill, where 16-token
-    tiles on 8 warps spilled 8 bytes on sm_90 in bf16); 2 heads above 128.
+    8 warps at 128 (32 x 4 x 128 = 16K elements per tile, 64 per thread; 16-token tiles spilled 8 bytes there on sm_90
+    in bf16), 16-token tiles on 8 warps for head dims 80 and 96 (32-token tiles spilled 4 bytes on the split path at
+    block 16); 2 heads above 128. These choices come from the compile table, not from GPU timings.
     """
     if interpret:  # the interpreter's cost is per op, not per element: small tiles, cheap masks; 2 heads per
         return TileConfig(16, 4, 1, heads=2 if group == 1 else 1)  # MHA program, so the head mask is exercised
@@ -268,7 +269,9 @@ def attention_tile_config(head_dim: int, dtype: torch.dtype, group: int, interpr
     if group == 1:  # MHA: fp32 products of [TILE_N, HEADS, BLOCK_D]
         if block_d <= 64:
             return TileConfig(16, 4, 2, heads=4)
-        return TileConfig(32, 8, 2, heads=4) if block_d <= 128 else TileConfig(16, 8, 2, heads=2)
+        if block_d <= 128:  # head dims 80 / 96 (masked lanes) spill 4 bytes with 32-token tiles at block 16
+            return TileConfig(32 if head_dim == block_d else 16, 8, 2, heads=4)
+        return TileConfig(16, 8, 2, heads=2)
     if dtype == torch.float32:  # IEEE fp32 tl.dot: operands in fp32
         return TileConfig(32, 4, 2)
     return TileConfig(64 if block_d <= 128 else 32, 4, 2)
