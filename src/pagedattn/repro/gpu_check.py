@@ -538,10 +538,12 @@ def steps() -> list[Step]:
              f"{[s for s, _ in KERNEL_GRID['shapes']]}, GQA {KERNEL_GRID['gqa']}, "
              f"head dims {KERNEL_GRID['head_dims']}, fp32/fp16/bf16, single pass and split-KV",
              ["02_attention_kernel/correctness_<gpu>.csv"], step_kernels),
-        Step("fig18a", f"Fig. 18a: paged vs contiguous layout vs SDPA, OPT-13B layer fp16, batch 8/32, contexts "
+        Step("fig18a", f"Fig. 18a: paged vs SDPA on a contiguous cache vs the same kernel on an identity table, "
+             f"OPT-13B layer fp16, batch 8/32, contexts "
              f"64-4096, block sizes {list(BLOCK_SIZES)}; bandwidth fraction; per-block-size cost for notebook 05",
              ["02_attention_kernel/bench_<gpu>.json", "05_block_size/kernel_<gpu>.csv",
-              "02_attention_kernel/summary.json (paged_over_contiguous_latency.gpu, bandwidth_fraction.gpu)"],
+              "02_attention_kernel/summary.json (paged_over_contiguous_latency.gpu, "
+              "paged_over_same_kernel_latency.gpu, bandwidth_fraction.gpu)"],
              step_fig18a),
         Step("engine_vs_hf", f"engine (Triton) and HF generate greedy in fp32/fp16/bf16, each vs HF float64, "
              f"{ENGINE_PROMPTS} prompts x {ENGINE_NEW_TOKENS} tokens, Llama GQA d128 and OPT d64",
@@ -664,7 +666,7 @@ def dry_run(selected: list[Step], results_dir: Path) -> None:
 
     ak.BenchConfig(block_sizes=BLOCK_SIZES)
     models = engine_models("cpu") if any(s.name == "engine_vs_hf" for s in selected) else {}
-    print(f"dry run: no GPU work; results would go under {results_dir}")
+    print(f"dry run: no GPU work; results would go under {results_dir}; a whole run must take <= {TIME_BUDGET_S} s")
     for i, s in enumerate(selected, 1):
         print(f"{i}. {s.name}: {s.what}")
         for w in s.writes:
