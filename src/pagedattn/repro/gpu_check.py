@@ -500,7 +500,8 @@ def step_engine(ctx: Context) -> dict:
     copy = _copy_gbps(ctx)
     roofline_ms = None if copy is None else (weight_bytes + kv_bytes) / (copy * 1e9) * 1e3
     d.update(weight_bytes=weight_bytes, kv_bytes=kv_bytes, roofline_ms=roofline_ms,
-             over_roofline=None if roofline_ms is None or d["decode_step_ms"] <= 0 else d["decode_step_ms"] / roofline_ms)
+             over_roofline=(None if roofline_ms is None or d["decode_step_ms"] <= 0
+                            else d["decode_step_ms"] / roofline_ms))
     top = max(z.engine_max_num_seqs)
     tps, busy = out[f"mns{top}"]["tokens_per_s"], d.get("gpu_busy_fraction")
     what = (f"{ctx.hardware}: random-weight Llama, {out['model_params'] / 1e9:.2f}B parameters, {z.engine_dtype}, "
