@@ -7,19 +7,21 @@ kv head, head_dim]`` a token's heads are adjacent, so each token's load is ``HEA
 1 KB for 4 fp16 heads of 128, and one block-table read serves all of them; vLLM's v1/v2 kernels run one head per
 thread block, FlashInfer's decode kernel one kv head per block with the query group spread over its threads). A
 program walks the sequence's context in *tiles* of ``TILE_N`` tokens. A tile is gathered through the block table
-token by token: logical block ``t // BLOCK_SIZE``, physical block ``block_tables[seq, t // BLOCK_SIZE]``, offset ``t % BLOCK_SIZE``; with block size <= TILE_N a tile
-covers several blocks, with larger blocks a tile is a slice of one block, so any power-of-two block size from 1 to
-256 works. Scores and the output are accumulated in fp32 with the online (streaming) softmax, so the kernel never
-materialises the whole context (§5.1: "fused block read and attention").
+token by token: logical block ``t // BLOCK_SIZE``, physical block ``block_tables[seq, t // BLOCK_SIZE]``, offset
+``t % BLOCK_SIZE``; with block size <= TILE_N a tile covers several blocks, with larger blocks a tile is a slice of
+one block, so any power-of-two block size from 1 to 256 works. Scores and the output are accumulated in fp32 with
+the online (streaming) softmax, so the kernel never materialises the whole context (§5.1: "fused block read and
+attention").
 
 When the (sequence, head block) grid is too small to fill the GPU (small batch), a *split-KV* path (flash-decoding;
 vLLM's ``paged_attention_v2`` with its reduce kernel, FlashInfer's split-k decode) also splits each context into
 partitions: each partition writes its un-normalised output, running max and running sum, and a reduce kernel
 rescales and combines them. The partition size follows FlashInfer's decode planner
 (``PartitionPagedKVCacheBinarySearchMinNumPagePerBatch``): the smallest size, here a power of two from 128 tokens,
-whose programs still fit in one wave of ``_PROGRAMS_PER_SM`` programs per SM, so a batch of 8 at context 1024
-splits into 128-token partitions instead of leaving most SMs idle (vLLM fixes 512 tokens). :func:`use_split_kv`
-decides; ``split_kv=True/False`` forces it.
+whose programs still fit in one wave of ``_PROGRAMS_PER_SM`` programs per SM (an assumption, not tuned on a GPU):
+on a 132-SM H200 a batch of 8 at context 1024 splits into 256-token partitions with OPT-13B's 40 heads (10 programs
+per sequence) and 128-token ones with 8 kv heads, where the fixed 512 of before never split 8 x 40 heads. vLLM fixes
+512 tokens. :func:`split_partition` decides; ``split_kv=True/False`` forces it.
 
 All strides are passed explicitly (caches and queries may be views), and block ids are cast to int64 before they
 are multiplied by a stride, so caches larger than 2**31 elements are addressed correctly.
