@@ -129,3 +129,32 @@ def test_a_failing_step_is_reported_not_skipped(monkeypatch, tmp_path, capsys):
     doc = json.loads((tmp_path / "gpu_check" / "summary.json").read_text())
     assert doc["extra"]["failed"] == {"kernels": "RuntimeError: no kernel"} and ran == [1]
     assert "FAILED" in capsys.readouterr().out
+
+
+def test_import_run_labels_and_rejudges_a_run_made_elsewhere(tmp_path):
+    """``--import-run``: a device machine's files are copied, their claims recomputed and labelled with the GPU, the
+    versions, the date and the source; an old-format equivalence step (same dtype only) becomes tracking counts and
+    null float64 claims, never a guessed number."""
+    import pandas as pd
+
+    run, res = tmp_path / "run", tmp_path / "results"
+    (run / "06_preemption").mkdir(parents=True)
+    (res / "06_preemption").mkdir(parents=True)
+    (res / "06_preemption" / "summary.json").write_text(json.dumps({"experiment": "06", "claims": []}))
+    pd.DataFrame({"block_size": [16, 64], "recompute_over_swap": [0.4, 0.9], "scale": "GPU", "tokens": 1024}).to_csv(
+        run / "06_preemption" / "micro_cuda-x.csv", index=False)
+    (run / "gpu_check_summary.a.json").write_text(json.dumps({
+        "hardware": "cuda: X", "date": "2026-01-02",
+        "extra": {"torch": "t1", "triton": "tr1", "transformers": "tf1", "steps": {"engine_vs_hf": {
+            "llama.float16": {"identical": 3, "prompts": 4, "first_divergence": [2]},
+            "opt.float16": {"identical": 4, "prompts": 4, "first_divergence": []}}}}}))
+    claims = {c.name: c for c in gpu_check.import_run(run, res, source="commit abc")}
+    assert (res / "06_preemption" / "micro_cuda-x.csv").exists()
+    assert claims["recompute_over_swap_latency.gpu.block16"].ours == 0.4
+    assert claims["engine_identical_to_hf_greedy.gpu.float16"].ours == 7 / 8
+    assert claims["engine_identical_to_hf_greedy.gpu.float16"].kind == "tracking"
+    assert claims["engine_fp64_agreement_minus_hf.gpu.float16"].ours is None
+    assert claims["engine_matches_hf_greedy.gpu.float32"].ours is None  # no fp64.json given
+    label = json.loads((res / "06_preemption" / "summary.json").read_text())["extra"]["gpu_check"]
+    assert (label["date"], label["torch"], label["triton"], label["source"]) == ("2026-01-02", "t1", "tr1", "commit abc")
+    assert json.loads((res / "gpu_check" / "summary.json").read_text())["date"] == "2026-01-02"

@@ -583,13 +583,15 @@ def fill_claims(summary: Path, claims: list, hardware: str, run: Optional[dict] 
     summary.write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def import_run(src: Path, results_dir: Path, independent: Optional[Path] = None) -> list:
+def import_run(src: Path, results_dir: Path, independent: Optional[Path] = None, source: str = "") -> list:
     """Commit a GPU run made elsewhere (a device machine's copy of ``results/``: its ``*_cuda-*`` files under 02, 05
     and 06, and the ``gpu_check_summary*.json`` of its invocations): copy the files, recompute the claims from them
     (02 from the newest GPU benchmark, 06 from the GPU microbenchmark, the equivalence from the ``engine_vs_hf``
     step), label them with the GPU, software versions and date, and write ``results/gpu_check/summary.json``.
     ``independent``: a folder with ``fp64.json`` from ``../shared/gpu/fp64.py`` (fp32 identity against float64,
-    measured outside ``make gpu``), used for the float32 claim when the run has none. Returns the claims."""
+    measured outside ``make gpu``), used for the float32 claim when the run has none. ``source`` says what ran
+    (the commit, the machine's folder); it labels the claims with the GPU and the software versions. Returns the
+    claims."""
     import shutil
 
     import pandas as pd
@@ -604,7 +606,7 @@ def import_run(src: Path, results_dir: Path, independent: Optional[Path] = None)
     first = reports[0]
     hw = first["hardware"]
     run = {"date": first["date"], **{k: first["extra"][k] for k in ("torch", "triton", "transformers")},
-           "source": f"imported from {src.name}"}
+           "source": source or f"imported from {src.name}"}
     for f in sorted(src.glob("0[256]_*/*_cuda-*")):
         dst = results_dir / f.parent.name / f.name
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -641,9 +643,9 @@ def import_run(src: Path, results_dir: Path, independent: Optional[Path] = None)
         per_dtype["float32"] = {"identical": sum(d is None for d in ours), "prompts": len(ours),
                                 "tokens": INDEPENDENT_FP32_TOKENS, "ours_vs_fp64": None, "hf_vs_fp64": None}
         shutil.copytree(independent, results_dir / "gpu_check" / f"independent_{run['date']}", dirs_exist_ok=True)
-        source_fp32 = (f"{source}; float32 from ../shared/gpu/fp64.py, outside make gpu: a fresh fp32 1.2B Llama, "
-                       f"HF fp32 identical in {sum(d is None for d in hf)} of {len(hf)} "
-                       f"(gpu_check/independent_{run['date']}/fp64.json)")
+        source_fp32 = (f"measured on {run['date']} by ../shared/gpu/fp64.py, outside make gpu: a fresh fp32 1.2B "
+                       f"Llama, both backends; HF fp32 identical to HF float64 in {sum(d is None for d in hf)} of "
+                       f"{len(hf)} (gpu_check/independent_{run['date']}/fp64.json)")
         claims["gpu_check"] = equivalence_claims(hw, {"float32": per_dtype.pop("float32")}, source_fp32)[:1]
     claims.setdefault("gpu_check", []).extend(c for c in equivalence_claims(hw, per_dtype, source)
                                               if c.name not in {x.name for x in claims["gpu_check"]})
@@ -691,9 +693,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--import-run", type=Path, metavar="DIR",
                     help="commit a GPU run made elsewhere: DIR holds its 02/05/06 files and gpu_check_summary*.json")
     ap.add_argument("--independent", type=Path, metavar="DIR", help="with --import-run: a folder with fp64.json")
+    ap.add_argument("--source", default="", help="with --import-run: what ran (commit, folder), recorded")
     args = ap.parse_args(argv)
     if args.import_run:
-        for c in import_run(args.import_run, args.results_dir, args.independent):
+        for c in import_run(args.import_run, args.results_dir, args.independent, args.source):
             print(f"{c.name}: {c.ours} ({c.tolerance}) holds={c.holds}")
         return 0
     wanted = [s for s in args.only.split(",") if s]
