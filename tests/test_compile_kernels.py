@@ -52,7 +52,7 @@ def test_launch_plans_on_meta_tensors():
 def test_quick_compile_grid():
     rc, df = compile_check.run_subprocess(full=False, timeout=900)
     assert set(df.target) == {"sm_80", "sm_90"}
-    assert set(df.kernel) == {"paged_attn", "paged_attn_reduce", "reshape_and_cache", "copy_blocks"}
+    assert set(df.kernel) == {"paged_attn", "paged_attn_reduce", "reshape_and_cache", "copy_blocks", "rms_norm", "rope"}
     assert (df.error == "").all(), df[df.error != ""].to_string()
     assert (df.problem == "").all(), df[df.problem != ""].to_string()
     engine = df[df.engine.astype(str) == "True"]

@@ -107,6 +107,42 @@ def test_greedy_matches_hf(model_and_ref, setup):
     assert_all_blocks_free(e)
 
 
+@pytest.mark.parametrize("setup", [dict(), dict(block_size=4, num_gpu_blocks=14, preemption_mode="recompute")],
+                         ids=["roomy", "recompute"])
+def test_batched_prefill_matches_hf(model_and_ref, setup, monkeypatch):
+    """The GPU's prefill (one SDPA call per step for all sequences, ``attention.BATCHED_PREFILL``) forced on the
+    CPU gives HF's greedy tokens, also when preemption recomputes prompts."""
+    from pagedattn.model import attention
+
+    monkeypatch.setattr(attention, "BATCHED_PREFILL", True)
+    hf, ref = model_and_ref
+    llm = LLM(hf, **setup)
+    assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == ref
+    assert_all_blocks_free(llm.engine)
+
+
+def test_gpu_layer_path_in_the_interpreter_matches_hf(llama_and_ref, triton, monkeypatch):
+    """What a GPU runs, on the CPU: the batched prefill, the Triton attention and cache write, and the fused Triton
+    RMSNorm (with the residual add) and RoPE (``model.fused_ops``), all in Triton's interpreter, give HF's greedy
+    tokens in fp32 (a short run: the interpreter is slow)."""
+    from pagedattn.kernels import cpu
+    from pagedattn.model import attention, fused_ops
+
+    monkeypatch.setattr(attention, "BATCHED_PREFILL", True)
+    monkeypatch.setattr(fused_ops, "on_gpu", lambda x: True)
+    monkeypatch.setattr(cpu, "takes", lambda *xs, **kw: False)
+    calls = []
+    for name in ("rms_norm_launch", "rope_launch"):
+        fn = getattr(fused_ops, name)
+        monkeypatch.setattr(fused_ops, name, lambda *a, _fn=fn, _n=name, **k: calls.append(_n) or _fn(*a, **k))
+    hf, ref = llama_and_ref
+    llm = LLM(hf, block_size=4, attention_backend="triton")
+    sp = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    assert tokens(llm.generate(PROMPTS[:3], sp, use_tqdm=False)) == [r[:3] for r in ref[:3]]
+    assert {"rms_norm_launch", "rope_launch"} <= set(calls)
+    assert_all_blocks_free(llm.engine)
+
+
 def test_orca_contiguous_manager_on_the_same_engine(llama_and_ref):
     hf, ref = llama_and_ref
     kv = ContiguousKVManager(512, "oracle", max_model_len=128)

@@ -475,8 +475,8 @@ def test_triton_split_kv_more_partitions_than_one_reduce_chunk(triton_ops):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the compiled configuration is tested directly")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 def test_gpu_configuration_in_interpreter(triton_ops, dtype, monkeypatch):
-    """The settings a GPU uses (64-token tiles, 512-token partitions, tl.dot on fp16 operands, IEEE fp32 dot),
-    run in the interpreter: long enough contexts for two partitions, GQA 4 (dot path) and 1 (vector path)."""
+    """The settings a GPU uses (its tiles, 4 heads per MHA program, the planned partitions, tl.dot on fp16 operands,
+    IEEE fp32 dot), run in the interpreter: contexts of several partitions, GQA 4 (dot path) and 1 (MHA path)."""
     import pagedattn.kernels.paged_attention as mod
 
     monkeypatch.setattr(mod, "INTERPRET", False)
@@ -488,6 +488,42 @@ def test_gpu_configuration_in_interpreter(triton_ops, dtype, monkeypatch):
             out = torch.full_like(q, float("nan"))
             mod.paged_attention(q, kc, vc, table, ctx, 0.2, split_kv=split, out=out)
             assert rel_err(out, oracle) < TOL[dtype], (num_kv_heads, split)
+
+
+def _decode_grid_cases() -> list[tuple]:
+    """An all-pairs cover of the decode kernel's grid (issue 54): block size; kv heads (MHA with 3, 4 or 5 heads: the
+    last program of 2 or 4 heads partly masked; GQA 4 over 2 kv heads; GQA 2 over 3); the interpreter's settings or a
+    GPU's (``INTERPRET`` off: 4 heads per MHA program, 16-token MHA tiles, 32/64-token GQA tiles); single pass, the
+    planned split or a forced one of 32-token partitions; dtype."""
+    from pagedattn.repro.experiments.attention_kernel import all_pairs
+
+    return all_pairs([[1, 16, 64], [(3, 3), (4, 4), (5, 5), (8, 2), (6, 3)], ["interpreter", "gpu"],
+                      ["single", "planned", "forced32"], DTYPES])
+
+
+@pytest.mark.parametrize("case", _decode_grid_cases(), ids=lambda c: "-".join(map(str, c)).replace("torch.", ""))
+def test_triton_decode_grid_all_pairs(triton_ops, monkeypatch, case):
+    import pagedattn.kernels.paged_attention as mod
+
+    block_size, (num_heads, num_kv_heads), config, split, dtype = case
+    if config == "gpu":
+        if torch.cuda.is_available():
+            pytest.skip("on a GPU the compiled configuration runs in the other tests")
+        monkeypatch.setattr(mod, "INTERPRET", False)
+        if dtype == torch.bfloat16 and num_heads > num_kv_heads:
+            # the interpreter's tl.dot on bf16 operands is unreliable (module docstring): a GPU's bf16 GQA path
+            # (bf16 dot operands) cannot run here; its fp16 twin runs instead, bf16 keeps its MHA GPU cases
+            dtype = torch.float16
+    gen = _gen("grid", *map(str, case))
+    lens = [300, 7, 129] if split != "single" else [70, 1, 33]
+    q, kc, vc, table, ctx = make_paged(lens, num_heads, num_kv_heads, 32, block_size, dtype, gen)
+    kw = {"single": {"split_kv": False}, "planned": {}, "forced32": {"split_kv": True, "partition_size": 32}}[split]
+    launches = mod.plan_paged_attention(q, kc, vc, table.to(torch.int32), ctx, 0.25, torch.empty_like(q), **kw)
+    assert len(launches) == (2 if split != "single" else 1)  # the CPU's 8-SM wave always splits 3 sequences
+    out = torch.full_like(q, float("nan"))
+    mod.paged_attention(q, kc, vc, table, ctx, 0.25, out=out, **kw)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, naive_attention_f64(q, kc, vc, table, ctx, 0.25)) < TOL[dtype]
 
 
 @pytest.mark.parametrize("backend", ["torch", "cpu", "triton"])
@@ -553,12 +589,19 @@ def test_triton_property(triton_ops, case, split):
 
 
 def test_split_kv_heuristic():
-    from pagedattn.kernels.paged_attention import use_split_kv
+    """FlashInfer-style planning (the CPU stands for 8 SMs, 4 programs each: a wave of 32 programs): split only a
+    grid smaller than the wave, into the smallest power-of-two partition from 128 tokens that keeps it in one wave."""
+    from pagedattn.kernels.paged_attention import split_partition, use_split_kv
 
     cpu = torch.device("cpu")
     assert use_split_kv(1, 8, 8192, cpu)          # one long sequence: split
-    assert not use_split_kv(1, 8, 256, cpu)       # fits one partition: no split
+    assert not use_split_kv(1, 8, 128, cpu)       # fits the smallest partition: no split
     assert not use_split_kv(256, 8, 8192, cpu)    # the grid already fills the device
+    assert not use_split_kv(8, 40, 1024, cpu, heads_per_program=4)  # 80 programs: a wave already
+    assert split_partition(1, 8, 8192, cpu) == 2048   # 8 programs x 4 partitions = the wave
+    assert split_partition(2, 4, 1000, cpu) == 256    # 8 x 4 partitions of 256 (128 would make 64)
+    assert split_partition(1, 1, 300, cpu) == 128     # the smallest partition
+    assert split_partition(4, 8, 4096, cpu) is None   # 32 programs: no room to split
 
 
 def test_triton_empty_context_and_strided_query(triton_ops):

@@ -61,7 +61,7 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_prefill_logits_match_hf(name):
+def test_prefill_logits_match_hf(name, prefill_path):
     hf = VARIANTS[name]()
     model = load_model(hf)
     got = paged_last_logits(model, PROMPTS)
@@ -103,8 +103,17 @@ def test_longrope_is_refused_at_load_time():
         load_model(hf)
 
 
+@pytest.fixture(params=[False, True], ids=["per_sequence", "batched"])
+def prefill_path(request, monkeypatch):
+    """Both prefill paths on the CPU: one SDPA call per sequence (the CPU's) and the batched call (a GPU's)."""
+    from pagedattn.model import attention
+
+    monkeypatch.setattr(attention, "BATCHED_PREFILL", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("make", [tiny_llama, tiny_opt])
-def test_prefill_over_cached_context(make):
+def test_prefill_over_cached_context(make, prefill_path):
     """Prefill the tail of each prompt over its cached head (the path prefix caching and chunked prefill use)."""
     hf = make()
     model = load_model(hf)
@@ -225,3 +234,33 @@ def test_rope_is_bit_identical_to_transformers(rope, dtype):
     qkv = torch.cat([qk, torch.randn(len(positions), 2, 16).to(dtype)], 1)  # in place on a view of a fused q|k|v (C++)
     assert apply_rope(qkv[:, :6], *cos_sin, in_place=True).data_ptr() == qkv.data_ptr()
     assert torch.equal(qkv[:, :6], ours)
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_opt])
+def test_batched_prefill_of_fresh_and_cached_sequences_in_one_step(make, prefill_path):
+    """One step prefills a prompt's tail over its cached head beside whole new prompts (the batched path's masked
+    case, with contexts and queries of different lengths), and a step of new prompts only (its causal case): every
+    last-token logit equals transformers'."""
+    hf = make()
+    model = load_model(hf)
+    bm = BlockManager(4, 64)
+    runner = ModelRunner(model, bm, kernels.get_backend("torch"), torch.device("cpu"), torch.float32)
+    cached, fresh = PROMPTS[2], [PROMPTS[0], PROMPTS[1], PROMPTS[3]]
+    head = Sequence(0, cached[:13])
+    bm.allocate(0, 13)
+    head.status = "running"
+    first = SequenceGroup("0", [head], SamplingParams())
+    runner.forward(runner.prepare_input(SchedulerOutputs(prefill_groups=[first])))
+    head.num_computed_tokens = head.get_len()
+    for t in cached[13:]:
+        head.append_token(t)
+        bm.append_slot(0)
+    groups = [first]
+    for i, p in enumerate(fresh, 1):
+        s = Sequence(i, p)
+        bm.allocate(i, len(p))
+        s.status = "running"
+        groups.append(SequenceGroup(str(i), [s], SamplingParams()))
+    logits, _ = runner.forward(runner.prepare_input(SchedulerOutputs(prefill_groups=groups)))
+    for row, p in zip(logits, [cached] + fresh):
+        torch.testing.assert_close(row, hf_last_logits(hf, p), rtol=1e-4, atol=1e-4)

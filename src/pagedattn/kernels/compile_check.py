@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Optional
 
 TARGETS = (80, 90)
-FAMILIES = ("attention", "reshape_and_cache", "copy_blocks")
+FAMILIES = ("attention", "reshape_and_cache", "copy_blocks", "rms_norm", "rope")
+#: query heads of the layer-op cases (RMSNorm over 32 x head_dim, RoPE over 32 query + 8 kv heads)
+LAYER_HEADS = 32
 DTYPES = ("float16", "bfloat16", "float32")
 #: tokens per sequence in the attention cases (the block table's capacity; 4 partitions of 512 when split)
 CONTEXT = 2000
@@ -68,8 +70,9 @@ def grid(full: bool) -> list[Case]:
     if full:
         att = [Case("attention", dt, hd, bs, g, sp) for dt in DTYPES for hd in (64, 80, 96, 128)
                for bs in (1, 2, 4, 8, 16, 32, 64, 128, 256) for g in (1, 4) for sp in (False, True)]
-        aux = [Case(f, dt, hd, bs) for f in FAMILIES[1:] for dt in DTYPES for hd in (64, 80, 96, 128)
+        aux = [Case(f, dt, hd, bs) for f in FAMILIES[1:3] for dt in DTYPES for hd in (64, 80, 96, 128)
                for bs in (8, 16, 32)]
+        aux += [Case(f, dt, hd, 16) for f in FAMILIES[3:] for dt in DTYPES for hd in (64, 80, 96, 128)]
         return att + aux
     att = [Case("attention", dt, hd, 16, g, sp) for dt in ("float16", "bfloat16") for hd in (64, 128)
            for g in (1, 4) for sp in (False, True)]
@@ -102,6 +105,16 @@ def case_launches(case: Case) -> list:
             k, torch.empty_like(k), cache(), cache(), torch.empty(NUM_SEQS, dtype=torch.long, **meta)))]
     if case.family == "copy_blocks":
         return [("copy_blocks", pa.plan_copy_blocks(cache(), cache(), torch.empty(4, 2, dtype=torch.long, **meta)))]
+    if case.family in ("rms_norm", "rope"):
+        from pagedattn.kernels import fused_layer as fl
+
+        if case.family == "rms_norm":
+            x = torch.empty(NUM_SEQS, LAYER_HEADS * d, dtype=dt, **meta)
+            return [("rms_norm", fl.plan_rms_norm(x, torch.empty(x.shape[1], dtype=dt, **meta), 1e-6, out=x,
+                                                  residual=torch.empty_like(x)))]
+        qk = torch.empty(NUM_SEQS, LAYER_HEADS + kvh, d, dtype=dt, **meta)
+        cs = torch.empty(NUM_SEQS, 1, d, dtype=dt, **meta)
+        return [("rope", fl.plan_rope(qk, cs, cs))]
     raise ValueError(f"unknown kernel family {case.family!r}; choose one of {FAMILIES}")
 
 

@@ -1,17 +1,27 @@
 """Triton PagedAttention decode kernel (§4.1 and §5.1 of Kwon et al., SOSP 2023).
 
-Each program handles one (sequence, kv head) pair -- all ``num_heads // num_kv_heads`` query heads that share the kv
-head, so with GQA each K/V byte is read once per group -- and walks the sequence's context in *tiles* of
-``TILE_N`` tokens. A tile is gathered through the block table token by token: logical block ``t // BLOCK_SIZE``,
-physical block ``block_tables[seq, t // BLOCK_SIZE]``, offset ``t % BLOCK_SIZE``; with block size <= TILE_N a tile
-covers several blocks, with larger blocks a tile is a slice of one block, so any power-of-two block size from 1 to
-256 works. Scores and the output are accumulated in fp32 with the online (streaming) softmax, so the kernel never
-materialises the whole context (§5.1: "fused block read and attention").
+Each program handles one sequence and either one kv head with all the ``num_heads // num_kv_heads`` query heads that
+share it (GQA: each K/V byte is read once per group, the query heads are the rows of a ``tl.dot``), or, with MHA,
+``HEADS`` consecutive heads at once (``[TILE_N, HEADS, head_dim]`` tiles: in the cache layout ``[block, token,
+kv head, head_dim]`` a token's heads are adjacent, so each token's load is ``HEADS x head_dim`` contiguous elements,
+1 KB for 4 fp16 heads of 128, and one block-table read serves all of them; vLLM's v1/v2 kernels run one head per
+thread block, FlashInfer's decode kernel one kv head per block with the query group spread over its threads). A
+program walks the sequence's context in *tiles* of ``TILE_N`` tokens. A tile is gathered through the block table
+token by token: logical block ``t // BLOCK_SIZE``, physical block ``block_tables[seq, t // BLOCK_SIZE]``, offset
+``t % BLOCK_SIZE``; with block size <= TILE_N a tile covers several blocks, with larger blocks a tile is a slice of
+one block, so any power-of-two block size from 1 to 256 works. Scores and the output are accumulated in fp32 with
+the online (streaming) softmax, so the kernel never materialises the whole context (§5.1: "fused block read and
+attention").
 
-For long contexts with few sequences the grid above is too small to fill the GPU, so a *split-KV* path
-(flash-decoding) also splits each context into partitions of ``partition_size`` tokens: each partition writes its
-un-normalised output, running max and running sum, and a reduce kernel rescales and combines them. A heuristic
-chooses the path; ``split_kv=True/False`` forces it.
+When the (sequence, head block) grid is too small to fill the GPU (small batch), a *split-KV* path (flash-decoding;
+vLLM's ``paged_attention_v2`` with its reduce kernel, FlashInfer's split-k decode) also splits each context into
+partitions: each partition writes its un-normalised output, running max and running sum, and a reduce kernel
+rescales and combines them. The partition size follows FlashInfer's decode planner
+(``PartitionPagedKVCacheBinarySearchMinNumPagePerBatch``): the smallest size, here a power of two from 128 tokens,
+whose programs still fit in one wave of ``_PROGRAMS_PER_SM`` programs per SM (an assumption, not tuned on a GPU):
+on a 132-SM H200 a batch of 8 at context 1024 splits into 256-token partitions with OPT-13B's 40 heads (10 programs
+per sequence) and 128-token ones with 8 kv heads, where the fixed 512 of before never split 8 x 40 heads. vLLM fixes
+512 tokens. :func:`split_partition` decides; ``split_kv=True/False`` forces it.
 
 All strides are passed explicitly (caches and queries may be views), and block ids are cast to int64 before they
 are multiplied by a stride, so caches larger than 2**31 elements are addressed correctly.
@@ -20,8 +30,8 @@ Every wrapper builds its launches with a ``plan_*`` function (grid, arguments, c
 runs them; :mod:`pagedattn.kernels.compile_check` compiles the same plans ahead of time for sm_80 / sm_90 and checks
 registers, spills and shared memory. The tile (``TILE_N`` tokens) and the warps / stages are chosen per head dim,
 dtype and GQA group by :func:`attention_tile_config` so that no configuration the engine runs spills registers.
-With GQA the program's query heads form the rows of a ``tl.dot`` (padded to 16); with MHA (one head per program) the
-scores and ``P.V`` are 2-D products reduced along one axis (no padding, no 3-D broadcast).
+With GQA the program's query heads form the rows of a ``tl.dot`` (padded to 16); with MHA the scores and ``P.V`` are
+products of the ``[TILE_N, HEADS, head_dim]`` tile reduced along one axis (no padding to 16).
 
 Under ``TRITON_INTERPRET=1`` (CPU, tests) the kernels run in Triton's interpreter; there ``tl.dot`` on bf16 operands
 is unreliable, so the dot operands are cast to fp32 (``DOT_FP32``). On a GPU, fp16/bf16 caches feed ``tl.dot`` in their
@@ -68,12 +78,12 @@ def _paged_attn_kernel(
     stride_tos, stride_toh, stride_top,  # tmp_out [S, H, P, HEAD_DIM] (last stride 1)
     stride_tms, stride_tmh,  # tmp_m / tmp_l [S, H, P] (last stride 1)
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEADS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, PARTITION: tl.constexpr,
     SPLIT: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     seq = tl.program_id(0)
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(1)  # GQA: the kv head; MHA: the block of HEADS heads
     ctx = tl.load(ctx_ptr + seq)
     if SPLIT:
         part = tl.program_id(2)
@@ -83,12 +93,26 @@ def _paged_attn_kernel(
         start = 0
         end = ctx
 
-    offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, TILE_N)
-    heads = kvh * GROUP + offs_g
-    g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
+    if USE_DOT:  # GQA: the GROUP query heads of kv head ``kvh``
+        offs_g = tl.arange(0, BLOCK_G)
+        heads = kvh * GROUP + offs_g
+        g_mask = offs_g < GROUP
+        m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    else:  # MHA: heads kvh * HEADS ... (query head == kv head)
+        heads = kvh * HEADS + tl.arange(0, HEADS)
+        g_mask = heads < NUM_KV_HEADS
+        m_i = tl.full([HEADS], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([HEADS], dtype=tl.float32)
+        acc = tl.zeros([HEADS, BLOCK_D], dtype=tl.float32)
+        # the HEADS heads' offsets within a token's row: a token's loads are HEADS x HEAD_DIM adjacent elements
+        h_off_k = heads.to(tl.int64)[None, :, None] * stride_kh + offs_d[None, None, :] * stride_kd
+        h_off_v = heads.to(tl.int64)[None, :, None] * stride_vh + offs_d[None, None, :] * stride_vd
+        hd_mask = g_mask[None, :, None] & d_mask[None, None, :]
 
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
@@ -96,10 +120,6 @@ def _paged_attn_kernel(
     if USE_DOT:
         if not DOT_FP32:
             q = q.to(k_ptr.dtype.element_ty)
-
-    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
 
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bts
     k_head = k_ptr + kvh.to(tl.int64) * stride_kh
@@ -110,32 +130,38 @@ def _paged_attn_kernel(
         # the block-table gather of §4.1: logical block -> physical block (int64 before any stride product)
         block = tl.load(bt_row + (t // BLOCK_SIZE) * stride_btb, mask=t_mask, other=0).to(tl.int64)
         offset = (t % BLOCK_SIZE).to(tl.int64)
-        kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_head + block[:, None] * stride_kb + offset[:, None] * stride_kt + offs_d[None, :] * stride_kd,
-                    mask=kv_mask, other=0.0)
         if USE_DOT:
+            kv_mask = t_mask[:, None] & d_mask[None, :]
+            k = tl.load(k_head + block[:, None] * stride_kb + offset[:, None] * stride_kt
+                        + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
             if DOT_FP32:
                 s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
             else:
                 s = tl.dot(q, tl.trans(k))
-        else:  # one query head per program (MHA): a [TILE_N, BLOCK_D] product reduced over d, no padding to 16
-            s = tl.sum(q * k.to(tl.float32), axis=1)[None, :]
-        s = tl.where(t_mask[None, :], s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-
-        v = tl.load(v_head + block[:, None] * stride_vb + offset[:, None] * stride_vt + offs_d[None, :] * stride_vd,
-                    mask=kv_mask, other=0.0)
-        if USE_DOT:
+            s = tl.where(t_mask[None, :], s, float("-inf"))  # [BLOCK_G, TILE_N]
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_head + block[:, None] * stride_vb + offset[:, None] * stride_vt
+                        + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
             if DOT_FP32:
                 pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
             else:
                 pv = tl.dot(p.to(v.dtype), v)
-        else:  # p is [1, TILE_N]: sum over its one row gives the weights as a vector
-            pv = tl.sum(tl.sum(p, axis=0)[:, None] * v.to(tl.float32), axis=0)[None, :]
+        else:  # MHA: [TILE_N, HEADS, BLOCK_D] tiles, products reduced over d (scores) and over tokens (P.V)
+            kv_mask = t_mask[:, None, None] & hd_mask
+            tok_k = (block * stride_kb + offset * stride_kt)[:, None, None]
+            k = tl.load(k_ptr + tok_k + h_off_k, mask=kv_mask, other=0.0)
+            s = tl.sum(k.to(tl.float32) * q[None, :, :], axis=2)  # [TILE_N, HEADS]
+            s = tl.where(t_mask[:, None], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=0))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[None, :])
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            tok_v = (block * stride_vb + offset * stride_vt)[:, None, None]
+            v = tl.load(v_ptr + tok_v + h_off_v, mask=kv_mask, other=0.0)
+            pv = tl.sum(p[:, :, None] * v.to(tl.float32), axis=0)  # [HEADS, BLOCK_D]
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
@@ -219,26 +245,35 @@ class Launch:
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Tokens per tile and the launch's warps / pipeline stages for one (head dim, dtype, GQA group) case."""
+    """Tokens per tile, heads per program (MHA) and the launch's warps / pipeline stages for one (head dim, dtype,
+    GQA group) case."""
 
     tile_tokens: int
     num_warps: int
     num_stages: int
+    heads: int = 1  # MHA: consecutive heads per program (GQA: the kv head's whole query group, always)
 
 
 def attention_tile_config(head_dim: int, dtype: torch.dtype, group: int, interpret: bool) -> TileConfig:
     """The attention kernel's tile and launch shape, chosen per case so that no engine configuration spills
     registers on sm_80 / sm_90 (§5.1; see ``make kernels-compile`` and results/02_attention_kernel/compile_table.csv).
 
-    The register footprint per thread grows with ``TILE_N x BLOCK_D`` (the K and V tiles, in fp32 on the MHA path)
-    over the number of threads; GQA programs also hold ``BLOCK_G`` query rows and their ``[BLOCK_G, TILE_N]``
-    scores.
+    The register footprint per thread grows with ``TILE_N x HEADS x BLOCK_D`` (the K and V tiles, in fp32 on the MHA
+    path) over the number of threads; GQA programs also hold ``BLOCK_G`` query rows and their ``[BLOCK_G, TILE_N]``
+    scores. MHA programs take 4 heads of up to 128 dims: 16-token tiles on 4 warps up to head dim 64, 32-token tiles on
+    8 warps at 128 (32 x 4 x 128 = 16K elements per tile, 64 per thread; 16-token tiles spilled 8 bytes there on sm_90
+    in bf16), 16-token tiles on 8 warps for head dims 80 and 96 (32-token tiles spilled 4 bytes on the split path at
+    block 16); 2 heads above 128. These choices come from the compile table, not from GPU timings.
     """
-    if interpret:
-        return TileConfig(16, 4, 1)  # the interpreter's cost is per op, not per element: small tiles, cheap masks
+    if interpret:  # the interpreter's cost is per op, not per element: small tiles, cheap masks; 2 heads per
+        return TileConfig(16, 4, 1, heads=2 if group == 1 else 1)  # MHA program, so the head mask is exercised
     block_d = max(16, triton.next_power_of_2(head_dim))
-    if group == 1:  # MHA: fp32 products of [TILE_N, BLOCK_D]
-        return TileConfig(64 if block_d <= 64 else 32, 4, 2)
+    if group == 1:  # MHA: fp32 products of [TILE_N, HEADS, BLOCK_D]
+        if block_d <= 64:
+            return TileConfig(16, 4, 2, heads=4)
+        if block_d <= 128:  # head dims 80 / 96 (masked lanes) spill 4 bytes with 32-token tiles at block 16
+            return TileConfig(32 if head_dim == block_d else 16, 8, 2, heads=4)
+        return TileConfig(16, 8, 2, heads=2)
     if dtype == torch.float32:  # IEEE fp32 tl.dot: operands in fp32
         return TileConfig(32, 4, 2)
     return TileConfig(64 if block_d <= 128 else 32, 4, 2)
@@ -250,13 +285,33 @@ def _num_sms(device: torch.device) -> int:
     return 8  # interpreter: any small number; only the heuristic's threshold depends on it
 
 
+#: programs one SM is assumed to run at once (4-8 warps each): the split path fills one wave of these
+_PROGRAMS_PER_SM = 4
+#: the smallest partition of the split path, in tokens (FlashInfer's decode planner starts at 128 tokens too)
+_MIN_PARTITION = 128
+
+
+def split_partition(num_seqs: int, programs_per_seq: int, max_context: int, device: torch.device) -> Optional[int]:
+    """The split-KV partition size for a decode batch, or None when the kernel should not split.
+
+    As FlashInfer's decode planner: split only when the ``num_seqs x programs_per_seq`` grid leaves part of one wave
+    (``_PROGRAMS_PER_SM`` per SM) empty and a context spans more than ``_MIN_PARTITION`` tokens; then take the
+    smallest partition (a power of two from ``_MIN_PARTITION``, so few variants compile) whose grid still fits in
+    that wave."""
+    wave = _PROGRAMS_PER_SM * _num_sms(device)
+    if max_context <= _MIN_PARTITION or num_seqs * programs_per_seq >= wave:
+        return None
+    part = _MIN_PARTITION
+    while part < max_context and num_seqs * programs_per_seq * triton.cdiv(max_context, part) > wave:
+        part *= 2
+    return None if part >= max_context else part
+
+
 def use_split_kv(num_seqs: int, num_kv_heads: int, max_context: int, device: torch.device,
-                 partition_size: int = _DEFAULT_PARTITION) -> bool:
-    """The split-KV heuristic: split when the context spans more than one partition and the (sequence, kv head)
-    grid alone would leave SMs idle (fewer programs than twice the SM count)."""
-    if max_context <= partition_size:
-        return False
-    return num_seqs * num_kv_heads < 2 * _num_sms(device)
+                 heads_per_program: int = 1) -> bool:
+    """Whether :func:`plan_paged_attention` takes the split-KV path for this batch (:func:`split_partition`)."""
+    programs = triton.cdiv(num_kv_heads, heads_per_program)
+    return split_partition(num_seqs, programs, max_context, device) is not None
 
 
 #: partitions the reduce kernel combines per loop iteration
@@ -280,6 +335,16 @@ def plan_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, 
         raise ValueError(f"block_size={block_size} must be a power of two")
     group = num_heads // num_kv_heads
     cfg = attention_tile_config(head_dim, key_cache.dtype, group, INTERPRET)
+    use_dot = group > 1
+    heads = 1 if use_dot else min(cfg.heads, triton.next_power_of_2(num_kv_heads))
+    programs_per_seq = num_kv_heads if use_dot else triton.cdiv(num_kv_heads, heads)
+    max_ctx = max_context_len if max_context_len is not None else block_tables.shape[1] * block_size
+    if split_kv is not False and partition_size is None:
+        partition_size = split_partition(num_seqs, programs_per_seq, max_ctx, query.device)
+        if split_kv is None:
+            split_kv = partition_size is not None
+        partition_size = partition_size or _DEFAULT_PARTITION  # forced split with no wave to fill: vLLM's 512
+    split_kv = bool(split_kv)
     tile = tile_tokens or cfg.tile_tokens
     if partition_size and not tile_tokens:  # a small forced partition (tests): the largest tile that divides it
         tile = math.gcd(tile, partition_size)
@@ -289,22 +354,18 @@ def plan_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, 
                          f"partition_size={partition_size})")
     if part % tile:
         raise ValueError(f"partition_size={part} must be a multiple of the tile ({tile} tokens)")
-    max_ctx = max_context_len if max_context_len is not None else block_tables.shape[1] * block_size
-    if split_kv is None:
-        split_kv = use_split_kv(num_seqs, num_kv_heads, max_ctx, query.device, part)
-
-    use_dot = group > 1
     block_g = max(16, triton.next_power_of_2(group)) if use_dot else 1
     block_d = max(16, triton.next_power_of_2(head_dim))
     dot_fp32 = INTERPRET or key_cache.dtype == torch.float32
     qk_scale = float(scale) * _LOG2E
-    common = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, BLOCK_G=block_g, BLOCK_SIZE=block_size,
-                  TILE_N=tile, PARTITION=part, USE_DOT=use_dot, DOT_FP32=dot_fp32)
+    common = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, BLOCK_G=block_g, NUM_KV_HEADS=num_kv_heads,
+                  HEADS=heads, BLOCK_SIZE=block_size, TILE_N=tile, PARTITION=part, USE_DOT=use_dot,
+                  DOT_FP32=dot_fp32)
     shape = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (query, key_cache, value_cache, block_tables, context_lens, qk_scale,
             *query.stride(), *key_cache.stride(), *value_cache.stride(), *block_tables.stride(), *out.stride())
     if not split_kv:
-        return [Launch(_paged_attn_kernel, (num_seqs, num_kv_heads, 1), (out, out, out, out, *args, 0, 0, 0, 0, 0),
+        return [Launch(_paged_attn_kernel, (num_seqs, programs_per_seq, 1), (out, out, out, out, *args, 0, 0, 0, 0, 0),
                        dict(common, SPLIT=False), **shape)]
     n_parts = triton.cdiv(max(int(max_ctx), 1), part)
     tmp_out = torch.empty((num_seqs, num_heads, n_parts, head_dim), dtype=torch.float32, device=query.device)
@@ -312,7 +373,8 @@ def plan_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, 
     tmp_l = torch.empty_like(tmp_m)
     tmp_strides = (*tmp_out.stride()[:3], *tmp_m.stride()[:2])
     return [
-        Launch(_paged_attn_kernel, (num_seqs, num_kv_heads, n_parts), (out, tmp_out, tmp_m, tmp_l, *args, *tmp_strides),
+        Launch(_paged_attn_kernel, (num_seqs, programs_per_seq, n_parts),
+               (out, tmp_out, tmp_m, tmp_l, *args, *tmp_strides),
                dict(common, SPLIT=True), **shape),
         Launch(_paged_attn_reduce_kernel, (num_seqs, num_heads),
                (out, tmp_out, tmp_m, tmp_l, context_lens, *out.stride(), *tmp_strides),
@@ -328,7 +390,8 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
     """Triton paged attention for decode; same contract as :func:`pagedattn.kernels.reference.paged_attention_ref`.
 
     Extra keyword arguments (all optional): ``split_kv`` forces (True) or forbids (False) the split-KV path, else
-    :func:`use_split_kv` decides; ``partition_size`` (tokens per partition, a multiple of 16, default 512);
+    :func:`split_partition` decides; ``partition_size`` (tokens per partition, a multiple of 16; default
+    :func:`split_partition`'s choice, or 512 when a split is forced where it would not split);
     ``max_context_len`` an upper bound on ``context_lens`` used to size the split grid (default: the block
     table's capacity, which avoids a device->host sync); ``tile_tokens`` (power of two >= 16, default
     :func:`attention_tile_config`); ``out`` a preallocated output.

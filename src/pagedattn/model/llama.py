@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pagedattn.kernels import cpu
+from pagedattn.model import fused_ops
 from pagedattn.model.attention import AttentionMetadata, PagedAttention
 from pagedattn.model.fused import FusedLinear
 
@@ -81,7 +82,9 @@ def apply_rope(x: Tensor, cos: Tensor, sin_rot: Tensor, in_place: bool = False) 
     """
     if in_place and cpu.takes(x, cos, sin_rot, dtypes=cpu.LAYER_DTYPES):
         return cpu.rope_cpu(x, cos, sin_rot)
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_rot
+    if in_place and fused_ops.on_gpu(x):  # one Triton launch, the same rounding
+        return fused_ops.rope_launch(x, cos, sin_rot)
+    return fused_ops.rope_ref(x, cos, sin_rot)
 
 
 class RMSNorm(nn.Module):
@@ -93,19 +96,20 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if cpu.takes(x, self.weight, dtypes=cpu.LAYER_DTYPES):  # one C++ call: torch's costs 35-80 us at decode shapes
             return cpu.rms_norm_cpu(x.contiguous(), self.weight, self.eps)
+        if fused_ops.on_gpu(x):  # one Triton launch
+            return fused_ops.rms_norm_launch(x, self.weight, self.eps)
         if x.dtype == torch.float32:  # one fused op, bit-identical to the lines below in fp32 (checked in tests)
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return fused_ops.rms_norm_ref(x, self.weight, self.eps)
 
     def add_and_norm(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
         """``(norm(residual + x), residual + x)``: the decoder layer's residual add and the next norm. In one C++
-        call for fp32/bf16 CPU tensors, which adds ``x`` into ``residual`` in place (the layer owns its residual stream
-        at inference)."""
+        call for fp32/bf16 CPU tensors and in one Triton launch on a GPU, which add ``x`` into ``residual`` in place
+        (the layer owns its residual stream at inference)."""
         if cpu.takes(x, residual, self.weight, dtypes=cpu.LAYER_DTYPES) and residual.is_contiguous():
             return cpu.rms_norm_cpu(x.contiguous(), self.weight, self.eps, residual=residual), residual
+        if fused_ops.on_gpu(x) and residual.is_contiguous():
+            return fused_ops.rms_norm_launch(x.contiguous(), self.weight, self.eps, residual=residual), residual
         h = residual + x
         return self(h), h
 

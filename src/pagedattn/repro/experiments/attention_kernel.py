@@ -40,11 +40,14 @@ EXPERIMENT = "02_attention_kernel"
 #: Fig. 18a's configurations: the headline ratio is the mean over these at block size 16.
 FIG18A_BATCHES = (8, 32)
 FIG18A_CONTEXTS = (64, 128, 256)
-#: Our GPU targets (tighter than the paper's 1.20-1.26, which was measured against a different, FasterTransformer
-#: kernel): paged / contiguous-layout latency of the same kernel at block 16, and the share of the device's copy
-#: bandwidth the paged kernel reaches at batch 32, context 4096.
-GPU_TARGET_RATIO = 1.10
-GPU_TARGET_BW_FRACTION = 0.70
+#: Our GPU targets (issue 54). Fig. 18a's reference is torch SDPA (cuDNN / flash) on a contiguous cache, the honest
+#: stand-in for the paper's FasterTransformer kernel: paged / SDPA at block 16 over Fig. 18a's points, against the
+#: paper's 1.20-1.26, within 1.30. The same kernel on an identity block table stays as a second claim (the cost of
+#: the block-table indirection alone, <= 1.10). The paged kernel's share of the device's copy bandwidth at batch 32,
+#: context 4096: >= 0.80.
+GPU_TARGET_RATIO = 1.30
+GPU_TARGET_SAME_KERNEL_RATIO = 1.10
+GPU_TARGET_BW_FRACTION = 0.80
 BW_POINT = {"batch": 32, "context": 4096}
 
 
@@ -327,9 +330,9 @@ def benchmark(quick: bool = False, device: Optional[str] = None, cfg: Optional[B
     """Time paged vs contiguous decode attention; returns ``(rows, meta)``.
 
     Columns: batch, context, block_size, ``paged_ms`` (paged cache, shuffled table), ``contig_layout_ms`` (the same
-    code on the identity table), ``sdpa_ms`` (torch SDPA, contiguous K/V), ``ratio`` = paged / contiguous (the
-    figure-18a ratio: on a GPU paged / contig_layout of the Triton kernel; on a CPU the torch reference paged /
-    SDPA), ``ratio_same_code`` = paged / contig_layout, ``ratio_vs_sdpa`` = paged / sdpa, and on a GPU ``kv_bytes``,
+    code on the identity table), ``sdpa_ms`` (torch SDPA, contiguous K/V), ``ratio`` = paged / sdpa (the
+    figure-18a ratio; GPU files written before issue 54 hold paged / contig_layout here, so claims read the named
+    columns), ``ratio_same_code`` = paged / contig_layout, ``ratio_vs_sdpa`` = paged / sdpa, and on a GPU ``kv_bytes``,
     ``bandwidth_gbps`` and ``bw_fraction`` (of the measured copy bandwidth).
     """
     from pagedattn import kernels
@@ -361,7 +364,7 @@ def benchmark(quick: bool = False, device: Optional[str] = None, cfg: Optional[B
                     "sdpa": "torch SDPA, contiguous"}),
         "paths": ({"paged": "Triton paged kernel, shuffled block table",
                    "contig_layout": "same Triton kernel, identity block table (contiguous layout)",
-                   "sdpa": "torch SDPA on contiguous K/V", "ratio": "paged / contig_layout"} if on_gpu else
+                   "sdpa": "torch SDPA on contiguous K/V", "ratio": "paged / sdpa"} if on_gpu else
                   {"paged": "torch reference paged attention (gather by block table + masked SDPA), "
                             "shuffled block table",
                    "contig_layout": "same torch reference, identity block table",
@@ -415,7 +418,7 @@ def _sweep(cfg: BenchConfig, device: str, on_gpu: bool, backend, copy_bw, gen, q
                        "contig_layout_ms": t["contig_layout"], "sdpa_ms": sdpa_ms,
                        "ratio_same_code": t["paged"] / t["contig_layout"], "ratio_vs_sdpa": t["paged"] / sdpa_ms,
                        "kv_bytes": kv_bytes}
-                row["ratio"] = row["ratio_same_code"] if on_gpu else row["ratio_vs_sdpa"]
+                row["ratio"] = row["ratio_vs_sdpa"]  # Fig. 18a's reference: SDPA on a contiguous cache
                 if on_gpu:
                     row["bandwidth_gbps"] = kv_bytes / (t["paged"] * 1e-3) / 1e9
                     row["bw_fraction"] = row["bandwidth_gbps"] / copy_bw if copy_bw else None
@@ -501,10 +504,12 @@ def load_benchmarks(results_dir=RESULTS_DIR) -> dict[str, dict]:
 # ---------------------------------------------------------------------------------------------------- claims, plots
 
 
-def fig18a_ratio(df: pd.DataFrame, block_size: int = DEFAULT_BLOCK_SIZE) -> Optional[float]:
-    """Mean paged/contiguous ratio over Fig. 18a's points (batch 8 and 32, contexts 64-256) at ``block_size``."""
+def fig18a_ratio(df: pd.DataFrame, block_size: int = DEFAULT_BLOCK_SIZE,
+                 column: str = "ratio_vs_sdpa") -> Optional[float]:
+    """Mean of ``column`` (default paged / SDPA) over Fig. 18a's points (batch 8 and 32, contexts
+    64-256) at ``block_size``."""
     sel = df[(df.block_size == block_size) & df.batch.isin(FIG18A_BATCHES) & df.context.isin(FIG18A_CONTEXTS)]
-    return float(sel.ratio.mean()) if len(sel) else None
+    return float(sel[column].mean()) if len(sel) and column in sel else None
 
 
 def bw_fraction_at(df: pd.DataFrame, block_size: int = DEFAULT_BLOCK_SIZE) -> Optional[float]:
@@ -518,36 +523,45 @@ def bw_fraction_at(df: pd.DataFrame, block_size: int = DEFAULT_BLOCK_SIZE) -> Op
 def claims(df: pd.DataFrame, meta: dict) -> list[Claim]:
     """The summary's claims for this run (DESIGN.md: ``paged_over_contiguous_latency.<hardware>``).
 
-    GPU run: ratio (Triton paged / Triton contiguous layout at block 16, Fig. 18a points) with our target
-    <= 1.10, and the share of copy bandwidth at batch 32, context 4096 with our target >= 0.70. CPU run: the
-    torch-path ratio, recorded but not judged (not the paper's comparison), plus the two GPU claims with
-    ``ours = None``.
+    GPU run (issue 54): paged / torch SDPA on a contiguous cache at block 16 over Fig. 18a's points, against the
+    paper's 1.20-1.26 (target <= 1.30); the same kernel on an identity block table as a second claim
+    (``paged_over_same_kernel_latency``, target <= 1.10); the share of copy bandwidth at batch 32, context 4096
+    (target >= 0.80). CPU run: the torch-path ratio, recorded but not judged (not the paper's comparison), plus the
+    GPU claims with ``ours = None``.
     """
     slug = meta["hardware_slug"]
-    ratio = fig18a_ratio(df)
     on_gpu = meta["device"].startswith("cuda")
     paper = list(FIG18A_PAGED_OVER_CONTIGUOUS)
     pts = f"batch {'/'.join(map(str, FIG18A_BATCHES))}, contexts {'-'.join(map(str, FIG18A_CONTEXTS[::2]))}"
     if on_gpu:
+        vs_sdpa = fig18a_ratio(df, column="ratio_vs_sdpa")
+        same = fig18a_ratio(df, column="ratio_same_code")
         bw = bw_fraction_at(df)
         return [
-            Claim(f"paged_over_contiguous_latency.{slug}", paper, ratio, "x", f"ours <= {GPU_TARGET_RATIO}",
-                  None if ratio is None else ratio <= GPU_TARGET_RATIO,
-                  f"Triton paged (shuffled table) / same kernel on identity table, block 16, mean over {pts}; "
-                  f"the paper's {paper[0]:.2f}-{paper[1]:.2f} is against FasterTransformer's kernel"),
+            Claim(f"paged_over_contiguous_latency.{slug}", paper, vs_sdpa, "x", f"ours <= {GPU_TARGET_RATIO}",
+                  None if vs_sdpa is None else vs_sdpa <= GPU_TARGET_RATIO,
+                  f"Triton paged (shuffled table) / torch SDPA on a contiguous cache, block 16, mean over {pts}; SDPA "
+                  f"stands in for the paper's FasterTransformer kernel ({paper[0]:.2f}-{paper[1]:.2f})"),
+            Claim(f"paged_over_same_kernel_latency.{slug}", None, same, "x", f"ours <= {GPU_TARGET_SAME_KERNEL_RATIO}",
+                  None if same is None else same <= GPU_TARGET_SAME_KERNEL_RATIO,
+                  f"Triton paged (shuffled table) / the same kernel on an identity table, block 16, mean over {pts}: "
+                  "the block-table indirection alone"),
             Claim(f"bandwidth_fraction.{slug}", None, bw, "of copy bandwidth", f"ours >= {GPU_TARGET_BW_FRACTION}",
                   None if bw is None else bw >= GPU_TARGET_BW_FRACTION,
                   "K/V bytes / paged latency at batch 32, context 4096, block 16, vs a "
                   f"{meta.get('copy_bandwidth_gbps') or 0:.0f} GB/s device copy"),
         ]
+    not_measured = "not measured: no GPU in this run"
     return [
-        Claim(f"paged_over_contiguous_latency.{slug}", paper, ratio, "x", "not judged on CPU", None,
+        Claim(f"paged_over_contiguous_latency.{slug}", paper, fig18a_ratio(df), "x", "not judged on CPU", None,
               f"CPU, no GPU: torch reference paged attention / torch SDPA on contiguous K/V, block 16, mean over "
               f"{pts}; a different comparison from the paper's GPU kernels, recorded for tracking", kind="tracking"),
         Claim("paged_over_contiguous_latency.gpu", paper, None, "x", f"ours <= {GPU_TARGET_RATIO}", None,
-              "not measured: no GPU in this run (target: Triton paged / Triton contiguous layout at block 16)"),
+              f"{not_measured} (target: Triton paged / torch SDPA on a contiguous cache at block 16)"),
+        Claim("paged_over_same_kernel_latency.gpu", None, None, "x", f"ours <= {GPU_TARGET_SAME_KERNEL_RATIO}", None,
+              f"{not_measured} (target: Triton paged / the same kernel on an identity table at block 16)"),
         Claim("bandwidth_fraction.gpu", None, None, "of copy bandwidth", f"ours >= {GPU_TARGET_BW_FRACTION}", None,
-              "not measured: no GPU in this run (target: paged kernel at batch 32, context 4096)"),
+              f"{not_measured} (target: paged kernel at batch 32, context 4096)"),
     ]
 
 
@@ -571,10 +585,9 @@ def with_gpu_claims(claims_: list[Claim], benchmarks: dict[str, dict]) -> list[C
 
 
 def plot_ratios(benchmarks: dict[str, dict], path=None):
-    """Fig. 18a-style plot, one row per hardware: left, the headline ratio (GPU: Triton paged / same kernel on a
-    contiguous layout; CPU: torch reference paged / SDPA) with the paper's 1.20-1.26 band; right, the other ratio
-    (GPU: paged / SDPA; CPU: same code on shuffled vs identity table). Lines per block size, solid batch 8, dashed
-    batch 32."""
+    """Fig. 18a-style plot, one row per hardware: left, paged / torch SDPA on a contiguous cache (GPU: the Triton
+    kernel; CPU: the torch reference) with the paper's 1.20-1.26 band; right, the same code on a shuffled vs an
+    identity block table. Lines per block size, solid batch 8, dashed batch 32."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -583,15 +596,13 @@ def plot_ratios(benchmarks: dict[str, dict], path=None):
     lo, hi = FIG18A_PAGED_OVER_CONTIGUOUS
     for row, (slug, b) in zip(axes, sorted(benchmarks.items())):
         df, meta = b["df"].copy(), b["meta"]
-        on_gpu = meta["device"].startswith("cuda")
         df["block size"] = df.block_size.astype(str)
         order = [str(x) for x in sorted(df.block_size.unique())]
-        other = "ratio_vs_sdpa" if on_gpu else "ratio_same_code"
-        other_label = "paged / SDPA" if on_gpu else "same code: shuffled / identity block table"
-        for ax, col, label in [(row[0], "ratio", meta["paths"]["ratio"]), (row[1], other, other_label)]:
+        other_label = "same code: shuffled / identity block table"
+        for ax, col in [(row[0], "ratio_vs_sdpa"), (row[1], "ratio_same_code")]:
             sns.lineplot(data=df, x="context", y=col, hue="block size", hue_order=order, style="batch", markers=True,
                          ax=ax, palette="viridis")
-            if col == "ratio":
+            if col == "ratio_vs_sdpa":
                 ax.axhspan(lo, hi, color="tab:red", alpha=0.2, label=f"paper Fig. 18a ({lo:.2f}-{hi:.2f}, A100)")
             ax.axhline(1.0, color="grey", lw=0.8)
             ax.set_xscale("log", base=2)
@@ -599,8 +610,7 @@ def plot_ratios(benchmarks: dict[str, dict], path=None):
             ax.set_ylabel("latency ratio")
             ax.legend(fontsize=7, ncol=2)
         hw = f"{meta['hardware']}{' (quick)' if meta['quick'] else ''}"
-        base = meta["labels"]["contig_layout" if on_gpu else "sdpa"]
-        row[0].set_title(f"{hw}\n{meta['labels']['paged']} / {base}", fontsize=9)
+        row[0].set_title(f"{hw}\n{meta['labels']['paged']} / {meta['labels']['sdpa']}", fontsize=9)
         row[1].set_title(f"{hw}\n{other_label}", fontsize=9)
     fig.suptitle("Paged vs contiguous decode attention (cf. Fig. 18a)")
     fig.tight_layout()

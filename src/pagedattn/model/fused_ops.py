@@ -1,0 +1,40 @@
+"""Where a decoder layer's RMSNorm and RoPE run: on a GPU, one Triton launch each
+(:mod:`pagedattn.kernels.fused_layer`); elsewhere the torch lines below (the CPU's C++ paths are chosen by the
+callers first). ``tests/test_op_budget.py`` counts the launches of a decode step through these names."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+def on_gpu(x: Tensor) -> bool:
+    return x.is_cuda
+
+
+def rms_norm_ref(x: Tensor, weight: Tensor, eps: float, residual: Optional[Tensor] = None) -> Tensor:
+    """transformers' RMSNorm lines, with ``residual += x`` first when given (the torch path of :func:`rms_norm`)."""
+    if residual is not None:
+        residual.add_(x)
+        x = residual
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def rms_norm_launch(x: Tensor, weight: Tensor, eps: float, residual: Optional[Tensor] = None) -> Tensor:
+    from pagedattn.kernels import fused_layer
+
+    return fused_layer.rms_norm(x, weight, eps, residual)
+
+
+def rope_ref(x: Tensor, cos: Tensor, sin_rot: Tensor) -> Tensor:
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_rot
+
+
+def rope_launch(x: Tensor, cos: Tensor, sin_rot: Tensor) -> Tensor:
+    from pagedattn.kernels import fused_layer
+
+    return fused_layer.rope(x, cos, sin_rot)
