@@ -288,6 +288,11 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
     async def http_error(request: Request, exc: StarletteHTTPException):
         return JSONResponse(error_body(str(exc.detail), None), status_code=exc.status_code)
 
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception):  # a bug: OpenAI's shape; uvicorn logs the traceback
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", None, "server_error"),
+                            status_code=500)
+
     @app.get("/health")
     async def health():
         return {"status": "ok", "in_flight": engine.num_in_flight, "queued": engine.num_queued}
