@@ -181,10 +181,7 @@ def _prompt_list(prompt, max_chars: int | None) -> list:
         return [single]
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         many = [one(p) for p in prompt]
-        if all(p is not None for p in many):
-            if max_chars is not None and sum(len(p) for p in many if isinstance(p, str)) > max_chars:
-                raise RequestError(f"the prompts have more than this server's limit of {max_chars:,} characters "
-                                   "together (--max-prompt-chars)", "prompt")
+        if all(p is not None for p in many):  # each within max_chars; the body limit bounds them together
             return many
     if isinstance(prompt, list) and not prompt or prompt == [[]]:
         raise RequestError("empty prompt: a request needs at least 1 prompt token", "prompt")
