@@ -201,6 +201,7 @@ def test_tokenize_detokenize_version_and_metrics(live, tok):
     ({"prompt": "x" * 2001}, "prompt"),  # over --max-prompt-chars
     ({"prompt": []}, "prompt"),
     ({"prompt": [1, 2], "extra_body": {"stop_token_ids": [10 ** 30]}}, "stop_token_ids"),
+    ({"prompt": [1, 2], "extra_body": {"stop_token_ids": 0}}, "stop_token_ids"),
     ({"prompt": "the cat", "seed": 2 ** 70}, "seed"),
     ({"prompt": "the cat", "extra_body": {"top_k": 10 ** 30}}, None),  # clamped to the vocabulary: served
 ])

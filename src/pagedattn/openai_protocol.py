@@ -132,7 +132,7 @@ def _max_tokens(body: dict, name: str, default: int | None) -> int | None:
 
 def _sampling(body: dict, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
     kw: dict[str, Any] = {k: body[k] if body.get(k) is not None else default for k, default in SAMPLING_FIELDS.items()}
-    kw["stop_token_ids"] = kw["stop_token_ids"] or []
+    kw["stop_token_ids"] = kw["stop_token_ids"] if kw["stop_token_ids"] is not None else []
     kw["stop"] = kw["stop"] if kw["stop"] is not None else []
     if isinstance(kw["stop"], list) and len(kw["stop"]) > 16:
         raise RequestError("stop takes at most 16 strings", "stop")
