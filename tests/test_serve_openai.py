@@ -201,6 +201,7 @@ def test_tokenize_detokenize_version_and_metrics(live, tok):
     ({"prompt": "x" * 2001}, "prompt"),  # over --max-prompt-chars
     ({"prompt": []}, "prompt"),
     ({"prompt": [1, 2], "extra_body": {"stop_token_ids": [10 ** 30]}}, "stop_token_ids"),
+    ({"prompt": [1, 2], "extra_body": {"stop_token_ids": 0}}, "stop_token_ids"),
     ({"prompt": "the cat", "seed": 2 ** 70}, "seed"),
     ({"prompt": "the cat", "extra_body": {"top_k": 10 ** 30}}, None),  # clamped to the vocabulary: served
 ])
@@ -300,6 +301,10 @@ def test_fifty_concurrent_n2_requests_on_2048_slots_are_all_served(one_thread):
         assert all([len(c.token_ids) for c in r.choices] == [120, 120] for r in results)
         assert engine.scheduler.num_preemptions["swap"] > 0  # the memory pressure was real
         wait_idle(async_engine)
+        metrics = {line.split("{")[0]: float(line.split()[-1]) for line in httpx.get(f"{url}/metrics").text.splitlines()
+                   if line.startswith("vllm:")}
+        assert metrics["vllm:num_preemptions_total"] == sum(engine.scheduler.num_preemptions.values())
+        assert metrics["vllm:generation_tokens_total"] == 50 * 2 * 120
     assert_all_blocks_free(engine)
 
 
@@ -386,6 +391,11 @@ FIELDS = ["prompt", "model", "max_tokens", "temperature", "top_p", "n", "best_of
           "echo", "logit_bias", "messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt"]
 
 
+BASES = [{"prompt": "the cat"}, {"prompt": [1, 2]}, {"prompt": ["a", [3]], "model": MODEL}]
+CHAT_BASES = [{"messages": [{"role": "user", "content": "hi"}]}, {"messages": [{"role": "system", "content": ""}]},
+              {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}], "model": MODEL}]
+
+
 def _json_values():
     from hypothesis import strategies as st
 
@@ -395,6 +405,26 @@ def _json_values():
     return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                         | st.dictionaries(st.sampled_from(FIELDS + ["role", "content", "type", "text"]), inner,
                                           max_size=4), max_leaves=12)
+
+
+def _bodies():
+    """Bodies of fuzzed fields, each value either plausible for its field (so that many requests are served) or any
+    JSON value."""
+    from hypothesis import strategies as st
+
+    plausible = {
+        "max_tokens": st.integers(1, 4), "temperature": st.floats(0, 2), "top_p": st.floats(0.05, 1),
+        "n": st.integers(1, 3), "best_of": st.integers(1, 3), "seed": st.integers(0, 2 ** 63), "stream": st.booleans(),
+        "stop": st.lists(st.text(min_size=1, max_size=3), max_size=2), "logprobs": st.integers(0, 5),
+        "top_k": st.integers(-1, 50), "min_p": st.floats(0, 1), "min_tokens": st.integers(0, 2),
+        "presence_penalty": st.floats(-2, 2), "frequency_penalty": st.floats(-2, 2),
+        "repetition_penalty": st.floats(0.5, 2), "stop_token_ids": st.lists(st.integers(0, 299), max_size=2),
+        "ignore_eos": st.booleans(), "include_stop_str_in_output": st.booleans(), "use_beam_search": st.booleans(),
+        "stream_options": st.just({"include_usage": True}), "top_logprobs": st.integers(0, 3)}
+    junk = _json_values()
+    names = [f for f in FIELDS if f not in ("prompt", "messages", "model")]  # the bases give those
+    return st.lists(st.sampled_from(names), max_size=6, unique=True).flatmap(
+        lambda names: st.fixed_dictionaries({k: (plausible[k] | junk) if k in plausible else junk for k in names}))
 
 
 def _encode(body) -> bytes:
@@ -412,13 +442,16 @@ def test_fuzzed_json_never_gets_a_500(live):
 
     client, url, async_engine, _ = live
     http = httpx.Client(base_url=url, timeout=60)
-    body_st = st.dictionaries(st.sampled_from(FIELDS), _json_values(), max_size=6)
+    body_st = _bodies()
+    junk_st = st.dictionaries(st.sampled_from(FIELDS), _json_values(), max_size=6)  # prompt, model too
     raw_st = st.sampled_from([b"", b"{", b"[" * 5000, b'{"prompt": ' * 3000, b"1e999999", b"9" * 5000,
                               b'{"prompt": "' + b"\\ud800" * 100 + b'"}', b"\xff\xfe", b"null", b'"str"'])
 
     @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-    @given(body=body_st, raw=st.none() | raw_st, chat=st.booleans(), depth=st.integers(0, 3))
-    def check(body, raw, chat, depth):
+    @given(body=body_st | body_st | junk_st, base=st.sampled_from(range(3)),
+           raw=st.none() | st.none() | st.none() | raw_st, chat=st.booleans(), depth=st.sampled_from([0, 0, 0, 1, 3]))
+    def check(body, base, raw, chat, depth):
+        body = {**(CHAT_BASES if chat else BASES)[base], **body}  # mostly valid requests, fuzzed fields
         if isinstance(body.get("max_tokens"), int) and not isinstance(body["max_tokens"], bool):
             body["max_tokens"] = max(-1, min(body["max_tokens"], 4))
         else:
@@ -440,3 +473,28 @@ def test_fuzzed_json_never_gets_a_500(live):
         http.close()
     wait_idle(async_engine)
     assert client.completions.create(model=MODEL, prompt="the cat", max_tokens=2).choices
+
+
+def test_fuzzed_bodies_parse_or_get_a_request_error():
+    """The parsers alone, many more bodies: each becomes a checked request or a ``RequestError`` (a 4xx), never
+    another exception (which the server would answer with a 500)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from pagedattn.openai_protocol import RequestError, fit_max_tokens, parse_chat, parse_completion
+
+    @settings(max_examples=400, deadline=None, derandomize=True)
+    @given(body=_bodies() | _json_values() | st.dictionaries(st.sampled_from(FIELDS), _json_values(), max_size=8),
+           base=st.sampled_from(range(3)), chat=st.booleans(), prompt_len=st.integers(0, 300))
+    def check(body, base, chat, prompt_len):
+        if isinstance(body, dict):
+            body = {**(CHAT_BASES if chat else BASES)[base], **body}
+        try:
+            req = (parse_chat if chat else parse_completion)(body, MODEL, 2000)
+            params = fit_max_tokens(req, prompt_len, MAX_MODEL_LEN)
+        except RequestError as e:
+            assert 400 <= e.status < 500 and str(e)
+            return
+        assert params.max_tokens <= MAX_MODEL_LEN - prompt_len and req.prompts
+
+    check()

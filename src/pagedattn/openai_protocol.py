@@ -132,7 +132,7 @@ def _max_tokens(body: dict, name: str, default: int | None) -> int | None:
 
 def _sampling(body: dict, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
     kw: dict[str, Any] = {k: body[k] if body.get(k) is not None else default for k, default in SAMPLING_FIELDS.items()}
-    kw["stop_token_ids"] = kw["stop_token_ids"] or []
+    kw["stop_token_ids"] = kw["stop_token_ids"] if kw["stop_token_ids"] is not None else []
     kw["stop"] = kw["stop"] if kw["stop"] is not None else []
     if isinstance(kw["stop"], list) and len(kw["stop"]) > 16:
         raise RequestError("stop takes at most 16 strings", "stop")
@@ -181,10 +181,7 @@ def _prompt_list(prompt, max_chars: int | None) -> list:
         return [single]
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         many = [one(p) for p in prompt]
-        if all(p is not None for p in many):
-            if max_chars is not None and sum(len(p) for p in many if isinstance(p, str)) > max_chars:
-                raise RequestError(f"the prompts have more than this server's limit of {max_chars:,} characters "
-                                   "together (--max-prompt-chars)", "prompt")
+        if all(p is not None for p in many):  # each within max_chars; the body limit bounds them together
             return many
     if isinstance(prompt, list) and not prompt or prompt == [[]]:
         raise RequestError("empty prompt: a request needs at least 1 prompt token", "prompt")

@@ -211,7 +211,10 @@ class Sampler:
         if not any(s in self.detokenizer.text(seq.seq_id, ids) for s in params.stop):
             return False
         text = self.detokenizer.text(seq.seq_id, ids, final=True)  # the full decode the outputs show
-        pos, hit = min((text.find(s), s) for s in params.stop if s in text)
+        hits = [(text.find(s), s) for s in params.stop if s in text]
+        if not hits:  # the incremental text and the full decode disagree: the full decode decides
+            return False
+        pos, hit = min(hits)
         seq.stop_text_len = pos + len(hit) if params.include_stop_str_in_output else pos
         seq.stop_reason = hit
         return True

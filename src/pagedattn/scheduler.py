@@ -314,7 +314,7 @@ class Scheduler:
             if len(g.get_seqs("running")) > 1:  # cannot be preempted: fail this request alone, free its blocks
                 self._refuse(g, f"request {g.request_id!r} had to be preempted, but its "
                                 f"{len(g.get_seqs('running'))} sequences share blocks and do not fit in the CPU swap "
-                                "space (raise num_cpu_blocks; the server: --swap-space)", out)
+                                "space (raise num_cpu_blocks)", out)
                 return
             mode = "recompute"
         self.num_preemptions[mode] += 1

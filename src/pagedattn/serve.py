@@ -191,11 +191,17 @@ def usage(outs: list[RequestOutput]) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def engine_message(message: str) -> str:
+    """An engine error as the server's user reads it: the scheduler's advice to raise ``num_cpu_blocks`` names the
+    server's option for it (the scheduler's own text stays as the simulator's golden digests pin it)."""
+    return message.replace("(raise num_cpu_blocks)", "(raise num_cpu_blocks: this server's --swap-space GiB)")
+
+
 def failure(out: RequestOutput) -> JSONResponse:
     """The HTTP error for a request the engine failed: a 400 when it never ran (it can never be served), else a 503
     (it was refused mid-run: it could not be preempted, for want of CPU swap space)."""
     ran = any(c.token_ids for c in out.outputs)
-    message = out.error or "the engine failed this request"
+    message = engine_message(out.error or "the engine failed this request")
     if ran:
         return JSONResponse(error_body(message, None, "server_error"), status_code=503)
     return JSONResponse(error_body(message, field_of(message)), status_code=400)
@@ -249,8 +255,9 @@ async def stream_events(source, choices: Choices, include_usage: bool):
         async for i, out in source:
             last[i] = out
             if out.error is not None:
-                yield _sse(error_body(out.error, field_of(out.error) if not any(c.token_ids for c in out.outputs)
-                                      else None, "server_error"))
+                ran = any(c.token_ids for c in out.outputs)
+                yield _sse(error_body(engine_message(out.error), None if ran else field_of(out.error),
+                                      "server_error"))
                 break
             pieces = choices.delta(i, out)
             if pieces:
@@ -287,6 +294,11 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         return JSONResponse(error_body(str(exc.detail), None), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception):  # a bug: OpenAI's shape; uvicorn logs the traceback
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", None, "server_error"),
+                            status_code=500)
 
     @app.get("/health")
     async def health():
