@@ -139,6 +139,7 @@ class AsyncEngine:
             self._forget(request_id)
             self.abort(request_id)
             raise
+        assert self._wake is not None  # (made when the loop starts)
         self._wake.set()
         try:
             while True:
@@ -178,10 +179,12 @@ class AsyncEngine:
 
     async def _loop(self) -> None:
         busy = False
+        wake = self._wake
+        assert wake is not None  # (made when the loop starts)
         while True:
             if not busy and not self._aborts:
-                await self._wake.wait()
-            self._wake.clear()
+                await wake.wait()
+            wake.clear()
             aborts, self._aborts = list(self._aborts), set()
             try:
                 outputs, busy = await self._call(self._step, aborts)

@@ -487,12 +487,13 @@ def load_engine(model, kv_manager: str = "paged", num_slots: int = 8192, block_s
                 max_model_len: int | None = None, seed: int = 0, max_step_metrics: int | None = 10_000,
                 swap_space: float = 0.0, **engine_kw):
     """An ``LLMEngine`` for MODEL (a checkpoint folder, ``tiny:opt``, or a model already built) under
-    ``kv_manager`` over ``num_slots`` token slots (``experiments.common.make_engine``, the same systems the simulator
-    replays), keeping the metrics of the last ``max_step_metrics`` steps (a server runs for days). ``swap_space``
+    ``kv_manager`` over ``num_slots`` token slots (``EngineArgs.kv_manager``, the systems the simulator replays;
+    ``paged_auto``: paged with automatic prefix caching; ``ft``: ``static``), keeping the metrics of the last ``max_step_metrics`` steps (a server runs for days). ``swap_space``
     GiB of CPU blocks (``cpu_blocks_for``) let a paged engine preempt a request of several sequences by swapping
     (the scheduler swaps such groups, §4.4-§4.5; without swap space it must fail them). The server's engine:
     ``repro.experiments.online_serving`` builds its in-process engine here too."""
-    from pagedattn.repro.experiments.common import make_engine, tiny_opt
+    from pagedattn.engine import LLMEngine
+    from pagedattn.model.tiny import tiny_opt
 
     if not isinstance(model, (str, Path)):
         model_obj, config = model, model.config
@@ -517,8 +518,10 @@ def load_engine(model, kv_manager: str = "paged", num_slots: int = 8192, block_s
         engine_kw["num_cpu_blocks"] = cpu_blocks_for(swap_space, config, block_size,
                                                      engine_kw.get("max_num_seqs", 256), max_model_len,
                                                      torch.empty((), dtype=dtype).element_size())
-    return make_engine(model_obj, kv_manager, num_slots, block_size, max_model_len,
-                       max_step_metrics=max_step_metrics, **engine_kw)
+    name = "paged" if kv_manager.startswith("paged") else "static" if kv_manager == "ft" else kv_manager
+    return LLMEngine(model_obj, engine_kw.pop("tokenizer", None), name, num_slots=num_slots, block_size=block_size,
+                     max_model_len=max_model_len, num_cpu_blocks=engine_kw.pop("num_cpu_blocks", 0),
+                     enable_prefix_caching=kv_manager == "paged_auto", max_step_metrics=max_step_metrics, **engine_kw)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

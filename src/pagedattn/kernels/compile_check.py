@@ -33,7 +33,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 TARGETS = (80, 90)
 FAMILIES = ("attention", "reshape_and_cache", "copy_blocks", "rms_norm", "rope")
@@ -89,7 +89,7 @@ def case_launches(case: Case) -> list:
     from pagedattn.kernels import paged_attention as pa
 
     dt = getattr(torch, case.dtype)
-    meta = dict(device="meta")
+    meta: dict[str, Any] = dict(device="meta")
     kvh, d, bs = NUM_KV_HEADS, case.head_dim, case.block_size
     width = -(-CONTEXT // bs)
     cache = lambda: torch.empty(NUM_SEQS * width, bs, kvh, d, dtype=dt, **meta)  # noqa: E731
@@ -167,7 +167,8 @@ def check(cases: list[Case], targets=TARGETS, jobs: int = 1, progress: bool = Fa
     import pandas as pd
 
     plans = [(case, i, name, launch) for case in cases for i, (name, launch) in enumerate(case_launches(case))]
-    rows, unique = [], {}
+    rows: list = []
+    unique: dict = {}
     for arch in targets:
         for case, i, name, launch in plans:
             key = _variant_key(launch, arch)

@@ -392,5 +392,8 @@ def argmax_cpu(logits: Tensor) -> Tensor:
     x = logits.contiguous()
     out = torch.empty(rows, dtype=torch.long)
     if rows:
-        load_library().argmax_rows_f32(x.data_ptr(), rows, cols, out.data_ptr())
+        lib = load_library()
+        if lib is None:
+            raise RuntimeError("argmax_cpu: the C++ kernel is not built (see the warning above)")
+        lib.argmax_rows_f32(x.data_ptr(), rows, cols, out.data_ptr())
     return out

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -232,7 +232,7 @@ def _paged_attn_reduce_kernel(
 class Launch:
     """One kernel launch: ``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``."""
 
-    kernel: object
+    kernel: Any  # a Triton JIT function, launched as kernel[grid](...)
     grid: tuple
     args: tuple
     constexprs: dict

@@ -214,6 +214,7 @@ def paged_attention_ref(query: Tensor, key_cache: Tensor, value_cache: Tensor, b
             if out is None:
                 out = torch.empty_like(q)
             out.index_copy_(0, b.rows, o)
+    assert out is not None  # (every row belongs to a bucket)
     return out.to(query.dtype)
 
 

@@ -42,6 +42,7 @@ class BuddyAllocator:
         self.total = total
         self.free_lists: dict[int, set[int]] = {}
         self.allocated: dict[int, int] = {}  # offset -> order
+        self.used = 0  # slots in allocated blocks (kept as they change: the engine core reads it every step)
         self._chunk_order: dict[int, int] = {}  # chunk start -> its order (the largest a block there may grow)
         off, rest = 0, total
         while rest:
@@ -57,7 +58,7 @@ class BuddyAllocator:
 
     @property
     def num_free(self) -> int:
-        return sum(len(s) << o for o, s in self.free_lists.items())
+        return self.total - self.used
 
     def largest_free(self) -> int:
         return max((1 << o for o, s in self.free_lists.items() if s), default=0)
@@ -86,6 +87,7 @@ class BuddyAllocator:
             o -= 1
             self.free_lists.setdefault(o, set()).add(off + (1 << o))
         self.allocated[off] = order
+        self.used += 1 << order
         return off
 
     def free(self, offset: int) -> None:
@@ -93,6 +95,7 @@ class BuddyAllocator:
         if offset not in self.allocated:
             raise RuntimeError(f"double free (or unknown block) at offset {offset}")
         o = self.allocated.pop(offset)
+        self.used -= 1 << o
         limit = self._max_order_at(offset)
         while o < limit:
             buddy = offset ^ (1 << o)
@@ -332,7 +335,8 @@ class ContiguousKVManager:
     def check_invariants(self) -> None:
         a = self.arena
         used = sum(1 << o for o in a.allocated.values())
-        assert used + a.num_free == a.total, "arena slots lost or double counted"
+        free = sum(len(s) << o for o, s in a.free_lists.items())
+        assert used == a.used and used + free == a.total, "arena slots lost or double counted"
         held = sum(r.reserved if self.placement == "exact" else next_pow2(r.reserved) for r in self.tables.values())
         assert used == held, "allocated slots differ from reservations"
 

@@ -133,12 +133,12 @@ class KVAllocator(Protocol):
         block copies that the executor must perform (none where the child shares the parent's blocks)."""
         ...
 
-    def decode_room(self, seqs: list[SeqView], limit: int) -> int:
+    def decode_room(self, seqs: list, limit: int) -> int:  # of SeqView (a list: the compiled simulator's loops)
         """How many decode steps in a row, at most ``limit``, the device-resident sequences ``seqs`` can each
         take one more token, in this order every step, with no preemption, copy or refusal (0 where unsure)."""
         ...
 
-    def advance(self, seqs: list[SeqView], steps: int) -> None:
+    def advance(self, seqs: list, steps: int) -> None:  # of SeqView
         """``steps`` such steps at once (``decode_room``): what ``steps`` rounds of ``append_slots`` over the
         sequences, in this order, would do."""
         ...

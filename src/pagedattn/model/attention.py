@@ -71,9 +71,10 @@ class PagedAttention(torch.nn.Module):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
-        self.backend: KernelBackend | None = None  # set by the executor (``ModelRunner._bind_caches``)
-        self.k_cache: Tensor | None = None
-        self.v_cache: Tensor | None = None
+        # set by the executor (``ModelRunner._bind_caches``); empty until then
+        self.backend: KernelBackend | None = None
+        self.k_cache: Tensor = torch.empty(0)
+        self.v_cache: Tensor = torch.empty(0)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tensor:
         """``q``: ``[T, num_heads * head_dim]``; ``k``, ``v``: ``[T, num_kv_heads * head_dim]`` -> ``[T, H * D]``."""
@@ -82,6 +83,7 @@ class PagedAttention(torch.nn.Module):
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
         ops = self.backend
+        assert ops is not None and self.k_cache.numel(), "the caches are not bound (ModelRunner binds them)"
         ops.reshape_and_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         if meta.is_prefill:
             out = self._prefill(q, k, v, meta)
@@ -135,8 +137,8 @@ class PagedAttention(torch.nn.Module):
         if lay.all_new:  # no cached context: right-padded fresh K/V, plain causal (a padded key follows every real one)
             kp, vp = q.new_zeros(S * L, KVH, D), q.new_zeros(S * L, KVH, D)
             kp[lay.q_rows], vp[lay.q_rows] = k, v
-            o = F.scaled_dot_product_attention(*(t.view(S, L, -1, D).transpose(1, 2) for t in (qp, kp, vp)),
-                                               is_causal=True, scale=self.scale, enable_gqa=group > 1)
+            qs, ks, vs = (t.view(S, L, -1, D).transpose(1, 2) for t in (qp, kp, vp))
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale, enable_gqa=group > 1)
             return o.transpose(1, 2).reshape(S * L, H, D)[lay.q_rows]
         # [S, L, KVH, G, D] -> [S, KVH, G * L, D]: the G query heads of a kv head as rows against its keys
         qp = qp.view(S, L, KVH, group, D).permute(0, 2, 3, 1, 4).reshape(S, KVH, group * L, D)

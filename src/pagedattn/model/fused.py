@@ -58,4 +58,5 @@ class FusedLinear:
     def __call__(self, x: Tensor) -> Tensor:
         if self._source_key() != self._key:
             self._fuse()
+        assert self.weight is not None  # (set by _fuse)
         return F.linear(x, self.weight, self.bias)
