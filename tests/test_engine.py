@@ -11,10 +11,9 @@ import torch
 
 from pagedattn.engine import EngineArgs, LLMEngine
 from pagedattn.llm import LLM
-from pagedattn.memory import BlockManager
-from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.sequence import SamplingParams
 
+from factories import contiguous_manager
 import tiny_models
 
 MAX_NEW = 12
@@ -69,12 +68,8 @@ def llama_and_ref():
 def assert_all_blocks_free(engine: LLMEngine) -> None:
     kv = engine.kv
     kv.check_invariants()
-    if isinstance(kv, BlockManager):
-        assert kv.num_free_gpu_blocks == kv.num_gpu_blocks
-        assert kv.cpu.num_free == kv.cpu.num_blocks
-        assert not kv.tables
-    else:
-        assert kv.arena.num_free == kv.arena.total and not kv.tables
+    c = kv.pool_counts()  # a contiguous manager's arena: its slots, and no CPU pool
+    assert c.gpu_free == c.gpu_blocks and c.cpu_free == c.cpu_blocks and not kv.seq_ids()
     assert not engine.requests and not engine.has_unfinished_requests()
 
 
@@ -109,7 +104,7 @@ def test_greedy_matches_hf(model_and_ref, setup):
 
 def test_orca_contiguous_manager_on_the_same_engine(llama_and_ref):
     hf, ref = llama_and_ref
-    kv = ContiguousKVManager(512, "oracle", max_model_len=128)
+    kv = contiguous_manager(512, "oracle", max_model_len=128)
     llm = LLM(hf, kv_manager=kv, max_num_seqs=8)
     assert llm.engine.runner.block_size == 1 and llm.engine.runner.num_blocks == 512
     assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == ref

@@ -6,12 +6,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pagedattn.memory import AllocStatus, BlockManager
+from pagedattn.memory import AllocStatus
 from pagedattn.memory.block_manager import block_hashes
+from factories import block_manager
 
 
 def test_shared_prefix_hits_and_keeps_the_last_token_to_compute():
-    m = BlockManager(block_size=4, num_gpu_blocks=16, watermark=0.0, enable_prefix_caching=True)
+    m = block_manager(block_size=4, num_gpu_blocks=16, watermark=0.0, enable_prefix_caching=True)
     prefix = [7, 7, 8, 8, 9, 9, 1, 2]  # two full blocks
     assert m.allocate(0, 11, prefix + [3, 4, 5]) == 0  # cold: computes everything
     assert m.allocate(1, 10, prefix + [6, 6]) == 8  # both prefix blocks hit
@@ -23,7 +24,7 @@ def test_shared_prefix_hits_and_keeps_the_last_token_to_compute():
 
 
 def test_freed_blocks_stay_cached_until_evicted_lru():
-    m = BlockManager(block_size=2, num_gpu_blocks=4, watermark=0.0, enable_prefix_caching=True)
+    m = block_manager(block_size=2, num_gpu_blocks=4, watermark=0.0, enable_prefix_caching=True)
     m.allocate(0, 5, [1, 1, 2, 2, 3])
     m.free(0)
     assert m.num_free_gpu_blocks == 4 and len(m.gpu.cached) == 2  # two full blocks kept, free but cached
@@ -35,7 +36,7 @@ def test_freed_blocks_stay_cached_until_evicted_lru():
 
 
 def test_appended_full_blocks_become_cached():
-    m = BlockManager(block_size=2, num_gpu_blocks=8, watermark=0.0, enable_prefix_caching=True)
+    m = block_manager(block_size=2, num_gpu_blocks=8, watermark=0.0, enable_prefix_caching=True)
     tokens = [1, 2, 3]
     m.allocate(0, 3, tokens)
     tokens.append(4)
@@ -45,7 +46,7 @@ def test_appended_full_blocks_become_cached():
 
 
 def test_user_marked_prefix_is_pinned_without_automatic_caching():
-    m = BlockManager(block_size=4, num_gpu_blocks=16, watermark=0.0)
+    m = block_manager(block_size=4, num_gpu_blocks=16, watermark=0.0)
     prefix = list(range(10, 18))
     assert m.allocate(0, 10, prefix + [1, 2], prefix_len=8) == 0
     m.free(0)
@@ -59,7 +60,7 @@ def test_user_marked_prefix_is_pinned_without_automatic_caching():
 def test_request_that_fits_only_without_the_pinned_prefixes_is_refused():
     """User-marked prefixes are held for good, so a request that needs more than the rest of the pool can never run:
     it is refused (NEVER, a ValueError naming the limit), not left waiting; one that shares the prefix still fits."""
-    m = BlockManager(block_size=4, num_gpu_blocks=8, watermark=0.0)
+    m = block_manager(block_size=4, num_gpu_blocks=8, watermark=0.0)
     prefix = list(range(10, 22))
     m.allocate(0, 13, prefix + [1], prefix_len=12)  # pins 3 blocks
     m.free(0)
@@ -77,7 +78,7 @@ def test_prompts_whose_python_hashes_collide_do_not_share_blocks(a, b):
     read another request's K/V."""
     bs = 4
     assert hash((None, (a,) * bs)) == hash((None, (b,) * bs))  # the collision the old identity had
-    m = BlockManager(block_size=bs, num_gpu_blocks=8, watermark=0.0, enable_prefix_caching=True)
+    m = block_manager(block_size=bs, num_gpu_blocks=8, watermark=0.0, enable_prefix_caching=True)
     assert m.allocate(0, bs + 1, [a] * bs + [7]) == 0
     assert m.allocate(1, bs + 1, [b] * bs + [7]) == 0  # nothing cached for it: computed, not read from seq 0
     assert m.block_table(0)[0] != m.block_table(1)[0]
@@ -96,7 +97,7 @@ def test_two_prompts_share_a_block_only_if_their_prefixes_are_equal(bs, x, y):
     hx, hy = block_hashes(x, bs, len(x) // bs), block_hashes(y, bs, len(y) // bs)
     for i, (u, v) in enumerate(zip(hx, hy)):
         assert (u == v) == (x[:(i + 1) * bs] == y[:(i + 1) * bs])
-    m = BlockManager(block_size=bs, num_gpu_blocks=24, watermark=0.0, enable_prefix_caching=True)
+    m = block_manager(block_size=bs, num_gpu_blocks=24, watermark=0.0, enable_prefix_caching=True)
     m.allocate(0, len(x), x)
     m.allocate(1, len(y), y)
     for i, (u, v) in enumerate(zip(m.block_table(0), m.block_table(1))):
@@ -114,7 +115,7 @@ class CachingMachine(RuleBasedStateMachine):
 
     @initialize(automatic=st.booleans())
     def make_manager(self, automatic):
-        self.m = BlockManager(block_size=self.BS, num_gpu_blocks=14, num_cpu_blocks=10, watermark=0.0,
+        self.m = block_manager(block_size=self.BS, num_gpu_blocks=14, num_cpu_blocks=10, watermark=0.0,
                               enable_prefix_caching=automatic)
         self.tokens: dict[int, list[int]] = {}
         self.content: dict[tuple[str, int], dict[int, int]] = {}  # (pool, block) -> {offset: token}

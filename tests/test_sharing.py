@@ -10,6 +10,7 @@ from pagedattn import kernels
 from pagedattn.llm import LLM
 from pagedattn.memory import BlockManager
 from pagedattn.sequence import SamplingParams
+from factories import block_manager
 from tiny_models import tiny_llama
 
 
@@ -45,7 +46,7 @@ def test_fork_then_divergent_appends_copy_exactly_one_block(backend, request):
     ops = kernels.get_backend(backend)
     dtype = torch.float64 if backend == "torch" else torch.float32
     bs, heads, kv_heads, dim, prompt = 4, 4, 2, 8, 7  # 7 tokens: one full block, one partly filled (3 of 4)
-    kv = BlockManager(bs, 12)
+    kv = block_manager(bs, 12)
     g = torch.Generator().manual_seed(0)
     shape = (12, bs, kv_heads, dim)
     kc, vc = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
