@@ -58,7 +58,7 @@ def test_swap_in_moves_only_the_unfinished_samples():
     assert m.swap_in_status(g) is AllocStatus.OK
     m.check_swap_in(g)  # 2 blocks + 0 for the next token (its last block has room): fits
     assert m.swap_in_group(g) == {0: 2, 1: 3}  # gpu 0, 1 went to the back of the free list
-    assert m.block_table(0) == [2, 3] and 1 not in m.tables
+    assert m.block_table(0) == [2, 3] and m.location(1) is None
 
 
 def test_next_token_blocks_counts_a_fresh_block_per_full_tail_and_copies_per_extra_sharer():
@@ -93,10 +93,10 @@ def test_swap_in_is_refused_when_other_pinned_prefixes_leave_too_little_room():
 
 def test_defaults_no_cpu_pool_a_one_percent_watermark_and_no_automatic_caching():
     m = BlockManager(block_size=4, num_gpu_blocks=100)  # the class's own defaults are under test
-    assert m.watermark_blocks == 1 and m.cpu.num_blocks == 0 and m.prefix_hit_rate == 0.0
+    assert m.watermark_blocks == 1 and m.pool_counts().cpu_blocks == 0 and m.prefix_hit_rate == 0.0
     m.allocate(0, 12, token_ids=list(range(12)))
     m.allocate(1, 12, token_ids=list(range(12)))  # the same prompt: nothing shared without caching
-    assert m.num_used_gpu_blocks == 6 and (m.prefix_queries, m.prefix_hits) == (0, 0)
+    assert m.num_used_gpu_blocks == 6 and (m.pool_counts().prefix_queries, m.pool_counts().prefix_hits) == (0, 0)
     with pytest.raises(ValueError, match="num_cpu_blocks=0"):
         m.swap_out([0])
     with pytest.raises(ValueError, match="num_gpu_blocks must be > 0, got 0"):
@@ -126,11 +126,11 @@ def test_a_request_sharing_a_pinned_one_block_prefix_fits_beside_it():
     prefix = [5, 6, 7, 8]
     m.allocate(0, 6, token_ids=prefix + [1, 2], prefix_len=4)
     m.free(0)
-    assert m.pinned == [0] and m.num_free_gpu_blocks == 3
+    assert m.block_view().pinned == [0] and m.num_free_gpu_blocks == 3
     tokens = prefix + list(range(20, 32))
     assert m.can_allocate_tokens(16, tokens, prefix_len=4) is AllocStatus.OK
     assert m.allocate(1, 16, tokens, prefix_len=4) == 4  # 4 tokens' K/V already cached
-    assert m.block_table(1)[0] == 0 and m.gpu.ref_counts[0] == 2
+    assert m.block_table(1)[0] == 0 and m.block_view().ref_counts[0] == 2
 
 
 def test_block_hashes_are_chained_blake2b_digests_of_little_endian_int64_tokens():
@@ -186,7 +186,7 @@ def test_readmission_after_recompute_sizes_the_waiting_samples_only():
     m = block_manager(block_size=4, num_gpu_blocks=3, watermark=0.0)
     assert m.can_allocate(g) is AllocStatus.OK
     m.allocate_group(g)
-    assert list(m.tables) == [1] and m.block_table(1) == [0, 1, 2] and m.num_tokens(1) == 9
+    assert m.seq_ids() == [1] and m.block_table(1) == [0, 1, 2] and m.num_tokens(1) == 9
 
 
 def test_a_regrown_group_that_can_never_come_back_is_told_the_limit_it_breaks():
@@ -214,7 +214,7 @@ def test_a_block_filled_by_a_decode_step_of_a_group_becomes_cached():
     g.set_status("waiting", "running")
     g.seqs[0].append_token(9)
     assert m.append_slots(g) == []
-    assert m.gpu.block_hash[0] == block_hashes([1, 2, 3, 9], 4, 1)[0]
+    assert m.block_view().digests[0] == block_hashes([1, 2, 3, 9], 4, 1)[0]
     assert m.allocate(1, 5, [1, 2, 3, 9, 5]) == 4 and m.block_table(1)[0] == 0
 
 
@@ -228,10 +228,10 @@ def test_prefix_caching_without_token_ids_and_a_forked_childs_digests():
     tokens = [1, 2, 3, 4, 5, 6]
     m.allocate(0, 6, tokens)
     m.fork(0, 1)
-    assert m.tables[1].hashes == block_hashes(tokens, 4, 1)
+    assert m.prefix_digests(1) == block_hashes(tokens, 4, 1)
     m.append_slot(1)
     m.append_slot(1, tokens + [7, 8])  # the 7th token copied the shared block into block 2; the 8th fills it
-    assert m.gpu.block_hash[2] == block_hashes(tokens + [7, 8], 4, 2)[1]
+    assert m.block_view().digests[2] == block_hashes(tokens + [7, 8], 4, 2)[1]
 
 
 def test_a_failed_allocation_that_would_revive_evictable_hits_changes_nothing():
@@ -248,7 +248,7 @@ def test_a_failed_allocation_that_would_revive_evictable_hits_changes_nothing():
     assert m.block_table(1) == [3, 2] and m.num_free_gpu_blocks == 2
     with pytest.raises(NoFreeBlocksError, match="need 3 blocks, 2 free"):
         m.allocate(2, 9, t)
-    assert 2 not in m.tables and m.num_free_gpu_blocks == 2 and m.gpu.ref_counts == [0, 0, 1, 1]
+    assert m.location(2) is None and m.num_free_gpu_blocks == 2 and m.block_view().ref_counts == [0, 0, 1, 1]
     m.check_invariants()
     m.free(1)
     assert m.allocate(2, 9, t) == 8 and m.block_table(2) == [0, 1, 3]
@@ -259,9 +259,9 @@ def test_allocation_without_token_ids_caches_nothing():
     on, or at block size 1 (where a one-token prefix would be a full block)."""
     m = block_manager(block_size=4, num_gpu_blocks=4, enable_prefix_caching=True)
     assert m.allocate(0, 8) == 0 and m.block_table(0) == [0, 1]
-    assert not m.gpu.cached and m.prefix_queries == 0
+    assert not m.block_view().cached and m.pool_counts().prefix_queries == 0
     m = block_manager(block_size=1, num_gpu_blocks=4)
-    assert m.allocate(0, 2) == 0 and m.block_table(0) == [0, 1] and not m.gpu.cached
+    assert m.allocate(0, 2) == 0 and m.block_table(0) == [0, 1] and not m.block_view().cached
 
 
 def test_no_prefix_is_marked_unless_asked():
@@ -271,11 +271,13 @@ def test_no_prefix_is_marked_unless_asked():
     block: never."""
     m = block_manager(block_size=1, num_gpu_blocks=4, watermark=0.0)
     m.allocate(0, 3, [5, 6, 7])
-    assert m.pinned == [] and m.prefix_queries == 0 and m.gpu.ref_counts == [1, 1, 1, 0]
+    view = m.block_view()
+    assert view.pinned == [] and m.pool_counts().prefix_queries == 0 and view.ref_counts == [1, 1, 1, 0]
     m.free(0)
     m.allocate(1, 1, [5], prefix_len=1)
     m.free(1)
-    assert m.pinned == [3] and m.gpu.ref_counts == [0, 0, 0, 1]
+    view = m.block_view()
+    assert view.pinned == [3] and view.ref_counts == [0, 0, 0, 1]
     assert m.can_allocate_tokens(4, [5, 6, 7, 8]) is AllocStatus.NEVER
     with pytest.raises(ValueError, match="needs 4 blocks of 1, but 1 of the pool's num_gpu_blocks=4 hold "
                                          "user-marked prefixes it does not share"):
@@ -290,7 +292,7 @@ def test_a_request_sharing_a_pinned_prefix_may_use_the_whole_pool():
     p = list(range(8))
     m.allocate(0, 9, p + [50], prefix_len=8)
     m.free(0)
-    assert m.pinned == [0, 1]
+    assert m.block_view().pinned == [0, 1]
     m.check_request(16, p + list(range(60, 68)), prefix_len=8)
     assert m.can_allocate_tokens(16, p + list(range(60, 68)), prefix_len=8) is AllocStatus.OK
     with pytest.raises(ValueError, match="2 of the pool's num_gpu_blocks=4 hold user-marked prefixes"):
@@ -392,7 +394,8 @@ def test_pool_limits_and_messages():
 
 @pytest.mark.parametrize("corrupt, message", [
     (lambda p: p.ref_counts.__setitem__(0, 1), "a used block is free"),
-    (lambda p: (p._free.remove(1), p._evictable.__setitem__(1, None)), "an evictable block has no hash"),
+    (lambda p: (p.allocate(), p.allocate(), p.register(1, b"h"), p.decref(1), p.block_hash.pop(1)),
+     "an evictable block has no hash"),
     (lambda p: p.block_hash.__setitem__(0, b"h"), "a plain free block still has a hash"),
     (lambda p: (p.allocate(), p.cached.__setitem__(b"h", 0)), "prefix cache maps disagree"),
 ])

@@ -29,7 +29,7 @@ def test_orca_max_fits_seven_requests_in_the_paper_arena():
         assert m.can_allocate(g) is AllocStatus.OK
         m.allocate_group(g)
     assert m.can_allocate(gs[7]) is AllocStatus.LATER  # the 1392-slot tail cannot hold 2048
-    assert m.arena.num_free == 15728 - 7 * 2048
+    assert m.pool_counts().gpu_free == 15728 - 7 * 2048
     m.check_invariants()
 
 
@@ -119,9 +119,9 @@ def test_parallel_samples_are_admitted_only_if_every_reservation_fits_and_a_refu
     m = contiguous_manager(64, "oracle", max_model_len=64)
     g = SequenceGroup("r", [Sequence(k, [1] * 12) for k in range(2)], SamplingParams(n=2, max_tokens=8))
     assert m.can_allocate(g) is AllocStatus.OK
-    m.arena.alloc(32)
-    assert m.can_allocate(g) is AllocStatus.LATER
-    assert m.arena.num_free == 32 and m.arena.free_lists[5] == {32}
+    m.allocate_group(group(20, 12, "other", 9))  # a reservation of 32 slots, at offset 0
+    assert m.pieces(9) == [0] and m.can_allocate(g) is AllocStatus.LATER
+    assert m.pool_counts().gpu_free == 32 and m.free_spans() == [(32, 32)]
     g3 = SequenceGroup("s", [Sequence(k, [1] * 12) for k in range(3)], SamplingParams(n=3, max_tokens=8))
     assert contiguous_manager(64, "oracle", max_model_len=64).can_allocate(g3) is AllocStatus.NEVER
 
@@ -168,12 +168,12 @@ def test_exact_placement_reserves_exactly_and_buddy_placement_a_power_of_two():
         m = contiguous_manager(64, "oracle", max_model_len=64, placement=placement)
         assert m.placement == placement
         m.allocate_group(group(12, 8))
-        assert m.num_used_gpu_blocks == used and m.tables[0].pieces == ([0] if placement == "buddy" else [0, 16])
+        assert m.num_used_gpu_blocks == used and m.pieces(0) == ([0] if placement == "buddy" else [0, 16])
         m.check_invariants()
-    m.tables[0].reserved = 19
+    m.tables[0].reserved = 19  # corrupted on purpose: check_invariants must name what broke
     with pytest.raises(AssertionError, match="^allocated slots differ from reservations$"):
         m.check_invariants()
-    m.arena.allocated[40] = 0
+    m.arena.allocated[40] = 0  # corrupted on purpose
     with pytest.raises(AssertionError, match="^arena slots lost or double counted$"):
         m.check_invariants()
 
@@ -204,7 +204,7 @@ def test_a_finished_sample_is_neither_reserved_nor_grown():
     g = SequenceGroup("r", [Sequence(k, [1] * 12) for k in range(2)], SamplingParams(n=2, max_tokens=8))
     g.seqs[1].finish("stop")
     assert m.can_allocate(g) is AllocStatus.OK
-    assert m.allocate_group(g) == 0 and list(m.tables) == [0]
+    assert m.allocate_group(g) == 0 and m.seq_ids() == [0]
     g.set_status("waiting", "running")
     assert m.can_append_slots(g) and m.append_slots(g) == [] and m.num_tokens(0) == 13
 

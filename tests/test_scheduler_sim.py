@@ -82,7 +82,7 @@ def test_abort_finishes_only_unfinished_sequences_and_frees_their_blocks():
     g.seqs[0].finish("length")  # one sample already done
     assert s.abort("r0") is g and s.abort("nope") is None
     assert [q.finish_reason for q in g.seqs] == ["length", "abort"]
-    assert s.running == [other] and set(kv.tables) == {other.seqs[0].seq_id}
+    assert s.running == [other] and kv.seq_ids() == [other.seqs[0].seq_id]
     kv.check_invariants()
 
 
@@ -107,7 +107,7 @@ def test_preemption_is_all_or_nothing_and_latest_first(mode):
         assert list(out.blocks_to_swap_out) == g2_blocks
         assert [out.blocks_to_swap_out[b] for b in g2_blocks] == kv.block_table(groups[2].seqs[0].seq_id)
     else:
-        assert not out.blocks_to_swap_out and groups[2].seqs[0].seq_id not in kv.tables
+        assert not out.blocks_to_swap_out and kv.location(groups[2].seqs[0].seq_id) is None
         assert s.waiting[0] is groups[2]  # first in line to come back
     for _ in range(4):  # r0 and r1 fill their third blocks; then r0 needs a fourth and r1, now the latest, goes
         for g in out.decode_groups:
@@ -178,7 +178,8 @@ def test_simulation_under_pressure_preempts_and_leaks_nothing(mode, interpreted_
         sim.make_kv_manager = orig
     kv = kv_holder["kv"]
     assert sum(r.num_preemptions.values()) > 0
-    assert kv.num_free_gpu_blocks == kv.num_gpu_blocks and kv.cpu.num_free == kv.cpu.num_blocks and not kv.tables
+    c = kv.pool_counts()
+    assert c.gpu_free == c.gpu_blocks and c.cpu_free == c.cpu_blocks and not kv.seq_ids()
     kv.check_invariants()
 
 
@@ -225,7 +226,7 @@ def test_group_that_cannot_be_swapped_fails_alone_and_frees_its_blocks():
             break
     assert failed == [g1] and g1.error == ("request 'r1' had to be preempted, but its 2 sequences share blocks and "
                                            "do not fit in the CPU swap space (raise num_cpu_blocks)")
-    assert all(q.finish_reason == "error" for q in g1.seqs) and g1.seqs[0].seq_id not in kv.tables
+    assert all(q.finish_reason == "error" for q in g1.seqs) and kv.location(g1.seqs[0].seq_id) is None
     assert s.running == [g0]
     kv.check_invariants()
 
