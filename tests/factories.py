@@ -35,7 +35,7 @@ def scheduler(kv: KVAllocator, static_batching: bool = False, **config: Any) -> 
     return Scheduler(SchedulerConfig(**config), kv, static_batching=static_batching)
 
 
-def engine(model=None, **args: Any) -> LLMEngine:
+def llm_engine(model=None, **args: Any) -> LLMEngine:
     """The real engine, with ``LLMEngine``'s arguments, on ``model``: by default the tiny random-weight OPT of
     ``tiny_models`` (a test that depends on the model passes its own)."""
     from pagedattn.engine import LLMEngine  # torch and transformers: imported only by the tests that run a model

@@ -13,7 +13,7 @@ from pagedattn.engine import EngineArgs, LLMEngine
 from pagedattn.llm import LLM
 from pagedattn.sequence import SamplingParams
 
-from factories import contiguous_manager
+from factories import contiguous_manager, llm_engine
 import tiny_models
 
 MAX_NEW = 12
@@ -113,7 +113,7 @@ def test_orca_contiguous_manager_on_the_same_engine(llama_and_ref):
 
 def test_step_by_step_engine_and_metrics(llama_and_ref):
     hf, ref = llama_and_ref
-    engine = LLMEngine(hf, max_num_seqs=4, max_num_batched_tokens=64)
+    engine = llm_engine(hf, max_num_seqs=4, max_num_batched_tokens=64)
     for i, p in enumerate(PROMPTS[:6]):
         engine.add_request(f"r{i}", p, GREEDY)
     done = {}
@@ -138,7 +138,7 @@ def test_step_by_step_engine_and_metrics(llama_and_ref):
 
 def test_step_finished_only_builds_only_finished_outputs(llama_and_ref):
     hf, ref = llama_and_ref
-    engine = LLMEngine(hf, max_num_seqs=4)
+    engine = llm_engine(hf, max_num_seqs=4)
     for i, p in enumerate(PROMPTS[:3]):
         engine.add_request(f"r{i}", p, GREEDY)
     done = {}
@@ -181,7 +181,7 @@ def test_stop_token_eos_and_max_model_len(llama_and_ref):
     assert len(outs[2].outputs[0].token_ids) == 2
     assert outs[2].outputs[0].finish_reason == "length"
     # EOS stops a request unless ignore_eos
-    engine = LLMEngine(hf)
+    engine = llm_engine(hf)
     engine.eos_token_ids = frozenset({r[4]})
     engine.add_request("eos", p, SamplingParams(temperature=0, max_tokens=MAX_NEW))
     engine.add_request("ignore", p, GREEDY)
@@ -243,7 +243,7 @@ def test_request_that_outgrows_the_pool_fails_alone(llama_and_ref):
 
 def test_abort_frees_blocks_and_spares_the_others(llama_and_ref):
     hf, ref = llama_and_ref
-    engine = LLMEngine(hf, block_size=4, num_gpu_blocks=14, preemption_mode="swap", num_cpu_blocks=64)
+    engine = llm_engine(hf, block_size=4, num_gpu_blocks=14, preemption_mode="swap", num_cpu_blocks=64)
     for i, p in enumerate(PROMPTS):
         engine.add_request(str(i), p, GREEDY)
     for _ in range(6):
