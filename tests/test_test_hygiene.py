@@ -55,6 +55,8 @@ def test_the_private_patterns_catch_what_they_name():
     for inspected in ("view.tables", "kv.block_view().pinned", "counts.prefix_hits", "c.prefix_hits",
                       "kv.pool_counts().prefix_hits", "kv.block_view(\"gpu\").tables", "frame.cpu_blocks"):
         assert not any(re.search(p, inspected) for p in PRIVATE), inspected
+    assert re.search(BUILT, "kv = BlockManager(4, 8)") and re.search(BUILT, "Scheduler(SchedulerConfig(), kv)")
+    assert not re.search(BUILT, "kv = block_manager(4, 8)") and not re.search(BUILT, "pagedattn.memory.BlockManager(")
 
 
 def test_tests_build_managers_schedulers_and_engines_through_the_factories():
