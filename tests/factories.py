@@ -1,7 +1,8 @@
 """The builders the tests construct KV managers, schedulers and engines with (one place each, as vLLM's tests build
-theirs in ``tests/v1/core/utils.py``, e.g. ``create_scheduler``), with the defaults the tests use most. A test passes explicitly every argument
-its meaning depends on. Sequence groups are built by ``seq_groups``, tiny models by ``tiny_models``. Imported by test
-modules (``from factories import block_manager``); not a test module. Importing it imports no torch."""
+theirs in ``tests/v1/core/utils.py``, e.g. ``create_scheduler``), with the defaults the tests use most. A test passes
+explicitly every argument its meaning depends on. Sequence groups are built by ``seq_groups``, tiny models by
+``tiny_models``. Imported by test modules (``from factories import block_manager``); not a test module. Importing it
+imports no torch."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
