@@ -1,10 +1,9 @@
 """Fig. 2's four-way classification of KV slots (``memory/accounting.py``, paper §3) against breakdowns computed by
 hand: the paged manager without sharing (its fast path) and with copy-on-write sharing, and Orca's contiguous
 reservations."""
-from pagedattn.memory import BlockManager
 from pagedattn.memory.accounting import breakdown, max_request_waste
-from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.sequence import SequenceGroup
+from factories import block_manager, contiguous_manager
 from seq_groups import make_group
 
 
@@ -18,7 +17,7 @@ def test_paged_without_sharing():
     seq 1: 3 tokens, will end at 10: one block [3 + 1 reserved] (the next block is not allocated yet);
     seq 2: 8 tokens, done: [4 | 4].
     5 blocks used: 17 token states, 2 reserved, 1 internal, 20 free."""
-    m = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.0)
+    m = block_manager(block_size=4, num_gpu_blocks=10, watermark=0.0)
     for seq, n in ((0, 6), (1, 3), (2, 8)):
         m.allocate(seq, n)
     assert as_tuple(breakdown(m, {0: 7, 1: 10, 2: 8})) == (17, 2, 1, 20)
@@ -28,7 +27,7 @@ def test_paged_with_copy_on_write_sharing():
     """Seq 0 has 6 tokens in blocks [a | b]; seq 1 is its fork, and its 7th token copied b on write to c.
     Both end at 7 tokens. a (shared): 4 states. b: 2 states + 1 reserved (seq 0's 7th token) + 1 internal.
     c: 3 states + 1 internal. 3 blocks used: 9 / 1 / 2, and 28 free slots."""
-    m = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.0)
+    m = block_manager(block_size=4, num_gpu_blocks=10, watermark=0.0)
     m.allocate(0, 6)
     m.fork(0, 1)
     assert m.append_slot(1) is not None  # copy-on-write
@@ -38,7 +37,7 @@ def test_paged_with_copy_on_write_sharing():
 def test_a_shared_block_is_reserved_for_its_longest_sharer():
     """Seq 0 (6 tokens, blocks [a | b]) and its fork share both blocks. Seq 0 will reach 12 tokens, the fork only 7:
     b's two empty slots are reserved (seq 0 fills them), not internal, whichever sharer is seen last."""
-    m = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.0)
+    m = block_manager(block_size=4, num_gpu_blocks=10, watermark=0.0)
     m.allocate(0, 6)
     m.fork(0, 1)
     assert as_tuple(breakdown(m, {0: 12, 1: 7})) == (6, 2, 0, 32)
@@ -54,7 +53,7 @@ def test_contiguous_pow2_reservations():
     B: prompt 10, max 3 -> 10 + 4 = 14 slots; final 13: 10 states, 3 reserved, 1 internal.
     Everything else (64 - 27, including the buddy blocks' slack) is external: 15 / 7 / 5 / 37.
     After two decode steps A holds 7 tokens and B 12: 19 / 3 / 5 / 37."""
-    m = ContiguousKVManager(64, "pow2", max_model_len=64)
+    m = contiguous_manager(64, "pow2", max_model_len=64)
     a, b = group(0, 5, 6), group(1, 10, 3)
     for g in (a, b):
         m.allocate_group(g)
@@ -71,7 +70,7 @@ def test_a_sequence_without_a_final_length_reserves_nothing():
     """``final_len`` may omit a sequence (its end unknown): it is taken to end now, so its unfilled slots count as
     internal fragmentation. Seq 0: 6 tokens in 2 blocks of 4 -> 6 / 0 / 2; with a fork sharing both blocks, the same
     slots are counted once."""
-    m = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.0)
+    m = block_manager(block_size=4, num_gpu_blocks=10, watermark=0.0)
     m.allocate(0, 6)
     assert as_tuple(breakdown(m, {})) == (6, 0, 2, 32)
     m.fork(0, 1)
@@ -81,7 +80,7 @@ def test_a_sequence_without_a_final_length_reserves_nothing():
 def test_contiguous_sequence_without_a_final_length_reserves_nothing():
     """Orca (Oracle) reserves prompt + max_tokens = 5 + 6 = 11 slots; with no final length the request is taken to
     end now: 5 states, 0 reserved, 6 internal, 64 - 11 = 53 external."""
-    m = ContiguousKVManager(64, "oracle", max_model_len=64)
+    m = contiguous_manager(64, "oracle", max_model_len=64)
     m.allocate_group(group(0, 5, 6))
     assert as_tuple(breakdown(m, {})) == (5, 0, 6, 53)
 
@@ -90,14 +89,14 @@ def test_max_request_waste_by_hand():
     """Paged, blocks of 8: 10 tokens in 2 blocks waste 6 slots; a 1-token sequence swapped out to the CPU (it would
     waste 7) holds no device slot. Orca (Oracle), 11 slots for 5 tokens: 6 with exact placement, 16 - 5 = 11 in the
     16-slot buddy block. Empty managers waste nothing."""
-    m = BlockManager(block_size=8, num_gpu_blocks=8, num_cpu_blocks=4)
+    m = block_manager(block_size=8, num_gpu_blocks=8, num_cpu_blocks=4)
     assert max_request_waste(m) == 0
     m.allocate(0, 10)
     m.allocate(2, 1)
     m.swap_out([2])
     assert max_request_waste(m) == 6
     for placement, waste in (("exact", 6), ("buddy", 11)):
-        c = ContiguousKVManager(64, "oracle", max_model_len=64, placement=placement)
+        c = contiguous_manager(64, "oracle", max_model_len=64, placement=placement)
         assert max_request_waste(c) == 0
         c.allocate_group(group(0, 5, 6))
         assert max_request_waste(c) == waste

@@ -19,9 +19,8 @@ import torch
 from pagedattn.beam_search import (NEG, BeamSearchState, BeamStep, _reassign, init_group, outputs, step_groups,
                                    worst_case_blocks)
 from pagedattn.llm import LLM
-from pagedattn.memory import BlockManager
-from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.sequence import CompletionOutput, SamplingParams, Sequence, SequenceGroup
+from factories import contiguous_manager
 from tiny_models import tiny_llama, tiny_opt
 
 MAX_NEW = 10
@@ -77,11 +76,9 @@ def beam_params(k, lp, es, eos, n):
 def assert_pool_full(llm: LLM) -> None:
     kv = llm.engine.kv
     kv.check_invariants()
-    if isinstance(kv, BlockManager):
-        assert kv.num_free_gpu_blocks == kv.num_gpu_blocks and kv.cpu.num_free == kv.cpu.num_blocks
-        assert all(c == 0 for c in kv.gpu.ref_counts) and not kv.tables
-    else:
-        assert kv.arena.num_free == kv.arena.total and not kv.tables
+    c, view = kv.pool_counts(), kv.block_view()  # a contiguous manager's arena: its slots; no blocks to view
+    assert c.gpu_free == c.gpu_blocks and c.cpu_free == c.cpu_blocks and not kv.seq_ids()
+    assert view is None or not any(view.ref_counts)
     assert not llm.engine.has_unfinished_requests()
 
 
@@ -129,7 +126,7 @@ def test_beam_blocks_are_shared_forked_and_freed():
         e.step()
         kv = e.kv
         kv.check_invariants()
-        if kv.tables:
+        if kv.seq_ids():
             saved.append(1 - kv.num_used_gpu_blocks / kv.num_logical_blocks())
     assert max(saved) > 0.3 and min(saved) >= 0
     assert any(m.num_blocks_copied for m in e.step_metrics)
@@ -161,7 +158,7 @@ def test_beams_match_hf_under_swap_and_prefix_caching():
               enable_prefix_caching=True)
     got = llm.generate(prompts_, beam_params(2, 1.0, False, False, 2), use_tqdm=False)
     assert [[c.token_ids for c in o.outputs] for o in got] == want
-    assert llm.engine.scheduler.num_preemptions["swap"] > 0 and llm.engine.kv.prefix_hits > 0
+    assert llm.engine.scheduler.num_preemptions["swap"] > 0 and llm.engine.kv.pool_counts().prefix_hits > 0
     assert_pool_full(llm)
 
 
@@ -171,7 +168,7 @@ def test_beam_search_on_orca_contiguous_manager():
     hf = model("llama")
     sp = beam_params(2, 1.0, False, True, 2)
     ref = [[c.token_ids for c in o.outputs] for o in LLM(hf, block_size=4).generate(PROMPTS, sp, use_tqdm=False)]
-    llm = LLM(hf, kv_manager=ContiguousKVManager(1024, "oracle", max_model_len=128), max_num_seqs=16)
+    llm = LLM(hf, kv_manager=contiguous_manager(1024, "oracle", max_model_len=128), max_num_seqs=16)
     assert [[c.token_ids for c in o.outputs] for o in llm.generate(PROMPTS, sp, use_tqdm=False)] == ref
     assert_pool_full(llm)
 

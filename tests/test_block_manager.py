@@ -7,16 +7,18 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pagedattn.memory import AllocStatus, BlockManager, NoFreeBlocksError
+from pagedattn.memory import AllocStatus, BlockManager, BlockPool, NoFreeBlocksError
+from factories import block_manager
 
 
 def snapshot(m: BlockManager):
-    return (copy.deepcopy(m.tables), list(m.gpu.ref_counts), list(m.gpu._free), list(m.cpu.ref_counts),
-            list(m.cpu._free))
+    """Everything an operation may change, read through the inspector: both pools' block views (tables, reference
+    counts, free lists in order, cached blocks) and each sequence's prefix digests."""
+    return m.block_view("gpu"), m.block_view("cpu"), {s: m.prefix_digests(s) for s in m.seq_ids()}
 
 
 def test_on_demand_allocation_40_tokens_three_blocks():
-    m = BlockManager(block_size=16, num_gpu_blocks=10)
+    m = block_manager(block_size=16, num_gpu_blocks=10)
     m.allocate(0, 40)
     assert len(m.block_table(0)) == 3 and m.num_filled_slots() == 40
     for _ in range(8):  # fills the third block: no new block
@@ -31,15 +33,16 @@ def test_on_demand_allocation_40_tokens_three_blocks():
 
 def test_fork_shares_and_copy_on_write_four_samples():
     """Study note exercise 4: four samples share a block; the writer gets a copy, the count goes 4 -> 3."""
-    m = BlockManager(block_size=16, num_gpu_blocks=10)
+    m = block_manager(block_size=16, num_gpu_blocks=10)
     m.allocate(0, 20)  # two blocks, the last one partly filled
     for child in (1, 2, 3):
         m.fork(0, child)
     last = m.block_table(0)[-1]
-    assert m.gpu.ref_counts[last] == 4 and m.num_used_gpu_blocks == 2
+    assert m.block_view().ref_counts[last] == 4 and m.num_used_gpu_blocks == 2
     copy_ = m.append_slot(2)
     assert copy_ is not None and copy_[0] == last
-    assert m.gpu.ref_counts[last] == 3 and m.gpu.ref_counts[copy_[1]] == 1
+    refs = m.block_view().ref_counts
+    assert refs[last] == 3 and refs[copy_[1]] == 1
     assert m.block_table(2)[-1] == copy_[1] and m.block_table(0)[-1] == last
     assert m.block_table(2)[0] == m.block_table(0)[0]  # the full first block stays shared
     m.check_invariants()
@@ -49,7 +52,7 @@ def test_fork_shares_and_copy_on_write_four_samples():
 
 
 def test_append_to_full_shared_block_allocates_without_copy():
-    m = BlockManager(block_size=4, num_gpu_blocks=10)
+    m = block_manager(block_size=4, num_gpu_blocks=10)
     m.allocate(0, 8)
     m.fork(0, 1)
     assert m.append_slot(1) is None  # last block full: a fresh block, nothing to copy
@@ -58,23 +61,23 @@ def test_append_to_full_shared_block_allocates_without_copy():
 
 
 def test_swap_out_and_in_preserves_sharing():
-    m = BlockManager(block_size=4, num_gpu_blocks=8, num_cpu_blocks=8)
+    m = block_manager(block_size=4, num_gpu_blocks=8, num_cpu_blocks=8)
     m.allocate(0, 6)
     m.fork(0, 1)
     m.append_slot(1)
     out = m.swap_out([0, 1])
     assert len(out) == 3 and m.num_free_gpu_blocks == 8
     shared = m.block_table(0)[0]
-    assert m.cpu.ref_counts[shared] == 2  # the shared first block moved once, still shared
+    assert m.block_view("cpu").ref_counts[shared] == 2  # the shared first block moved once, still shared
     m.check_invariants()
     back = m.swap_in([0, 1])
-    assert len(back) == 3 and m.cpu.num_free == 8
+    assert len(back) == 3 and m.pool_counts().cpu_free == 8
     assert m.block_table(0)[0] == m.block_table(1)[0]
     m.check_invariants()
 
 
 def test_watermark_and_alloc_status():
-    m = BlockManager(block_size=16, num_gpu_blocks=100, watermark=0.05)
+    m = block_manager(block_size=16, num_gpu_blocks=100, watermark=0.05)
     assert m.can_allocate_tokens(16 * 95) is AllocStatus.OK
     assert m.can_allocate_tokens(16 * 96) is AllocStatus.NEVER
     m.allocate(0, 16 * 50)
@@ -89,7 +92,7 @@ def test_watermark_and_alloc_status():
     (lambda m: m.swap_out([0]), "num_cpu_blocks=2"),
 ])
 def test_bad_input_raises_value_error_and_changes_nothing(call, match):
-    m = BlockManager(block_size=16, num_gpu_blocks=10, num_cpu_blocks=2, max_model_len=2048)
+    m = block_manager(block_size=16, num_gpu_blocks=10, num_cpu_blocks=2, max_model_len=2048)
     m.allocate(0, 16 * 3)  # 3 blocks: more than the CPU pool holds
     m.allocate(1, 16 * 2)
     m.swap_out([1])  # seq 1 now on the CPU
@@ -108,7 +111,7 @@ def test_swap_in_keeps_the_watermark():
     6 free blocks (6 - 4 = 2) and not with 5."""
     from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
 
-    m = BlockManager(block_size=4, num_gpu_blocks=10, num_cpu_blocks=10, watermark=0.2)
+    m = block_manager(block_size=4, num_gpu_blocks=10, num_cpu_blocks=10, watermark=0.2)
     g = SequenceGroup("r", [Sequence(0, [1] * 10), Sequence(1, [1] * 10)], SamplingParams(n=2))
     m.allocate_group(g)
     g.set_status("waiting", "swapped")
@@ -126,28 +129,31 @@ def check_moved(before, m: BlockManager, seqs: list[int], mapping: dict[int, int
     sequences' distinct source blocks; its values are distinct blocks that were free in the destination pool and
     now carry one reference per moved table entry; every moved table is its old table mapped through it; the source
     blocks lose exactly those references; no other table changes."""
-    tables, src_refs, dst_refs = before[0], before[1 if to_cpu else 3], before[3 if to_cpu else 1]
-    src, dst = (m.gpu, m.cpu) if to_cpu else (m.cpu, m.gpu)
-    entries = Counter(b for s in seqs for b in tables[s].blocks)
+    after = snapshot(m)
+    (src_was, dst_was), (src, dst) = [(v[0], v[1]) if to_cpu else (v[1], v[0]) for v in (before, after)]
+    entries = Counter(b for s in seqs for b in src_was.tables[s][0])
     assert set(mapping) == set(entries) and len(set(mapping.values())) == len(mapping)
     for b, n in entries.items():
-        assert dst_refs[mapping[b]] == 0 and dst.ref_counts[mapping[b]] == n
-        assert src.ref_counts[b] == src_refs[b] - n
-    for s, t in m.tables.items():
+        assert dst_was.ref_counts[mapping[b]] == 0 and dst.ref_counts[mapping[b]] == n
+        assert src.ref_counts[b] == src_was.ref_counts[b] - n
+    assert m.seq_ids() == sorted(before[2]) and after[2] == before[2]
+    for s in m.seq_ids():
         if s in seqs:
-            assert t.blocks == [mapping[b] for b in tables[s].blocks] and t.num_tokens == tables[s].num_tokens
+            blocks, num_tokens = src_was.tables[s]
+            assert dst.tables[s] == ([mapping[b] for b in blocks], num_tokens)
         else:
-            assert t == tables[s]
+            pool = 0 if s in before[0].tables else 1
+            assert after[pool].tables[s] == before[pool].tables[s]
 
 
 def test_block_size_must_be_positive():
     for bad in (0, -16):
         with pytest.raises(ValueError, match="block_size"):
-            BlockManager(block_size=bad, num_gpu_blocks=4)
+            block_manager(block_size=bad, num_gpu_blocks=4)
 
 
 def test_pool_exhaustion_is_not_a_value_error_and_changes_nothing():
-    m = BlockManager(block_size=16, num_gpu_blocks=4)
+    m = block_manager(block_size=16, num_gpu_blocks=4)
     m.allocate(0, 60)
     before = snapshot(m)
     with pytest.raises(NoFreeBlocksError):
@@ -162,13 +168,15 @@ def test_pool_exhaustion_is_not_a_value_error_and_changes_nothing():
 
 
 def test_double_free_is_caught():
-    m = BlockManager(block_size=16, num_gpu_blocks=4)
+    m = block_manager(block_size=16, num_gpu_blocks=4)
     m.allocate(0, 10)
     m.free(0)
     with pytest.raises(KeyError):
         m.free(0)
+    pool = BlockPool(4, 16)  # under the manager, the pool refuses a second release of a block
+    pool.decref(pool.allocate())
     with pytest.raises(RuntimeError, match="double free"):
-        m.gpu.decref(0)
+        pool.decref(0)
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
@@ -176,12 +184,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.m = BlockManager(block_size=4, num_gpu_blocks=24, num_cpu_blocks=16, watermark=0.0, max_model_len=64)
+        self.m = block_manager(block_size=4, num_gpu_blocks=24, num_cpu_blocks=16, watermark=0.0, max_model_len=64)
         self.next_id = 0
         self.lengths: dict[int, int] = {}
 
     def _seqs(self, device):
-        return [s for s, t in self.m.tables.items() if t.device == device]
+        return [s for s in self.m.seq_ids() if self.m.location(s)[0] == device]
 
     @rule(n=st.integers(1, 40))
     def allocate(self, n):
@@ -200,7 +208,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             with pytest.raises(NoFreeBlocksError):
                 self.m.append_slot(s)
             return
-        shared_before = self.m.gpu.ref_counts[self.m.block_table(s)[-1]] > 1 and self.lengths[s] % 4
+        shared_before = self.m.block_view().ref_counts[self.m.block_table(s)[-1]] > 1 and self.lengths[s] % 4
         c = self.m.append_slot(s)
         assert (c is not None) == bool(shared_before)
         self.lengths[s] += 1
@@ -213,13 +221,13 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.lengths[self.next_id] = self.lengths[s]
         self.next_id += 1
 
-    @precondition(lambda self: self._seqs("gpu") and len(self.m.tables) >= 2)
+    @precondition(lambda self: self._seqs("gpu") and len(self.m.seq_ids()) >= 2)
     @rule(data=st.data())
     def fork_into(self, data):
         """A beam takes over another's sequence (§4.4): the pools and tables end as ``free`` then ``fork`` leave
         them (the blocks both already share keep their counts; the rest are let go and shared in the same order)."""
         parent = data.draw(st.sampled_from(self._seqs("gpu")))
-        child = data.draw(st.sampled_from(sorted(set(self.m.tables) - {parent})))
+        child = data.draw(st.sampled_from(sorted(set(self.m.seq_ids()) - {parent})))
         want = copy.deepcopy(self.m)
         want.free(child)
         want.fork(parent, child)
@@ -227,10 +235,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert snapshot(self.m) == snapshot(want)
         self.lengths[child] = self.lengths[parent]
 
-    @precondition(lambda self: self.m.tables)
+    @precondition(lambda self: self.m.seq_ids())
     @rule(data=st.data())
     def free(self, data):
-        s = data.draw(st.sampled_from(sorted(self.m.tables)))
+        s = data.draw(st.sampled_from(self.m.seq_ids()))
         self.m.free(s)
         del self.lengths[s]
 
@@ -265,10 +273,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
             assert self.m.num_tokens(s) == n
 
     def teardown(self):
-        for s in list(self.m.tables):
+        for s in self.m.seq_ids():
             self.m.free(s)
-        assert self.m.gpu.num_free == self.m.gpu.num_blocks and self.m.cpu.num_free == self.m.cpu.num_blocks
-        assert all(c == 0 for c in self.m.gpu.ref_counts + self.m.cpu.ref_counts)
+        c = self.m.pool_counts()
+        assert c.gpu_free == c.gpu_blocks and c.cpu_free == c.cpu_blocks
+        assert not any(self.m.block_view("gpu").ref_counts + self.m.block_view("cpu").ref_counts)
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase

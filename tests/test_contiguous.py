@@ -6,8 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedattn.memory.block_manager import AllocStatus
-from pagedattn.memory.contiguous import BuddyAllocator, ContiguousKVManager, next_pow2
+from pagedattn.memory.contiguous import BuddyAllocator, next_pow2
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+from factories import contiguous_manager
 from seq_groups import make_group
 
 
@@ -22,27 +23,27 @@ def test_arena_is_split_into_aligned_power_of_two_chunks():
 
 
 def test_orca_max_fits_seven_requests_in_the_paper_arena():
-    m = ContiguousKVManager(15728, "max")
+    m = contiguous_manager(15728, "max")
     gs = [group(100, 100, str(i), i) for i in range(8)]
     for g in gs[:7]:
         assert m.can_allocate(g) is AllocStatus.OK
         m.allocate_group(g)
     assert m.can_allocate(gs[7]) is AllocStatus.LATER  # the 1392-slot tail cannot hold 2048
-    assert m.arena.num_free == 15728 - 7 * 2048
+    assert m.pool_counts().gpu_free == 15728 - 7 * 2048
     m.check_invariants()
 
 
 def test_reservation_sizes_follow_the_paper():
-    assert ContiguousKVManager(4096, "max").reservation_size(100, 25) == 2048
-    assert ContiguousKVManager(4096, "pow2").reservation_size(100, 25) == 132  # output 25 -> 32 positions
-    assert ContiguousKVManager(4096, "oracle").reservation_size(100, 25) == 125
+    assert contiguous_manager(4096, "max").reservation_size(100, 25) == 2048
+    assert contiguous_manager(4096, "pow2").reservation_size(100, 25) == 132  # output 25 -> 32 positions
+    assert contiguous_manager(4096, "oracle").reservation_size(100, 25) == 125
 
 
 def test_impossible_request_is_never():
-    m = ContiguousKVManager(1000, "max")
+    m = contiguous_manager(1000, "max")
     assert m.can_allocate(group(10, 10)) is AllocStatus.NEVER  # 2048 > arena
     with pytest.raises(ValueError, match="max_model_len=2048"):
-        ContiguousKVManager(4096, "oracle").check_request(3000, 3000)
+        contiguous_manager(4096, "oracle").check_request(3000, 3000)
 
 
 def test_exact_placement_returns_the_tail():
@@ -97,17 +98,17 @@ def test_bad_arena_policy_and_placement_are_value_errors():
     with pytest.raises(ValueError, match="arena size must be > 0, got 0"):
         BuddyAllocator(0)
     with pytest.raises(ValueError, match="policy must be 'max', 'pow2' or 'oracle', got 'min'"):
-        ContiguousKVManager(64, "min")
+        contiguous_manager(64, "min")
     with pytest.raises(ValueError, match="placement must be 'buddy' or 'exact', got 'best'"):
-        ContiguousKVManager(64, "oracle", placement="best")
+        contiguous_manager(64, "oracle", placement="best")
     with pytest.raises(ValueError, match="at least 1 token, got 0"):
-        ContiguousKVManager(64, "oracle").check_request(0, 1)
+        contiguous_manager(64, "oracle").check_request(0, 1)
 
 
 def test_pow2_never_reserves_beyond_the_model_maximum():
     """Prompt 100, output 1000 -> 100 + 1024 = 1124 > max_model_len=1024: the true length 1100 is reserved instead
     (no request can use more); a short output is rounded up as usual (100 + 8)."""
-    m = ContiguousKVManager(4096, "pow2", max_model_len=1024)
+    m = contiguous_manager(4096, "pow2", max_model_len=1024)
     assert m.reservation_size(100, 1000) == 1100 and m.reservation_size(100, 5) == 108
 
 
@@ -115,20 +116,20 @@ def test_parallel_samples_are_admitted_only_if_every_reservation_fits_and_a_refu
     """n=2 samples of prompt 12 + 8 = 20 slots each reserve a buddy block of 32 each (oracle, 64-slot arena): both
     fit in the empty arena; with one 32-block taken only one would fit, so LATER, and the trial reservation is rolled
     back; 3 samples (96 slots) could never fit."""
-    m = ContiguousKVManager(64, "oracle", max_model_len=64)
+    m = contiguous_manager(64, "oracle", max_model_len=64)
     g = SequenceGroup("r", [Sequence(k, [1] * 12) for k in range(2)], SamplingParams(n=2, max_tokens=8))
     assert m.can_allocate(g) is AllocStatus.OK
-    m.arena.alloc(32)
-    assert m.can_allocate(g) is AllocStatus.LATER
-    assert m.arena.num_free == 32 and m.arena.free_lists[5] == {32}
+    m.allocate_group(group(20, 12, "other", 9))  # a reservation of 32 slots, at offset 0
+    assert m.pieces(9) == [0] and m.can_allocate(g) is AllocStatus.LATER
+    assert m.pool_counts().gpu_free == 32 and m.free_spans() == [(32, 32)]
     g3 = SequenceGroup("s", [Sequence(k, [1] * 12) for k in range(3)], SamplingParams(n=3, max_tokens=8))
-    assert ContiguousKVManager(64, "oracle", max_model_len=64).can_allocate(g3) is AllocStatus.NEVER
+    assert contiguous_manager(64, "oracle", max_model_len=64).can_allocate(g3) is AllocStatus.NEVER
 
 
 def test_a_reservation_is_never_outgrown_and_never_swapped():
     """Oracle reserves prompt 3 + 2 = 5 slots: two appends fill it, a third is refused (Orca never grows a
     reservation), and Orca never preempts."""
-    m = ContiguousKVManager(16, "oracle", max_model_len=16)
+    m = contiguous_manager(16, "oracle", max_model_len=16)
     g = group(3, 2)
     m.allocate_group(g)
     g.set_status("waiting", "running")
@@ -164,15 +165,15 @@ def test_alloc_exact_keeps_the_fewest_aligned_pieces():
 def test_exact_placement_reserves_exactly_and_buddy_placement_a_power_of_two():
     """Oracle, prompt 12 + 8 = 20 slots: buddy placement holds a block of 32, exact placement 20 (16 + 4)."""
     for placement, used in (("buddy", 32), ("exact", 20)):
-        m = ContiguousKVManager(64, "oracle", max_model_len=64, placement=placement)
+        m = contiguous_manager(64, "oracle", max_model_len=64, placement=placement)
         assert m.placement == placement
         m.allocate_group(group(12, 8))
-        assert m.num_used_gpu_blocks == used and m.tables[0].pieces == ([0] if placement == "buddy" else [0, 16])
+        assert m.num_used_gpu_blocks == used and m.pieces(0) == ([0] if placement == "buddy" else [0, 16])
         m.check_invariants()
-    m.tables[0].reserved = 19
+    m.tables[0].reserved = 19  # corrupted on purpose: check_invariants must name what broke
     with pytest.raises(AssertionError, match="^allocated slots differ from reservations$"):
         m.check_invariants()
-    m.arena.allocated[40] = 0
+    m.arena.allocated[40] = 0  # corrupted on purpose
     with pytest.raises(AssertionError, match="^arena slots lost or double counted$"):
         m.check_invariants()
 
@@ -180,7 +181,7 @@ def test_exact_placement_reserves_exactly_and_buddy_placement_a_power_of_two():
 def test_admission_limits_are_inclusive():
     """A 64-slot arena takes one request of 1 token and one of exactly max_model_len=64 tokens (a block of 64, the
     whole arena); n defaults to one sample."""
-    m = ContiguousKVManager(64, "oracle", max_model_len=64)
+    m = contiguous_manager(64, "oracle", max_model_len=64)
     m.check_request(1, 1)
     m.check_request(64, 64)
     m.check_request(40, 40)  # one block of 64; two would not fit
@@ -189,7 +190,7 @@ def test_admission_limits_are_inclusive():
 
 
 def test_never_reason_names_the_sample_count_or_falls_back():
-    m = ContiguousKVManager(64, "oracle", max_model_len=64)
+    m = contiguous_manager(64, "oracle", max_model_len=64)
     g3 = SequenceGroup("s", [Sequence(k, [1] * 12) for k in range(3)], SamplingParams(n=3, max_tokens=8))
     assert m.never_reason(g3) == ("request reserves 3 x 20 slots but the arena of 64 slots has no such free space "
                                   "even when empty")
@@ -199,18 +200,18 @@ def test_never_reason_names_the_sample_count_or_falls_back():
 def test_a_finished_sample_is_neither_reserved_nor_grown():
     """n=2, prompt 12 + 8 = 20 slots (a block of 32) in a 32-slot arena: with one sample finished, only the other
     is admitted, reserved and grown; the finished one has no reservation."""
-    m = ContiguousKVManager(32, "oracle", max_model_len=32)
+    m = contiguous_manager(32, "oracle", max_model_len=32)
     g = SequenceGroup("r", [Sequence(k, [1] * 12) for k in range(2)], SamplingParams(n=2, max_tokens=8))
     g.seqs[1].finish("stop")
     assert m.can_allocate(g) is AllocStatus.OK
-    assert m.allocate_group(g) == 0 and list(m.tables) == [0]
+    assert m.allocate_group(g) == 0 and m.seq_ids() == [0]
     g.set_status("waiting", "running")
     assert m.can_append_slots(g) and m.append_slots(g) == [] and m.num_tokens(0) == 13
 
 
 def test_the_protocol_answers_of_a_contiguous_manager():
     """Block size 1, no CPU blocks; a sequence's location is the GPU with its filled slots; no swapping."""
-    m = ContiguousKVManager(64, "oracle", max_model_len=64)
+    m = contiguous_manager(64, "oracle", max_model_len=64)
     g = group(3, 2)
     assert m.location(0) is None
     m.allocate_group(g)

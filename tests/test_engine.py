@@ -11,10 +11,9 @@ import torch
 
 from pagedattn.engine import EngineArgs, LLMEngine
 from pagedattn.llm import LLM
-from pagedattn.memory import BlockManager
-from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.sequence import SamplingParams
 
+from factories import contiguous_manager, llm_engine
 import tiny_models
 
 MAX_NEW = 12
@@ -69,12 +68,8 @@ def llama_and_ref():
 def assert_all_blocks_free(engine: LLMEngine) -> None:
     kv = engine.kv
     kv.check_invariants()
-    if isinstance(kv, BlockManager):
-        assert kv.num_free_gpu_blocks == kv.num_gpu_blocks
-        assert kv.cpu.num_free == kv.cpu.num_blocks
-        assert not kv.tables
-    else:
-        assert kv.arena.num_free == kv.arena.total and not kv.tables
+    c = kv.pool_counts()  # a contiguous manager's arena: its slots, and no CPU pool
+    assert c.gpu_free == c.gpu_blocks and c.cpu_free == c.cpu_blocks and not kv.seq_ids()
     assert not engine.requests and not engine.has_unfinished_requests()
 
 
@@ -145,7 +140,7 @@ def test_gpu_layer_path_in_the_interpreter_matches_hf(llama_and_ref, triton, mon
 
 def test_orca_contiguous_manager_on_the_same_engine(llama_and_ref):
     hf, ref = llama_and_ref
-    kv = ContiguousKVManager(512, "oracle", max_model_len=128)
+    kv = contiguous_manager(512, "oracle", max_model_len=128)
     llm = LLM(hf, kv_manager=kv, max_num_seqs=8)
     assert llm.engine.runner.block_size == 1 and llm.engine.runner.num_blocks == 512
     assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == ref
@@ -154,7 +149,7 @@ def test_orca_contiguous_manager_on_the_same_engine(llama_and_ref):
 
 def test_step_by_step_engine_and_metrics(llama_and_ref):
     hf, ref = llama_and_ref
-    engine = LLMEngine(hf, max_num_seqs=4, max_num_batched_tokens=64)
+    engine = llm_engine(hf, max_num_seqs=4, max_num_batched_tokens=64)
     for i, p in enumerate(PROMPTS[:6]):
         engine.add_request(f"r{i}", p, GREEDY)
     done = {}
@@ -179,7 +174,7 @@ def test_step_by_step_engine_and_metrics(llama_and_ref):
 
 def test_step_finished_only_builds_only_finished_outputs(llama_and_ref):
     hf, ref = llama_and_ref
-    engine = LLMEngine(hf, max_num_seqs=4)
+    engine = llm_engine(hf, max_num_seqs=4)
     for i, p in enumerate(PROMPTS[:3]):
         engine.add_request(f"r{i}", p, GREEDY)
     done = {}
@@ -222,7 +217,7 @@ def test_stop_token_eos_and_max_model_len(llama_and_ref):
     assert len(outs[2].outputs[0].token_ids) == 2
     assert outs[2].outputs[0].finish_reason == "length"
     # EOS stops a request unless ignore_eos
-    engine = LLMEngine(hf)
+    engine = llm_engine(hf)
     engine.eos_token_ids = frozenset({r[4]})
     engine.add_request("eos", p, SamplingParams(temperature=0, max_tokens=MAX_NEW))
     engine.add_request("ignore", p, GREEDY)
@@ -284,7 +279,7 @@ def test_request_that_outgrows_the_pool_fails_alone(llama_and_ref):
 
 def test_abort_frees_blocks_and_spares_the_others(llama_and_ref):
     hf, ref = llama_and_ref
-    engine = LLMEngine(hf, block_size=4, num_gpu_blocks=14, preemption_mode="swap", num_cpu_blocks=64)
+    engine = llm_engine(hf, block_size=4, num_gpu_blocks=14, preemption_mode="swap", num_cpu_blocks=64)
     for i, p in enumerate(PROMPTS):
         engine.add_request(str(i), p, GREEDY)
     for _ in range(6):

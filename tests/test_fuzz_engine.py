@@ -28,6 +28,7 @@ from pagedattn.beam_search import worst_case_blocks
 from pagedattn.engine import LLMEngine
 from pagedattn.model import load_model
 from pagedattn.sequence import SamplingParams
+from factories import llm_engine
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 EXAMPLES = int(os.environ.get("PAGEDATTN_FUZZ_EXAMPLES", "200"))
@@ -55,7 +56,7 @@ def standalone(prompt: list[int], params: SamplingParams) -> list[list[int]]:
     """The request alone in a roomy engine (computed once per distinct request)."""
     key = repr((prompt, params))
     if key not in _STANDALONE:
-        e = LLMEngine(MODEL, block_size=16, num_gpu_blocks=64, max_num_seqs=8)
+        e = llm_engine(MODEL, block_size=16, num_gpu_blocks=64, max_num_seqs=8)
         e.add_request("solo", prompt, params)
         out = None
         while e.has_unfinished_requests():
@@ -100,9 +101,9 @@ class EngineMachine(RuleBasedStateMachine):
         torch.manual_seed(0)  # unseeded requests draw from the global generator: replays must be identical
         num_gpu = max(2, slots // block_size)
         num_cpu = 4 * num_gpu if cpu == "ample" or mode == "swap" else 0
-        self.engine = LLMEngine(MODEL, block_size=block_size, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu,
-                                preemption_mode=mode, enable_prefix_caching=caching, max_num_seqs=max_num_seqs,
-                                max_num_batched_tokens=max_batched)
+        self.engine = llm_engine(MODEL, block_size=block_size, num_gpu_blocks=num_gpu, num_cpu_blocks=num_cpu,
+                                 preemption_mode=mode, enable_prefix_caching=caching, max_num_seqs=max_num_seqs,
+                                 max_num_batched_tokens=max_batched)
         self.requests: dict[str, tuple[list[int], SamplingParams]] = {}
         self.finished: dict[str, object] = {}
         self.aborted: set[str] = set()
@@ -115,12 +116,12 @@ class EngineMachine(RuleBasedStateMachine):
         self.next_id += 1
         prefix_len = next((k for k in (24, 16, 8) if prompt[:k] in [b[:k] for b in BASES]), 0) if marked else 0
         kv = self.engine.kv
-        before = (kv.num_free_gpu_blocks, kv.cpu.num_free, len(self.engine.requests))
+        before = (kv.pool_counts(), len(self.engine.requests))
         try:
             self.engine.add_request(rid, prompt, params, prefix_len=prefix_len)
         except ValueError as e:  # refused up front: nothing changed
             assert re.search(r"max_model_len|num_gpu_blocks|max_num_seqs", str(e)), str(e)
-            assert (kv.num_free_gpu_blocks, kv.cpu.num_free, len(self.engine.requests)) == before
+            assert (kv.pool_counts(), len(self.engine.requests)) == before
             return
         self.requests[rid] = (prompt, params)
 
@@ -163,12 +164,13 @@ class EngineMachine(RuleBasedStateMachine):
             e.check_invariants()
         assert not e.has_unfinished_requests() and not e.requests
         kv = e.kv  # no block leaked: only a user-marked prefix stays pinned
-        assert not kv.tables and kv.cpu.num_free == kv.cpu.num_blocks
-        assert kv.num_free_gpu_blocks == kv.num_gpu_blocks - len(kv.pinned)
+        c, pinned = kv.pool_counts(), kv.block_view().pinned
+        assert not kv.seq_ids() and c.cpu_free == c.cpu_blocks
+        assert c.gpu_free == c.gpu_blocks - len(pinned)
         assert set(self.finished) | self.aborted == set(self.requests)
         for mode, k in e.scheduler.num_preemptions.items():  # coverage, shown by --hypothesis-show-statistics
             event(f"{mode} preemptions: {'none' if not k else 'some'}")
-        event(f"prefix cache hits: {'some' if kv.prefix_hits else 'none'}")
+        event(f"prefix cache hits: {'some' if c.prefix_hits else 'none'}")
         for rid, o in self.finished.items():
             prompt, params = self.requests[rid]
             event("a request failed at run time" if o.error else "a request finished")
@@ -182,11 +184,11 @@ class EngineMachine(RuleBasedStateMachine):
         """The documented run-time failures, only when their cause holds."""
         kv = self.engine.kv
         if "do not fit in the CPU swap space" in error:
-            assert params.num_seqs > 1 and kv.cpu.num_blocks < 4 * kv.num_gpu_blocks, error
+            assert params.num_seqs > 1 and kv.pool_counts().cpu_blocks < 4 * kv.num_gpu_blocks, error
             return
         assert re.search(r"num_gpu_blocks=\d+", error), error  # outgrew the pool: its worst case must exceed it
         new = min(params.max_tokens, MAX_LEN - len(prompt))
-        assert worst_case_blocks(len(prompt), new, params.num_seqs, kv.block_size) + len(kv.pinned) \
+        assert worst_case_blocks(len(prompt), new, params.num_seqs, kv.block_size) + len(kv.block_view().pinned) \
             > kv.num_gpu_blocks - kv.watermark_blocks, error
 
 

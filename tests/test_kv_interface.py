@@ -2,10 +2,10 @@
 engine and runner ask through it agrees with each manager's own bookkeeping (paper §4.2-§4.5, Orca §2.3)."""
 import pytest
 
-from pagedattn.memory import AllocStatus, BlockManager, KVManager
-from pagedattn.memory.contiguous import ContiguousKVManager
+from pagedattn.memory import AllocStatus, KVManager
 from pagedattn.memory.interface import KVAllocator, KVInspector, KVLayout, copy_pairs, num_copied
 from pagedattn.sequence import SequenceGroup
+from factories import block_manager, contiguous_manager
 from seq_groups import admit, make_group
 
 #: every member of the three views that make up ``KVManager`` (the scheduler's, the executor's, the inspector's)
@@ -17,7 +17,7 @@ def group(rid: str, seq_ids: list[int], prompt_len: int, max_tokens: int = 8) ->
     return make_group(rid, seq_ids, list(range(1, prompt_len + 1)), n=len(seq_ids), max_tokens=max_tokens)
 
 
-@pytest.mark.parametrize("kv", [BlockManager(4, 16), ContiguousKVManager(64, "oracle", max_model_len=64)])
+@pytest.mark.parametrize("kv", [block_manager(4, 16), contiguous_manager(64, "oracle", max_model_len=64)])
 def test_both_managers_implement_every_member(kv):
     assert "block_size" in MEMBERS and "never_reason" in MEMBERS and "slot_mapping" in MEMBERS and \
         "pool_counts" in MEMBERS and all(view in KVManager.__mro__ for view in VIEWS)
@@ -25,7 +25,7 @@ def test_both_managers_implement_every_member(kv):
     assert not missing
 
 
-@pytest.mark.parametrize("kv", [BlockManager(4, 16), ContiguousKVManager(64, "oracle", max_model_len=64)])
+@pytest.mark.parametrize("kv", [block_manager(4, 16), contiguous_manager(64, "oracle", max_model_len=64)])
 def test_slots_tables_and_location_agree(kv):
     g = group("r", [0], 6)
     assert kv.location(0) is None
@@ -46,11 +46,11 @@ def test_slots_tables_and_location_agree(kv):
 
 
 def test_fork_into_shares_blocks_when_paged_and_copies_slots_when_contiguous():
-    paged = BlockManager(4, 16)
+    paged = block_manager(4, 16)
     admit(paged, group("r", [0, 1], 6))
     assert paged.fork_into(0, 1) == [] and paged.block_table(1) == paged.block_table(0)
     paged.check_invariants()
-    orca = ContiguousKVManager(64, "oracle", max_model_len=64)
+    orca = contiguous_manager(64, "oracle", max_model_len=64)
     g = group("r", [0, 1], 6)
     admit(orca, g)
     copies = orca.fork_into(0, 1)
@@ -65,11 +65,11 @@ def test_copy_runs_expand_to_one_pair_per_block():
 
 
 def test_never_reason_names_the_limit():
-    paged = BlockManager(4, 4, max_model_len=64)
+    paged = block_manager(4, 4, max_model_len=64)
     big = group("big", [0], 20)
     assert paged.can_allocate(big) is AllocStatus.NEVER
     assert "num_gpu_blocks=4" in paged.never_reason(big)
-    orca = ContiguousKVManager(16, "max", max_model_len=64)
+    orca = contiguous_manager(16, "max", max_model_len=64)
     assert orca.can_allocate(group("o", [1], 4)) is AllocStatus.NEVER
     assert "arena of 16 slots" in orca.never_reason(group("o", [1], 4))
 
@@ -77,12 +77,12 @@ def test_never_reason_names_the_limit():
 def test_beam_worst_case_is_checked_by_the_paged_manager_only():
     with pytest.raises(ValueError, match="beam search may need 9 blocks of 4, but the pool has only "
                                          r"num_gpu_blocks=8 \(0 kept free\)"):
-        BlockManager(4, 8).check_group_blocks(9, "beam search")
-    ContiguousKVManager(16, "oracle").check_group_blocks(10 ** 6, "beam search")  # admission checks reservations
+        block_manager(4, 8).check_group_blocks(9, "beam search")
+    contiguous_manager(16, "oracle").check_group_blocks(10 ** 6, "beam search")  # admission checks reservations
 
 
 def test_contiguous_manager_never_swaps():
-    orca = ContiguousKVManager(64, "oracle", max_model_len=64)
+    orca = contiguous_manager(64, "oracle", max_model_len=64)
     g = group("r", [0], 4)
     admit(orca, g)
     assert not orca.can_swap_out(g) and orca.cache_layout() == (64, 1, 0)

@@ -31,6 +31,7 @@ from pagedattn.engine import LLMEngine
 from pagedattn.llm import LLM
 from pagedattn.model import load_model
 from pagedattn.sequence import SamplingParams
+from factories import llm_engine
 from tiny_models import tiny_llama, tiny_opt
 
 MAX_NEW = 12
@@ -81,7 +82,7 @@ def reference(name: str):
 
 
 def make_engine(model, block_size: int, prefix: str, params: SamplingParams, prompts, **pool) -> LLMEngine:
-    engine = LLMEngine(model, block_size=block_size, enable_prefix_caching=prefix == "auto", **pool)
+    engine = llm_engine(model, block_size=block_size, enable_prefix_caching=prefix == "auto", **pool)
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, params, prefix_len=PREFIX if prefix == "user" else 0)
     return engine
@@ -121,8 +122,9 @@ def run_cell(model, block_size: int, preemption: str, prefix: str, params: Sampl
 def assert_all_blocks_back(engine: LLMEngine) -> None:
     kv = engine.kv
     engine.check_invariants()
-    assert not kv.tables and kv.cpu.num_free == kv.cpu.num_blocks
-    assert kv.num_free_gpu_blocks == kv.num_gpu_blocks - len(kv.pinned)  # a user-marked prefix stays pinned
+    c = kv.pool_counts()
+    assert not kv.seq_ids() and c.cpu_free == c.cpu_blocks
+    assert c.gpu_free == c.gpu_blocks - len(kv.block_view().pinned)  # a user-marked prefix stays pinned
     assert not engine.requests and not engine.has_unfinished_requests()
 
 
@@ -143,9 +145,9 @@ def test_cell_matches_hf(name, block_size, preemption, prefix, request_kind):
         assert done["swap" if preemption == "swap" or params.num_seqs > 1 else "recompute"] > 0, done
     kv = engine.kv
     if prefix == "auto":
-        assert kv.prefix_hits > 0  # the shared prefix was found in the cache
+        assert kv.pool_counts().prefix_hits > 0  # the shared prefix was found in the cache
     if prefix == "user":
-        assert len(kv.pinned) == PREFIX // block_size
+        assert len(kv.block_view().pinned) == PREFIX // block_size
     assert_all_blocks_back(engine)
 
 
@@ -202,8 +204,8 @@ def test_triton_block_size_must_be_a_power_of_two():
     if "triton" not in kernels.available_backends():
         pytest.skip("triton is not installed")
     with pytest.raises(ValueError, match="block_size=12"):
-        LLMEngine(model, block_size=12, num_gpu_blocks=8, attention_backend="triton")
-    LLMEngine(model, block_size=12, num_gpu_blocks=8, attention_backend="torch")
+        llm_engine(model, block_size=12, num_gpu_blocks=8, attention_backend="triton")
+    llm_engine(model, block_size=12, num_gpu_blocks=8, attention_backend="torch")
 
 
 def test_blocks_needed_matches_the_prompt_design():

@@ -18,6 +18,7 @@ from pagedattn.engine import LLMEngine
 from pagedattn.memory import BlockManager
 from pagedattn.memory.interface import copy_pairs
 from pagedattn.sequence import SamplingParams, SequenceGroup
+from factories import llm_engine
 from tiny_models import tiny_llama, tiny_opt
 
 import seq_groups
@@ -50,16 +51,16 @@ def serve(engine: LLMEngine, requests) -> dict[str, list[list[int]]]:
 
 def assert_pools_full(kv: BlockManager) -> None:
     kv.check_invariants()
-    assert kv.gpu.num_free + kv.gpu.num_used == kv.gpu.num_blocks
-    assert kv.cpu.num_free + kv.cpu.num_used == kv.cpu.num_blocks
-    assert kv.num_free_gpu_blocks == kv.num_gpu_blocks and kv.cpu.num_free == kv.cpu.num_blocks and not kv.tables
+    c = kv.pool_counts()
+    assert c.gpu_free + kv.num_used_gpu_blocks == c.gpu_blocks
+    assert c.gpu_free == c.gpu_blocks and c.cpu_free == c.cpu_blocks and not kv.seq_ids()
 
 
 # --------------------------------------------------------------------------------- outputs under pressure
 @pytest.fixture(scope="module")
 def unpressured(hf):
     """The outputs with a pool so large that nothing is preempted (block size 16)."""
-    roomy = LLMEngine(hf, block_size=16, num_gpu_blocks=256, preemption_mode="recompute")
+    roomy = llm_engine(hf, block_size=16, num_gpu_blocks=256, preemption_mode="recompute")
     want = serve(roomy, REQUESTS)
     assert sum(roomy.scheduler.num_preemptions.values()) == 0
     return want
@@ -71,8 +72,8 @@ def test_preemption_never_changes_outputs(hf, unpressured, mode, block_size):
     """Greedy requests and seeded n=2 groups: a pool of ~2-3 requests' worth of slots vs a roomy one."""
     want = unpressured
     slots = 96  # the largest request (29 + 16 tokens; or a 2-sample group) fits, the batch does not
-    tight = LLMEngine(hf, block_size=block_size, num_gpu_blocks=slots // block_size, preemption_mode=mode,
-                      num_cpu_blocks=4096 // block_size)
+    tight = llm_engine(hf, block_size=block_size, num_gpu_blocks=slots // block_size, preemption_mode=mode,
+                       num_cpu_blocks=4096 // block_size)
     got = serve(tight, REQUESTS)
     assert got == want
     n = tight.scheduler.num_preemptions
@@ -97,16 +98,18 @@ class SwapSpy:
 
     def schedule(self, now: float = 0.0):
         kv = self.kv
-        self.before = {s: (list(t.blocks), t.device, [kv._pool(t.device).block_hash.get(b) for b in t.blocks])
-                       for s, t in kv.tables.items()}
+        views = {pool: kv.block_view(pool) for pool in ("gpu", "cpu")}
+        self.before = {s: (blocks, pool, [v.digests.get(b) for b in blocks])
+                       for pool, v in views.items() for s, (blocks, _) in v.tables.items()}
         self.out = self._schedule(now)
         return self.out
 
-    def check_moved(self, seqs: list[int], m: dict[int, int], dst, cow: dict[int, int]) -> None:
+    def check_moved(self, seqs: list[int], m: dict[int, int], dst: str, cow: dict[int, int]) -> None:
         """Each table entry of the moved sequences names the copy of its old block, or a block of ``dst`` that
         already held the same prefix digest (shared, not copied); the copies are exactly of their old blocks. On
         swap-in, the last block may have been copied on write by the next token's append (forks)."""
         assert set(m) <= {b for s in seqs for b in self.before[s][0]}
+        digests_now = self.kv.block_view(dst).digests
         for s in seqs:
             old, _, digests = self.before[s]
             new = self.kv.block_table(s)
@@ -114,7 +117,7 @@ class SwapSpy:
                 if b in m:
                     assert new[i] == m[b] or (i == len(old) - 1 and cow.get(m[b]) == new[i])
                 else:
-                    assert digests[i] is not None and dst.block_hash.get(new[i]) == digests[i]
+                    assert digests[i] is not None and digests_now.get(new[i]) == digests[i]
                     self.shared += 1
 
     def move_blocks(self, out):
@@ -125,13 +128,13 @@ class SwapSpy:
             self.swap_outs += 1
             seqs = [s.seq_id for g in out.preempted if g.seqs[0].status == "swapped" for s in g.get_seqs("swapped")]
             assert seqs, "blocks were swapped out but no preempted group is swapped"
-            assert all(self.before[s][1] == "gpu" and kv.tables[s].device == "cpu" for s in seqs)
-            self.check_moved(seqs, out.blocks_to_swap_out, kv.cpu, {})
+            assert all(self.before[s][1] == "gpu" and kv.location(s)[0] == "cpu" for s in seqs)
+            self.check_moved(seqs, out.blocks_to_swap_out, "cpu", {})
         if out.blocks_to_swap_in:
             self.swap_ins += 1
-            back = [s for s, (_, dev, _) in self.before.items() if dev == "cpu" and kv.tables[s].device == "gpu"]
+            back = [s for s, (_, dev, _) in self.before.items() if dev == "cpu" and kv.location(s)[0] == "gpu"]
             assert back
-            self.check_moved(back, out.blocks_to_swap_in, kv.gpu, dict(copy_pairs(out.blocks_to_copy)))
+            self.check_moved(back, out.blocks_to_swap_in, "gpu", dict(copy_pairs(out.blocks_to_copy)))
         self._move(out)
         pairs = [(src_dev, r.k_cpu + r.v_cpu, out.blocks_to_swap_out), (src_cpu, r.k_caches + r.v_caches,
                                                                          out.blocks_to_swap_in)]
@@ -143,8 +146,8 @@ class SwapSpy:
 
 @pytest.mark.parametrize("block_size", [2, 8])
 def test_swap_moves_exactly_the_preempted_groups_blocks(hf, block_size):
-    engine = LLMEngine(hf, block_size=block_size, num_gpu_blocks=96 // block_size, preemption_mode="swap",
-                       num_cpu_blocks=2048 // block_size)
+    engine = llm_engine(hf, block_size=block_size, num_gpu_blocks=96 // block_size, preemption_mode="swap",
+                        num_cpu_blocks=2048 // block_size)
     spy = SwapSpy(engine)
     serve(engine, REQUESTS)
     assert spy.swap_outs > 0 and spy.swap_ins > 0
@@ -163,8 +166,8 @@ def test_hundred_swap_cycles_lose_no_block_and_no_byte(hf):
     manager's group API and the executor's swap op, growing between cycles: every mapping comes from the manager,
     every byte comes back, and both pools are whole at the end."""
     bs = 4
-    engine = LLMEngine(hf, block_size=bs, num_gpu_blocks=48, num_cpu_blocks=40, preemption_mode="swap",
-                       watermark=0.0)
+    engine = llm_engine(hf, block_size=bs, num_gpu_blocks=48, num_cpu_blocks=40, preemption_mode="swap",
+                        watermark=0.0)
     kv, runner = engine.kv, engine.runner
     from pagedattn.scheduler import SchedulerOutputs
 
@@ -196,7 +199,8 @@ def test_hundred_swap_cycles_lose_no_block_and_no_byte(hf):
             g.set_status("running", "swapped")
         runner.move_blocks(out)
         kv.check_invariants()
-        assert kv.cpu.num_used == len({b for g in victims for s in g.seqs for b in kv.block_table(s.seq_id)})
+        c = kv.pool_counts()
+        assert c.cpu_blocks - c.cpu_free == len({b for g in victims for s in g.seqs for b in kv.block_table(s.seq_id)})
         for c in runner.k_caches + runner.v_caches:  # scribble over the freed device blocks
             c.normal_(generator=gen)
         out = SchedulerOutputs()
@@ -206,8 +210,9 @@ def test_hundred_swap_cycles_lose_no_block_and_no_byte(hf):
             g.set_status("swapped", "running")
         runner.move_blocks(out)
         kv.check_invariants()
-        assert kv.cpu.num_free == kv.cpu.num_blocks  # the CPU pool is full again
-        assert kv.gpu.num_free + kv.gpu.num_used == kv.gpu.num_blocks
+        c = kv.pool_counts()
+        assert c.cpu_free == c.cpu_blocks  # the CPU pool is full again
+        assert c.gpu_free + kv.num_used_gpu_blocks == c.gpu_blocks
         got = contents()
         for g in victims:
             for s in g.seqs:
@@ -219,7 +224,7 @@ def test_hundred_swap_cycles_lose_no_block_and_no_byte(hf):
                     s.append_token(7)
             fill_new_slots()
     used = len({b for g in groups for s in g.seqs for b in kv.block_table(s.seq_id)})
-    assert kv.gpu.num_used == used
+    assert kv.num_used_gpu_blocks == used
     for g in groups:
         for s in g.seqs:
             kv.free_seq(s)
@@ -236,8 +241,8 @@ def test_groups_sharing_cached_prefix_blocks_swap_them_once_and_match_hf():
     with torch.inference_mode():
         want = hf.generate(torch.tensor(prompts_), max_new_tokens=12, min_new_tokens=12, do_sample=False,
                            eos_token_id=None, pad_token_id=0)[:, 71:].tolist()
-    engine = LLMEngine(hf, block_size=8, num_gpu_blocks=13, preemption_mode="swap", num_cpu_blocks=64,
-                       enable_prefix_caching=True)
+    engine = llm_engine(hf, block_size=8, num_gpu_blocks=13, preemption_mode="swap", num_cpu_blocks=64,
+                        enable_prefix_caching=True)
     spy = SwapSpy(engine)
     got = serve(engine, [(p, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)) for p in prompts_])
     assert [got[str(i)][0] for i in range(4)] == want
@@ -251,8 +256,8 @@ def test_issue19_group_with_room_in_its_last_blocks_comes_back(hf):
     (its samples' last blocks have room), comes back when A finishes, and its outputs equal an unpressured run."""
     requests = [([5, 6, 7], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)),
                 ([8, 9, 10, 11], SamplingParams(n=2, temperature=1.0, seed=0, max_tokens=3, ignore_eos=True))]
-    want = serve(LLMEngine(hf, block_size=4, num_gpu_blocks=64), requests)
-    tight = LLMEngine(hf, block_size=4, num_gpu_blocks=4, preemption_mode="swap", num_cpu_blocks=16, watermark=0.0)
+    want = serve(llm_engine(hf, block_size=4, num_gpu_blocks=64), requests)
+    tight = llm_engine(hf, block_size=4, num_gpu_blocks=4, preemption_mode="swap", num_cpu_blocks=16, watermark=0.0)
     assert serve(tight, requests) == want
     assert tight.scheduler.num_preemptions["swap"] == 1
     assert_pools_full(tight.kv)

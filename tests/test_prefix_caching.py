@@ -6,52 +6,54 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pagedattn.memory import AllocStatus, BlockManager
+from pagedattn.memory import AllocStatus
 from pagedattn.memory.block_manager import block_hashes
+from factories import block_manager
 
 
 def test_shared_prefix_hits_and_keeps_the_last_token_to_compute():
-    m = BlockManager(block_size=4, num_gpu_blocks=16, watermark=0.0, enable_prefix_caching=True)
+    m = block_manager(block_size=4, num_gpu_blocks=16, watermark=0.0, enable_prefix_caching=True)
     prefix = [7, 7, 8, 8, 9, 9, 1, 2]  # two full blocks
     assert m.allocate(0, 11, prefix + [3, 4, 5]) == 0  # cold: computes everything
     assert m.allocate(1, 10, prefix + [6, 6]) == 8  # both prefix blocks hit
-    assert m.block_table(1)[:2] == m.block_table(0)[:2] and m.gpu.ref_counts[m.block_table(0)[0]] == 2
+    assert m.block_table(1)[:2] == m.block_table(0)[:2] and m.block_view().ref_counts[m.block_table(0)[0]] == 2
     assert m.allocate(2, 8, prefix) == 4  # identical prompt: the last block is recomputed, not shared
     assert m.block_table(2)[1] != m.block_table(0)[1]
-    assert (m.prefix_hits, m.prefix_queries) == (3, 6)
+    c = m.pool_counts()
+    assert (c.prefix_hits, c.prefix_queries) == (3, 6)
     m.check_invariants()
 
 
 def test_freed_blocks_stay_cached_until_evicted_lru():
-    m = BlockManager(block_size=2, num_gpu_blocks=4, watermark=0.0, enable_prefix_caching=True)
+    m = block_manager(block_size=2, num_gpu_blocks=4, watermark=0.0, enable_prefix_caching=True)
     m.allocate(0, 5, [1, 1, 2, 2, 3])
     m.free(0)
-    assert m.num_free_gpu_blocks == 4 and len(m.gpu.cached) == 2  # two full blocks kept, free but cached
+    assert m.num_free_gpu_blocks == 4 and len(m.block_view().cached) == 2  # two full blocks kept, free but cached
     assert m.allocate(1, 5, [1, 1, 2, 2, 9]) == 4  # revived from the evictable list
     m.free(1)
     m.allocate(2, 8, [5] * 8)  # needs all four blocks: evicts the cached ones, least recent first
-    assert m.gpu.num_evictions == 2 and len(m.gpu.cached) == 4  # its own four full blocks
+    assert m.pool_counts().gpu_evictions == 2 and len(m.block_view().cached) == 4  # its own four full blocks
     m.check_invariants()
 
 
 def test_appended_full_blocks_become_cached():
-    m = BlockManager(block_size=2, num_gpu_blocks=8, watermark=0.0, enable_prefix_caching=True)
+    m = block_manager(block_size=2, num_gpu_blocks=8, watermark=0.0, enable_prefix_caching=True)
     tokens = [1, 2, 3]
     m.allocate(0, 3, tokens)
     tokens.append(4)
     m.append_slot(0, tokens)
-    assert len(m.tables[0].hashes) == 2 and m.tables[0].blocks[1] in m.gpu.block_hash
+    assert len(m.prefix_digests(0)) == 2 and m.block_table(0)[1] in m.block_view().digests
     assert m.allocate(1, 5, [1, 2, 3, 4, 0]) == 4
 
 
 def test_user_marked_prefix_is_pinned_without_automatic_caching():
-    m = BlockManager(block_size=4, num_gpu_blocks=16, watermark=0.0)
+    m = block_manager(block_size=4, num_gpu_blocks=16, watermark=0.0)
     prefix = list(range(10, 18))
     assert m.allocate(0, 10, prefix + [1, 2], prefix_len=8) == 0
     m.free(0)
     assert m.num_used_gpu_blocks == 2  # the marked prefix stays, pinned
     assert m.allocate(1, 9, prefix + [5], prefix_len=8) == 8
-    assert m.allocate(2, 12, [1] * 12) == 0 and len(m.gpu.cached) == 2  # nothing else is cached
+    assert m.allocate(2, 12, [1] * 12) == 0 and len(m.block_view().cached) == 2  # nothing else is cached
     assert m.can_allocate_tokens(9, prefix + [6], prefix_len=8) is AllocStatus.OK
     m.check_invariants()
 
@@ -59,7 +61,7 @@ def test_user_marked_prefix_is_pinned_without_automatic_caching():
 def test_request_that_fits_only_without_the_pinned_prefixes_is_refused():
     """User-marked prefixes are held for good, so a request that needs more than the rest of the pool can never run:
     it is refused (NEVER, a ValueError naming the limit), not left waiting; one that shares the prefix still fits."""
-    m = BlockManager(block_size=4, num_gpu_blocks=8, watermark=0.0)
+    m = block_manager(block_size=4, num_gpu_blocks=8, watermark=0.0)
     prefix = list(range(10, 22))
     m.allocate(0, 13, prefix + [1], prefix_len=12)  # pins 3 blocks
     m.free(0)
@@ -77,7 +79,7 @@ def test_prompts_whose_python_hashes_collide_do_not_share_blocks(a, b):
     read another request's K/V."""
     bs = 4
     assert hash((None, (a,) * bs)) == hash((None, (b,) * bs))  # the collision the old identity had
-    m = BlockManager(block_size=bs, num_gpu_blocks=8, watermark=0.0, enable_prefix_caching=True)
+    m = block_manager(block_size=bs, num_gpu_blocks=8, watermark=0.0, enable_prefix_caching=True)
     assert m.allocate(0, bs + 1, [a] * bs + [7]) == 0
     assert m.allocate(1, bs + 1, [b] * bs + [7]) == 0  # nothing cached for it: computed, not read from seq 0
     assert m.block_table(0)[0] != m.block_table(1)[0]
@@ -96,7 +98,7 @@ def test_two_prompts_share_a_block_only_if_their_prefixes_are_equal(bs, x, y):
     hx, hy = block_hashes(x, bs, len(x) // bs), block_hashes(y, bs, len(y) // bs)
     for i, (u, v) in enumerate(zip(hx, hy)):
         assert (u == v) == (x[:(i + 1) * bs] == y[:(i + 1) * bs])
-    m = BlockManager(block_size=bs, num_gpu_blocks=24, watermark=0.0, enable_prefix_caching=True)
+    m = block_manager(block_size=bs, num_gpu_blocks=24, watermark=0.0, enable_prefix_caching=True)
     m.allocate(0, len(x), x)
     m.allocate(1, len(y), y)
     for i, (u, v) in enumerate(zip(m.block_table(0), m.block_table(1))):
@@ -114,25 +116,25 @@ class CachingMachine(RuleBasedStateMachine):
 
     @initialize(automatic=st.booleans())
     def make_manager(self, automatic):
-        self.m = BlockManager(block_size=self.BS, num_gpu_blocks=14, num_cpu_blocks=10, watermark=0.0,
-                              enable_prefix_caching=automatic)
+        self.m = block_manager(block_size=self.BS, num_gpu_blocks=14, num_cpu_blocks=10, watermark=0.0,
+                               enable_prefix_caching=automatic)
         self.tokens: dict[int, list[int]] = {}
         self.content: dict[tuple[str, int], dict[int, int]] = {}  # (pool, block) -> {offset: token}
         self.next_id = 0
 
     def _on(self, device):
-        return sorted(s for s, t in self.m.tables.items() if t.device == device)
+        return [s for s in self.m.seq_ids() if self.m.location(s)[0] == device]
 
     def _write(self, seq, lo, hi):
-        t = self.m.tables[seq]
+        blocks = self.m.block_table(seq)
         for p in range(lo, hi):
-            self.content.setdefault(("gpu", t.blocks[p // self.BS]), {})[p % self.BS] = self.tokens[seq][p]
+            self.content.setdefault(("gpu", blocks[p // self.BS]), {})[p % self.BS] = self.tokens[seq][p]
 
     @rule(prompt=st.lists(st.integers(1, 2), min_size=1, max_size=9), prefix_len=st.integers(0, 6))
     def allocate(self, prompt, prefix_len):
         if self.m.can_allocate_tokens(len(prompt), prompt, prefix_len) is not AllocStatus.OK:
             return
-        referenced = {b for b, c in enumerate(self.m.gpu.ref_counts) if c > 0}
+        referenced = {b for b, c in enumerate(self.m.block_view().ref_counts) if c > 0}
         cached = self.m.allocate(self.next_id, len(prompt), prompt, prefix_len)
         for b in self.m.block_table(self.next_id)[cached // self.BS:]:
             assert b not in referenced, "a referenced block was handed out (evicted?)"
@@ -161,10 +163,10 @@ class CachingMachine(RuleBasedStateMachine):
         self.tokens[self.next_id] = list(self.tokens[s])
         self.next_id += 1
 
-    @precondition(lambda self: self.m.tables)
+    @precondition(lambda self: self.m.seq_ids())
     @rule(data=st.data())
     def free(self, data):
-        s = data.draw(st.sampled_from(sorted(self.m.tables)))
+        s = data.draw(st.sampled_from(self.m.seq_ids()))
         self.m.free(s)
         del self.tokens[s]
 
@@ -191,16 +193,17 @@ class CachingMachine(RuleBasedStateMachine):
     def every_sequence_reads_its_own_tokens(self):
         self.m.check_invariants()
         for s, toks in self.tokens.items():
-            t = self.m.tables[s]
-            got = [self.content.get((t.device, t.blocks[p // self.BS]), {}).get(p % self.BS) for p in range(len(toks))]
+            pool, blocks = self.m.location(s)[0], self.m.block_table(s)
+            got = [self.content.get((pool, blocks[p // self.BS]), {}).get(p % self.BS) for p in range(len(toks))]
             assert got == toks, f"sequence {s} would read {got}, wrote {toks}"
 
     def teardown(self):
-        for s in list(self.m.tables):
+        for s in self.m.seq_ids():
             self.m.free(s)
-        assert self.m.num_free_gpu_blocks == self.m.num_gpu_blocks - len(self.m.pinned)
-        assert self.m.cpu.num_free == self.m.cpu.num_blocks
-        assert all(c == (b in self.m.pinned) for b, c in enumerate(self.m.gpu.ref_counts))
+        c, view = self.m.pool_counts(), self.m.block_view()
+        assert c.gpu_free == c.gpu_blocks - len(view.pinned)
+        assert c.cpu_free == c.cpu_blocks
+        assert all(n == (b in view.pinned) for b, n in enumerate(view.ref_counts))
 
 
 TestCachingMachine = CachingMachine.TestCase

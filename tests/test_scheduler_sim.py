@@ -7,14 +7,12 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pagedattn.config import SchedulerConfig
-from pagedattn.memory import BlockManager
 from pagedattn.memory.accounting import breakdown
-from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs, _add_moves
 from pagedattn.repro.experiments.online_serving import FittedStepTime
 from pagedattn.repro.sim import SYSTEMS, CostModel, make_kv_manager, simulate
 from pagedattn.repro.workloads import TraceRequest, make_trace
+from factories import block_manager, contiguous_manager, scheduler
 from seq_groups import admit, make_group
 from test_sim_golden import digest
 
@@ -24,8 +22,8 @@ def group(i, prompt_len, max_tokens=8, n=1):
 
 
 def test_fcfs_admission_and_limits():
-    kv = BlockManager(block_size=4, num_gpu_blocks=20, watermark=0.0)
-    s = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=100, max_model_len=64), kv)
+    kv = block_manager(block_size=4, num_gpu_blocks=20, watermark=0.0)
+    s = scheduler(kv, max_num_seqs=2, max_num_batched_tokens=100, max_model_len=64)
     for i in range(3):
         s.add(group(i, 6))
     out = s.schedule()
@@ -35,8 +33,8 @@ def test_fcfs_admission_and_limits():
 
 
 def test_impossible_request_is_ignored_with_a_message_and_others_run():
-    kv = BlockManager(block_size=4, num_gpu_blocks=8, watermark=0.0, max_model_len=64)
-    s = Scheduler(SchedulerConfig(max_model_len=64), kv)
+    kv = block_manager(block_size=4, num_gpu_blocks=8, watermark=0.0, max_model_len=64)
+    s = scheduler(kv, max_model_len=64)
     s.add(group(0, 100))  # longer than max_model_len
     s.add(group(1, 40))  # needs 10 blocks, the pool has 8
     s.add(group(2, 5))
@@ -48,8 +46,8 @@ def test_impossible_request_is_ignored_with_a_message_and_others_run():
 
 def test_swap_without_cpu_space_falls_back_to_recompute_for_one_sequence():
     """A single-sequence group that cannot be swapped out (no CPU blocks) is recomputed instead, not failed."""
-    kv = BlockManager(block_size=4, num_gpu_blocks=6, num_cpu_blocks=0, watermark=0.0)
-    s = Scheduler(SchedulerConfig(preemption_mode="swap"), kv)
+    kv = block_manager(block_size=4, num_gpu_blocks=6, num_cpu_blocks=0, watermark=0.0)
+    s = scheduler(kv, preemption_mode="swap")
     groups = [group(i, 8) for i in range(3)]
     for g in groups:
         s.add(g)
@@ -65,18 +63,18 @@ def test_swap_without_cpu_space_falls_back_to_recompute_for_one_sequence():
 def test_never_fitting_requests_get_the_limit_they_break():
     """Paged: 33 tokens need 9 of 10 blocks, but the watermark keeps 2 free. Orca (Max) reserves max_model_len=128
     slots, more than its 64-slot arena holds."""
-    paged = Scheduler(SchedulerConfig(max_model_len=64), BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.2))
+    paged = scheduler(block_manager(block_size=4, num_gpu_blocks=10, watermark=0.2), max_model_len=64)
     paged.add(group(0, 33))
     assert paged.schedule().ignored[0].error == "request can never fit in the KV cache (watermark)"
-    orca = Scheduler(SchedulerConfig(max_model_len=128), ContiguousKVManager(64, "max", max_model_len=128))
+    orca = scheduler(contiguous_manager(64, "max", max_model_len=128), max_model_len=128)
     orca.add(group(1, 10))
     assert orca.schedule().ignored[0].error == ("request reserves 1 x 128 slots but the arena of 64 slots has no "
                                                 "such free space even when empty")
 
 
 def test_abort_finishes_only_unfinished_sequences_and_frees_their_blocks():
-    kv = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.0)
-    s = Scheduler(SchedulerConfig(), kv)
+    kv = block_manager(block_size=4, num_gpu_blocks=10, watermark=0.0)
+    s = scheduler(kv)
     g, other = group(0, 6, n=2), group(1, 6)
     s.add(g)
     s.add(other)
@@ -84,7 +82,7 @@ def test_abort_finishes_only_unfinished_sequences_and_frees_their_blocks():
     g.seqs[0].finish("length")  # one sample already done
     assert s.abort("r0") is g and s.abort("nope") is None
     assert [q.finish_reason for q in g.seqs] == ["length", "abort"]
-    assert s.running == [other] and set(kv.tables) == {other.seqs[0].seq_id}
+    assert s.running == [other] and kv.seq_ids() == [other.seqs[0].seq_id]
     kv.check_invariants()
 
 
@@ -92,8 +90,8 @@ def test_abort_finishes_only_unfinished_sequences_and_frees_their_blocks():
 def test_preemption_is_all_or_nothing_and_latest_first(mode):
     """Three running groups fill the pool (2 blocks each, both full). At the first decode step the earliest (r0)
     needs a block: the latest arrival (r2), not the middle one, is preempted, and r0 and r1 run on."""
-    kv = BlockManager(block_size=4, num_gpu_blocks=6, num_cpu_blocks=8, watermark=0.0)
-    s = Scheduler(SchedulerConfig(preemption_mode=mode), kv)
+    kv = block_manager(block_size=4, num_gpu_blocks=6, num_cpu_blocks=8, watermark=0.0)
+    s = scheduler(kv, preemption_mode=mode)
     groups = [group(i, 8) for i in range(3)]
     for g in groups:
         s.add(g)
@@ -109,7 +107,7 @@ def test_preemption_is_all_or_nothing_and_latest_first(mode):
         assert list(out.blocks_to_swap_out) == g2_blocks
         assert [out.blocks_to_swap_out[b] for b in g2_blocks] == kv.block_table(groups[2].seqs[0].seq_id)
     else:
-        assert not out.blocks_to_swap_out and groups[2].seqs[0].seq_id not in kv.tables
+        assert not out.blocks_to_swap_out and kv.location(groups[2].seqs[0].seq_id) is None
         assert s.waiting[0] is groups[2]  # first in line to come back
     for _ in range(4):  # r0 and r1 fill their third blocks; then r0 needs a fourth and r1, now the latest, goes
         for g in out.decode_groups:
@@ -125,8 +123,8 @@ def test_preemption_is_all_or_nothing_and_latest_first(mode):
 def test_preemption_leaves_finished_samples_finished(mode):
     """r1's two samples share their prompt's blocks; one has finished. When r1 is preempted, only the running
     sample moves (to "swapped", or back to "waiting" to be recomputed); the finished one stays finished."""
-    kv = BlockManager(block_size=4, num_gpu_blocks=4, num_cpu_blocks=8, watermark=0.0)
-    s = Scheduler(SchedulerConfig(preemption_mode=mode), kv)
+    kv = block_manager(block_size=4, num_gpu_blocks=4, num_cpu_blocks=8, watermark=0.0)
+    s = scheduler(kv, preemption_mode=mode)
     g0, g1 = group(0, 8), group(1, 8, n=2)
     s.add(g0)
     s.add(g1)
@@ -180,12 +178,13 @@ def test_simulation_under_pressure_preempts_and_leaks_nothing(mode, interpreted_
         sim.make_kv_manager = orig
     kv = kv_holder["kv"]
     assert sum(r.num_preemptions.values()) > 0
-    assert kv.num_free_gpu_blocks == kv.num_gpu_blocks and kv.cpu.num_free == kv.cpu.num_blocks and not kv.tables
+    c = kv.pool_counts()
+    assert c.gpu_free == c.gpu_blocks and c.cpu_free == c.cpu_blocks and not kv.seq_ids()
     kv.check_invariants()
 
 
 def test_breakdown_adds_up_and_counts_shared_blocks_once():
-    kv = BlockManager(block_size=4, num_gpu_blocks=10, watermark=0.0)
+    kv = block_manager(block_size=4, num_gpu_blocks=10, watermark=0.0)
     kv.allocate(0, 6)
     kv.fork(0, 1)
     b = breakdown(kv, {0: 9, 1: 9})
@@ -211,8 +210,8 @@ def test_unknown_system():
 def test_group_that_cannot_be_swapped_fails_alone_and_frees_its_blocks():
     """Two forked samples must be preempted together, by swapping; with no CPU swap space the request fails with a
     message naming the limit, its blocks return, and the other request keeps running."""
-    kv = BlockManager(block_size=4, num_gpu_blocks=6, num_cpu_blocks=0, watermark=0.0)
-    s = Scheduler(SchedulerConfig(preemption_mode="recompute"), kv)
+    kv = block_manager(block_size=4, num_gpu_blocks=6, num_cpu_blocks=0, watermark=0.0)
+    s = scheduler(kv, preemption_mode="recompute")
     g0, g1 = group(0, 8), group(1, 8, n=2)
     s.add(g0)
     s.add(g1)
@@ -227,7 +226,7 @@ def test_group_that_cannot_be_swapped_fails_alone_and_frees_its_blocks():
             break
     assert failed == [g1] and g1.error == ("request 'r1' had to be preempted, but its 2 sequences share blocks and "
                                            "do not fit in the CPU swap space (raise num_cpu_blocks)")
-    assert all(q.finish_reason == "error" for q in g1.seqs) and g1.seqs[0].seq_id not in kv.tables
+    assert all(q.finish_reason == "error" for q in g1.seqs) and kv.location(g1.seqs[0].seq_id) is None
     assert s.running == [g0]
     kv.check_invariants()
 
@@ -244,8 +243,8 @@ def test_prefill_token_budget_is_inclusive_and_continuous_batching_admits_beside
     """max_num_batched_tokens = 12, four 4-token prompts: the first three fill the budget exactly (4 + 4 + 4 = 12)
     and the fourth waits; the next step admits it while the three run (continuous batching), and marks every
     scheduled sequence's tokens computed."""
-    kv = BlockManager(block_size=4, num_gpu_blocks=40, watermark=0.0)
-    s = Scheduler(SchedulerConfig(max_num_seqs=10, max_num_batched_tokens=12, max_model_len=64), kv)
+    kv = block_manager(block_size=4, num_gpu_blocks=40, watermark=0.0)
+    s = scheduler(kv, max_num_seqs=10, max_num_batched_tokens=12, max_model_len=64)
     gs = [group(i, 4) for i in range(4)]
     for g in gs:
         s.add(g)
@@ -261,9 +260,8 @@ def test_prefill_token_budget_is_inclusive_and_continuous_batching_admits_beside
 def test_static_batching_admits_only_when_the_whole_batch_is_done(static):
     """Two seats, three requests: r0 and r1 start; r0 finishes (``update_from_output`` returns it). Continuous batching
     (the default) admits r2 into the free seat at once; static batching waits for r1 too."""
-    kv = BlockManager(block_size=4, num_gpu_blocks=20, watermark=0.0)
-    cfg = SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=100, max_model_len=64)
-    s = Scheduler(cfg, kv, static_batching=True) if static else Scheduler(cfg, kv)
+    kv = block_manager(block_size=4, num_gpu_blocks=20, watermark=0.0)
+    s = scheduler(kv, static_batching=static, max_num_seqs=2, max_num_batched_tokens=100, max_model_len=64)
     gs = [group(i, 4) for i in range(3)]
     for g in gs:
         s.add(g)
@@ -280,8 +278,8 @@ def test_static_batching_admits_only_when_the_whole_batch_is_done(static):
 def test_a_waiting_group_with_a_finished_sample_takes_seats_for_its_waiting_samples_only():
     """Two seats; r0 runs. r1 (two samples, one finished before a recomputation) waits with one waiting sample:
     it takes the one free seat, and its finished sample stays finished."""
-    kv = BlockManager(block_size=4, num_gpu_blocks=20, watermark=0.0)
-    s = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=100, max_model_len=64), kv)
+    kv = block_manager(block_size=4, num_gpu_blocks=20, watermark=0.0)
+    s = scheduler(kv, max_num_seqs=2, max_num_batched_tokens=100, max_model_len=64)
     s.add(group(0, 4))
     s.schedule()
     g = group(1, 4, n=2)
@@ -295,9 +293,8 @@ def test_swapped_groups_come_back_before_any_admission_and_up_to_max_num_seqs():
     """Three seats; four swapped groups (r0 with a finished sample) and a waiting one, all fitting in the pool. No
     new request is admitted while groups are swapped out; r0 (one swapped sample), r1 and r2 come back and fill the
     three seats exactly, running (r0's finished sample stays finished); r3 stays swapped."""
-    kv = BlockManager(block_size=4, num_gpu_blocks=20, num_cpu_blocks=20, watermark=0.0)
-    s = Scheduler(SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=100, max_model_len=64,
-                                  preemption_mode="swap"), kv)
+    kv = block_manager(block_size=4, num_gpu_blocks=20, num_cpu_blocks=20, watermark=0.0)
+    s = scheduler(kv, max_num_seqs=3, max_num_batched_tokens=100, max_model_len=64, preemption_mode="swap")
     gs = [group(0, 2, n=2)] + [group(i, 2) for i in range(1, 4)]
     for g in gs:
         kv.allocate_group(g)
@@ -341,8 +338,8 @@ def _two_managers(kind):
     """Two equal managers, each with the same three running groups (prompt lengths 15, 16 and 20)."""
     out = []
     for _ in range(2):
-        kv = BlockManager(block_size=4, num_gpu_blocks=30, watermark=0.0) if kind == "paged" else \
-            ContiguousKVManager(200, "oracle")
+        kv = block_manager(block_size=4, num_gpu_blocks=30, watermark=0.0) if kind == "paged" else \
+            contiguous_manager(200, "oracle")
         groups = [make_group(f"r{i}", [i], n, max_tokens=40) for i, n in enumerate((15, 16, 20))]
         for g in groups:
             admit(kv, g)
@@ -391,8 +388,8 @@ def step(s: Scheduler, now: float) -> list:
 
 
 def test_no_run_where_the_next_step_could_copy_admit_or_swap():
-    kv = BlockManager(block_size=4, num_gpu_blocks=40, watermark=0.0)
-    s = Scheduler(SchedulerConfig(max_num_seqs=2, max_model_len=64), kv)
+    kv = block_manager(block_size=4, num_gpu_blocks=40, watermark=0.0)
+    s = scheduler(kv, max_num_seqs=2, max_model_len=64)
     s.add(group(0, 6, max_tokens=30))
     step(s, 1.0)
     assert s.steady_decode_steps(10, s.running_seqs()) == 10  # alone, nobody waiting
@@ -411,8 +408,8 @@ def test_no_run_where_the_next_step_could_copy_admit_or_swap():
 
 
 def test_advance_appends_the_tokens_and_caches_all_but_the_last():
-    kv = BlockManager(block_size=4, num_gpu_blocks=40, watermark=0.0)
-    s = Scheduler(SchedulerConfig(max_model_len=64), kv)
+    kv = block_manager(block_size=4, num_gpu_blocks=40, watermark=0.0)
+    s = scheduler(kv, max_model_len=64)
     s.add(group(0, 6, max_tokens=30, n=2))
     step(s, 1.0)
     step(s, 2.0)  # copy-on-write done: own last blocks
@@ -431,8 +428,8 @@ def test_a_runs_last_step_is_planned_as_schedule_plans_it_and_may_finish():
     then."""
     plans = []
     for steady in (False, True):
-        kv = BlockManager(block_size=4, num_gpu_blocks=40, watermark=0.0)
-        s = Scheduler(SchedulerConfig(max_num_seqs=2, max_model_len=64), kv)
+        kv = block_manager(block_size=4, num_gpu_blocks=40, watermark=0.0)
+        s = scheduler(kv, max_num_seqs=2, max_model_len=64)
         for i, out_len in enumerate((3, 9)):
             s.add(group(i, 6, max_tokens=out_len))
         s.add(group(2, 6))  # waits for a seat until r0 finishes

@@ -13,6 +13,7 @@ import torch
 from pagedattn.engine import LLMEngine
 from pagedattn.repro.experiments import shared_prefix as sp
 from pagedattn.sequence import SamplingParams
+from factories import llm_engine
 from tiny_models import tiny_opt
 
 BS = 4
@@ -59,55 +60,57 @@ def assert_all_returned(engine: LLMEngine) -> None:
     """Every block is back in the pool; only a user-marked prefix stays, held once by the manager."""
     kv = engine.kv
     kv.check_invariants()
-    assert not kv.tables and not engine.has_unfinished_requests()
-    assert kv.num_free_gpu_blocks == kv.num_gpu_blocks - len(kv.pinned)
-    assert all(kv.gpu.ref_counts[b] == 1 for b in kv.pinned)
-    assert sum(c > 0 for c in kv.gpu.ref_counts) == len(kv.pinned)
-    assert kv.cpu.num_free == kv.cpu.num_blocks
+    c, view = kv.pool_counts(), kv.block_view()
+    assert not kv.seq_ids() and not engine.has_unfinished_requests()
+    assert c.gpu_free == c.gpu_blocks - len(view.pinned)
+    assert all(view.ref_counts[b] == 1 for b in view.pinned)
+    assert sum(n > 0 for n in view.ref_counts) == len(view.pinned)
+    assert c.cpu_free == c.cpu_blocks
 
 
 @pytest.fixture(scope="module")
 def reference(model):
     """Greedy tokens without any caching: the ground truth (the engine itself is checked against HF elsewhere)."""
-    e = LLMEngine(model, block_size=BS, num_gpu_blocks=64)
+    e = llm_engine(model, block_size=BS, num_gpu_blocks=64)
     out = run_waves(e, [WAVE1, WAVE2])
     assert_all_returned(e)
-    assert e.kv.prefix_queries == 0
+    assert e.kv.pool_counts().prefix_queries == 0
     return out
 
 
 @pytest.mark.parametrize("mode", ["automatic", "user_marked"])
 def test_greedy_outputs_unchanged_and_prefix_reused(model, reference, mode):
     auto = mode == "automatic"
-    e = LLMEngine(model, block_size=BS, num_gpu_blocks=64, enable_prefix_caching=auto)
+    e = llm_engine(model, block_size=BS, num_gpu_blocks=64, enable_prefix_caching=auto)
     out = run_waves(e, [WAVE1, WAVE2], prefix_len=0 if auto else len(PREFIX))
     assert out == reference
-    kv = e.kv
+    c = e.kv.pool_counts()
     # wave 1 is admitted in one prefill: the first request computes the prefix, the other four reuse it in the
     # same step; every request of wave 2 finds it cached (the bare prefix keeps its last token to compute: 2 hits)
     n = len(WAVE1) + len(WAVE2)
     prefix_hits = 3 * (n - 1) - 1
     if auto:  # wave 2's repeat of WAVE1[0] also finds that prompt's own full blocks
-        assert kv.prefix_hits == prefix_hits + (len(WAVE1[0]) - 1) // BS - 3
-        assert kv.prefix_queries == sum(len(p) // BS for p in WAVE1 + WAVE2)
+        assert c.prefix_hits == prefix_hits + (len(WAVE1[0]) - 1) // BS - 3
+        assert c.prefix_queries == sum(len(p) // BS for p in WAVE1 + WAVE2)
     else:
-        assert kv.prefix_hits == prefix_hits
-        assert kv.prefix_queries == 3 * n
-        assert len(kv.pinned) == 3
+        assert c.prefix_hits == prefix_hits
+        assert c.prefix_queries == 3 * n
+        assert len(e.kv.block_view().pinned) == 3
     # the reused tokens were not computed again
     prefill = sum(m.num_prefill_tokens for m in e.step_metrics)
-    assert prefill == sum(len(p) for p in WAVE1 + WAVE2) - BS * kv.prefix_hits
+    assert prefill == sum(len(p) for p in WAVE1 + WAVE2) - BS * c.prefix_hits
     assert_all_returned(e)
 
 
 def test_outputs_unchanged_under_preemption_and_eviction(model, reference):
     """A pool too small for a wave: requests are preempted and recomputed, cached blocks are evicted (LRU, never a
     referenced one: checked after every step), and the tokens are still the reference's."""
-    e = LLMEngine(model, block_size=BS, num_gpu_blocks=14, enable_prefix_caching=True, watermark=0.0)
+    e = llm_engine(model, block_size=BS, num_gpu_blocks=14, enable_prefix_caching=True, watermark=0.0)
     out = run_waves(e, [WAVE1, WAVE2])
     assert out == reference
-    assert e.kv.gpu.num_evictions > 0 and e.scheduler.num_preemptions["recompute"] > 0
-    assert e.kv.prefix_hits > 0
+    c = e.kv.pool_counts()
+    assert c.gpu_evictions > 0 and e.scheduler.num_preemptions["recompute"] > 0
+    assert c.prefix_hits > 0
     assert_all_returned(e)
 
 
@@ -116,14 +119,15 @@ def test_user_marked_prefix_comes_back_from_swap(model, reference, num_gpu_block
     """Issue 12 (2): groups over a user-marked (pinned) prefix are swapped out and come back sharing the pinned
     blocks again, instead of needing private copies of them (which made requests that fitted fail, or, with the
     shared blocks' swap maps overwritten, read wrong K/V); their tokens are the reference's."""
-    e = LLMEngine(model, block_size=BS, num_gpu_blocks=num_gpu_blocks, preemption_mode="swap", num_cpu_blocks=64,
-                  watermark=0.0)
+    e = llm_engine(model, block_size=BS, num_gpu_blocks=num_gpu_blocks, preemption_mode="swap", num_cpu_blocks=64,
+                   watermark=0.0)
     step = e.step
 
     def step_and_check_sharing():
         outputs = step()
-        for t in e.kv.tables.values():  # every prompt starts with PREFIX; the bare one recomputes its last block
-            assert t.device == "cpu" or t.blocks[:2] == e.kv.pinned[:2]
+        view = e.kv.block_view()  # the device's tables: every prompt starts with PREFIX; the bare one recomputes
+        for blocks, _ in view.tables.values():  # its last block
+            assert blocks[:2] == view.pinned[:2]
         return outputs
 
     e.step = step_and_check_sharing
@@ -135,14 +139,14 @@ def test_user_marked_prefix_comes_back_from_swap(model, reference, num_gpu_block
 def test_pinned_prefixes_are_counted_and_kept(model):
     """Two different user-marked prefixes: both stay pinned after the run and are the only blocks not returned."""
     other = list(range(40, 48))  # 2 full blocks
-    e = LLMEngine(model, block_size=BS, num_gpu_blocks=40)
+    e = llm_engine(model, block_size=BS, num_gpu_blocks=40)
     for i, p in enumerate(WAVE1[:2]):
         e.add_request(f"a{i}", p, GREEDY, prefix_len=len(PREFIX))
     for i in range(2):
         e.add_request(f"b{i}", other + [60 + i, 61], GREEDY, prefix_len=len(other))
     while e.has_unfinished_requests():
         e.step()
-    assert len(e.kv.pinned) == 3 + 2
+    assert len(e.kv.block_view().pinned) == 3 + 2
     assert_all_returned(e)
 
 
@@ -152,7 +156,7 @@ def test_parallel_samples_over_a_cached_prefix(model):
     params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=MAX_NEW, ignore_eos=True)
     results = []
     for auto in (False, True):
-        e = LLMEngine(model, block_size=BS, num_gpu_blocks=64, enable_prefix_caching=auto)
+        e = llm_engine(model, block_size=BS, num_gpu_blocks=64, enable_prefix_caching=auto)
         e.add_request("warm", WAVE1[1], GREEDY)
         while e.has_unfinished_requests():
             e.step()
@@ -161,7 +165,7 @@ def test_parallel_samples_over_a_cached_prefix(model):
         while e.has_unfinished_requests():
             outs += [o for o in e.step() if o.finished]
         results.append([c.token_ids for c in outs[0].outputs])
-        assert e.kv.prefix_hits == (3 if auto else 0)
+        assert e.kv.pool_counts().prefix_hits == (3 if auto else 0)
         assert_all_returned(e)
     assert results[0] == results[1]
 

@@ -10,6 +10,7 @@ from pagedattn import kernels
 from pagedattn.llm import LLM
 from pagedattn.memory import BlockManager
 from pagedattn.sequence import SamplingParams
+from factories import block_manager
 from tiny_models import tiny_llama
 
 
@@ -26,8 +27,9 @@ def hf():
 
 def assert_pool_full(kv: BlockManager) -> None:
     kv.check_invariants()
-    assert kv.num_free_gpu_blocks == kv.num_gpu_blocks and all(c == 0 for c in kv.gpu.ref_counts)
-    assert kv.cpu.num_free == kv.cpu.num_blocks and not kv.tables
+    c = kv.pool_counts()
+    assert c.gpu_free == c.gpu_blocks and not any(kv.block_view().ref_counts)
+    assert c.cpu_free == c.cpu_blocks and not kv.seq_ids()
 
 
 def attention_from_scratch(q, k, v, scale):
@@ -45,7 +47,7 @@ def test_fork_then_divergent_appends_copy_exactly_one_block(backend, request):
     ops = kernels.get_backend(backend)
     dtype = torch.float64 if backend == "torch" else torch.float32
     bs, heads, kv_heads, dim, prompt = 4, 4, 2, 8, 7  # 7 tokens: one full block, one partly filled (3 of 4)
-    kv = BlockManager(bs, 12)
+    kv = block_manager(bs, 12)
     g = torch.Generator().manual_seed(0)
     shape = (12, bs, kv_heads, dim)
     kc, vc = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
@@ -59,7 +61,7 @@ def test_fork_then_divergent_appends_copy_exactly_one_block(backend, request):
     assert len(copies) == 1  # exactly one copy-on-write: the first writer copies, the last writes in place
     src, dst = copies[0]
     assert src == kv.block_table(1)[-1] and dst == kv.block_table(0)[-1] and dst != src
-    assert kv.block_table(0)[0] == kv.block_table(1)[0] and kv.gpu.ref_counts[kv.block_table(0)[0]] == 2
+    assert kv.block_table(0)[0] == kv.block_table(1)[0] and kv.block_view().ref_counts[kv.block_table(0)[0]] == 2
     ops.copy_blocks([kc], [vc], torch.tensor([[src, dst]]))  # the step's batched copy
     assert torch.equal(kc[[src]], parent_k[[src]]) and torch.equal(vc[[src]], parent_v[[src]])
     # each child writes its own token at position 7 and attends over 8 tokens
@@ -128,7 +130,7 @@ def test_sharing_saves_blocks_and_returns_every_block(hf):
     while e.has_unfinished_requests():
         e.step()
         e.kv.check_invariants()
-        if e.kv.tables:
+        if e.kv.seq_ids():
             saving.append(1 - e.kv.num_used_gpu_blocks / e.kv.num_logical_blocks())
     assert min(saving) > 0  # physical < logical at every step while groups run
     assert_pool_full(e.kv)

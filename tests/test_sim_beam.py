@@ -5,11 +5,10 @@ import random
 import numpy as np
 import pytest
 
-from pagedattn.memory import BlockManager
-from pagedattn.memory.contiguous import ContiguousKVManager
 from pagedattn.memory.interface import num_copied
 from pagedattn.repro.sim import BEAM_DISTINCT_PARENTS, BeamModel, CostModel, simulate
 from pagedattn.repro.workloads import TraceRequest, make_trace
+from factories import block_manager, contiguous_manager
 from seq_groups import make_group
 
 # One request: a 4-token prompt (one full block of 4) and 8 output tokens, two beams.
@@ -56,7 +55,7 @@ def beam_group(n, prompt_len=4, max_tokens=8):
 
 
 def test_a_step_refork_frees_the_dead_beams_blocks_and_keeps_reference_counts():
-    kv = BlockManager(block_size=4, num_gpu_blocks=16, watermark=0.0)
+    kv = block_manager(block_size=4, num_gpu_blocks=16, watermark=0.0)
     g = beam_group(3)
     kv.allocate_group(g)
     g.set_status("waiting", "running")
@@ -71,7 +70,7 @@ def test_a_step_refork_frees_the_dead_beams_blocks_and_keeps_reference_counts():
 
 
 def test_orca_fork_copies_the_parents_filled_slots():
-    kv = ContiguousKVManager(64, "oracle", 64)
+    kv = contiguous_manager(64, "oracle", 64)
     g = beam_group(2)
     kv.allocate_group(g)  # two reservations of 12 slots, 4 filled
     g.set_status("waiting", "running")

@@ -9,12 +9,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from pagedattn.config import SchedulerConfig
-from pagedattn.memory import AllocStatus, BlockManager, BlockPool
-from pagedattn.scheduler import Scheduler
+from pagedattn.memory import AllocStatus, BlockManager
 from pagedattn.sequence import SequenceGroup
 from pagedattn.repro.sim import simulate
 from pagedattn.repro.workloads import TraceRequest
+from factories import block_manager, scheduler
 from seq_groups import make_group
 
 
@@ -47,12 +46,12 @@ def test_swap_in_is_refused_only_when_it_really_cannot_fit(caching, n, num_gpu_b
     share their full blocks; each writes its own tail). Otherwise it is refused for good, with an error naming the
     limit, and its blocks are freed."""
     bs = 8
-    kv = BlockManager(block_size=bs, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=4, watermark=0.0,
-                      enable_prefix_caching=caching)
+    kv = block_manager(block_size=bs, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=4, watermark=0.0,
+                       enable_prefix_caching=caching)
     g = group(0, num_tokens, n=n)
     swap_out_grown(kv, g, [0] * n)
     need = num_tokens // bs + n * -(-(num_tokens % bs + 1) // bs)  # shared full blocks + each sample's own tail
-    s = Scheduler(SchedulerConfig(preemption_mode="swap"), kv)
+    s = scheduler(kv, preemption_mode="swap")
     s.swapped.append(g)
     out = s.schedule()
     if need <= num_gpu_blocks:
@@ -60,13 +59,14 @@ def test_swap_in_is_refused_only_when_it_really_cannot_fit(caching, n, num_gpu_b
     else:
         assert out.ignored == [g] and f"num_gpu_blocks={num_gpu_blocks}" in g.error
         assert f"grew to {-(-num_tokens // bs)} distinct blocks" in g.error  # the samples' shared blocks once
-        assert not kv.tables and kv.cpu.num_free == kv.cpu.num_blocks
+        c = kv.pool_counts()
+        assert not kv.seq_ids() and c.cpu_free == c.cpu_blocks
     kv.check_invariants()
 
 
 def test_swap_in_waits_for_room_and_keeps_the_watermark_free():
     """LATER, not NEVER, while others hold the room; and the watermark's blocks are never used to swap in."""
-    kv = BlockManager(block_size=4, num_gpu_blocks=10, num_cpu_blocks=10, watermark=0.1)  # 1 block kept free
+    kv = block_manager(block_size=4, num_gpu_blocks=10, num_cpu_blocks=10, watermark=0.1)  # 1 block kept free
     g = group(0, 6, n=2)  # 2 blocks; the samples' next tokens copy the shared partial block once: 3 in all
     swap_out_grown(kv, g, [0, 0])
     kv.allocate(99, 4 * 6)  # 6 blocks held by another request: 4 free
@@ -85,24 +85,25 @@ def test_swapped_group_that_fits_the_empty_pool_always_comes_back(bs, num_gpu_bl
     """Whatever its samples' lengths and sharing, a swapped-out group comes back into the empty pool exactly when
     its blocks after the next token (measured by doing it in an unbounded pool) fit the pool less the watermark;
     otherwise it is refused at once with an error naming the limit, never left waiting."""
-    kv = BlockManager(block_size=bs, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=64, watermark=watermark)
+    kv = block_manager(block_size=bs, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=64, watermark=watermark)
     g = group(0, prompt_len, n=len(lengths))
     assume(kv.can_allocate(g) is AllocStatus.OK)
+    twin = copy.deepcopy(g)
     swap_out_grown(kv, g, lengths)
-    unbounded = copy.deepcopy(kv)
-    unbounded.gpu = BlockPool(1000, bs)
-    unbounded.swap_in_group(g)
-    g.set_status("swapped", "running")
-    unbounded.append_slots(g)
-    g.set_status("running", "swapped")
-    fits = unbounded.gpu.num_used <= num_gpu_blocks - kv.watermark_blocks
-    s = Scheduler(SchedulerConfig(preemption_mode="swap"), kv)
+    # the same group grown alike in an unbounded pool (each sample by what it grew in ``kv``), swapped in there
+    unbounded = block_manager(block_size=bs, num_gpu_blocks=1000, num_cpu_blocks=64)
+    swap_out_grown(unbounded, twin, [q.get_len() - prompt_len - 1 for q in g.seqs])
+    unbounded.swap_in_group(twin)
+    twin.set_status("swapped", "running")
+    unbounded.append_slots(twin)
+    fits = unbounded.num_used_gpu_blocks <= num_gpu_blocks - kv.watermark_blocks
+    s = scheduler(kv, preemption_mode="swap")
     s.swapped.append(g)
     out = s.schedule()  # runs the swap-in and the next token's append_slots, or refuses
     if fits:
-        assert out.decode_groups == [g] and kv.num_used_gpu_blocks == unbounded.gpu.num_used
+        assert out.decode_groups == [g] and kv.num_used_gpu_blocks == unbounded.num_used_gpu_blocks
     else:
-        assert out.ignored == [g] and f"num_gpu_blocks={num_gpu_blocks}" in g.error and not kv.tables
+        assert out.ignored == [g] and f"num_gpu_blocks={num_gpu_blocks}" in g.error and not kv.seq_ids()
     assert not s.swapped
     kv.check_invariants()
 

@@ -27,6 +27,7 @@ from pagedattn.repro import tour
 from pagedattn.repro.results import REPO_ROOT
 
 import jupyterlab_browser
+from factories import block_manager
 from jupyterlab_browser import (CDP, check_project_kernel, chromium_page, lab_server, open_and_run_all,
                                require_chromium, with_parameters)
 
@@ -155,9 +156,7 @@ def test_gif_of_all_frames(trace, tmp_path):
 
 
 def test_frame_from_manager_the_notes_forty_token_example():
-    from pagedattn.memory import BlockManager
-
-    kv = BlockManager(block_size=16, num_gpu_blocks=10, watermark=0.0)
+    kv = block_manager(block_size=16, num_gpu_blocks=10, watermark=0.0)
     for i in range(10):
         kv.allocate(100 + i, 1)
     for i in (5, 2, 9):

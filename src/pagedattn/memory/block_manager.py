@@ -129,6 +129,14 @@ class BlockManager:
         t = self.tables.get(seq_id)
         return None if t is None else (t.device, t.num_tokens)
 
+    def seq_ids(self) -> list[int]:
+        """The sequences holding blocks, on the device or swapped out, sorted."""
+        return sorted(self.tables)
+
+    def prefix_digests(self, seq_id: int) -> list[bytes]:
+        """The prefix digests of the sequence's full blocks (prefix caching; empty without it)."""
+        return list(self.tables[seq_id].hashes)
+
     def cache_layout(self) -> tuple[int, int, int]:
         return self.gpu.num_blocks, self.block_size, self.cpu.num_blocks
 
@@ -156,13 +164,18 @@ class BlockManager:
     def pool_counts(self) -> PoolCounts:
         """The device and CPU pools' blocks in all and free, and the prefix cache's lookups and hits."""
         return PoolCounts(self.gpu.num_blocks, self.gpu.num_free, self.cpu.num_blocks, self.cpu.num_free,
-                          self.prefix_queries, self.prefix_hits)
+                          self.prefix_queries, self.prefix_hits, self.gpu.num_evictions)
 
-    def block_view(self) -> BlockView:
-        """A copy of the device pool's blocks (``interface.BlockView``): device-resident tables by seq id,
-        reference counts, pinned prefix blocks, cached blocks."""
-        tables = {s: (list(t.blocks), t.num_tokens) for s, t in sorted(self.tables.items()) if t.device == "gpu"}
-        return BlockView(tables, list(self.gpu.ref_counts), list(self.pinned), sorted(self.gpu.block_hash))
+    def block_view(self, pool: str = "gpu") -> BlockView:
+        """A copy of ``pool``'s blocks (``interface.BlockView``; the device's unless asked): the tables in that pool
+        by seq id, reference counts, pinned prefix blocks (device only), cached blocks and their digests, and the
+        free blocks in the order they are handed out."""
+        if pool not in ("gpu", "cpu"):
+            raise ValueError(f"pool must be 'gpu' or 'cpu', got {pool!r}")
+        p = self._pool(pool)
+        tables = {s: (list(t.blocks), t.num_tokens) for s, t in sorted(self.tables.items()) if t.device == pool}
+        pinned = list(self.pinned) if pool == "gpu" else []
+        return BlockView(tables, list(p.ref_counts), pinned, sorted(p.block_hash), dict(p.block_hash), p.free_order())
 
     def num_logical_blocks(self) -> int:
         """Blocks the device-resident sequences would hold without sharing (paper Fig. 15's denominator)."""

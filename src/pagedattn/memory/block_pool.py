@@ -47,6 +47,11 @@ class BlockPool:
     def num_used(self) -> int:
         return self.num_blocks - self.num_free
 
+    def free_order(self) -> list[int]:
+        """The free blocks in the order ``allocate`` takes them: the uncached ones first in, first out, then the
+        cached ones, least recently freed first."""
+        return [*self._free, *self._evictable]
+
     def allocate(self) -> int:
         """Take a free block (an uncached one first, else evict the least recently used cached one); count 1."""
         if self._free:

@@ -259,6 +259,23 @@ class ContiguousKVManager:
         r = self.tables.get(seq_id)
         return None if r is None else ("gpu", r.num_tokens)
 
+    def seq_ids(self) -> list[int]:
+        """The sequences holding a reservation, sorted."""
+        return sorted(self.tables)
+
+    def prefix_digests(self, seq_id: int) -> list[bytes]:
+        """None: a contiguous reservation caches no prefix."""
+        return []
+
+    def pieces(self, seq_id: int) -> list[int]:
+        """The offsets of the buddy blocks that make up the sequence's reservation, in address order: one block
+        (buddy placement), or the fewest aligned pieces of exactly its size (exact placement, §6.1's Oracle)."""
+        return list(self.tables[seq_id].pieces)
+
+    def free_spans(self) -> list[tuple[int, int]]:
+        """The arena's free buddy blocks as ``(offset, slots)``, sorted: its external fragmentation (§2.3)."""
+        return sorted((off, 1 << o) for o, offs in self.arena.free_lists.items() for off in offs)
+
     def cache_layout(self) -> tuple[int, int, int]:
         return self.total_slots, self.block_size, 0
 
@@ -270,7 +287,7 @@ class ContiguousKVManager:
         """The arena's slots in all and free (block size 1); no CPU pool, no prefix cache."""
         return PoolCounts(self.arena.total, self.arena.num_free, 0, 0)
 
-    def block_view(self) -> None:
+    def block_view(self, pool: str = "gpu") -> None:
         """No blocks to draw: one contiguous reservation per sequence."""
         return None
 

@@ -17,7 +17,7 @@ imports neither ``sequence.py`` nor torch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol, Sequence
 
@@ -52,15 +52,20 @@ class AllocStatus(Enum):
 
 @dataclass(frozen=True)
 class BlockView:
-    """A copy of a paged manager's device pool, for drawing it (the tour, the worked examples): each device-resident
-    sequence's ``tables[seq_id] = (blocks, num_tokens)`` by seq id, every device block's ``ref_counts`` (the pinned
-    prefixes' references included), the user-marked ``pinned`` prefix blocks, and the ``cached`` blocks (those
-    registered under a prefix digest), sorted."""
+    """A copy of one of a paged manager's pools (the device's unless asked), for drawing it (the tour, the worked
+    examples) and for tests: each sequence's ``tables[seq_id] = (blocks, num_tokens)`` in that pool by seq id, every
+    block's ``ref_counts`` (the pinned prefixes' references included), the user-marked ``pinned`` prefix blocks
+    (§4.4; device only), the ``cached`` blocks (those registered under a prefix digest), sorted, their ``digests``
+    (``{block: prefix digest}``; prefix caching, as in vLLM's automatic prefix caching), and the ``free`` blocks in
+    the order the pool hands them out (first in, first out, so block tables are not contiguous, Fig. 6; the cached
+    ones last, least recently used first)."""
 
     tables: dict[int, tuple[list[int], int]]
     ref_counts: list[int]
     pinned: list[int]
     cached: list[int]
+    digests: dict[int, bytes] = field(default_factory=dict)
+    free: list[int] = field(default_factory=list)
 
 
 class SeqView(Protocol):
@@ -85,7 +90,8 @@ class GroupView(Protocol):
 @dataclass(frozen=True)
 class PoolCounts:
     """A manager's pools: device blocks in all and free, CPU (swap) blocks in all and free (slots, for a contiguous
-    manager's arena; no CPU pool: 0 and 0), and the prefix cache's lookups: full prompt blocks looked up and found."""
+    manager's arena; no CPU pool: 0 and 0), the prefix cache's lookups: full prompt blocks looked up and found, and
+    the cached device blocks evicted to make room (least recently used first)."""
 
     gpu_blocks: int
     gpu_free: int
@@ -93,6 +99,7 @@ class PoolCounts:
     cpu_free: int
     prefix_queries: int = 0
     prefix_hits: int = 0
+    gpu_evictions: int = 0
 
 
 class KVAllocator(Protocol):
@@ -192,6 +199,15 @@ class KVInspector(Protocol):
         """``(pool, num_tokens)`` of the sequence's blocks, pool ``"gpu"`` or ``"cpu"``; None when it holds none."""
         ...
 
+    def seq_ids(self) -> list[int]:
+        """The sequences that hold blocks, in either pool, sorted (the scheduler frees a finished one's, §4.3)."""
+        ...
+
+    def prefix_digests(self, seq_id: int) -> list[bytes]:
+        """The prefix digests of the sequence's full blocks, in order (prefix caching: a forked child inherits its
+        parent's, §4.4); empty where nothing is cached."""
+        ...
+
     @property
     def num_used_gpu_blocks(self) -> int:
         """Device blocks in use (slots, for block size 1)."""
@@ -211,8 +227,9 @@ class KVInspector(Protocol):
         KV length at its end, where known."""
         ...
 
-    def block_view(self) -> BlockView | None:
-        """A copy of the device pool's blocks (``BlockView``), for display; None for a manager without blocks."""
+    def block_view(self, pool: str = "gpu") -> BlockView | None:
+        """A copy of the blocks of ``pool`` (``"gpu"``, the device's, or ``"cpu"``, the swap space's, §4.5) as a
+        ``BlockView``, for display and tests; None for a manager without blocks."""
         ...
 
     def check_invariants(self) -> None:
