@@ -12,10 +12,10 @@ import torch
 
 from pagedattn import kernels
 from pagedattn.executor import ModelRunner
-from pagedattn.memory import BlockManager
 from pagedattn.model import load_model
 from pagedattn.scheduler import SchedulerOutputs
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
+from factories import block_manager
 from tiny_models import tiny_llama, tiny_opt
 
 
@@ -30,7 +30,7 @@ def hf_last_logits(hf, prompt: list[int]) -> torch.Tensor:
 def paged_last_logits(model, prompts: list[list[int]], block_size: int = 4, split: int | None = None):
     """Prefill all prompts in one flat batch through a ModelRunner; with ``split``, each prompt's first ``split``
     tokens are computed first and the rest in a second prefill over the cached context."""
-    bm = BlockManager(block_size, 64)
+    bm = block_manager(block_size, 64)
     runner = ModelRunner(model, bm, kernels.get_backend("torch"), torch.device("cpu"), torch.float32)
     groups = []
     for i, p in enumerate(prompts):
@@ -243,7 +243,7 @@ def test_batched_prefill_of_fresh_and_cached_sequences_in_one_step(make, prefill
     last-token logit equals transformers'."""
     hf = make()
     model = load_model(hf)
-    bm = BlockManager(4, 64)
+    bm = block_manager(4, 64)
     runner = ModelRunner(model, bm, kernels.get_backend("torch"), torch.device("cpu"), torch.float32)
     cached, fresh = PROMPTS[2], [PROMPTS[0], PROMPTS[1], PROMPTS[3]]
     head = Sequence(0, cached[:13])

@@ -10,11 +10,11 @@ import time
 
 import httpx
 import pytest
+from factories import llm_engine
 from test_engine import assert_all_blocks_free
 
 from pagedattn import replay
 from pagedattn.async_engine import AsyncEngine
-from pagedattn.engine import LLMEngine
 from pagedattn.repro.experiments.common import tiny_opt
 from pagedattn.llm import LLM
 from pagedattn.sequence import SamplingParams
@@ -254,13 +254,13 @@ def test_field_of_names_the_parameter_of_engine_errors():
 
 
 def test_step_metrics_is_a_bounded_ring():
-    engine = LLMEngine(tiny_opt(0), num_gpu_blocks=64, max_step_metrics=3)
+    engine = llm_engine(tiny_opt(0), num_gpu_blocks=64, max_step_metrics=3)
     engine.add_request("a", [1, 2, 3], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.num_steps == 8 and len(engine.step_metrics) == 3
     assert [m.step for m in engine.step_metrics] == [5, 6, 7] and [m.step for m in engine.step_metrics[-2:]] == [6, 7]
     assert len(engine.step_metrics_frame()) == 3
-    assert LLMEngine(tiny_opt(0), num_gpu_blocks=8).step_metrics.maxlen == 10_000
+    assert llm_engine(tiny_opt(0), num_gpu_blocks=8).step_metrics.maxlen == 10_000
     with pytest.raises(ValueError, match="max_step_metrics"):
-        LLMEngine(tiny_opt(0), num_gpu_blocks=8, max_step_metrics=-1)
+        llm_engine(tiny_opt(0), num_gpu_blocks=8, max_step_metrics=-1)
