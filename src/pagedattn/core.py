@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from pagedattn.memory.accounting import KVStats
 
 
+#: what ``EngineCore.step`` returns for a step within a run: no plan, nothing finished
+_IN_A_RUN: tuple[None, tuple] = (None, ())
+
+
 @dataclass
 class StepMetrics:
     """One engine step (a named tuple: a replay records one per step, so it must be cheap to make). Queue lengths and memory are as the step ran (after scheduling, before its tokens were
@@ -110,6 +114,7 @@ class EngineCore:
                  final_len: dict[int, int] | None = None, fast_forward: bool = False,
                  max_steps: int | None = None) -> None:
         self.scheduler, self.executor, self.clock = scheduler, executor, clock
+        self._steady_step_time = executor.steady_step  # (bound once: a run calls it every step)
         self.kv = kv  # the scheduler's (its allocator view), read here for the records too
         self.record_steps, self.final_len = record_steps, final_len
         self.steps: MutableSequence[StepMetrics] = [] if steps is None else steps
@@ -166,7 +171,7 @@ class EngineCore:
         """A step within a run: charged, its slots taken when recording, not planned (see the module docstring)."""
         start = self.clock() if self.record_steps else 0.0
         n, context = len(self._run_seqs), self._run_context
-        dt = self.executor.steady_step(n, context)
+        dt = self._steady_step_time(n, context)
         self._run_context = context + n
         self._run_left -= 1
         self._run_done += 1
@@ -175,7 +180,7 @@ class EngineCore:
             self._record_steady(start, dt, n, context)
         self.num_steps += 1
         self.num_steady_steps += 1
-        return None, ()
+        return _IN_A_RUN
 
     def _start_run(self) -> None:
         seqs = self.scheduler.running_seqs()
@@ -197,15 +202,17 @@ class EngineCore:
 
     def _record(self, plan: SchedulerOutputs, start: float, output: ModelOutput) -> None:
         sched, kv = self.scheduler, self.kv
-        tokens = plan.num_batched_tokens
+        prefill = plan.is_prefill
+        tokens = plan.num_batched_tokens if prefill else output.num_seqs  # (a decode step: one per sequence)
         duration = output.duration if output.duration is not None else self.clock() - start
         self.steps.append(StepMetrics(
-            self.num_steps, "prefill" if plan.is_prefill else "decode", start, duration,
+            self.num_steps, "prefill" if prefill else "decode", start, duration,
             duration if output.forward_time is None else output.forward_time, output.num_seqs,
-            len(plan.scheduled_groups), tokens if plan.is_prefill else 0, tokens, kv.num_used_gpu_blocks,
+            len(plan.scheduled_groups), tokens if prefill else 0, tokens, kv.num_used_gpu_blocks,
             output.context_tokens, len(plan.preempted), len(plan.blocks_to_swap_in) + len(plan.blocks_to_swap_out),
-            num_copied(plan.blocks_to_copy), len(sched.running), len(sched.waiting), len(sched.swapped),
-            self._memory_bound(start), kv.stats(self.final_len) if self.final_len is not None else None))
+            num_copied(plan.blocks_to_copy) if plan.blocks_to_copy else 0, len(sched.running), len(sched.waiting),
+            len(sched.swapped), self._memory_bound(start),
+            kv.stats(self.final_len) if self.final_len is not None else None))
 
     def _record_steady(self, start: float, dt: float, n: int, context: int) -> None:
         sched, kv = self.scheduler, self.kv

@@ -374,18 +374,23 @@ class SimExecutor:
             return None
         cost = self.cost
         nswap = len(plan.blocks_to_swap_in) + len(plan.blocks_to_swap_out)
+        tokens: list[tuple[Sequence, SequenceGroup, int, float]] = []
         if plan.is_prefill:
-            seqs = [g.get_seqs("running")[0] for g in plan.prefill_groups]
-            context = sum(len(s.token_ids) for s in seqs)
+            num_seqs, context = len(plan.prefill_groups), 0
+            for g in plan.prefill_groups:
+                seqs = g.get_seqs("running")
+                context += len(seqs[0].token_ids)  # (forks share their prompt: computed once)
+                for s in seqs:
+                    tokens.append((s, g, 0, 0.0))
             dt = cost.step_time(plan, self.block_size)
-        else:  # the step's sequences and context in the pass that gives each its token (``CostModel.step_time``)
-            seqs, context = [], 0
+        else:  # the step's context in the pass that gives each sequence its token (``CostModel.step_time``)
+            context = 0
             for g in plan.decode_groups:
                 for s in g.get_seqs("running"):
-                    seqs.append(s)
+                    tokens.append((s, g, 0, 0.0))
                     context += len(s.token_ids)
-            dt = cost.decode_step_time(len(seqs), context, nswap, self.block_size)
-        tokens = [(s, g, 0, 0.0) for g in plan.scheduled_groups for s in g.get_seqs("running")]
+            num_seqs = len(tokens)
+            dt = cost.decode_step_time(num_seqs, context, nswap, self.block_size)
         if self.beam is not None:  # this step's copy-on-write blocks and the previous step's forks (slots, on Orca)
             dt += cost.copy_time(num_copied(plan.blocks_to_copy) * self.kv.block_size)
         if plan.is_prefill:  # prompt tokens charged (computed): the uncached ones, or all of them in the ablation
@@ -394,7 +399,7 @@ class SimExecutor:
             if self.charge_cached:
                 dt += cost.prefill_time(charged) - cost.prefill_time(plan.num_batched_tokens)
         self.now += dt
-        output = ModelOutput(tokens=tokens, stop=self.stop, now=self.now, duration=dt, num_seqs=len(seqs),
+        output = ModelOutput(tokens=tokens, stop=self.stop, now=self.now, duration=dt, num_seqs=num_seqs,
                              context_tokens=context)
         if self.beam is not None:
             for g in plan.scheduled_groups:
