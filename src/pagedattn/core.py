@@ -27,7 +27,7 @@ This module imports no torch: it serves the simulator at paper scale on a laptop
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, MutableSequence, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Callable, MutableSequence, Protocol
 from typing import Sequence as Sequence_
 
 from pagedattn.memory.interface import KVManager, num_copied
@@ -44,7 +44,7 @@ _IN_A_RUN: tuple[None, tuple] = (None, ())
 
 @dataclass
 class StepMetrics:
-    """One engine step (a named tuple: a replay records one per step, so it must be cheap to make). Queue lengths and memory are as the step ran (after scheduling, before its tokens were
+    """One engine step. Queue lengths and memory are as the step ran (after scheduling, before its tokens were
     applied). ``slots_filled`` counts the context tokens of the sequences computed (K/V read from the cache);
     ``blocks_used`` is the device pool's used blocks (slots, for a contiguous manager); ``memory_bound``: a request
     that has arrived waits although the scheduler would admit it but for memory; ``memory``: Fig. 2's breakdown of

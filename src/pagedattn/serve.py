@@ -493,6 +493,7 @@ def load_engine(model, kv_manager: str = "paged", num_slots: int = 8192, block_s
     (the scheduler swaps such groups, §4.4-§4.5; without swap space it must fail them). The server's engine:
     ``repro.experiments.online_serving`` builds its in-process engine here too."""
     from pagedattn.engine import LLMEngine
+    from pagedattn.memory.systems import engine_system
     from pagedattn.model.tiny import tiny_opt
 
     if not isinstance(model, (str, Path)):
@@ -518,10 +519,10 @@ def load_engine(model, kv_manager: str = "paged", num_slots: int = 8192, block_s
         engine_kw["num_cpu_blocks"] = cpu_blocks_for(swap_space, config, block_size,
                                                      engine_kw.get("max_num_seqs", 256), max_model_len,
                                                      torch.empty((), dtype=dtype).element_size())
-    name = "paged" if kv_manager.startswith("paged") else "static" if kv_manager == "ft" else kv_manager
+    name, caching = engine_system(kv_manager)
     return LLMEngine(model_obj, engine_kw.pop("tokenizer", None), name, num_slots=num_slots, block_size=block_size,
                      max_model_len=max_model_len, num_cpu_blocks=engine_kw.pop("num_cpu_blocks", 0),
-                     enable_prefix_caching=kv_manager == "paged_auto", max_step_metrics=max_step_metrics, **engine_kw)
+                     enable_prefix_caching=caching, max_step_metrics=max_step_metrics, **engine_kw)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

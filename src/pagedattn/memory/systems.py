@@ -19,6 +19,14 @@ from pagedattn.memory.interface import KVManager
 SYSTEMS: tuple[str, ...] = ("paged", "orca_max", "orca_pow2", "orca_oracle", "static", "ft")
 
 
+def engine_system(name: str) -> tuple[str, bool]:
+    """An experiment's or the server's system name as ``EngineArgs``' ``(kv_manager, enable_prefix_caching)``:
+    ``paged_user`` (user-marked shared prefixes) and ``paged_auto`` (automatic prefix caching, §4.4) are the paged
+    manager, the latter with its prefix cache on; ``ft`` is ``static``; the others are themselves."""
+    kv_manager = "paged" if name.startswith("paged") else "static" if name == "ft" else name
+    return kv_manager, name == "paged_auto"
+
+
 def is_static(system: str) -> bool:
     """Whether ``system`` batches statically (no request joins a running batch)."""
     return system in ("static", "ft")

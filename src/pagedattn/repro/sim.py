@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 from pagedattn.repro.capacity import Load, normalized_latency, steady_window
 from pagedattn.repro.cost_profile import measured as _measured_a100
 from pagedattn.repro.fastsim import compiled_when_built
-from pagedattn.config import OPT_13B, ModelSpec, SchedulerConfig, blocks_needed, paper_slots
+from pagedattn.config import OPT_13B, SchedulerConfig, paper_slots
 from pagedattn.core import EngineCore, StepMetrics
 from pagedattn.memory.accounting import KVStats
 from pagedattn.memory.interface import num_copied
@@ -430,7 +430,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     zeros), so that prefix hashes match; ``prefix_lens`` marks user-shared prefixes; ``enable_prefix_caching``
     finds them automatically. Runs of steady decode steps are taken at once (``EngineCore``'s fast path) where
     neither beams nor prefixes are replayed."""
-    kv = make_kv_manager("static" if system == "ft" else system, num_slots or paper_slots(), block_size,
+    kv = make_kv_manager(system, num_slots or paper_slots(), block_size,
                          max_model_len, num_cpu_blocks, placement=placement,
                          enable_prefix_caching=enable_prefix_caching)
     sched = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,

@@ -97,12 +97,13 @@ def make_engine(model, system: str, num_slots: int, block_size: int = 16, max_mo
     metrics unless ``max_step_metrics`` says otherwise (a server passes a bound). The KV manager is the engine's
     ``EngineArgs.kv_manager`` (``memory.systems``, the one mapping from a system to its manager, the simulator's too)."""
     from pagedattn.engine import LLMEngine
+    from pagedattn.memory.systems import engine_system
 
     engine_kw.setdefault("max_step_metrics", None)  # an experiment reads every step's metrics, however many
-    name = "paged" if system.startswith("paged") else "static" if system == "ft" else system
+    name, caching = engine_system(system)
     return LLMEngine(model, engine_kw.pop("tokenizer", None), name, num_slots=num_slots, block_size=block_size,
                      max_model_len=max_model_len, num_cpu_blocks=engine_kw.pop("num_cpu_blocks", 0),
-                     enable_prefix_caching=system == "paged_auto", **engine_kw)
+                     enable_prefix_caching=caching, **engine_kw)
 
 
 # ------------------------------------------------------------------------------------------------ replay
