@@ -252,3 +252,55 @@ def test_a_run_that_refused_a_request_has_no_normalized_latency():
     with pytest.raises(ValueError, match="refused"):
         Load.of(res.requests)
     assert capacity.normalized_latency(res.requests.drop(columns="error")) > 0  # the rule reads the error column
+
+
+def test_bound_names_what_stopped_the_search():
+    """Issue 50, item 3: each search's row says whether the latency threshold or the capacity stopped it."""
+    assert [capacity.bound(b) for b in ("latency", "latency+capacity", "capacity", "offline throughput",
+                                        "upper bound", "lower bound")] == \
+        ["latency", "latency", "capacity", "capacity", "range", "range"]
+    assert sustainable_rate(fifo_server(10.0), 1.0, 40.0, threshold_s=100.0).row()["bound"] == "capacity"
+    assert sustainable_rate(fifo_server(10.0), 1.0, 40.0, threshold_s=0.02).row()["bound"] == "latency"
+
+
+def test_lengths_agree_within_their_resolution():
+    """The n-vs-2n check: rates within their ratio's resolution agree; an offline-bound search (resolution 0)
+    counts the 2 % resolution, the noise of a finite trace's offline throughput; a range end agrees with nothing."""
+    def row(rate, res=0.02, by="capacity"):
+        return {"sustainable_rate": rate, "resolution": res, "bound_by": by}
+    assert capacity.lengths_agree(row(4.0), row(4.1))
+    assert not capacity.lengths_agree(row(4.4), row(3.96))
+    assert capacity.lengths_agree(row(4.0, 0.0, "offline throughput"), row(4.1, 0.0, "offline throughput"))
+    assert not capacity.lengths_agree(row(4.0, math.inf, "upper bound"), row(4.0))
+
+
+def test_length_rule_doubles_the_trace_until_the_rates_agree(monkeypatch):
+    """``length_agreed_rate``: n, 2n, ... until n and 2n agree, each longer search from the shorter's bracket; never
+    agreeing within the cap leaves the rate not judged, with the reason."""
+    rates = {10: 5.0, 20: 4.5, 40: 4.45, 80: 4.44}
+    seen = []
+
+    def search(replay, lo, hi, threshold_s, resolution, bracket=None):
+        n = replay(lo)
+        seen.append((n, bracket))
+        return RateSearch(rates[n], rates[n] * 1.02, 0.02, "capacity", rates[n], 0.01, 1)
+    monkeypatch.setattr(capacity, "sustainable_rate", search)
+    row = capacity.length_agreed_rate(lambda rate, n: n, 10, 1.0, 100.0)
+    assert [n for n, _ in seen] == [10, 20, 40] and seen[1][1] == (5.0, 5.1)
+    assert row["length_agreed"] and row["search_requests"] == 40 and row["rate_at_half_length"] == 4.5
+    assert row["sustainable_rate"] == 4.45 and row["bound"] == "capacity"
+    seen.clear()
+    row = capacity.length_agreed_rate(lambda rate, n: n, 10, 1.0, 100.0, max_doublings=1)
+    assert [n for n, _ in seen] == [10, 20] and not row["length_agreed"] and "never agreed" in row["length_reason"]
+
+
+def test_length_rule_on_a_fifo_server_and_the_knee():
+    """On a real replay the rule ends agreed, and the knee (3x the unloaded normalized latency) sits at or below
+    the capacity of a FIFO server."""
+    def replay(rate, n):
+        return fifo_server(10.0, num_requests=n)(rate)
+    row = capacity.length_agreed_rate(replay, 500, 1.0, 40.0, threshold_s=100.0, knee=True)
+    assert row["length_agreed"] and row["sustainable_rate"] <= 10.0 * 1.02
+    assert row["knee_threshold_s"] == pytest.approx(3 * Load.of(replay(1.0, row["search_requests"]))
+                                                    .normalized_latency_s)
+    assert 0 < row["knee_rate"] <= row["sustainable_rate"] * 1.02
