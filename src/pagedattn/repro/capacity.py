@@ -339,8 +339,25 @@ def describe_ratio(a: dict | pd.Series, b: dict | pd.Series, offline_ratio: floa
         offline_ratio = float(a["offline_rate"]) / float(b["offline_rate"])
     if offline_ratio is not None and math.isfinite(offline_ratio):
         note += f"; offline throughput ratio {offline_ratio:.2f}"
+    if "bound" in a and "bound" in b:
+        note += f"; bound: {a['bound']} / {b['bound']}"
+    if "knee_rate" in a and "knee_rate" in b and float(b["knee_rate"]) > 0:
+        note += (f"; knee ({KNEE_FACTOR:g}x unloaded NL) ratio {float(a['knee_rate']) / float(b['knee_rate']):.2f} "
+                 f"({float(a['knee_rate']):.3g} / {float(b['knee_rate']):.3g} req/s)")
+    if "length_agreed" in a and "length_agreed" in b:
+        note += "; n vs 2n: " + " / ".join(
+            f"{float(x['rate_at_half_length']):.3g} vs {float(x['sustainable_rate']):.3g} at {int(x['search_requests'])}"
+            for x in (a, b)) + "".join(f"; NOT JUDGED: {x['length_reason']}" for x in (a, b)
+                                       if not bool(x["length_agreed"]))
     return note + not_judged([(f"{float(x['sustainable_rate']):.3g} req/s", float(x["trend_se"]))
                               for x in (a, b) if "judged" in x and not bool(x["judged"])])
+
+
+def length_judged(*rows) -> bool:
+    """Whether every search behind a claim passed the trace-length rule (``length_agreed_rate``); a row from a search
+    that did not apply the rule counts as passed (its own ``judged`` note stands). A claim is judged (``holds`` not
+    None) only where this is true."""
+    return all(bool(x.get("length_agreed", True)) for x in rows)
 
 
 def not_judged(short: list[tuple[str, float]]) -> str:
