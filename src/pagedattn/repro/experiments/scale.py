@@ -46,13 +46,15 @@ from pagedattn.repro import sensitivity
 from pagedattn.config import ModelSpec
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams
-from pagedattn.repro.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, normalized_latency, sustainable_rate
+from pagedattn.repro.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged, \
+    normalized_latency
 from pagedattn.repro.experiments.throughput import SIM_SYSTEMS
 from pagedattn.repro.parallel import call, pmap
 from pagedattn.repro.paper import FIG12_RATE_RATIO, GPUS, KV_GB, KV_SLOTS, PARAM_GB
 from pagedattn.repro.results import RESULTS_DIR, Claim
 from pagedattn.repro.sensitivity import widened
 from pagedattn.repro.sim import LABELS, CostModel, simulate
+from pagedattn.repro.experiments.throughput import base_trace
 from pagedattn.repro.workloads import describe_trace, make_trace, with_rate
 
 EXPERIMENT = "10_table1_fig12"
@@ -254,11 +256,19 @@ def _sustainable_row(model: str, trace_name: str, base, system: str, cost: CostM
     """One system's whole bisection on one setup and trace."""
     # ``cap`` is the paged system's whole-run offline throughput; the search's range ends at each system's own
     # offline throughput (``capacity.sustainable_rate``), which may be above ``cap`` (a steady rate, or another system)
+    # the trace-length rule (``capacity.length_agreed_rate``, issue 50) grows ``base`` (n requests) to 2n, 4n, ...
     lo, hi = cap / 64, cap * 4
-    found = sustainable_rate(partial(_requests_at, base=base, system=system, model=model, params=params, cost=cost),
-                             lo, hi, NL_THRESHOLD_S, params.rate_resolution)
-    return {"model": model, "trace": trace_name, "system": system, "label": LABELS[system], **found.row(),
+    found = length_agreed_rate(partial(_requests_of_length, trace_name=trace_name, system=system, model=model,
+                                       params=params, cost=cost), len(base), lo, hi, NL_THRESHOLD_S,
+                               params.rate_resolution, knee=True)
+    return {"model": model, "trace": trace_name, "system": system, "label": LABELS[system], **found,
             "capacity_req_s": cap, "threshold_s": NL_THRESHOLD_S}
+
+
+def _requests_of_length(rate: float, n: int, trace_name: str, system: str, model: str, params: Params,
+                        cost: CostModel) -> pd.DataFrame:
+    """The per-request frame of one replay of ``trace_name``'s ``n``-request trace at ``rate``."""
+    return _requests_at(rate, base_trace(trace_name, n, params.seed), system, model, params, cost)
 
 
 def fig12(params: Params, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -347,7 +357,8 @@ def rate_claims(sustainable: pd.DataFrame) -> list[Claim]:
             if w == "sharegpt" and lo is not None:
                 a, b = widened(lo, hi)
                 out.append(Claim(f"rate_ratio.{m}.sharegpt.{name}", f"{lo}-{hi}", round(ratio, 2), "x",
-                                 f"{a:.3g}-{b:.3g}", bool(a <= ratio <= b), note))
+                                 f"{a:.3g}-{b:.3g}", bool(a <= ratio <= b)
+                                 if length_judged(rows.loc["paged"], rows.loc[other]) else None, note))
             else:
                 paper = f"{lo}-{hi}" if lo is not None else f"up to {hi}"
                 out.append(Claim(f"rate_ratio.{m}.{w}.{name}", paper, round(ratio, 2), "x", "", None,

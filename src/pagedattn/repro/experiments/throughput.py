@@ -83,7 +83,7 @@ def sim_online(params: SimParams, progress: bool = True) -> pd.DataFrame:
 
 
 @functools.lru_cache(maxsize=16)
-def _base_trace(w: str, n: int, seed: int):
+def base_trace(w: str, n: int, seed: int):
     """The ``n``-request trace of workload ``w`` at rate 1 (``with_rate`` rescales it), made once per process."""
     return make_trace(w, n, 1.0, seed)
 
@@ -91,7 +91,7 @@ def _base_trace(w: str, n: int, seed: int):
 def _sim_requests(rate: float, n: int, w: str, system: str, params: SimParams, cost: CostModel | None
                   ) -> pd.DataFrame:
     """The per-request frame of one replay of ``w``'s ``n``-request trace at ``rate`` (a bisection's probe)."""
-    return sim_run(with_rate(_base_trace(w, n, params.seed), rate, params.seed), system, params, cost,
+    return sim_run(with_rate(base_trace(w, n, params.seed), rate, params.seed), system, params, cost,
                    record_steps=False).requests
 
 
