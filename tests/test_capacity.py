@@ -285,12 +285,12 @@ def test_length_rule_doubles_the_trace_until_the_rates_agree(monkeypatch):
         seen.append((n, bracket))
         return RateSearch(rates[n], rates[n] * 1.02, 0.02, "capacity", rates[n], 0.01, 1)
     monkeypatch.setattr(capacity, "sustainable_rate", search)
-    row = capacity.length_agreed_rate(lambda rate, n: n, 10, 1.0, 100.0)
+    row = capacity.length_agreed_rate(lambda rate, n: n, 10, 1.0, 100.0, knee=False)
     assert [n for n, _ in seen] == [10, 20, 40] and seen[1][1] == (5.0, 5.1)
     assert row["length_agreed"] and row["search_requests"] == 40 and row["rate_at_half_length"] == 4.5
     assert row["sustainable_rate"] == 4.45 and row["bound"] == "capacity"
     seen.clear()
-    row = capacity.length_agreed_rate(lambda rate, n: n, 10, 1.0, 100.0, max_doublings=1)
+    row = capacity.length_agreed_rate(lambda rate, n: n, 10, 1.0, 100.0, knee=False, max_doublings=1)
     assert [n for n, _ in seen] == [10, 20] and not row["length_agreed"] and "never agreed" in row["length_reason"]
 
 

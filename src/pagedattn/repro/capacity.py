@@ -187,6 +187,11 @@ class RateSearch:
     probes: int
     offline_rate: float = math.nan  # requests/s with every request queued at t = 0 (``offline=True``), else NaN
     trend_se: float = 0.0
+    # the trace-length rule (``length_agreed_search``; left at these defaults by a search that did not apply it):
+    search_requests: int = 0  # the trace length the rate was judged at
+    rate_at_half_length: float = math.nan  # the rate on half as many requests
+    length_agreed: bool | None = None  # whether the two agreed within their resolution (``lengths_agree``)
+    length_reason: str = ""  # why not, where they never did
 
     @property
     def judged(self) -> bool:
@@ -196,7 +201,8 @@ class RateSearch:
     def row(self) -> dict:
         """Columns for a results table: ``sustainable_rate``, ``resolution``, ``bound_by``, ``throughput_at_rate``,
         ``nl_at_rate_s``, ``failed_at``, ``probes``, ``offline_rate``, ``trend_se``, ``judged``,
-        ``bound`` (``bound``: what stopped the search), ``at_bound``, ``at_upper_bound``."""
+        ``bound`` (``bound``: what stopped the search), the trace-length rule's ``search_requests``,
+        ``rate_at_half_length``, ``length_agreed``, ``length_reason``, ``at_bound``, ``at_upper_bound``."""
         d = asdict(self)
         return {"sustainable_rate": d.pop("rate"), "resolution": d.pop("resolution"), "bound_by": d.pop("bound_by"),
                 "throughput_at_rate": d.pop("completion_rate"), "nl_at_rate_s": d.pop("normalized_latency_s"),
@@ -344,11 +350,11 @@ def describe_ratio(a: dict | pd.Series, b: dict | pd.Series, offline_ratio: floa
     if "knee_rate" in a and "knee_rate" in b and float(b["knee_rate"]) > 0:
         note += (f"; knee ({KNEE_FACTOR:g}x unloaded NL) ratio {float(a['knee_rate']) / float(b['knee_rate']):.2f} "
                  f"({float(a['knee_rate']):.3g} / {float(b['knee_rate']):.3g} req/s)")
-    if "length_agreed" in a and "length_agreed" in b:
+    if int(a.get("search_requests", 0)) > 0 and int(b.get("search_requests", 0)) > 0:
         note += "; n vs 2n: " + " / ".join(
             f"{float(x['rate_at_half_length']):.3g} vs {float(x['sustainable_rate']):.3g} at {int(x['search_requests'])}"
             for x in (a, b)) + "".join(f"; NOT JUDGED: {x['length_reason']}" for x in (a, b)
-                                       if not bool(x["length_agreed"]))
+                                       if not length_judged(x))
     return note + not_judged([(f"{float(x['sustainable_rate']):.3g} req/s", float(x["trend_se"]))
                               for x in (a, b) if "judged" in x and not bool(x["judged"])])
 
@@ -357,7 +363,8 @@ def length_judged(*rows) -> bool:
     """Whether every search behind a claim passed the trace-length rule (``length_agreed_rate``); a row from a search
     that did not apply the rule counts as passed (its own ``judged`` note stands). A claim is judged (``holds`` not
     None) only where this is true."""
-    return all(bool(x.get("length_agreed", True)) for x in rows)
+    return all(not (x.get("length_agreed") is False or x.get("length_agreed") == False)  # noqa: E712 (numpy bools)
+               for x in rows)
 
 
 def not_judged(short: list[tuple[str, float]]) -> str:
@@ -422,38 +429,46 @@ def knee_rate(replay: Callable[[float], pd.DataFrame], lo: float, hi: float, fou
     return {"knee_rate": knee.rate, "knee_threshold_s": factor * unloaded, "knee_bound": bound(knee.bound_by)}
 
 
-def length_agreed_rate(replay: Callable[[float, int], pd.DataFrame], n: int, lo: float, hi: float,
-                       threshold_s: float = NL_THRESHOLD_S, resolution: float = RESOLUTION,
-                       max_doublings: int = MAX_LENGTH_DOUBLINGS, bracket: tuple[float, float] | None = None,
-                       knee: bool = False, **kw) -> dict:
+def length_agreed_search(replay: Callable[[float, int], pd.DataFrame], n: int, lo: float, hi: float,
+                         threshold_s: float = NL_THRESHOLD_S, resolution: float = RESOLUTION,
+                         max_doublings: int = MAX_LENGTH_DOUBLINGS, bracket: tuple[float, float] | None = None,
+                         **kw) -> RateSearch:
     """The one trace-length rule of every notebook's searches (issue 50, item 2; constants above): the sustainable
     rate (``sustainable_rate``) on ``n`` requests and on ``2n``, the longer search starting from the shorter one's
     bracket (so it takes few probes); while the two disagree (``lengths_agree``) or the longer is unjudged
-    (``RateSearch.judged``), the trace doubles again, up to ``max_doublings`` doublings. Returns the longest search's
-    ``RateSearch.row()`` with ``bound`` (``bound``), ``search_requests`` (the trace length judged at),
-    ``rate_at_half_length`` (the rate on half as many requests), ``length_agreed`` and, where it is False,
-    ``length_reason``; with ``knee``, the knee measure on the same trace (``knee_rate``)."""
+    (``RateSearch.judged``), the trace doubles again, up to ``max_doublings`` doublings. ``replay(rate, n)`` runs
+    an ``n``-request trace at ``rate``. Returns the longest search, with ``search_requests`` (the trace length
+    judged at), ``rate_at_half_length`` (the rate on half as many requests), ``length_agreed`` and, where it is
+    False, ``length_reason``; ``probes`` counts every search's probes."""
     rows: list[dict] = []
-    length, doublings = n, 0
+    length, doublings, probes = n, 0, 0
     while True:
         found = sustainable_rate(lambda rate: replay(rate, length), lo, hi, threshold_s, resolution,
                                  bracket=bracket, **kw)
-        row = {**found.row(), "bound": bound(found.bound_by), "search_requests": length}
-        rows.append(row)
+        probes += found.probes
+        rows.append(found.row())
         if found.rate > 0 and math.isfinite(found.failed_at):
             bracket = (found.rate, found.failed_at)
-        if len(rows) >= 2 and lengths_agree(rows[-2], row) and found.judged:
-            row.update(rate_at_half_length=rows[-2]["sustainable_rate"], length_agreed=True, length_reason="")
-            break
+        half = rows[-2]["sustainable_rate"] if len(rows) >= 2 else math.nan
+        if len(rows) >= 2 and lengths_agree(rows[-2], rows[-1]) and found.judged:
+            return replace(found, probes=probes, search_requests=length, rate_at_half_length=half,
+                           length_agreed=True)
         if doublings == max_doublings:
-            half = rows[-2]["sustainable_rate"] if len(rows) >= 2 else math.nan
-            row.update(rate_at_half_length=half, length_agreed=False,
-                       length_reason=f"the rates on {length // 2} and {length} requests ({half:.3g} and "
-                                     f"{found.rate:.3g} req/s, {row['bound']}-bound) never agreed within their "
-                                     f"resolution up to {length} requests" + ("" if found.judged else
-                                                                              " (and the longest is unjudged)"))
-            break
+            reason = (f"the rates on {length // 2} and {length} requests ({half:.3g} and {found.rate:.3g} req/s, "
+                      f"{bound(found.bound_by)}-bound) never agreed within their resolution up to {length} "
+                      f"requests" + ("" if found.judged else " (and the longest is unjudged)"))
+            return replace(found, probes=probes, search_requests=length, rate_at_half_length=half,
+                           length_agreed=False, length_reason=reason)
         length, doublings = 2 * length, doublings + 1
+
+
+def length_agreed_rate(replay: Callable[[float, int], pd.DataFrame], n: int, lo: float, hi: float,
+                       threshold_s: float = NL_THRESHOLD_S, resolution: float = RESOLUTION, knee: bool = True,
+                       **kw) -> dict:
+    """``length_agreed_search``'s ``RateSearch.row()``, with (``knee``) the knee measure on the trace length it
+    ended on (``knee_rate``)."""
+    found = length_agreed_search(replay, n, lo, hi, threshold_s, resolution, **kw)
+    row = found.row()
     if knee:
-        row.update(knee_rate(lambda rate: replay(rate, length), lo, hi, row, resolution))
+        row.update(knee_rate(lambda rate: replay(rate, found.search_requests), lo, hi, row, resolution))
     return row

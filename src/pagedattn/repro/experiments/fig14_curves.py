@@ -147,6 +147,12 @@ def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None) -> list[Clai
            f"{NL_THRESHOLD_S} s/token and the capacity rule, swap preemption"
     if "resolution" in swap:
         note += f"; ratio resolution {100 * float(swap['resolution'].max()):.1f} % or finer"
+    if "length_agreed" in swap:
+        note += "".join(f"; NOT JUDGED ({r.method} width {int(r.width)}): "
+                        + " / ".join(x for x in (r.length_reason_paged, r.length_reason_orca_oracle) if x)
+                        for r in swap[~swap["length_agreed"].astype(bool)].itertuples())
+        note += "; bound (ours / Orca (Oracle)): " + ", ".join(
+            f"{r.method} {int(r.width)} {r.bound_paged}/{r.bound_orca_oracle}" for r in swap.itertuples())
     if "judged" in swap:
         note += not_judged([("n = 1" if r.method == "n=1" else f"{r.method} width {int(r.width)}",
                              max(float(r.trend_se_paged), float(r.trend_se_orca_oracle)))
@@ -157,7 +163,8 @@ def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None) -> list[Clai
     if 1 in par:
         a, b = widened(FIG14_GAIN["n1"])
         out.append(Claim("gain_at_fixed_latency.n1", FIG14_GAIN["n1"], round(float(par[1]), 3), "x",
-                         f"{a:.3g}-{b:.3g}", bool(a <= par[1] <= b), note))
+                         f"{a:.3g}-{b:.3g}", bool(a <= par[1] <= b) if _length_judged(swap, "n=1", 1) else None,
+                         note))
     for n in (2, 4, 6):
         if n in par:
             out.append(Claim(f"gain_at_fixed_latency.parallel_n{n}", f"grows from {FIG14_GAIN['n1']}x with n",
@@ -173,7 +180,8 @@ def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None) -> list[Clai
     if 6 in beams:
         a, b = widened(FIG14_GAIN["beam_w6"])
         out.append(Claim("gain_at_fixed_latency.beam_w6", FIG14_GAIN["beam_w6"], round(float(beams[6]), 3), "x",
-                         f"{a:.3g}-{b:.3g}", bool(a <= beams[6] <= b), beam_note))
+                         f"{a:.3g}-{b:.3g}", bool(a <= beams[6] <= b) if _length_judged(swap, "beam", 6) else None,
+                         beam_note))
     else:
         out.append(Claim("gain_at_fixed_latency.beam_w6", FIG14_GAIN["beam_w6"], None, "x", "", None,
                          "not run in this mode"))
@@ -244,3 +252,9 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
                                                    for k in params.beam_widths}})
     tables.update(out_dir=out_dir, claims=cl, label=f"{hardware_label('sim')} | {model} | quick={quick}")
     return tables
+
+
+def _length_judged(swap: pd.DataFrame, method: str, width: int) -> bool:
+    """Whether the gain row of ``method`` at ``width`` passed the trace-length rule (``capacity.length_judged``)."""
+    r = swap[(swap.method == method) & (swap.width == width)]
+    return "length_agreed" not in r or not len(r) or bool(r["length_agreed"].iloc[0])
