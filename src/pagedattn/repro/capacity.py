@@ -454,8 +454,9 @@ def length_agreed_search(replay: Callable[[float, int], pd.DataFrame], n: int, l
             return replace(found, probes=probes, search_requests=length, rate_at_half_length=half,
                            length_agreed=True)
         if doublings == max_doublings:
+            before = f"{rows[-2]['bound']}-bound, " if len(rows) >= 2 else ""
             reason = (f"the rates on {length // 2} and {length} requests ({half:.3g} and {found.rate:.3g} req/s, "
-                      f"{bound(found.bound_by)}-bound) never agreed within their resolution up to {length} "
+                      f"{before}{bound(found.bound_by)}-bound) never agreed within their resolution up to {length} "
                       f"requests" + ("" if found.judged else " (and the longest is unjudged)"))
             return replace(found, probes=probes, search_requests=length, rate_at_half_length=half,
                            length_agreed=False, length_reason=reason)

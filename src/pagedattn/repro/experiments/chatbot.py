@@ -26,7 +26,8 @@ from pagedattn.repro import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams
-from pagedattn.repro.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, sustainable_rate
+from pagedattn.repro.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged
+from pagedattn.repro.experiments.throughput import base_trace
 from pagedattn.repro.parallel import pmap
 from pagedattn.repro.paper import FIG17_RATE_RATIO
 from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, write_summary
@@ -71,17 +72,20 @@ def latency_curves(base, params: Params, progress: bool = True) -> pd.DataFrame:
     return pd.DataFrame(pmap(partial(_curve_row, base=base, params=params), jobs, "chatbot (sim)", progress))
 
 
-def _requests(rate: float, base, system: str, params: Params, cost: CostModel | None) -> pd.DataFrame:
-    """The per-request frame of one replay at ``rate`` (a bisection's probe)."""
-    return run_at(base, rate, system, params, False, cost).requests
+def _requests(rate: float, n: int, base, system: str, params: Params, cost: CostModel | None) -> pd.DataFrame:
+    """The per-request frame of one replay of the ``n``-request trace at ``rate`` (a bisection's probe; ``base``
+    where it has ``n`` requests)."""
+    trace = base if n == len(base) else base_trace(TRACE, n, params.seed)
+    return run_at(trace, rate, system, params, False, cost).requests
 
 
 def _sustainable_row(s: str, base, params: Params, cost: CostModel | None) -> dict:
-    """One system's whole search (``capacity.sustainable_rate``: latency threshold and capacity rule)."""
+    """One system's searches (``capacity.length_agreed_rate``: latency threshold, capacity rule, the trace-length
+    rule from ``base``'s length, and the knee)."""
     lo, hi = min(params.rates) / 4, max(params.rates) * 8
-    found = sustainable_rate(partial(_requests, base=base, system=s, params=params, cost=cost), lo, hi,
-                             NL_THRESHOLD_S, params.rate_resolution)
-    return {"system": s, "label": LABELS[s], **found.row(), "threshold_s": NL_THRESHOLD_S}
+    found = length_agreed_rate(partial(_requests, base=base, system=s, params=params, cost=cost), len(base), lo, hi,
+                               NL_THRESHOLD_S, params.rate_resolution)
+    return {"system": s, "label": LABELS[s], **found, "threshold_s": NL_THRESHOLD_S}
 
 
 def sustainable(base, params: Params, progress: bool = True, cost: CostModel | None = None) -> pd.DataFrame:
@@ -99,12 +103,14 @@ def claims(sus: pd.DataFrame) -> list[Claim]:
         ratio = float(r["paged"] / r[other])
         lo, hi = RATIO_BAND
         out.append(Claim(f"rate_ratio.chatbot.paged_vs_{other}", FIG17_RATE_RATIO, round(ratio, 2), "x",
-                         f"{lo}-{hi}", bool(lo <= ratio <= hi),
+                         f"{lo}-{hi}", bool(lo <= ratio <= hi)
+                         if length_judged(rows.loc["paged"], rows.loc[other]) else None,
                          note=f"{note}; {describe_ratio(rows.loc['paged'], rows.loc[other])}"))
     ratio = float(r["orca_max"] / r["orca_oracle"])
     lo, hi = ALIKE_BAND
     out.append(Claim("rate_ratio.chatbot.orca_max_vs_orca_oracle", 1.0, round(ratio, 2), "x", f"{lo}-{hi}",
-                     bool(lo <= ratio <= hi), note="paper: the three Orca variants perform alike; " + note +
+                     bool(lo <= ratio <= hi) if length_judged(rows.loc["orca_max"], rows.loc["orca_oracle"]) else None,
+                     note="paper: the three Orca variants perform alike; " + note +
                      f"; {describe_ratio(rows.loc['orca_max'], rows.loc['orca_oracle'])}"))
     return out
 
