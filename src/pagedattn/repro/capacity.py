@@ -350,13 +350,18 @@ def describe_ratio(a: dict | pd.Series, b: dict | pd.Series, offline_ratio: floa
     if "knee_rate" in a and "knee_rate" in b and float(b["knee_rate"]) > 0:
         note += (f"; knee ({KNEE_FACTOR:g}x unloaded NL) ratio {float(a['knee_rate']) / float(b['knee_rate']):.2f} "
                  f"({float(a['knee_rate']):.3g} / {float(b['knee_rate']):.3g} req/s)")
-    if int(a.get("search_requests", 0)) > 0 and int(b.get("search_requests", 0)) > 0:
+    if _length_rule_applied(a) and _length_rule_applied(b):
         note += "; n vs 2n: " + " / ".join(
             f"{float(x['rate_at_half_length']):.3g} vs {float(x['sustainable_rate']):.3g} at {int(x['search_requests'])}"
             for x in (a, b)) + "".join(f"; NOT JUDGED: {x['length_reason']}" for x in (a, b)
                                        if not length_judged(x))
     return note + not_judged([(f"{float(x['sustainable_rate']):.3g} req/s", float(x["trend_se"]))
                               for x in (a, b) if "judged" in x and not bool(x["judged"])])
+
+
+def _length_rule_applied(x) -> bool:
+    """Whether a row comes from a search under the trace-length rule (its ``length_agreed`` is a bool, not None/NaN)."""
+    return isinstance(x.get("length_agreed"), (bool, np.bool_))
 
 
 def length_judged(*rows) -> bool:
