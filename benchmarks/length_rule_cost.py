@@ -1,6 +1,8 @@
 """The trace-length rule's cost and n-vs-2n agreement on notebook 03's quick settings with the real 2 % resolution
 (issue 50): each simulator search once on the quick length (single) and under ``capacity.length_agreed_rate`` (rule,
-with the knee). Run: PYTHONPATH=src OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/length_rule_cost.py"""
+with the knee). Run: PYTHONPATH=src OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/length_rule_cost.py
+(``--full``: notebook 03's full ShareGPT length, 1,000 requests, for paged, Orca (Oracle) and Orca (Max))."""
+import sys
 import time, json
 from functools import partial
 from pagedattn.repro import capacity
@@ -10,11 +12,12 @@ orig = T.sim_run
 def counted(trace, *a, **k):
     calls["n"] += 1; calls["reqs"] += len(trace); return orig(trace, *a, **k)
 T.sim_run = counted
-p = T.SimParams(**{**T.SimParams.QUICK, "rate_resolution": capacity.RESOLUTION})
+FULL = "--full" in sys.argv
+p = T.SimParams() if FULL else T.SimParams(**{**T.SimParams.QUICK, "rate_resolution": capacity.RESOLUTION})
 out = []
-for w in ("sharegpt", "alpaca"):
+for w in (("sharegpt",) if FULL else ("sharegpt", "alpaca")):
     lo, hi = min(p.rates[w]) / 4, max(p.rates[w]) * 16
-    for s in T.SIM_SYSTEMS:
+    for s in (("paged", "orca_oracle", "orca_max") if FULL else T.SIM_SYSTEMS):
         calls.update(n=0, reqs=0); t = time.time()
         f = capacity.sustainable_rate(partial(T._sim_requests, n=p.num_requests[w], w=w, system=s, params=p, cost=None), lo, hi, capacity.NL_THRESHOLD_S, p.rate_resolution)
         one = dict(calls); t1 = time.time() - t
