@@ -1,5 +1,5 @@
-"""Write ``src/pagedattn/repro/data/a100_profile.json``: the few rows of Vidur's A100 profiles that the simulator's measured
-step-time constants come from (issue 30, part 3), and print the constants (``pagedattn.repro.cost_profile.derive``).
+"""Write ``src/pagedattn/repro/sim/data/a100_profile.json``: the few rows of Vidur's A100 profiles that the simulator's measured
+step-time constants come from (issue 30, part 3), and print the constants (``pagedattn.repro.sim.cost_profile.derive``).
 
 Inputs (not committed; the two large CSVs are 0.7 MB each), read from the repository ``microsoft/vidur`` (MIT):
 
@@ -20,7 +20,7 @@ import csv
 import json
 from pathlib import Path
 
-from pagedattn.repro.cost_profile import LAYER_OPS, OVERHEAD_COLUMNS, PREFILL_TOKENS, PROFILE_PATH, derive
+from pagedattn.repro.sim.cost_profile import LAYER_OPS, OVERHEAD_COLUMNS, PREFILL_TOKENS, PROFILE_PATH, derive
 
 VIDUR = "microsoft/vidur"
 MLP_COMMIT = "bee57dafa1eb2dc422dcaec46a66975599a6a242"
@@ -82,7 +82,7 @@ def main() -> None:
     args = ap.parse_args()
     tokens = tuple(sorted(set(DECODE_TOKENS) | set(PREFILL_TOKENS)))
     table = {
-        "about": "Rows of Vidur's A100-80GB profiles (medians, ms) behind pagedattn.repro.cost_profile; written by "
+        "about": "Rows of Vidur's A100-80GB profiles (medians, ms) behind pagedattn.repro.sim.cost_profile; written by "
                  "benchmarks/derive_a100_profile.py. Licence of the data: MIT, Copyright (c) Microsoft Corporation.",
         "sources": {
             "mlp_llama2_7b": {"repo": VIDUR, "commit": MLP_COMMIT,

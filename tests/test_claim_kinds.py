@@ -2,7 +2,7 @@
 that make them (small frames in, no committed result read), and the README shows invariants apart."""
 import pandas as pd
 
-from pagedattn.repro.results import Claim
+from pagedattn.repro.report.results import Claim
 
 SYSTEMS = ("orca_max", "orca_pow2", "orca_oracle", "paged")
 
@@ -79,7 +79,7 @@ def test_tour_arithmetic_claims_are_built_as_invariants():
 
 
 def test_readme_lists_invariants_apart_and_says_so():
-    from pagedattn.repro import readme
+    from pagedattn.repro.report import readme
 
     cs = [{**Claim("a", 1, 1, "", "equal", True, kind="invariant").__dict__},
           {**Claim("b", 2, 3, "x", "", False).__dict__}]
@@ -90,8 +90,8 @@ def test_readme_lists_invariants_apart_and_says_so():
 
 
 def test_readme_fig2_marks_orca_max_mean_batch_as_an_invariant(tmp_path):
-    from pagedattn.repro import readme
-    from pagedattn.repro.results import write_summary
+    from pagedattn.repro.report import readme
+    from pagedattn.repro.report.results import write_summary
 
     claims = [Claim(f"{m}.{s}{v}", 7.0, 7.0, "requests", "", True,
                     kind="invariant" if (m, s) == ("mean_batch", "orca_max") else "reproduction")

@@ -6,10 +6,10 @@ import statistics
 import pandas as pd
 import pytest
 
-from pagedattn.repro import cost_profile as P
-from pagedattn.repro import sensitivity as S
+from pagedattn.repro.sim import cost_profile as P
+from pagedattn.repro.experiments import sensitivity as S
 from pagedattn.config import OPT_13B
-from pagedattn.repro.sim import CostModel
+from pagedattn.repro.sim.simulator import CostModel
 
 
 def test_defaults_are_the_measured_constants_and_the_assumed_ones_are_named():
@@ -90,7 +90,7 @@ def test_measured_band_is_the_stated_rule_and_contains_the_measured_point():
 
 
 def test_assumed_point_is_reported_beside_the_band_not_in_it():
-    from pagedattn.repro.results import Claim
+    from pagedattn.repro.report.results import Claim
 
     c = Claim("x", 1.0, 1.0, "x", "0.75-1.25", True)
     pts = [S.DEFAULT, S.points()[1], S.ASSUMED]

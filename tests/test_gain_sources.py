@@ -4,10 +4,10 @@ import math
 import pandas as pd
 import pytest
 
-from pagedattn.repro import parallel
+from pagedattn.repro.sim import parallel
 from pagedattn.repro.experiments import gain_sources, sharing
-from pagedattn.repro.sim import simulate
-from pagedattn.repro.workloads import make_trace
+from pagedattn.repro.sim.simulator import simulate
+from pagedattn.repro.workloads.traces import make_trace
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import OPTForCausalLM
 
-from pagedattn.repro import vllm_cpu
+from pagedattn.repro.experiments import vllm_cpu
 from pagedattn.repro.experiments import online_serving as O
 from pagedattn.repro.experiments.common import tiny_opt
 
@@ -232,7 +232,7 @@ def test_a_served_systems_live_rate_off_its_grid_and_its_ratio_says_so():
 
 
 # ------------------------------------------------------------------------------------------ vLLM-CPU joins
-from pagedattn.repro import vllm_cpu  # noqa: E402
+from pagedattn.repro.experiments import vllm_cpu  # noqa: E402
 
 
 @pytest.fixture
@@ -304,7 +304,7 @@ def _found(system, which, rate, judged=True, search_requests=600):
 def judged_from_the_second_length(lengths, first):
     """A stand-in for ``capacity.sustainable_rate``: one probe, and an answer judged unless the last probe's trace
     had ``first`` requests (``lengths``: the replays' trace lengths, as the test's replay records them)."""
-    from pagedattn.repro import capacity
+    from pagedattn.repro.sim import capacity
 
     def fake_search(probe, lo, hi, threshold_s, resolution, **kw):
         probe(lo)
@@ -316,7 +316,7 @@ def judged_from_the_second_length(lengths, first):
 def test_an_unjudged_search_runs_again_on_the_next_length(monkeypatch):
     """``Params.search_requests``: a search runs on the first trace length, and again on the next while
     its answer is unjudged (``RateSearch.judged``); a judged one stops there. The ratio's note names each length."""
-    from pagedattn.repro import capacity
+    from pagedattn.repro.sim import capacity
 
     p = O.Params.make(True, search_requests=(30, 60, 90))
     lengths = []
@@ -443,7 +443,7 @@ def test_latency_gap_fits_a_per_request_delay_and_a_per_token_cost():
 def test_the_real_engines_search_runs_again_on_a_longer_trace_while_unjudged(monkeypatch):
     """Notebook 03's real-engine searches follow the same rule (``throughput.RealParams.search_requests``): the row
     names the trace length it ended on and the lengths tried."""
-    from pagedattn.repro import capacity
+    from pagedattn.repro.sim import capacity
     from pagedattn.repro.experiments import throughput as T
 
     lengths = []

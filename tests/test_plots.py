@@ -2,7 +2,7 @@
 paper's values in the legend, titles naming the model and the trace. Small frames in, no committed result read."""
 import pandas as pd
 
-from pagedattn.repro import plots
+from pagedattn.repro.report import plots
 from pagedattn.repro.paper import FIG12_RATE_RATIO, FIG14_GAIN, FIG15_SAVING
 
 LABELS = {"ft": "FasterTransformer", "orca_max": "Orca (Max)", "orca_oracle": "Orca (Oracle)", "paged": "vLLM (ours)"}

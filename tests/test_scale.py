@@ -26,7 +26,7 @@ def test_cost_model_of_each_setup_is_tensor_parallel_over_its_gpus():
 def test_rate_claims_are_two_sided_on_sharegpt_and_tracking_elsewhere():
     from pagedattn.repro.experiments import scale
 
-    from pagedattn.repro.capacity import RateSearch
+    from pagedattn.repro.sim.capacity import RateSearch
 
     rows = [{"model": "OPT-66B", "trace": w, "system": s,
              **RateSearch(r, 1.02 * r, 0.02, "capacity", r, 0.1, 9, offline_rate=1.1 * r).row()}

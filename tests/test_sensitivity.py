@@ -1,4 +1,4 @@
-"""Sensitivity bands (pagedattn.repro.sensitivity), the simulator's swap charge and its steady-state window (issue 13)."""
+"""Sensitivity bands (pagedattn.repro.experiments.sensitivity), the simulator's swap charge and its steady-state window (issue 13)."""
 from __future__ import annotations
 
 import math
@@ -7,10 +7,10 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from pagedattn.repro import sensitivity as S
-from pagedattn.repro.results import Claim
-from pagedattn.repro.sim import CostModel, SimResult, simulate
-from pagedattn.repro.workloads import TraceRequest, make_trace
+from pagedattn.repro.experiments import sensitivity as S
+from pagedattn.repro.report.results import Claim
+from pagedattn.repro.sim.simulator import CostModel, SimResult, simulate
+from pagedattn.repro.workloads.traces import TraceRequest, make_trace
 
 
 def test_grid_is_the_stated_one():

@@ -4,11 +4,11 @@ import math
 
 import pandas as pd
 
-from pagedattn.repro.capacity import RateSearch
+from pagedattn.repro.sim.capacity import RateSearch
 
 from pagedattn.repro.experiments import chatbot, kv_waste
-from pagedattn.repro.sim import SYSTEMS, simulate
-from pagedattn.repro.workloads import TraceRequest, make_trace, with_rate
+from pagedattn.repro.sim.simulator import SYSTEMS, simulate
+from pagedattn.repro.workloads.traces import TraceRequest, make_trace, with_rate
 
 
 def test_steady_state_drops_warm_up_and_drain():

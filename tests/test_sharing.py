@@ -171,7 +171,7 @@ def test_bad_sharing_requests_raise_clear_errors(hf):
 
 def test_gain_detail_says_not_judged_for_the_short_search_only():
     """A gain row whose searches' length-mix noise is above half the capacity margin says so, naming the search."""
-    from pagedattn.repro.capacity import MAX_TREND_SE, RateSearch
+    from pagedattn.repro.sim.capacity import MAX_TREND_SE, RateSearch
     from pagedattn.repro.experiments.sharing import gain_columns, gain_detail
 
     def search(se):

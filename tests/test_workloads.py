@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pagedattn.repro.paper import TRACE_MEANS
-from pagedattn.repro.workloads import load_sharegpt, make_trace, poisson_arrivals, trace_stats, with_rate
+from pagedattn.repro.workloads.traces import load_sharegpt, make_trace, poisson_arrivals, trace_stats, with_rate
 
 FIXTURE = Path(__file__).parent / "fixtures" / "sharegpt_small.json"
 
@@ -44,7 +44,7 @@ def test_bad_inputs():
         poisson_arrivals(3, 0)
 
 
-# --- the real ShareGPT loader (pagedattn.repro.sharegpt) -------------------------------------------------------------------
+# --- the real ShareGPT loader (pagedattn.repro.workloads.sharegpt) -------------------------------------------------------------------
 
 def _write(tmp_path, text: str) -> Path:
     p = tmp_path / "sg.json"
@@ -58,7 +58,7 @@ def _conv(i: int, *turns: tuple[str, str]) -> str:
 
 
 def test_reader_streams_records_and_reports_truncated_tail(tmp_path, monkeypatch):
-    from pagedattn.repro import sharegpt
+    from pagedattn.repro.workloads import sharegpt
 
     monkeypatch.setattr(sharegpt, "CHUNK_CHARS", 7)  # records straddle many chunk boundaries
     recs = [_conv(0, ("human", "a b c d e"), ("gpt", "f g h i j k")), _conv(1, ("gpt", "only one turn")),
@@ -79,7 +79,7 @@ def test_reader_streams_records_and_reports_truncated_tail(tmp_path, monkeypatch
 
 
 def test_reader_drops_non_string_values_and_rejects_bad_files(tmp_path):
-    from pagedattn.repro import sharegpt
+    from pagedattn.repro.workloads import sharegpt
 
     text = ("[" + _conv(0, ("human", "hello there you"), ("gpt", "hi")) + ', {"id": 1, "conversations": '
             '[{"from": "human", "value": 3}, {"from": "gpt", "value": "x"}]}, {"id": 2}, 7, '
@@ -100,7 +100,7 @@ def test_reader_drops_non_string_values_and_rejects_bad_files(tmp_path):
 
 
 def test_pairings_filters_and_chatbot_rounds(tmp_path, monkeypatch):
-    from pagedattn.repro import sharegpt
+    from pagedattn.repro.workloads import sharegpt
 
     text = "[" + ",".join([
         _conv(0, ("human", "one two three four five"), ("gpt", "a b c d e f g")),
@@ -137,7 +137,7 @@ def test_pairings_filters_and_chatbot_rounds(tmp_path, monkeypatch):
 
 
 def test_real_sharegpt_trace_is_the_default():
-    from pagedattn.repro import workloads
+    from pagedattn.repro.workloads import traces as workloads
 
     p, o, rep = workloads.real_pool("sharegpt")
     assert rep["complete_records"] == 17671 and rep["truncated_tail_chars"] > 0  # the package's truncated file

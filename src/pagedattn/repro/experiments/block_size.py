@@ -44,17 +44,17 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from pagedattn.repro import sensitivity
+from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.kv_waste import kv_waste_pct
 from pagedattn.repro.experiments.common import (TINY_OPT_SHAPE, Arrival, Clock, ExperimentParams, fastest, greedy, replay,
                                           requests_frame, scaled_trace, tiny_opt)
-from pagedattn.repro.parallel import pmap
+from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import DEFAULT_BLOCK_SIZE, FIG18B_BEST_BLOCK_SIZES
-from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, write_summary
-from pagedattn.repro.sim import CostModel, simulate
-from pagedattn.repro.workloads import TraceRequest, describe_trace, make_trace, with_rate
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
+from pagedattn.repro.sim.simulator import CostModel, simulate
+from pagedattn.repro.workloads.traces import TraceRequest, describe_trace, make_trace, with_rate
 
 EXPERIMENT = "05_block_size"
 SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time with A100-measured constants x a kernel multiplier per block size)"
@@ -311,7 +311,7 @@ def _engine_sweep(params: Params, progress: bool) -> tuple[pd.DataFrame, str]:
 
 def knee_rate(trace: list[TraceRequest], params: Params) -> float:
     """``KNEE_FRACTION`` x the paged system's sustainable rate at block 16 on ``trace`` (the rule for ShareGPT)."""
-    from pagedattn.repro.capacity import NL_THRESHOLD_S, sustainable_rate
+    from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, sustainable_rate
 
     def requests(rate):
         return simulate(with_rate(trace, rate, params.seed), "paged", paper_slots(), DEFAULT_BLOCK_SIZE, CostModel(),
@@ -321,7 +321,7 @@ def knee_rate(trace: list[TraceRequest], params: Params) -> float:
 
 
 def knee_rates(traces: dict[str, list[TraceRequest]], params: Params, progress: bool = False) -> dict[str, float]:
-    """:func:`knee_rate` of each trace, the bisections in parallel (``pagedattn.repro.parallel``)."""
+    """:func:`knee_rate` of each trace, the bisections in parallel (``pagedattn.repro.sim.parallel``)."""
     return dict(zip(traces, pmap(partial(knee_rate, params=params), list(traces.values()), "knee rates", progress)))
 
 

@@ -17,7 +17,7 @@ through the real ``BlockManager.free`` / ``fork`` (copy-on-write on the next app
 each beam's full length contiguously and copies the parent's K/V into a forked beam's reservation. Both systems pay
 their K/V copies at HBM bandwidth (``CostModel.copy_time``). All of this was fixed before the beam gains were seen;
 the band moves the mean distinct parents by one either way and the step time to its corners
-(``pagedattn.repro.sensitivity``). The beam model's memory saving at the Fig. 13 rate (30 req/s) is also compared with
+(``pagedattn.repro.experiments.sensitivity``). The beam model's memory saving at the Fig. 13 rate (30 req/s) is also compared with
 Fig. 15's, as a check of the model.
 """
 from __future__ import annotations
@@ -28,16 +28,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from pagedattn.repro import sensitivity
+from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import sharing, validated
-from pagedattn.repro.capacity import NL_THRESHOLD_S, RateSearch, not_judged
-from pagedattn.repro.parallel import pmap
+from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RateSearch, not_judged
+from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG14_GAIN, FIG15_SAVING
-from pagedattn.repro.results import RESULTS_DIR, Claim
-from pagedattn.repro.sensitivity import widened
-from pagedattn.repro.sim import LABELS, BeamModel, CostModel, simulate
-from pagedattn.repro.workloads import describe_trace, make_trace, with_rate
+from pagedattn.repro.report.results import RESULTS_DIR, Claim
+from pagedattn.repro.experiments.sensitivity import widened
+from pagedattn.repro.sim.simulator import LABELS, BeamModel, CostModel, simulate
+from pagedattn.repro.workloads.traces import describe_trace, make_trace, with_rate
 
 EXPERIMENT = "11_fig14_curves"
 SYSTEMS = ("orca_oracle", "paged")
@@ -50,7 +50,7 @@ class Params:
     #: fractions of our sustainable rate at each width (the curves' rate grid)
     load_fractions: tuple = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.5)
     beam_widths: tuple = (2, 4, 6)
-    #: the beam claims' band (``pagedattn.repro.sensitivity``): the default, the fastest and slowest step-time corners, and
+    #: the beam claims' band (``pagedattn.repro.experiments.sensitivity``): the default, the fastest and slowest step-time corners, and
     #: the beam model's mean distinct parents moved by this much either way
     beam_parents_shift: float = 1.0
 
@@ -74,7 +74,7 @@ def beam_gain(sp: sharing.Params, widths: tuple, progress: bool = True, cost: Co
     """Fig. 14b rows: sustainable Alpaca rate of ours and Orca (Oracle) with beam search of each width (the beam
     model's measured mean distinct parents moved by ``shift``), by Fig. 14's rule (``sharing.sim_rate``)."""
     cost = cost or CostModel()
-    jobs = [(k, s) for k in widths for s in ("orca_oracle", "paged")]  # one bisection each (``pagedattn.repro.parallel``)
+    jobs = [(k, s) for k in widths for s in ("orca_oracle", "paged")]  # one bisection each (``pagedattn.repro.sim.parallel``)
     got = dict(zip(jobs, pmap(partial(_beam_rate, sp=sp, cost=cost, shift=shift), jobs, "sim beam gain", progress)))
     rows = []
     for k in widths:
@@ -224,7 +224,7 @@ def _write(tables: dict, out_dir: Path) -> None:
 
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True) -> dict:
     """Fig. 14's curves and gains; writes CSVs and ``summary.json`` to ``<results_dir>/11_fig14_curves``."""
-    from pagedattn.repro.results import hardware_label, write_summary
+    from pagedattn.repro.report.results import hardware_label, write_summary
 
     params, sp = Params.make(quick), sharing_params(quick)
     out_dir = Path(results_dir) / EXPERIMENT

@@ -2,7 +2,7 @@
 notebooks 04 and 11 that miss the paper (paper §6.3, Figs. 14-15; issue 30 part 5).
 
 Four small measurements, each a few replays of the paper-scale simulator (OPT-13B / A100-40GB, 15.7K slots, Alpaca
-unless named), parallel through ``pagedattn.repro.parallel.pmap``:
+unless named), parallel through ``pagedattn.repro.sim.parallel.pmap``:
 
 - ``n1_gain_sources``: Fig. 14a at n = 1. Both systems replayed at their own sustainable rates and ours at Orca
   (Oracle)'s; ``decode_terms`` splits each run's decode throughput into an exact product (batch x 1 / step time x
@@ -25,9 +25,9 @@ import pandas as pd
 
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import sharing
-from pagedattn.repro.parallel import pmap
-from pagedattn.repro.sim import BeamModel, CostModel, SimResult, simulate
-from pagedattn.repro.workloads import make_trace, with_rate
+from pagedattn.repro.sim.parallel import pmap
+from pagedattn.repro.sim.simulator import BeamModel, CostModel, SimResult, simulate
+from pagedattn.repro.workloads.traces import make_trace, with_rate
 
 #: KV slot kinds of ``SimResult.steps`` (``memory.accounting.KVStats``)
 SLOT_KINDS = ("token_states", "reserved", "internal", "external")

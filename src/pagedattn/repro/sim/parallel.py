@@ -14,7 +14,7 @@ worker's state), and the caller's ``PAGEDATTN_*`` environment variables (``PAGED
 ``fn`` must be picklable: a module-level function, or a ``functools.partial`` of one.
 
 How many jobs and which cluster: ``configure(jobs=..., scheduler=...)`` (a notebook's ``jobs`` / ``scheduler``
-parameters), else the environment (``PAGEDATTN_JOBS``, ``PAGEDATTN_SCHEDULER``: ``pagedattn.repro.reproduce --jobs N
+parameters), else the environment (``PAGEDATTN_JOBS``, ``PAGEDATTN_SCHEDULER``: ``pagedattn.repro.report.reproduce --jobs N
 --scheduler ADDRESS`` sets them for every notebook), else one job per core on this machine. A task that itself
 calls ``pmap`` (a sweep inside a sweep) runs its inner sweep serially in its worker.
 
@@ -120,7 +120,7 @@ def process_pool(jobs: int) -> Executor:
         return _pool[1]
     shutdown()
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["pagedattn.repro.sim"])
+    ctx.set_forkserver_preload(["pagedattn.repro.sim.simulator"])
     _pool = (jobs, ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_pool_worker))
     return _pool[1]
 

@@ -2,7 +2,7 @@
 
 The simulator (``sim.py``) replays the paper's setting with a roofline step time whose constants are measured
 (``CostModel``'s defaults: bandwidth efficiency 0.65, FLOP efficiency 0.64, a per-step overhead of 0.79 ms + 0.043 ms
-per sequence, derived from Vidur's A100 operator profiles, ``pagedattn.repro.cost_profile``), at request rates the paper
+per sequence, derived from Vidur's A100 operator profiles, ``pagedattn.repro.sim.cost_profile``), at request rates the paper
 chose for its hardware (§6.2, Fig. 13: ShareGPT 2 req/s, Alpaca 30 req/s), on a trace that is either the real
 ShareGPT conversations or a synthetic stand-in. A claim that holds at our defaults may hold only because of them. So
 every simulator-based claim is also computed at each point of a coarse grid of those assumptions, and it *holds*
@@ -56,9 +56,9 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from pagedattn.repro.capacity import RateSearch
-from pagedattn.repro.results import REPO_ROOT, Claim
-from pagedattn.repro.sim import CostModel
+from pagedattn.repro.sim.capacity import RateSearch
+from pagedattn.repro.report.results import REPO_ROOT, Claim
+from pagedattn.repro.sim.simulator import CostModel
 
 #: Where ``cached`` stores values: ``$PAGEDATTN_SENSITIVITY_CACHE``, else this (an environment variable, not a
 #: module attribute, so that it reaches the sweeps' workers: ``parallel.pmap`` sets the caller's in each task).
@@ -221,7 +221,7 @@ def _traces_fingerprint() -> str:
     Poisson arrivals (a change to the loader, the tokenizer, the filters or a length model changes it)."""
     import numpy as np
 
-    from pagedattn.repro.workloads import DISTS, poisson_arrivals, real_pool, sample_lengths
+    from pagedattn.repro.workloads.traces import DISTS, poisson_arrivals, real_pool, sample_lengths
 
     h = hashlib.sha256()
     p, o, _ = real_pool("sharegpt")
@@ -280,8 +280,8 @@ def capacity(trace_name: str, num_requests: int, seed: int, cost: CostModel, blo
     """The paged system's offline throughput (requests/s, every request queued at t = 0, over the whole run): the
     capacity that the equal-load rate scales with, and notebook 10's rate grid (``num_slots``: its KV budget, by
     default the paper's OPT-13B one)."""
-    from pagedattn.repro.sim import simulate
-    from pagedattn.repro.workloads import make_trace
+    from pagedattn.repro.sim.simulator import simulate
+    from pagedattn.repro.workloads.traces import make_trace
 
     def run() -> float:
         kw = {} if num_slots is None else {"num_slots": num_slots}
@@ -307,7 +307,7 @@ def rate_at(point: Point, workload: str, rate: float, num_requests: int, seed: i
 
 # ------------------------------------------------------------------------------------------------------ bands
 def _claims_to_json(claims: list[Claim]) -> list[dict]:
-    from pagedattn.repro.results import json_safe
+    from pagedattn.repro.report.results import json_safe
 
     return [json_safe(asdict(c)) for c in claims]
 
@@ -319,12 +319,12 @@ def _json_claims_at(claims_at: Callable[[Point], list[Claim]], point: Point) -> 
 def sweep(experiment: str, claims_at: Callable[[Point], list[Claim]], pts: list[Point], key: dict,
           default: list[Claim] | None = None, cache: bool = True, progress: bool = False) -> pd.DataFrame:
     """Evaluate ``claims_at`` at every point (cached); one row per (point, claim): its value and whether it holds.
-    The points not in the cache are computed in parallel (``pagedattn.repro.parallel.pmap``), so ``claims_at`` must be
+    The points not in the cache are computed in parallel (``pagedattn.repro.sim.parallel.pmap``), so ``claims_at`` must be
     picklable: a module-level function or a ``functools.partial`` of one.
 
     ``default``: the claims of the experiment's main run, used for the default point instead of recomputing it
     (``claims_at(DEFAULT)`` must compute the same thing)."""
-    from pagedattn.repro.parallel import pmap
+    from pagedattn.repro.sim.parallel import pmap
 
     got: dict[int, Any] = {}
     entries = {}
@@ -435,7 +435,7 @@ def plot(table: pd.DataFrame, claims: list[dict], title: str = "", label: str = 
     claim fails there), a black dot at the default (ringed red if it fails there), the paper at 1."""
     import matplotlib.pyplot as plt
 
-    from pagedattn.repro.plots import footnote
+    from pagedattn.repro.report.plots import footnote
 
     ref = {c["name"]: _reference(c["paper"]) for c in claims}
     d = table[table.claim.map(lambda n: ref.get(n) is not None)

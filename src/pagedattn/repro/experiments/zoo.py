@@ -7,8 +7,8 @@ standard library, on the CPU, in minutes, and commits the checkpoint under ``mod
 ``record.json`` (corpus, budget, losses, versions, sha256 of every file) so every machine reproduces the same numbers.
 
     model, tok = load_model("opt-stdlib")               # verifies the committed checkpoint, or trains it if absent
-    python -m pagedattn.repro.zoo train opt-stdlib [--quick]  # (re)train; `make model` runs the full one
-    python -m pagedattn.repro.zoo sample opt-stdlib "def __init__(self"
+    python -m pagedattn.repro.experiments.zoo train opt-stdlib [--quick]  # (re)train; `make model` runs the full one
+    python -m pagedattn.repro.experiments.zoo sample opt-stdlib "def __init__(self"
 
 The folder is an ordinary Hugging Face checkpoint: ``OPTForCausalLM.from_pretrained(path)`` and
 ``PreTrainedTokenizerFast.from_pretrained(path)`` load it. Weights are stored in fp16 to keep the folder small;
@@ -44,7 +44,7 @@ MODELS_DIR = Path(__file__).resolve().parents[3] / "models"
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>"]  # OPT's ids: bos/eos "</s>" = 2, pad = 1
 PAD_ID, EOS_ID = 1, 2
 SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__", "encodings", "pydoc_data"}
-RETRAIN_HINT = "retrain it with `make model` or `python -m pagedattn.repro.zoo train {name}{quick}`"
+RETRAIN_HINT = "retrain it with `make model` or `python -m pagedattn.repro.experiments.zoo train {name}{quick}`"
 
 
 @dataclass(frozen=True)
@@ -263,7 +263,7 @@ def _train(cfg: ZooConfig, out: Path, stdlib: str | Path | None, progress: bool)
     record = {
         "name": cfg.name,
         "note": "project addition (not in the paper): a small OPT trained on the Python stdlib for §6.3-style "
-                "beam search / parallel sampling results; see src/pagedattn/repro/zoo.py",
+                "beam search / parallel sampling results; see src/pagedattn/repro/experiments/zoo.py",
         "config": asdict(cfg),
         "parameters": sum(p.numel() for p in model.parameters()),
         "corpus": {"root": str(src), "python": platform.python_version(),
@@ -340,7 +340,7 @@ def greedy(model, tokenizer, prompt: str, max_new_tokens: int = 48) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m pagedattn.repro.zoo", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pagedattn.repro.experiments.zoo", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train", help="train (or retrain) a model and write models/<name>/")
     s = sub.add_parser("sample", help="print a greedy continuation of a prompt")

