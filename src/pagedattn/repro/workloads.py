@@ -316,3 +316,17 @@ def load_sharegpt(path: str | Path, tokenize: Callable[[str], list] | None = Non
         pairs = [pairs[i] for i in idx]
     t = poisson_arrivals(len(pairs), rate, seed)
     return [TraceRequest(f"sharegpt-{i}", float(t[i]), p, o) for i, (p, o) in enumerate(pairs)]
+
+
+#: The committed variant table (``python -m pagedattn.repro.workloads`` writes it; a test checks it is current).
+VARIANT_TABLE_PATH = Path(__file__).resolve().parent / "data" / "sharegpt_variants.csv"
+
+
+def write_variant_table(path: Path = VARIANT_TABLE_PATH) -> Path:
+    """Write ``variant_table()`` (means rounded to 0.01 token) to ``path``."""
+    variant_table().round(4).to_csv(path, index=False)
+    return path
+
+
+if __name__ == "__main__":
+    print(write_variant_table())
