@@ -31,6 +31,39 @@ def test_table_is_small_and_names_its_sources():
     assert "MIT" in t["about"]
 
 
+def test_every_source_has_its_pinned_sha256(tmp_path):
+    """The table records each profile file's pinned sha256 (or why there is none); a table or an input file that
+    does not match is refused, at load and at rebuild."""
+    import copy
+    import json
+
+    t = P.load_profile()
+    assert {k: s["sha256"] for k, s in t["sources"].items()} == P.SOURCE_SHA256
+    assert sum(v is not None for v in P.SOURCE_SHA256.values()) == 3
+    bad = copy.deepcopy(t)
+    bad["sources"]["cpu_overheads"]["sha256"] = "0" * 64
+    with pytest.raises(ValueError, match="cpu_overheads: sha256"):
+        P.check_sources(bad)
+    bad = copy.deepcopy(t)
+    del bad["sources"]["attention_llama2_7b"]["sha256_missing"]
+    with pytest.raises(ValueError, match="does not say why"):
+        P.check_sources(bad)
+    bad = copy.deepcopy(t)
+    bad["sources"]["extra"] = {"sha256": None}
+    with pytest.raises(ValueError, match="not the pinned ones"):
+        P.check_sources(bad)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({**t, "sources": {}}))
+    with pytest.raises(ValueError, match="not the pinned ones"):
+        P.load_profile.__wrapped__(path)
+    f = tmp_path / "mlp.csv"
+    f.write_text("num_tokens\n8\n")
+    with pytest.raises(ValueError, match="is not the pinned mlp_llama2_7b"):
+        P.verify_source("mlp_llama2_7b", f)
+    with pytest.raises(ValueError, match="is not the pinned attention_llama2_7b"):
+        P.verify_source("attention_llama2_7b", f)
+
+
 def test_constants_are_the_derivation_arithmetic():
     t = P.load_profile()
     m = t["models"]["llama2_7b"]
