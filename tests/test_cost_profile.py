@@ -113,13 +113,14 @@ def test_measured_band_is_the_stated_rule_and_contains_the_measured_point():
     for name, (lo, hi) in S.MEASURED_BAND.items():
         assert lo <= getattr(p, name) <= hi
     pts = S.points()
-    assert pts[0] == p and len(set(pts)) == len(pts) == 1 + 4 + 4 + 2 + 1
+    assert pts[0] == p and len(set(pts)) == len(pts) == 1 + 5 + 5 + 2 + 1  # 4 extremes + TRANSFER at 2 rates
     assert pts[-1] == S.ASSUMED and S.ASSUMED.cost() == CostModel.assumed()  # the old constants, reported apart
-    band = [q for q in pts if q != S.ASSUMED]
-    for name, (lo, hi) in S.MEASURED_BAND.items():  # every band point inside the measured box
+    band = [q for q in pts if q != S.ASSUMED and q.bandwidth_efficiency != S.TRANSFER.bandwidth_efficiency]
+    assert S.TRANSFER.bandwidth_efficiency > S.MEASURED_BAND["bandwidth_efficiency"][1]  # outside, by design
+    for name, (lo, hi) in S.MEASURED_BAND.items():  # every other band point inside the measured box
         assert all(lo <= getattr(q, name) <= hi for q in band), name
     assert S.points(quick=True) == [p, pts[1]]
-    assert len(S.points(extremes=False, rate_axis=False, trace_axis=False, assumed=False)) == 1 + 8
+    assert len(S.points(extremes=False, rate_axis=False, trace_axis=False, assumed=False)) == 1 + 8 + 1  # + TRANSFER
 
 
 def test_assumed_point_is_reported_beside_the_band_not_in_it():
