@@ -134,3 +134,15 @@ def test_assumed_point_is_reported_beside_the_band_not_in_it():
     assert got.holds is True and got.band["max"] == 1.1  # the assumed point's 2.0 is not in the band
     assert "under the assumed step time (0.7, 0.5, 4 ms): 2 (fails)" in got.note
     assert "reported apart" in got.band["over"]
+
+
+def test_interconnect_constants_are_marked_assumed():
+    """The swap and NVLink constants are not measured here: the claims that rest on them say so."""
+    import pandas as pd
+
+    from pagedattn.repro.experiments import preemption
+
+    assert all("assumed, not measured" in P.assumed_note(k) for k in ("swap", "nvlink"))
+    sim = pd.DataFrame({"block_size": [1, 16], "recompute_over_swap": [0.1, 1.0], "tokens": [1024, 1024]})
+    got = preemption.claims(None, sim)
+    assert got and all(P.assumed_note("swap") in c.note for c in got if ".sim_a100." in c.name)

@@ -272,3 +272,23 @@ def measured_band(d: dict | None = None) -> dict[str, tuple[float, float]]:
                                 _up(max(f.intercept_s for f in fits) + err, 1e-5)),
             "step_overhead_per_seq_s": (_down(min(f.per_seq_s for f in fits), 1e-6),
                                         _up(max(f.per_seq_s for f in fits), 1e-6))}
+
+
+#: The interconnect constants of ``sim.CostModel`` that no measurement here sets (issue 50). A claim whose value rests
+#: on them says so in its note (``assumed_note``). The one swap measurement on record, the H200 run of notebook 06's
+#: microbenchmark (``shared/gpu/h200-2026-12-04/project_gpu_check/06_preemption``), times this engine's per-block
+#: copy path on another card and bus (an H200, PCIe 5.0) with one model: one point, which sets neither the A100's
+#: PCIe bandwidth nor its per-copy latency. No run here had more than one GPU, so nothing measured NVLink.
+ASSUMED_INTERCONNECT = {
+    "swap": "PCIe swap constants assumed, not measured (CostModel: 32 GB/s x 0.8 per direction, 5 us per copy); the "
+            "one swap measurement here (notebook 06's microbenchmark on an H200) is another card and bus and sets "
+            "neither",
+    "nvlink": "NVLink all-reduce constants assumed, not measured (CostModel: 300 GB/s x 0.5, 10 us per all-reduce); "
+              "no multi-GPU run here",
+}
+
+
+def assumed_note(kind: str) -> str:
+    """The note a claim that rests on an assumed interconnect constant carries (``ASSUMED_INTERCONNECT``)."""
+    return ASSUMED_INTERCONNECT[kind]
+
