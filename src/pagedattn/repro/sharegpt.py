@@ -226,7 +226,8 @@ def tokenize_file(path: str | os.PathLike, batch: int = 4096) -> TurnLengths:
     """Stream ``path`` and measure every turn (GPT-2 and cl100k tokens, characters), in batches."""
     encs = {"cl100k": cl100k(), "gpt2": gpt2()}
     report = LoadReport(str(path))
-    offsets, roles, chars, texts = [0], [], [], []
+    offsets, roles, chars = [0], [], []
+    texts: list[str] = []
     tokens: dict[str, list[int]] = {k: [] for k in encs}
 
     def flush():

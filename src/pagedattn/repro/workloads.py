@@ -164,7 +164,7 @@ def real_pool(name: str) -> tuple[np.ndarray, np.ndarray, dict]:
     tl = sharegpt.turn_lengths()
     if pairing == "chat":
         p, o = sharegpt.chatbot_lengths(tl, measure)
-        why = {}
+        why: dict[str, int] = {}
     else:
         p, o, why = sharegpt.pair_lengths(tl, pairing, measure)
     report = {**tl.report, "pairing": pairing, "measure": measure, "filter": filt, "pairs": len(p),
