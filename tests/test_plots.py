@@ -24,8 +24,8 @@ def test_fig12_panels_keep_every_system_and_mark_the_paper():
     panels = [{"model": m, "trace": w} for w in ("sharegpt", "alpaca") for m in ("OPT-13B", "OPT-175B")]
     fig = plots.fig12_panels(curves, sus, 0.2, FIG12_RATE_RATIO, panels, plots.setup_title, label="x")
     axes = [ax for ax in fig.axes if ax.get_title()]
-    assert [ax.get_title() for ax in axes][:2] == ["OPT-13B (1 x A100-40GB), ShareGPT (real, cl100k)",
-                                                   "OPT-175B (8 x A100-80GB), ShareGPT (real, cl100k)"]
+    assert [ax.get_title() for ax in axes][:2] == ["OPT-13B (1 x A100-40GB), ShareGPT (real, OPT tokens)",
+                                                   "OPT-175B (8 x A100-80GB), ShareGPT (real, OPT tokens)"]
     for ax in axes:
         assert {line.get_label() for line in ax.get_lines()} >= set(LABELS.values())
         assert ax.get_ylim()[1] > 1.0 and ax.get_yscale() == "linear"  # the off-scale strip sits above 1 s/token

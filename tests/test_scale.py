@@ -38,6 +38,7 @@ def test_rate_claims_are_two_sided_on_sharegpt_and_tracking_elsewhere():
     assert got["rate_ratio.OPT-66B.alpaca.paged_vs_orca_oracle"].kind == "tracking"
     note = got["rate_ratio.OPT-66B.sharegpt.paged_vs_orca_max"].note
     assert "ratio resolution 4.0 %" in note and "offline throughput ratio 2.50" in note
+    assert "NVLink all-reduce constants assumed" in note  # OPT-66B: 4 GPUs, a tensor-parallel step
 
 
 def test_knee_grid_extends_each_curve_until_it_passes_the_knee():

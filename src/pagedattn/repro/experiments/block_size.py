@@ -9,7 +9,7 @@ there: its sequences are shorter than a block), and picks 16 as the default.
 Two scales, both sweeping block sizes 1-256 at a fixed Poisson request rate per trace:
 
 - **paper scale, simulated** (``sim.py``: the real scheduler and block manager, OPT-13B / A100-40GB, 15.7K token
-  slots) on real ShareGPT (cl100k, vLLM's pairing; the synthetic ShareGPT-like trace as a sensitivity row) and the
+  slots) on real ShareGPT (OPT tokens, the default pairing of ``workloads``; the synthetic ShareGPT-like trace as a sensitivity row) and the
   synthetic Alpaca trace (no data set installs). ShareGPT's rate follows a rule fixed in advance: ``KNEE_FRACTION``
   of the paged system's sustainable rate at block 16 (``throughput.sustainable_rate``), i.e. just below its knee;
   Alpaca keeps 50 req/s (``RATES``).

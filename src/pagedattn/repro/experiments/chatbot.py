@@ -3,7 +3,7 @@
 A chatbot sends the whole conversation so far with every user turn. Following §6.5, each request is one round of a
 real multi-round ShareGPT conversation: the prompt is the chat history plus the last user turn, cut to its last
 1024 tokens; the model generates at most 1024 tokens (the reply's real length, cut to 1024); no KV cache is kept
-between rounds, so rounds are independent requests (``workloads`` trace ``"sharegpt_chat"``, cl100k tokens). Rounds are
+between rounds, so rounds are independent requests (``workloads`` trace ``"sharegpt_chat"``, OPT tokens). Rounds are
 sampled with a seed and arrive as a Poisson process.
 
 The paper (OPT-13B on one A100-40GB) reports that ours sustains 2x the request rate of the three Orca baselines,

@@ -2,8 +2,8 @@
 
 The paper's OPT-13B / A100-40GB setting (12 GB of KV = 15.7K token slots, max length 2048) is replayed with the
 simulated executor (``sim.py``): the real scheduler and the real KV managers (paged block manager; Orca's
-reservations over a buddy allocator), a roofline step-time model, and real ShareGPT conversations (cl100k tokens,
-``conversations[0]`` / ``[1]`` as vLLM's benchmark pairs them; ``workloads.py``). The synthetic ShareGPT-like trace
+reservations over a buddy allocator), a roofline step-time model, and real ShareGPT conversations (OPT tokens,
+the first user turn and the model turn that answers it: ``workloads.py``'s default). The synthetic ShareGPT-like trace
 (log-normal lengths matched to Fig. 11's means) is a sensitivity row. Alpaca stays synthetic (no data set installs).
 
 Fig. 2's breakdown describes a system whose memory is full. It is taken at a rate chosen by a rule fixed before any

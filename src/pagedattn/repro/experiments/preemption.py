@@ -49,6 +49,7 @@ from pagedattn.repro.experiments.block_size import BLOCK_SIZES, ENGINE_SHAPE, en
 from pagedattn.repro.experiments.common import Clock, ExperimentParams, fastest, scaled_trace, tiny_opt
 from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG19_COMPARABLE_BLOCK_SIZES, FIG19_RECOMPUTE_OVER_SWAP_MAX
+from pagedattn.repro.sim.cost_profile import assumed_note
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.scheduler import SchedulerOutputs
 from pagedattn.repro.sim.simulator import CostModel, simulate
@@ -285,7 +286,7 @@ def claims(micro: pd.DataFrame | None, paper_micro: pd.DataFrame,
                          None if ours is None else round(ours, 3), "x", tolerance, None if ours is None else ok(ours),
                          f"modelled at paper scale: roofline prefill of {tokens} tokens (OPT-13B, A100) / PCIe swap "
                          f"out + in ({copy}); an output of these assumed constants (at small blocks, of the "
-                         f"{cost.copy_latency_s * 1e6:g} us per copy), not a measurement"))
+                         f"{cost.copy_latency_s * 1e6:g} us per copy), not a measurement; {assumed_note('swap')}"))
     if micro is not None:
         cpu = micro.set_index("block_size")["recompute_over_swap"]
         for bs, (paper, _, ok) in expect.items():

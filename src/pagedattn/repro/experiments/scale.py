@@ -50,6 +50,7 @@ from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ra
 from pagedattn.repro.experiments.throughput import SIM_SYSTEMS
 from pagedattn.repro.sim.parallel import call, pmap
 from pagedattn.repro.paper import FIG12_RATE_RATIO, GPUS, KV_GB, KV_SLOTS, PARAM_GB
+from pagedattn.repro.sim.cost_profile import assumed_note
 from pagedattn.repro.report.results import RESULTS_DIR, Claim
 from pagedattn.repro.experiments.sensitivity import widened
 from pagedattn.repro.sim.simulator import LABELS, CostModel, simulate
@@ -344,6 +345,8 @@ def rate_claims(sustainable: pd.DataFrame) -> list[Claim]:
             lo, hi = FIG12_RATE_RATIO[name]
             note = f"sim, {m} at {num_slots(m)} slots, TP step time; NL threshold {NL_THRESHOLD_S} s/token and the " \
                    f"capacity rule; {describe_ratio(rows.loc['paged'], rows.loc[other])}; {describe_trace(w)}"
+            if GPUS[m][0] > 1:  # a tensor-parallel step: one all-reduce per layer over NVLink
+                note += f"; {assumed_note('nvlink')}"
             if w == "sharegpt" and lo is not None:
                 a, b = widened(lo, hi)
                 out.append(Claim(f"rate_ratio.{m}.sharegpt.{name}", f"{lo}-{hi}", round(ratio, 2), "x",

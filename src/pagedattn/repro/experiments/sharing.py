@@ -11,7 +11,7 @@ Three parts:
 
 1. **Parallel sampling at paper scale** (simulated executor, OPT-13B / A100-40GB, 15.7K slots): the saving depends
    only on lengths, so ``sim.simulate(..., n=n)`` gives it for the Alpaca-like trace (synthetic: no data set installs)
-   and real ShareGPT (cl100k, vLLM's pairing; the synthetic ShareGPT-like trace as a sensitivity row) at the Fig. 13
+   and real ShareGPT (OPT tokens, the default pairing of ``workloads``; the synthetic ShareGPT-like trace as a sensitivity row) at the Fig. 13
    rates. The n samples share the prompt; the first generates the trace's output length,
    the others lengths drawn (seeded) from the trace's outputs, as if each sample met EOS on its own.
    **Agreement check**: the same requests (Alpaca-like lengths, same per-sample lengths, same pool) run on the real

