@@ -108,16 +108,17 @@ BATCH_SPLIT_RUNS = (("own rate", "own", "default"), ("Fig. 13 rate", "fig13", "d
 
 def batch_split_terms(r: SimResult, max_num_seqs: int, n: int = 1) -> dict:
     """What sets one replay's batch (Fig. 13's mean running requests per decode step, ``SimResult.mean_batch``):
-    ``saturated_batch`` is the time-weighted mean over the decode steps that leave requests waiting (the scheduler
-    would admit more if it could: memory or the cap stops it), ``slots_per_request`` the KV slots a running request
+    ``saturated_batch`` is the time-weighted mean over the decode steps that leave requests waiting or swapped out
+    (the scheduler would run more if it could: memory or the cap stops it), ``slots_per_request`` the KV slots a running request
     holds on those steps (token states, reservation and internal waste: blocks per request, in slots),
     ``kv_held_pct`` the share of the KV slots running requests hold on those steps (the rest is free or a buddy
     block's rounding), ``at_cap_share`` the share of decode steps running ``max_num_seqs`` requests (n = 1 only: the
-    steps record requests, not the samples still running), ``waiting_share`` the share with requests waiting, and
+    steps record requests, not the samples still running), ``waiting_share`` the share with requests waiting or swapped out, and
     the normalized latency (steady window; an offline run's is the whole run)."""
     d = r._steps(True)
     dec = d[d["kind"] == "decode"]
-    sat = dec[dec["num_waiting"] > 0]
+    held_back = (dec["num_waiting"] + dec["num_swapped"]) > 0
+    sat = dec[held_back]
     held = sat["token_states"] + sat["reserved"] + sat["internal"]
     return {"batch": r.mean_batch(),
             "saturated_batch": float((sat["num_running"] * sat["dt"]).sum() / sat["dt"].sum()) if len(sat)
@@ -127,7 +128,7 @@ def batch_split_terms(r: SimResult, max_num_seqs: int, n: int = 1) -> dict:
             else float("nan"),
             "at_cap_share": float((dec["num_running"] >= max_num_seqs).mean()) if len(dec) and n == 1 else
             float("nan"),
-            "waiting_share": float((dec["num_waiting"] > 0).mean()) if len(dec) else float("nan"),
+            "waiting_share": float(held_back.mean()) if len(dec) else float("nan"),
             "memory_bound_share": r.memory_bound_share(), "preemptions": int(sum(r.num_preemptions.values())),
             "normalized_latency_s": r.load().normalized_latency_s}
 
@@ -213,6 +214,9 @@ def batch_split_note(factors: pd.Series, fig13_rate: float, paper_ratio: float) 
     """A claim note's sentence from ``batch_split_factors``: the n = 1 batch ratio at capacity in its three factors,
     and the ratio at the Fig. 13 rate against the paper's (``paper_ratio``, its Fig. 13 batches)."""
     f = factors
+    if not np.isfinite(f.to_numpy(dtype=float)).all():
+        return ("batch ratio at capacity not split: the trace does not fill the KV budget offline "
+                "(gain_sources.n1_batch_split)")
     return (f"batch ratio at capacity {f['batch ratio at capacity']:.2f}x = memory "
             f"{f['memory: requests that fit (offline, cap lifted)']:.2f}x (KV slots per request "
             f"{f['memory: KV slots per running request (Orca / ours)']:.2f}x, share of KV slots held "

@@ -574,10 +574,11 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     try:
         sim_sav = timed(timings, "sim_savings_s", sim_parallel_savings, params, progress)
         sim_gain = timed(timings, "sim_gain_s", sim_parallel_gain, params, progress)
-        beam = agree = orca = None
+        beam = agree = orca = parents = None
         if real:
             load_real_model()  # here first: it trains the model if its folder is missing, before any worker loads it
             beam = timed(timings, "engine_beam_s", real_beam_savings, params, progress)
+            parents = timed(timings, "engine_parents_s", parent_sources, params, params.widths, progress)
             agree = timed(timings, "engine_agreement_s", parallel_agreement, params, progress)
             orca = timed(timings, "engine_orca_s", real_orca_gain, params, progress)
     finally:
@@ -599,6 +600,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     if agree is not None:
         tables["agreement"] = agree
         tables["orca_gain"] = orca
+        tables["parent_sources"] = parents
     tables["traces"] = pd.DataFrame(
         [{"trace": w, "scale": "paper (sim)", **trace_stats(make_trace(w, params.sim_requests[w], 1.0, params.seed))}
          for w in WORKLOADS] +
