@@ -109,12 +109,12 @@ BATCH_SPLIT_RUNS = (("own rate", "own", "default"), ("Fig. 13 rate", "fig13", "d
 def batch_split_terms(r: SimResult, max_num_seqs: int, n: int = 1) -> dict:
     """What sets one replay's batch (Fig. 13's mean running requests per decode step, ``SimResult.mean_batch``):
     ``saturated_batch`` is the time-weighted mean over the decode steps that leave requests waiting or swapped out
-    (the scheduler would run more if it could: memory or the cap stops it), ``slots_per_request`` the KV slots a running request
-    holds on those steps (token states, reservation and internal waste: blocks per request, in slots),
-    ``kv_held_pct`` the share of the KV slots running requests hold on those steps (the rest is free or a buddy
-    block's rounding), ``at_cap_share`` the share of decode steps running ``max_num_seqs`` requests (n = 1 only: the
-    steps record requests, not the samples still running), ``waiting_share`` the share with requests waiting or swapped out, and
-    the normalized latency (steady window; an offline run's is the whole run)."""
+    (the scheduler would run more if it could: memory or the cap stops it), ``slots_per_request`` the KV slots a
+    running request holds on those steps (token states, reservation and internal waste: blocks per request, in
+    slots), ``kv_held_pct`` the share of the KV slots running requests hold on those steps (the rest is free or a
+    buddy block's rounding), ``at_cap_share`` the share of decode steps running ``max_num_seqs`` requests (n = 1
+    only: the steps record requests, not the samples still running), ``waiting_share`` the share with requests
+    waiting or swapped out, and the normalized latency (steady window; an offline run's is the whole run)."""
     d = r._steps(True)
     dec = d[d["kind"] == "decode"]
     held_back = (dec["num_waiting"] + dec["num_swapped"]) > 0
@@ -183,9 +183,9 @@ def batch_split_factors(split: pd.DataFrame) -> pd.Series:
     """Ours over Orca (Oracle) from ``n1_batch_split``'s runs. The batch ratio at capacity (each system at its own
     sustainable rate) is the product of three ratios, each measured by its own runs: **memory**, how many requests
     fit in the KV budget (the saturated batch offline with the cap lifted), with its two parts beside it: the KV
-    slots a running request holds (Orca / ours: blocks per request) and the share of the KV slots held at all; **the cap**, the share of that the scheduler's
-    ``max_num_seqs`` lets run (saturated batch offline at the cap / with it lifted); **arrivals**, the share of the
-    capped offline batch that the arrival process keeps running at the sustainable rate (batch at the own rate /
+    slots a running request holds (Orca / ours: blocks per request) and the share of the KV slots held at all;
+    **the cap**, the share of that the scheduler's ``max_num_seqs`` lets run (saturated batch offline at the cap /
+    with it lifted); **arrivals**, the share of the capped offline batch that the arrival process keeps running at the sustainable rate (batch at the own rate /
     saturated batch offline). Also the batch ratio at the Fig. 13 rate, where the paper's is."""
     t = split.set_index(["system", "run"])
 
