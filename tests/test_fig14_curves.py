@@ -45,9 +45,12 @@ def test_open_failures_go_into_the_claim_notes():
                           for s, k in (("paged", 2.0), ("orca_oracle", 1.0))
                           for r, b in (("own rate", 10 * k), ("Fig. 13 rate", 8 * k), ("offline", 11 * k),
                                        ("offline, cap lifted", 12 * k))])
+    equal = cap.assign(max_num_seqs=256, gain=[1.7, 1.72, 1.71])
     got = {c.name: c for c in fig14_curves.claims(gain, None, {"parallel_seq_cap": cap, "parallel_cap_use": use,
-                                                               "n1_batch_split": split})}
+                                                               "n1_batch_split": split,
+                                                               "parallel_equal_lengths": equal})}
     assert "the cap does not explain the fall at n = 6" in got["gain_grows_with_n.parallel"].note
     assert "memory-bound in 2% of steps" in got["gain_grows_with_n.parallel"].note
+    assert "most of the rise with n comes with the independent" in got["gain_grows_with_n.parallel"].note
     assert "batch ratio at capacity 2.00x = memory 2.00x" in got["gain_at_fixed_latency.n1"].note
     assert got["gain_grows_with_n.parallel"].holds is False  # the notes do not move a claim

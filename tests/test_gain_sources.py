@@ -114,3 +114,16 @@ def test_parallel_cap_use_and_notes():
     assert "the cap explains the fall at n = 6" in gain_sources.seq_cap_note(lifted, at_default)
     assert "does not explain" in gain_sources.seq_cap_note(lifted.assign(gain=[1.7, 2.2, 1.9]), at_default)
     assert "does not fall" in gain_sources.seq_cap_note(lifted, pd.Series({1: 1.7, 4: 2.2, 6: 2.3}))
+
+
+def test_equal_sample_lengths_gains_stretch_and_note():
+    p = tiny()
+    st = gain_sources.sample_length_stretch(p, (1, 4))
+    assert list(st.mean_stretch.round(6))[0] == 1.0 and st.mean_stretch.iloc[1] > 1  # the longest of 4 draws
+    eq = gain_sources.seq_cap_gains(p, (2,), 256, progress=False, method="parallel", equal_sample_lengths=True)
+    assert eq.equal_sample_lengths.all() and (eq["gain"] == eq["rate_paged"] / eq["rate_orca_oracle"]).all()
+    assert gain_sources.rise_over_n1(pd.Series({1: 1.6, 2: 2.0, 4: 1.8})) == pytest.approx(0.25)
+    flat = pd.DataFrame({"width": [1, 4, 6], "gain": [1.7, 1.72, 1.65]})
+    assert "most of the rise" in gain_sources.equal_lengths_note(flat, pd.Series({1: 1.7, 4: 2.2, 6: 2.0}))
+    assert "most of the rise" not in gain_sources.equal_lengths_note(flat.assign(gain=[1.7, 2.1, 2.0]),
+                                                                      pd.Series({1: 1.7, 4: 2.2, 6: 2.0}))

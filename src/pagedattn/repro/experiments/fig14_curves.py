@@ -21,7 +21,8 @@ the band moves the mean distinct parents by one either way and the step time to 
 Fig. 15's, as a check of the model.
 
 **Fig. 14a's open failures** (``open_failures``, ``gain_sources``): parallel sampling's gains rerun with the cap on
-running sequences lifted, as for the beams, and where memory binds at the sustainable rates; the n = 1 batch ratio at
+running sequences lifted, as for the beams, where memory binds at the sustainable rates, and with every sample as
+long as the trace's output (the independent per-sample lengths removed); the n = 1 batch ratio at
 capacity split into memory (requests that fit in the KV budget, the slots each holds) and scheduling (the cap, the
 arrivals). Their findings go into the notes of ``gain_grows_with_n.parallel`` and ``gain_at_fixed_latency.n1``.
 """
@@ -146,8 +147,8 @@ def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None, sources: dic
     grows as more sequences are sampled", 1.3x for n = 1 to 2.3x for beam width 6); the other widths recorded. The
     beam model's memory savings against Fig. 15 (within 5 points, as notebook 04's beam savings). ``sources``
     (``gain_sources`` tables of :func:`run`) adds what was measured about a claim to its note: the n = 1 batch
-    ratio's split (``"n1_batch_split"``), parallel sampling's gains with the cap lifted (``"parallel_seq_cap"``) and
-    where memory binds (``"parallel_cap_use"``)."""
+    ratio's split (``"n1_batch_split"``), parallel sampling's gains with the cap lifted (``"parallel_seq_cap"``),
+    where memory binds (``"parallel_cap_use"``) and the gains with equal sample lengths (``"parallel_equal_lengths"``)."""
     swap = gain[gain.preemption == "swap"]
     par = swap[swap.method != "beam"].set_index("width")["gain"]
     beams = swap[swap.method == "beam"].set_index("width")["gain"]
@@ -183,6 +184,8 @@ def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None, sources: dic
             if "parallel_seq_cap" in sources else ""
         if "parallel_cap_use" in sources:
             cap_note += "; " + gain_sources.memory_bound_note(sources["parallel_cap_use"])
+        if "parallel_equal_lengths" in sources:
+            cap_note += "; " + gain_sources.equal_lengths_note(sources["parallel_equal_lengths"], par)
         out.append(_grows("gain_grows_with_n.parallel", "grows with n", par,
                           note + f"; n = {sorted(par.index)}" + cap_note))
     for k in (2, 4):
@@ -239,14 +242,19 @@ def beam_bands(sp: sharing.Params, params: Params, default: list[Claim],
 
 def open_failures(gain: pd.DataFrame, sp: sharing.Params, progress: bool = True) -> dict[str, pd.DataFrame]:
     """Fig. 14a's two open failures measured (§6.3, ``gain_sources``): parallel sampling's gains rerun with the
-    scheduler's cap on running sequences lifted (``"parallel_seq_cap"``) and how often memory or the cap binds at
-    the sustainable rates (``"parallel_cap_use"``); the n = 1 batch ratio at capacity split into memory and
-    scheduling (``"n1_batch_split"``)."""
+    scheduler's cap on running sequences lifted (``"parallel_seq_cap"``), how often memory or the cap binds at
+    the sustainable rates (``"parallel_cap_use"``), the gains with every sample as long as the trace's output
+    (``"parallel_equal_lengths"``) and how far independent sample lengths stretch a request
+    (``"sample_length_stretch"``); the n = 1 batch ratio at capacity split into memory and scheduling
+    (``"n1_batch_split"``)."""
     swap = gain[gain.preemption == "swap"]
     ns = tuple(sorted(int(w) for w in swap[swap.method == "parallel"].width))
     g1 = swap[swap.width == 1].iloc[0]
     return {"parallel_seq_cap": gain_sources.seq_cap_gains(sp, ns, gain_sources.LIFTED_SEQ_CAP, progress,
                                                            method="parallel"),
+            "parallel_equal_lengths": gain_sources.seq_cap_gains(sp, ns, sp.max_num_seqs, progress,
+                                                                 method="parallel", equal_sample_lengths=True),
+            "sample_length_stretch": gain_sources.sample_length_stretch(sp, (1, *ns)),
             "parallel_cap_use": gain_sources.parallel_cap_use(sp, swap[swap.method != "beam"], progress),
             "n1_batch_split": gain_sources.n1_batch_split(sp, float(g1.rate_paged), float(g1.rate_orca_oracle),
                                                           progress=progress)}
@@ -270,7 +278,8 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     _write(tables, out_dir)  # the gains first: the curves and the band take most of a full run
     tables.update(open_failures(tables["gain"], sp, progress))
     tables["curves"] = curves(tables["gain"], sp, params, progress)
-    sources = {k: tables[k] for k in ("n1_batch_split", "parallel_seq_cap", "parallel_cap_use")}
+    sources = {k: tables[k] for k in ("n1_batch_split", "parallel_seq_cap", "parallel_cap_use",
+                                      "parallel_equal_lengths")}
     cl, tables["sensitivity"] = beam_bands(sp, params, claims(tables["gain"], tables["beam_savings"], sources),
                                            progress)
     _write(tables, out_dir)

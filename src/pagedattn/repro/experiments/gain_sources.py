@@ -262,6 +262,37 @@ def memory_bound_note(use: pd.DataFrame) -> str:
             f"Orca (Oracle) in {float(mb['orca_oracle']):.0%} (gain_sources.parallel_cap_use)")
 
 
+def sample_length_stretch(sp: sharing.Params, widths: tuple) -> pd.DataFrame:
+    """How much the per-sample output lengths stretch a parallel-sampling request (§6.3): a group ends with its
+    longest sample, and normalized latency divides its latency by the trace's output length (the first sample's),
+    so with n independent lengths the unloaded normalized latency grows by ``max / first``. Mean and median of that
+    ratio over Fig. 14's n > 1 trace, with the lengths drawn as ``sim.simulate(n=n)`` draws them
+    (``sharing.sample_lengths``)."""
+    trace = make_trace("alpaca", sp.gain_requests, 1.0, sp.seed)
+    rows = []
+    for n in widths:
+        r = np.array([max(lens) / lens[0] for lens in sharing.sample_lengths(trace, n, sp.seed, sp.max_model_len)])
+        rows.append({"width": n, "mean_stretch": float(r.mean()), "median_stretch": float(np.median(r))})
+    return pd.DataFrame(rows)
+
+
+def rise_over_n1(gains: pd.Series) -> float:
+    """The largest gain at n > 1 over the gain at n = 1, minus one (gains indexed by width, n = 1 included)."""
+    return float(gains[gains.index > 1].max() / gains[1] - 1)
+
+
+def equal_lengths_note(equal: pd.DataFrame, at_default: pd.Series) -> str:
+    """A claim note's sentence from ``seq_cap_gains(..., equal_sample_lengths=True)``: parallel sampling's gains
+    with every sample as long as the trace's output, and how far they rise over n = 1 against the claims' gains
+    (``at_default``, independent per-sample lengths); "most of the rise" when less than half of it is left."""
+    eq = equal.set_index("width")["gain"].sort_index()
+    r_eq, r_def = rise_over_n1(eq), rise_over_n1(at_default)
+    return ("with every sample the trace's output length the gains are " + " / ".join(f"{v:.2f}" for v in eq)
+            + f"x, at most {r_eq:+.0%} over n = 1 against {r_def:+.0%} with independent lengths "
+            f"(gain_sources.seq_cap_gains(equal_sample_lengths=True))"
+            + (": most of the rise with n comes with the independent per-sample lengths" if r_eq < r_def / 2 else ""))
+
+
 # ------------------------------------------------------------------------------------ Fig. 15, parallel n = 2
 def parallel_saving_causes(sp: sharing.Params, traces: tuple = ("sharegpt", "sharegpt_synthetic"),
                            widths: tuple = (2,), progress: bool = True, cost: CostModel | None = None) -> pd.DataFrame:
@@ -315,27 +346,32 @@ def parents_for_saving(table: pd.DataFrame, target_pct: float) -> float:
 
 # ------------------------------------------------------------------------------ Fig. 14a and 14b, the batch cap
 def seq_cap_gains(sp: sharing.Params, widths: tuple, max_num_seqs: int, progress: bool = True,
-                  cost: CostModel | None = None, method: str = "beam") -> pd.DataFrame:
+                  cost: CostModel | None = None, method: str = "beam",
+                  equal_sample_lengths: bool = False) -> pd.DataFrame:
     """Fig. 14's gains (§6.3) with the scheduler's cap on running sequences at ``max_num_seqs``: n = 1 (its longer
     trace) and each width in ``widths`` of ``method``, ``"beam"`` (beam search, the measured beam model; Fig. 14b) or
     ``"parallel"`` (parallel sampling of n samples; Fig. 14a), both systems, by notebook 11's rule
     (``sharing.sim_rate``, swap preemption). The cap counts sequences, so n samples or beams take n of its places.
-    One bisection per (width, system), parallel."""
+    ``equal_sample_lengths``: every parallel sample as long as the trace's output (``sim.simulate``'s ablation of the
+    independent per-sample lengths) instead of drawn. One bisection per (width, system), parallel."""
     if method not in ("beam", "parallel"):
         raise ValueError(f"method must be 'beam' or 'parallel', got {method!r}")
     jobs = [(k, s) for k in (1, *widths) for s in ("orca_oracle", "paged")]
-    got = dict(zip(jobs, pmap(partial(_cap_rate, sp=sp, cap=max_num_seqs, cost=cost or CostModel(), method=method),
-                              jobs, f"{method} gains at max_num_seqs {max_num_seqs}", progress)))
+    rate = partial(_cap_rate, sp=sp, cap=max_num_seqs, cost=cost or CostModel(), method=method,
+                   equal_sample_lengths=equal_sample_lengths)
+    got = dict(zip(jobs, pmap(rate, jobs, f"{method} gains at max_num_seqs {max_num_seqs}", progress)))
     rows = []
     for k in (1, *widths):
         paged, orca = got[(k, "paged")], got[(k, "orca_oracle")]
         rows.append({"method": "n=1" if k == 1 else method, "width": k, "max_num_seqs": max_num_seqs,
-                     **sharing.gain_columns(paged, orca)})
+                     "equal_sample_lengths": equal_sample_lengths, **sharing.gain_columns(paged, orca)})
     return pd.DataFrame(rows)
 
 
-def _cap_rate(job: tuple, sp: sharing.Params, cap: int, cost: CostModel, method: str = "beam"):
+def _cap_rate(job: tuple, sp: sharing.Params, cap: int, cost: CostModel, method: str = "beam",
+              equal_sample_lengths: bool = False):
     k, system = job
     base = make_trace("alpaca", sp.gain_requests_n1 if k == 1 else sp.gain_requests, 1.0, sp.seed)
     beam = BeamModel.measured(k) if k > 1 and method == "beam" else None
-    return sharing.sim_rate(replace(sp), system, k, "swap", base, cost, beam, max_num_seqs=cap)
+    return sharing.sim_rate(replace(sp), system, k, "swap", base, cost, beam, max_num_seqs=cap,
+                            equal_sample_lengths=equal_sample_lengths)

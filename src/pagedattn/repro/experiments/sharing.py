@@ -185,23 +185,25 @@ def _gain_rate(job: tuple, params: Params, cost: CostModel) -> RateSearch:
 
 
 def sim_rate(params: Params, system: str, n: int, mode: str, base: list[TraceRequest], cost: CostModel,
-             beam=None, max_num_seqs: int = 256) -> RateSearch:
+             beam=None, max_num_seqs: int = 256, equal_sample_lengths: bool = False) -> RateSearch:
     """A system's sustainable Alpaca rate with ``n`` samples (or ``beam``, a ``sim.BeamModel`` of width ``n``) per
     request (``capacity.sustainable_rate``: latency threshold and capacity rule), by bisection between the Fig. 13
     rate / (8 n) and 16 x it (Fig. 14's rule). ``max_num_seqs``: the scheduler's cap on running sequences (vLLM's
-    default 256; ``gain_sources.seq_cap_gains`` raises it)."""
+    default 256; ``gain_sources.seq_cap_gains`` raises it); ``equal_sample_lengths``: ``sim.simulate``'s ablation,
+    every sample the trace's output length."""
     rate0 = params.sim_rates["alpaca"]
     cpu_blocks = params.sim_cpu_blocks if mode == "swap" else 0
 
     def requests(rate):
         return simulate(with_rate(base, rate, params.seed), system, paper_slots(), params.block_size, cost,
                         n=n, seed=params.seed, preemption_mode=mode, num_cpu_blocks=cpu_blocks, record_steps=False,
-                        beam=beam, max_num_seqs=max_num_seqs).requests
+                        beam=beam, max_num_seqs=max_num_seqs, equal_sample_lengths=equal_sample_lengths).requests
     # cached (``sensitivity.cached_search``): notebooks 04 and 11 run the same Fig. 14 searches
     key = {"trace": sensitivity.trace_digest(base), "system": system, "n": n, "mode": mode, "cost": asdict(cost),
            "beam": None if beam is None else asdict(beam), "max_num_seqs": max_num_seqs, "seed": params.seed,
            "block_size": params.block_size, "cpu_blocks": cpu_blocks, "rate0": rate0,
-           "resolution": params.rate_resolution, "slots": paper_slots()}
+           "resolution": params.rate_resolution, "slots": paper_slots(),
+           **({"equal_sample_lengths": True} if equal_sample_lengths else {})}  # the default keeps its cached key
     return sensitivity.cached_search(key, lambda: sustainable_rate(requests, rate0 / (8 * n), rate0 * 16,
                                                                    NL_THRESHOLD_S, params.rate_resolution))
 
