@@ -20,7 +20,9 @@ Three parts:
 2. **Beam search** (real engine on the small trained ``opt-stdlib`` model, CPU): how long beams share history only
    a model decides. Prompts are real Python snippets from the standard library, tokenized with the model's
    tokenizer and cut to the trace's prompt lengths; outputs run to the trace's length (``ignore_eos``), so the
-   shapes follow Alpaca-like (and ShareGPT-like, filtered to the model's 512 positions) traces.
+   shapes follow Alpaca-like (and ShareGPT-like, filtered to the model's 512 positions) traces. Its mean distinct
+   parents per step sets the simulator's beam model (``sim.BEAM_DISTINCT_PARENTS``); ``parent_sources`` measures
+   it again with two random-weight OPTs and on random prompts, to tell whether the model or the prompts decide it.
 3. **Throughput against Orca (Oracle)** (Fig. 14, gain at the same KV memory): parallel sampling at paper scale by
    the sustainable request rate (normalized latency <= ``throughput.NL_THRESHOLD_S``; bisection over the rate) in
    the simulator; beam search on the real engine, offline (all requests at t = 0), requests/s of the paged engine
