@@ -46,6 +46,8 @@ class Claim:
     construction (arithmetic, the block manager's waste bound) and is listed apart in SUMMARY.md; ``"tracking"`` is
     recorded, not judged (CPU timings). ``band`` is ``None`` or ``{"min": x, "max": y, "over": "what was swept"}``
     for a claim that rests on assumptions; ``holds`` is then true only if the claim holds across the band.
+    ``reason`` is one line, written by the experiment that measured the claim, saying why it holds or fails (issue 51:
+    the scoreboard shows it; it is never typed into the README). Claims from runs before this field read as ``""``.
     """
 
     name: str
@@ -57,6 +59,7 @@ class Claim:
     note: str = ""
     kind: str = "reproduction"
     band: dict | None = None
+    reason: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -65,6 +68,8 @@ class Claim:
             missing = {"min", "max", "over"} - set(self.band)
             if missing:
                 raise ValueError(f"Claim {self.name!r}: band needs keys min, max, over; missing {sorted(missing)}")
+        if "\n" in self.reason:
+            raise ValueError(f"Claim {self.name!r}: reason must be one line")
 
 
 def cpu_name() -> str:
