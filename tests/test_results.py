@@ -536,3 +536,16 @@ def test_claim_reason_is_one_line_and_stored():
     assert Claim("y", paper=1, ours=1).reason == ""
     with _pytest.raises(ValueError):
         Claim("z", paper=1, ours=1, reason="two\nlines")
+
+
+def test_missing_reasons_lists_claims_without_one(tmp_path):
+    """Issue 51: the claims still without a reason (committed summaries predate the field) are listed by name."""
+    from pagedattn.repro.results import missing_reasons
+
+    write_summary(tmp_path / "01_x", "01_x", "cpu", "m", False,
+                  [Claim("a", 1, 1, reason="equal to the paper"), Claim("b", 1, 2)])
+    doc = json.loads((tmp_path / "01_x" / "summary.json").read_text())
+    del doc["claims"][0]["reason"], doc["claims"][1]["reason"]  # as written before the field
+    (tmp_path / "02_y").mkdir()
+    (tmp_path / "02_y" / "summary.json").write_text(json.dumps(doc))
+    assert missing_reasons(tmp_path) == ["01_x/b", "02_y/a", "02_y/b"]

@@ -335,6 +335,16 @@ def _claims_table(claims: list[dict], title: str) -> list[str]:
     return lines
 
 
+def missing_reasons(results_dir: str | os.PathLike = RESULTS_DIR) -> list[str]:
+    """``"<experiment>/<claim>"`` for every stored claim without a ``reason`` (issue 51): summaries written before the
+    field existed, until the next full rerun writes them."""
+    out = []
+    for path in sorted(Path(results_dir).glob("*/summary.json")):
+        doc = json.loads(path.read_text())
+        out += [f"{path.parent.name}/{c['name']}" for c in doc["claims"] if not c.get("reason")]
+    return out
+
+
 def check(results_dir: str | os.PathLike = RESULTS_DIR, root: Path = REPO_ROOT) -> list[str]:
     """One line per stale result under ``results_dir``: its folder and why (the changed files)."""
     stale = []
