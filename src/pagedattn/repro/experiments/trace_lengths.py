@@ -94,12 +94,14 @@ def claims(stats: pd.DataFrame) -> list[Claim]:
         out.append(Claim(f"trace_mean.sharegpt.{side}", TRACE_MEANS["sharegpt"][side], round(ours, 2), "tokens",
                          "recorded, not judged (cl100k, not OPT's tokenizer)", None,
                          note=f"{describe_trace('sharegpt')}; {int(s.loc['sharegpt', 'num_requests'])} requests; "
-                              f"ratio to the paper {ours / TRACE_MEANS['sharegpt'][side]:.2f}; {alt}"))
+                              f"ratio to the paper {ours / TRACE_MEANS['sharegpt'][side]:.2f}; {alt}",
+                         kind="tracking"))  # issue 51: recorded, not judged
     corr = float(s.loc["sharegpt", "log_corr"])
     out.append(Claim("trace_log_corr.sharegpt", "not reported", round(corr, 3), "Pearson r of log lengths",
                      "recorded, not judged", None,
                      note=f"synthetic trace: {s.loc['sharegpt_synthetic', 'log_corr']:.3f} (independent by "
-                          f"construction); human->gpt pairing: {s.loc['sharegpt_human_gpt', 'log_corr']:.3f}"))
+                          f"construction); human->gpt pairing: {s.loc['sharegpt_human_gpt', 'log_corr']:.3f}",
+                     kind="tracking"))
     for side in ("input", "output"):
         ours = float(s.loc["sharegpt_synthetic", f"{side}_mean"])
         paper = TRACE_MEANS["sharegpt"][side]
