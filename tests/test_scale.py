@@ -12,7 +12,7 @@ def test_table1_from_configs_matches_the_papers_setups():
     assert 12.8 < t.loc["OPT-13B", "params_b"] < 12.9 and 174 < t.loc["OPT-175B", "params_b"] < 175.5
     claims = scale.table1_claims(scale.table1())
     assert {c.name.split(".")[1] for c in claims} == {"param_gb", "slots_from_paper_kv", "kv_gb_at_utilisation"}
-    assert all(c.kind == ("invariant" if ".slots_from_paper_kv." in c.name else "reproduction")
+    assert all(c.kind == ("reproduction" if ".kv_gb_at_utilisation." in c.name else "invariant")
                and isinstance(c.holds, bool) for c in claims)  # the paper's GB / bytes per token: by construction
 
 

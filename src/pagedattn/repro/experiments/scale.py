@@ -121,7 +121,8 @@ def table1_claims(t: pd.DataFrame) -> list[Claim]:
     for r in t.itertuples():
         out.append(Claim(f"table1.param_gb.{r.model}", r.paper_param_gb, round(r.weight_gb, 1), "GB", "within 3%",
                          bool(abs(r.weight_gb / r.paper_param_gb - 1) <= 0.03),
-                         f"{r.params_b:.2f}B parameters counted from OPTConfig on the meta device, x 2 B (fp16)"))
+                         f"{r.params_b:.2f}B parameters counted from OPTConfig on the meta device, x 2 B (fp16)",
+                         kind="invariant"))  # issue 51: a parameter count is arithmetic on the config
         out.append(Claim(f"table1.slots_from_paper_kv.{r.model}", r.paper_slots, int(r.slots_from_paper_kv),
                          "slots", "within 3%", bool(abs(r.slots_from_paper_kv / r.paper_slots - 1) <= 0.03),
                          f"paper's {r.paper_kv_gb} GB read as GiB / {r.kv_bytes_per_token} B of KV per token "

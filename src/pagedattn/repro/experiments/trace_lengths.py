@@ -122,12 +122,14 @@ def claims(stats: pd.DataFrame) -> list[Claim]:
                          "recorded, not judged (the paper's subset and pairing are not published)", None,
                          note=f"{describe_trace('sharegpt')}; default by rule: {DEFAULT_RULE}; "
                               f"{int(s.loc['sharegpt', 'num_requests'])} requests; "
-                              f"ratio to the paper {ours / TRACE_MEANS['sharegpt'][side]:.2f}; {alt}"))
+                              f"ratio to the paper {ours / TRACE_MEANS['sharegpt'][side]:.2f}; {alt}",
+                         kind="tracking"))  # issue 51: recorded, not judged
     corr = float(s.loc["sharegpt", "log_corr"])
     out.append(Claim("trace_log_corr.sharegpt", "not reported", round(corr, 3), "Pearson r of log lengths",
                      "recorded, not judged", None,
                      note=f"synthetic trace: {s.loc['sharegpt_synthetic', 'log_corr']:.3f} (independent by "
-                          f"construction); vLLM's pairing + filters: {s.loc['sharegpt_vllm', 'log_corr']:.3f}"))
+                          f"construction); vLLM's pairing + filters: {s.loc['sharegpt_vllm', 'log_corr']:.3f}",
+                     kind="tracking"))
     for side in ("input", "output"):
         ours = float(s.loc["sharegpt_synthetic", f"{side}_mean"])
         paper = TRACE_MEANS["sharegpt"][side]

@@ -47,6 +47,8 @@ class Claim:
     construction (arithmetic, the block manager's waste bound) and is listed apart in SUMMARY.md; ``"tracking"`` is
     recorded, not judged (CPU timings). ``band`` is ``None`` or ``{"min": x, "max": y, "over": "what was swept"}``
     for a claim that rests on assumptions; ``holds`` is then true only if the claim holds across the band.
+    ``reason`` is one line, written by the experiment that measured the claim, saying why it holds or fails (issue 51:
+    the scoreboard shows it; it is never typed into the README). Claims from runs before this field read as ``""``.
     """
 
     name: str
@@ -58,6 +60,7 @@ class Claim:
     note: str = ""
     kind: str = "reproduction"
     band: dict | None = None
+    reason: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -66,6 +69,8 @@ class Claim:
             missing = {"min", "max", "over"} - set(self.band)
             if missing:
                 raise ValueError(f"Claim {self.name!r}: band needs keys min, max, over; missing {sorted(missing)}")
+        if "\n" in self.reason:
+            raise ValueError(f"Claim {self.name!r}: reason must be one line")
 
 
 def cpu_name() -> str:
@@ -329,6 +334,16 @@ def _claims_table(claims: list[dict], title: str) -> list[str]:
         lines.append("| " + " | ".join(str(x).replace("|", "/").replace("\n", " ") for x in cells) + " |")
     lines.append("")
     return lines
+
+
+def missing_reasons(results_dir: str | os.PathLike = RESULTS_DIR) -> list[str]:
+    """``"<experiment>/<claim>"`` for every stored claim without a ``reason`` (issue 51): summaries written before the
+    field existed, until the next full rerun writes them."""
+    out = []
+    for path in sorted(Path(results_dir).glob("*/summary.json")):
+        doc = json.loads(path.read_text())
+        out += [f"{path.parent.name}/{c['name']}" for c in doc["claims"] if not c.get("reason")]
+    return out
 
 
 def check(results_dir: str | os.PathLike = RESULTS_DIR, root: Path = REPO_ROOT) -> list[str]:
