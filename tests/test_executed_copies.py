@@ -45,3 +45,13 @@ def test_committed_executed_copies_are_quiet():
     bad = {str(p.relative_to(RESULTS)): f for p in sorted(RESULTS.glob("[0-9][0-9]_*/*.ipynb"))
            if (f := noisy_outputs(json.loads(p.read_text())))}
     assert not bad, bad
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(monkeypatch):
+    """The one helper every tqdm bar in src/ asks: off when stderr is not a tty (a papermill kernel, a pipe)."""
+    import io
+    import sys
+
+    from pagedattn.repro.progress import interactive
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert interactive() is False

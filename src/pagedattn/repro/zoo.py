@@ -206,6 +206,8 @@ def train(name: str = "opt-stdlib", quick: bool = False, root: str | Path | None
 
 def _train(cfg: ZooConfig, out: Path, stdlib: str | Path | None, progress: bool) -> Path:
     from tqdm.auto import tqdm
+
+    from pagedattn.repro.progress import interactive
     from transformers import OPTForCausalLM
 
     import tokenizers
@@ -230,7 +232,7 @@ def _train(cfg: ZooConfig, out: Path, stdlib: str | Path | None, progress: bool)
     gen = torch.Generator().manual_seed(cfg.seed)
     losses: list[float] = []
     model.train()
-    bar = tqdm(range(cfg.steps), desc=f"train {cfg.name}", disable=not progress, mininterval=2.0)
+    bar = tqdm(range(cfg.steps), desc=f"train {cfg.name}", disable=not (progress and interactive()), mininterval=2.0)
     for step in bar:
         starts = torch.randint(0, len(train_ids) - cfg.seq_len - 1, (cfg.batch,), generator=gen)
         batch = torch.stack([train_ids[s : s + cfg.seq_len + 1] for s in starts.tolist()])
