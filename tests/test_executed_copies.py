@@ -22,7 +22,7 @@ def noisy_outputs(nb: dict) -> list[str]:
             text = "".join("".join(t) if isinstance(t, list) else t for t in texts)
             if _BAR.search(text) or "\r" in text:
                 found.append(f"cell {i}: progress bar")
-            if out.get("name") == "stderr" and "Warning" in text:
+            if out.get("name") == "stderr" and ("Warning" in text or "deprecated" in text):
                 found.append(f"cell {i}: warning")
             if _PATH.search(text):
                 found.append(f"cell {i}: local path")
