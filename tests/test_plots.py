@@ -58,3 +58,24 @@ def test_fig15_names_the_papers_lines_in_the_legend():
     legend = _legend_labels(plots.fig15_savings(sav, FIG15_SAVING, ("alpaca", "sharegpt"), "sharegpt_synthetic"))
     assert {"parallel · paper (per width)", "beam · paper (per width)", "beam · paper (range over widths 2-6)",
             "parallel · paper (range over widths 2-6)"} <= set(legend)
+
+
+def test_savefig_records_figure_metadata(tmp_path):
+    """plots.savefig writes the figure's record into the PNG: the paper's figure, its marks, each axes' scales and
+    number of data artists (an empty axes records 0)."""
+    import json
+
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from pagedattn.repro.report import plots
+    fig, (a, b) = plt.subplots(1, 2)
+    a.plot([1, 2], [3, 4])
+    a.axhline(1.67)
+    b.set_yscale("log")
+    path = plots.savefig(fig, tmp_path / "f.png", figure="Fig. 16", paper_marks=[1.67])
+    plt.close(fig)
+    rec = json.loads(Image.open(path).text[plots.FIGURE_META_KEY])
+    assert rec["figure"] == "Fig. 16" and rec["paper_marks"] == [1.67]
+    assert [ax["yscale"] for ax in rec["axes"]] == ["linear", "log"]
+    assert rec["axes"][0]["artists"] == 2 and rec["axes"][1]["artists"] == 0

@@ -44,6 +44,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from pagedattn.repro.progress import interactive
+
 from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import validated
@@ -295,7 +297,7 @@ def _engine_sweep(params: Params, progress: bool) -> tuple[pd.DataFrame, str]:
     rows = []
     jobs = [(w, bs) for w in TRACES for bs in params.engine_block_sizes]
     rates = {}
-    for w, bs in tqdm(jobs, desc="block-size sweep (CPU engine)", disable=not progress, leave=False):
+    for w, bs in tqdm(jobs, desc="block-size sweep (CPU engine)", disable=not (progress and interactive()), leave=False):
         if w not in rates:
             offline = scaled_trace(w, params.engine_requests, params.engine_length_scale, seed=params.seed)
             clock = Clock()

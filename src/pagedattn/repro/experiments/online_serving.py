@@ -83,6 +83,8 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from pagedattn.repro.progress import interactive
+
 from pagedattn.repro.experiments import vllm_cpu
 from pagedattn.repro.sim.capacity import Load, describe_ratio, sustainable_rate_judged
 from pagedattn.repro.experiments import validated
@@ -669,7 +671,7 @@ def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_py
     points = (len(systems) * (3 + len(params.load_fractions)) + len(predicted_only)
               + (2 + len(params.vllm_load_fractions) if vllm_python else 0))
     rows, offline, fits, searches, threshold = [], [], [], [], None
-    bar = tqdm(total=points, desc="online servers", disable=not progress, leave=False)
+    bar = tqdm(total=points, desc="online servers", disable=not (progress and interactive()), leave=False)
     calibration = calibration or calibrate(params, model, checkpoint)
     low, server_cost = calibration["low"], calibration["server_cost"]
     for system in systems:

@@ -42,6 +42,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from pagedattn.repro.progress import interactive
+
 from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import validated
@@ -171,7 +173,7 @@ def microbenchmarks(params: Params, progress: bool = True) -> tuple[pd.DataFrame
         hf = micro_model(params, max(512, params.micro_tokens + 16))
         recompute = micro_recompute(hf, params.micro_tokens, params.micro_reps, params.seed)
         rows = []
-        for bs in tqdm(params.block_sizes, desc="swap microbenchmark", disable=not progress, leave=False):
+        for bs in tqdm(params.block_sizes, desc="swap microbenchmark", disable=not (progress and interactive()), leave=False):
             rows.append(micro_swap(hf, bs, params.micro_tokens, params.micro_reps, params.seed))
     finally:
         torch.set_num_threads(prev)
@@ -245,7 +247,7 @@ def engine_end_to_end(params: Params, progress: bool = True) -> tuple[pd.DataFra
         assert sum(ref_engine.scheduler.num_preemptions.values()) == 0
         rows = []
         jobs = [(bs, m) for bs in params.engine_block_sizes for m in MODES]
-        for bs, mode in tqdm(jobs, desc="preemption (CPU engine)", disable=not progress, leave=False):
+        for bs, mode in tqdm(jobs, desc="preemption (CPU engine)", disable=not (progress and interactive()), leave=False):
             t, clock = time.perf_counter(), Clock()
             reqs, engine = engine_run(hf, trace, bs, params.engine_slots, params.seed, preemption_mode=mode)
             m = engine.step_metrics_frame()

@@ -48,6 +48,8 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from pagedattn.repro.progress import interactive
+
 from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import validated
@@ -367,7 +369,7 @@ def _cpu_offline(params: Params, progress: bool) -> pd.DataFrame:
     jobs = [(shot, s, k) for shot in SHOTS for k in range(params.cpu_repeats) for s in SYSTEMS]
     reference: dict[str, dict] = {}
     with torch.inference_mode():
-        for shot, s, k in tqdm(jobs, desc="offline (cpu engine)", disable=not progress, leave=False):
+        for shot, s, k in tqdm(jobs, desc="offline (cpu engine)", disable=not (progress and interactive()), leave=False):
             reqs = make_requests(SHOTS[shot], params.cpu_requests, params.cpu_vocab, seed=params.seed)
             r = run_engine(cpu_engine(model, s, params), reqs, s)
             outputs = r.pop("outputs")

@@ -206,6 +206,8 @@ def train(name: str = "opt-stdlib", quick: bool = False, root: str | Path | None
 
 def _train(cfg: ZooConfig, out: Path, stdlib: str | Path | None, progress: bool) -> Path:
     from tqdm.auto import tqdm
+
+    from pagedattn.repro.progress import interactive
     from transformers import OPTForCausalLM
 
     import tokenizers
@@ -230,7 +232,7 @@ def _train(cfg: ZooConfig, out: Path, stdlib: str | Path | None, progress: bool)
     gen = torch.Generator().manual_seed(cfg.seed)
     losses: list[float] = []
     model.train()
-    bar = tqdm(range(cfg.steps), desc=f"train {cfg.name}", disable=not progress, mininterval=2.0)
+    bar = tqdm(range(cfg.steps), desc=f"train {cfg.name}", disable=not (progress and interactive()), mininterval=2.0)
     for step in bar:
         starts = torch.randint(0, len(train_ids) - cfg.seq_len - 1, (cfg.batch,), generator=gen)
         batch = torch.stack([train_ids[s : s + cfg.seq_len + 1] for s in starts.tolist()])
@@ -326,6 +328,11 @@ def load_model(name: str = "opt-stdlib", quick: bool = False, device: str | torc
     if {k: v for k, v in record.get("config", {}).items() if k != "threads"} != same:
         warnings.warn(f"{path} was trained with a config that differs from zoo.py's {name!r}; "
                       + RETRAIN_HINT.format(name=name, quick=" --quick" if quick else ""), stacklevel=2)
+    from transformers.utils import logging as hf_logging
+
+    from pagedattn.repro.progress import interactive
+    if not interactive():  # transformers' own "Loading weights" bar: off outside a terminal (issue 51)
+        hf_logging.disable_progress_bar()
     model = OPTForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     return model, PreTrainedTokenizerFast.from_pretrained(path)
 

@@ -24,10 +24,26 @@ def footnote(fig, text: str) -> None:
     fig.text(0.01, 0.005, text, fontsize=7, color="#555555", ha="left", va="bottom")
 
 
-def savefig(fig, path: str | Path) -> Path:
+#: The PNG text chunk holding a figure's record (read by tests/test_plots.py and the figure test).
+FIGURE_META_KEY = "pagedattn"
+
+
+def figure_record(fig, figure: str | None = None, paper_marks: list | None = None) -> dict:
+    """What a saved figure states about itself: the paper's figure it reproduces, the paper's values it marks, and
+    per axes its x/y scale and how many data artists it draws (0 = an empty chart)."""
+    axes = [{"xscale": ax.get_xscale(), "yscale": ax.get_yscale(),
+             "artists": len(ax.lines) + len(ax.patches) + len(ax.collections) + len(ax.images)}
+            for ax in fig.axes if ax.get_visible() and ax.axison]
+    return {"figure": figure, "paper_marks": list(paper_marks or []), "axes": axes}
+
+
+def savefig(fig, path: str | Path, figure: str | None = None, paper_marks: list | None = None) -> Path:
+    """Save ``fig`` as a PNG whose text chunk ``FIGURE_META_KEY`` records :func:`figure_record` (JSON)."""
+    import json
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
+    record = figure_record(fig, figure, paper_marks)
+    fig.savefig(path, dpi=130, bbox_inches="tight", metadata={FIGURE_META_KEY: json.dumps(record)})
     return path
 
 

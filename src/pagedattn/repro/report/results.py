@@ -31,7 +31,7 @@ from pagedattn.repro import REPO_ROOT
 RESULTS_DIR = REPO_ROOT / "results"
 QUICK_RESULTS_DIR = RESULTS_DIR / "quick"  # quick runs (git-ignored): never the committed results
 STALE_FILE = "STALE"  # written beside a summary.json whose notebook's last run failed (see reproduce.py)
-QUICK_RUN_RECORD = "benchmarks/quick_reproduce.json"  # under the results root: the last whole quick run's wall time
+QUICK_RUN_RECORD = "quick/quick_reproduce.json"  # under the results root, git-ignored: the last whole quick run's wall time
 RUN_FILE = "run.json"  # written beside a summary.json by reproduce.py: the notebook's duration, jobs, machine, date
 NOTEBOOK_ENV = "PAGEDATTN_NOTEBOOK"  # set by reproduce.run_notebook: the notebook's path, relative to the repo root
 

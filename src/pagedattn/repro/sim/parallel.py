@@ -36,6 +36,8 @@ from typing import Any, Callable, Iterable
 
 from tqdm.auto import tqdm
 
+from pagedattn.repro.progress import interactive
+
 _settings: dict[str, Any] = {"jobs": None, "scheduler": None}
 _pool: tuple[int, Executor] | None = None
 _clients: dict[str, Any] = {}
@@ -155,7 +157,7 @@ def pmap(fn: Callable[[Any], Any], items: Iterable[Any], desc: str | None = None
     address = scheduler_address()
     n = jobs if jobs is not None else num_jobs()
     remote = partial(_in_caller_env, _caller_env(), fn)  # fn as a task run in another process
-    bar = tqdm(total=len(items), desc=desc, disable=not progress, leave=False)
+    bar = tqdm(total=len(items), desc=desc, disable=not (progress and interactive()), leave=False)
     try:
         if address:
             # each task marks its Dask worker as a worker first, so that a sweep inside it runs serially there

@@ -39,6 +39,8 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from pagedattn.repro.progress import interactive
+
 from pagedattn.repro.sim.capacity import Load, normalized_latency, steady_window
 from pagedattn.repro.sim.cost_profile import measured as _measured_a100
 from pagedattn.repro.sim.fastsim import compiled_when_built
@@ -445,7 +447,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     rng, trace_outputs = np.random.default_rng(seed), np.array([r.output_len for r in trace])
     groups: list[SequenceGroup] = []
     i = 0
-    bar = tqdm(total=len(pending), desc=f"sim {system}", disable=not progress, leave=False)
+    bar = tqdm(total=len(pending), desc=f"sim {system}", disable=not (progress and interactive()), leave=False)
     while i < len(pending) or core.has_unfinished():
         if not core.has_unfinished() and pending[i].arrival_time > ex.now:
             ex.now = pending[i].arrival_time  # idle until the next arrival
