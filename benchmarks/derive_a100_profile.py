@@ -1,5 +1,5 @@
-"""Write ``src/pagedattn/repro/data/a100_profile.json``: the few rows of Vidur's A100 profiles that the simulator's measured
-step-time constants come from (issue 30, part 3), and print the constants (``pagedattn.repro.cost_profile.derive``).
+"""Write ``src/pagedattn/repro/sim/data/a100_profile.json``: the few rows of Vidur's A100 profiles that the simulator's measured
+step-time constants come from (issue 30, part 3), and print the constants (``pagedattn.repro.sim.cost_profile.derive``).
 
 Inputs (not committed; the two large CSVs are 0.7 MB each), read from the repository ``microsoft/vidur`` (MIT):
 
@@ -20,7 +20,8 @@ import csv
 import json
 from pathlib import Path
 
-from pagedattn.repro.cost_profile import LAYER_OPS, OVERHEAD_COLUMNS, PREFILL_TOKENS, PROFILE_PATH, derive
+from pagedattn.repro.sim.cost_profile import LAYER_OPS, OVERHEAD_COLUMNS, PREFILL_TOKENS, PROFILE_PATH, SOURCE_SHA256, \
+    check_sources, derive, verify_source
 
 VIDUR = "microsoft/vidur"
 MLP_COMMIT = "bee57dafa1eb2dc422dcaec46a66975599a6a242"
@@ -81,18 +82,27 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=PROFILE_PATH)
     args = ap.parse_args()
     tokens = tuple(sorted(set(DECODE_TOKENS) | set(PREFILL_TOKENS)))
+    inputs = {"mlp_llama2_7b": args.inputs / "mlp_7b.csv", "mlp_internlm_20b": args.inputs / "mlp_internlm20b.csv",
+              "cpu_overheads": args.inputs / "cpu_overheads.csv"}
+    digests = {key: verify_source(key, path) for key, path in inputs.items()}  # another file or commit: refused
     table = {
-        "about": "Rows of Vidur's A100-80GB profiles (medians, ms) behind pagedattn.repro.cost_profile; written by "
+        "about": "Rows of Vidur's A100-80GB profiles (medians, ms) behind pagedattn.repro.sim.cost_profile; written by "
                  "benchmarks/derive_a100_profile.py. Licence of the data: MIT, Copyright (c) Microsoft Corporation.",
         "sources": {
             "mlp_llama2_7b": {"repo": VIDUR, "commit": MLP_COMMIT,
-                              "path": "data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv"},
+                              "path": "data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv",
+                              "sha256": digests["mlp_llama2_7b"]},
             "mlp_internlm_20b": {"repo": VIDUR, "commit": MLP_COMMIT,
-                                 "path": "data/profiling/compute/a100/internlm/internlm-20b/mlp.csv"},
-            "cpu_overheads": {"repo": VIDUR, "commit": CPU_COMMIT, "path": "data/profiling/a100/cpu_overheads.csv"},
+                                 "path": "data/profiling/compute/a100/internlm/internlm-20b/mlp.csv",
+                                 "sha256": digests["mlp_internlm_20b"]},
+            "cpu_overheads": {"repo": VIDUR, "commit": CPU_COMMIT, "path": "data/profiling/a100/cpu_overheads.csv",
+                              "sha256": digests["cpu_overheads"]},
             "attention_llama2_7b": {"repo": ATTN_REPO, "commit": ATTN_COMMIT, "path": ATTN_PATH,
                                     "note": "microsoft/vidur holds a Git LFS pointer here (blob 6ce0a3b, size "
-                                            "10680357); this fork holds a 10,680,357-byte copy (sha256 not checked)"},
+                                            "10680357); this fork holds a 10,680,357-byte copy",
+                                    "sha256": SOURCE_SHA256["attention_llama2_7b"],
+                                    "sha256_missing": "the copy (10.7 MB) was read in 16,000-character pages, never "
+                                                      "whole; its rows are transcribed by character offset"},
         },
         "models": {"llama2_7b": mlp_rows(args.inputs / "mlp_7b.csv", tokens),
                    "internlm_20b": mlp_rows(args.inputs / "mlp_internlm20b.csv", tokens)},
@@ -102,6 +112,7 @@ def main() -> None:
                               for r in ATTENTION_PREFILL],
         "cpu_overheads": cpu_rows(args.inputs / "cpu_overheads.csv", ("meta-llama/Llama-2-7b-hf", "microsoft/phi-2")),
     }
+    check_sources(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(table, indent=1) + "\n")
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")

@@ -61,7 +61,7 @@ def run(src: Path, a: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pagedattn.repro.results import hardware_label, today, write_benchmark
+    from pagedattn.repro.report.results import hardware_label, today, write_benchmark
     from sim_speed import export
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -40,12 +40,12 @@ import torch
 
 from pagedattn import kernels
 from pagedattn.llm import LLM
-from pagedattn.repro.results import REPO_ROOT, hardware_label, today
+from pagedattn.repro.report.results import REPO_ROOT, hardware_label, today
 from pagedattn.sequence import SamplingParams
 
 MODEL = dict(vocab_size=8192, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=4, max_position_embeddings=1024, initializer_range=0.2)
-TRACE = "sharegpt"  # pagedattn.repro.workloads: real ShareGPT lengths (cl100k tokens)
+TRACE = "sharegpt"  # pagedattn.repro.workloads.traces: real ShareGPT lengths (cl100k tokens)
 TRACE_FALLBACK = "sharegpt_synthetic"  # synthetic lengths matched to the paper's Fig. 11, used only with --synthetic
 
 
@@ -59,7 +59,7 @@ def make_model():
 def length_pairs(n: int, prompt_len: tuple[int, int], max_total: int, seed: int, trace: str) -> list[tuple[int, int]]:
     """``n`` (prompt, output) length pairs of ``trace``, kept where the prompt is within ``prompt_len`` and
     prompt + output fits ``max_total`` (the model's positions)."""
-    from pagedattn.repro.workloads import sample_lengths
+    from pagedattn.repro.workloads.traces import sample_lengths
 
     p, o = sample_lengths(trace, 40 * n + 200, seed=seed)
     pairs = [(int(a), int(b)) for a, b in zip(p, o) if prompt_len[0] <= a <= prompt_len[1] and a + b <= max_total]
@@ -400,7 +400,7 @@ def write(a, machine, costs, loads, rows, var, complete: bool) -> dict:
     """The summary so far (written after every workload, so that a run cut short keeps what it measured)."""
     import transformers
 
-    from pagedattn.repro.workloads import describe_trace
+    from pagedattn.repro.workloads.traces import describe_trace
 
     summary = {"benchmark": "engine_vs_hf", "date": today(), "hardware": hardware_label("cpu"),
                "torch": torch.__version__, "transformers": transformers.__version__,

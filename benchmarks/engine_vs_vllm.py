@@ -44,8 +44,8 @@ from engine_vs_hf import (MODEL, TRACE, fmt, length_pairs, load1, make_model, ra
 from pagedattn.baselines.hf import generate_static  # noqa: E402
 from pagedattn.kernels import cpu as cpu_kernels  # noqa: E402
 from pagedattn.llm import LLM  # noqa: E402
-from pagedattn.repro import vllm_cpu  # noqa: E402
-from pagedattn.repro.results import hardware_label, today, write_benchmark  # noqa: E402
+from pagedattn.repro.experiments import vllm_cpu  # noqa: E402
+from pagedattn.repro.report.results import hardware_label, today, write_benchmark  # noqa: E402
 
 PEER = Path(__file__).resolve().parent / "vllm_peer.py"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

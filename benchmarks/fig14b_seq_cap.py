@@ -15,7 +15,7 @@ import argparse
 import json
 
 from pagedattn.repro.experiments import fig14_curves, gain_sources
-from pagedattn.repro.results import REPO_ROOT, hardware_label, today
+from pagedattn.repro.report.results import REPO_ROOT, hardware_label, today
 
 
 def gains(cap: int, widths: tuple[int, ...]) -> list[dict]:

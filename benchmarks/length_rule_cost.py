@@ -5,7 +5,7 @@ with the knee). Run: PYTHONPATH=src OMP_NUM_THREADS=1 nice -n 10 .venv/bin/pytho
 import sys
 import time, json
 from functools import partial
-from pagedattn.repro import capacity
+from pagedattn.repro.sim import capacity
 from pagedattn.repro.experiments import throughput as T
 calls = {"n": 0, "reqs": 0}
 orig = T.sim_run

@@ -3,7 +3,7 @@
 Every function defined in the experiment's module (``pagedattn.repro.experiments.NAME``), and the sensitivity
 band's ``sensitivity.sweep``, is timed in wall seconds where ``run`` calls it (not where those functions call each
 other), and the totals are printed per function, largest first, beside the whole run's. Sweeps inside a step run on
-``pagedattn.repro.parallel``'s workers as in a notebook, so a step's seconds are wall time on all of them.
+``pagedattn.repro.sim.parallel``'s workers as in a notebook, so a step's seconds are wall time on all of them.
 
 The run writes into a temporary folder, never over ``results/``; the band's cache goes to a temporary folder too
 (``--cache`` keeps the repository's, ``.cache/sensitivity``, whose entries make a band's points free), so that by
@@ -58,7 +58,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=None, help="worker processes (default: one per core)")
     ap.add_argument("--cache", action="store_true", help="use the repository's sensitivity cache")
     args = ap.parse_args()
-    from pagedattn.repro import parallel, sensitivity
+    from pagedattn.repro.sim import parallel
+    from pagedattn.repro.experiments import sensitivity
 
     parallel.configure(args.jobs)
     module = importlib.import_module(f"pagedattn.repro.experiments.{args.experiment}")

@@ -21,7 +21,7 @@ import time
 import pagedattn.memory.block_manager as bm
 from pagedattn.repro.experiments import shared_prefix
 from pagedattn.memory.block_manager import block_hashes
-from pagedattn.repro.results import hardware_label, today, write_benchmark
+from pagedattn.repro.report.results import hardware_label, today, write_benchmark
 
 
 def python_hash_chain(token_ids, block_size: int, num_blocks: int, parent: int | None = None) -> list[int]:

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import torch
 
-from pagedattn.repro.capacity import normalized_latency
+from pagedattn.repro.sim.capacity import normalized_latency
 from pagedattn.repro.experiments import online_serving as O
 from pagedattn.repro.experiments.common import tiny_opt
 
@@ -46,7 +46,7 @@ def timed(url: str, pid: int, trace, vocab: int):
 
 
 def main() -> None:
-    from pagedattn.repro.results import RESULTS_DIR, hardware_label, today
+    from pagedattn.repro.report.results import RESULTS_DIR, hardware_label, today
 
     p = O.Params.make(False, vllm=False)
     vocab = p.model["vocab_size"]

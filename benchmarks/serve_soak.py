@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     p.add_argument("--time-limit", type=float, default=None, help="stop after the tenth under way at this many s")
     p.add_argument("--out", default=None, help="the JSON (default: results/benchmarks/serve_soak.json)")
     a = p.parse_args(argv)
-    from pagedattn.repro.results import hardware_label, today, write_benchmark
+    from pagedattn.repro.report.results import hardware_label, today, write_benchmark
 
     server_args = ["tiny:opt", "--kv-manager", a.kv_manager, "--num-slots", "4096", "--max-model-len", "256",
                    "--threads", "1", "--max-step-metrics", str(a.max_step_metrics)]

@@ -116,7 +116,7 @@ def main(argv=None) -> int:
                    "raised above the big prompt, so that it is tokenized before it is refused)")
     p.add_argument("--out", default=None, help="the JSON (default: results/benchmarks/serve_stall.json)")
     a = p.parse_args(argv)
-    from pagedattn.repro.results import hardware_label, today, write_benchmark
+    from pagedattn.repro.report.results import hardware_label, today, write_benchmark
 
     server_args = [a.model, "--served-model-name", "m", "--num-slots", "8192", "--max-model-len", "512",
                    "--threads", "1", *a.server_args.split()]

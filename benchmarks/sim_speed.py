@@ -11,7 +11,7 @@ The replays (``--kinds``, default all):
 - ``search.paged`` and ``search.orca_oracle``: the online replay without step records (``record_steps=False``), as
   the rate searches and sensitivity bands run it (where the simulator takes steady decode steps as runs).
 
-This tree's replays run compiled where its ``.build/fastsim`` is built and fresh (``pagedattn.repro.fastsim``);
+This tree's replays run compiled where its ``.build/fastsim`` is built and fresh (``pagedattn.repro.sim.fastsim``);
 ``--compile-baseline`` builds the other commit's compiled simulator too (where it has one), so that both run
 compiled; each row records which simulator each tree ran. The other commit is exported with ``git archive`` into a temporary folder, and each round runs each replay of each
 tree in a fresh subprocess (``PYTHONPATH`` pointing at that tree's ``src``), the trees in alternating order, so
@@ -39,12 +39,16 @@ sys.path.insert(0, str(REPO / "src"))
 
 CHILD = """
 import json, math, time
-try:
-    from pagedattn.repro.sim import BeamModel, simulate
-    from pagedattn.repro.workloads import make_trace
-except ImportError:  # a tree from before the research code moved to pagedattn.repro
-    from pagedattn.sim import BeamModel, simulate
-    from pagedattn.workloads import make_trace
+import importlib
+for sim_mod, trace_mod in [("pagedattn.repro.sim.simulator", "pagedattn.repro.workloads.traces"),
+                           ("pagedattn.repro." + "sim", "pagedattn.repro." + "workloads"),  # before the folders
+                           ("pagedattn.sim", "pagedattn.workloads")]:  # before the research code moved to repro
+    try:
+        sim_m, trace_m = importlib.import_module(sim_mod), importlib.import_module(trace_mod)
+        break
+    except ImportError:
+        continue
+BeamModel, simulate, make_trace = sim_m.BeamModel, sim_m.simulate, trace_m.make_trace
 kind, n, rate = {kind!r}, {n}, {rate}
 if kind.startswith("online."):
     args = (make_trace("sharegpt", n, rate, seed=0), kind.removeprefix("online.")), {{}}
@@ -62,11 +66,14 @@ for _ in range({repeat}):
     t = time.process_time()
     r = simulate(*args[0], **args[1])
     best = min(best, time.process_time() - t)
-try:  # which simulator ran: the compiled copy (pagedattn.repro.fastsim) where the tree has one built and fresh
-    from pagedattn.repro import fastsim
+simulator = "interpreted"  # which simulator ran: the compiled copy where the tree has one built and fresh
+for name in ("pagedattn.repro.sim.fastsim", "pagedattn.repro." + "fastsim"):  # (its place before the folders)
+    try:
+        fastsim = importlib.import_module(name)
+    except ImportError:
+        continue
     simulator = "compiled" if fastsim.status()[0] is not None else "interpreted: " + fastsim.status()[1]
-except ImportError:
-    simulator = "interpreted"
+    break
 print(json.dumps({{"cpu_s": best, "steps": len(r.steps), "finish_sum": repr(float(r.requests["finish_time"].sum())),
                   "simulator": simulator}}))
 """
@@ -83,11 +90,14 @@ def export(ref: str, into: Path) -> Path:
 
 
 def compile_tree(src: Path) -> None:
-    """Build a tree's compiled simulator in that tree (``python -m pagedattn.repro.fastsim``), where it has one."""
+    """Build a tree's compiled simulator in that tree (``python -m pagedattn.repro.sim.fastsim``), where it has one."""
     env = {**os.environ, "PYTHONPATH": str(src / "src"), "OMP_NUM_THREADS": "1"}
-    if (src / "src" / "pagedattn" / "repro" / "fastsim.py").exists():
-        subprocess.run([sys.executable, "-m", "pagedattn.repro.fastsim"], env=env, check=True, capture_output=True,
-                       cwd=str(src))
+    repro = src / "src" / "pagedattn" / "repro"
+    for path, module in ((repro / "sim" / "fastsim.py", "pagedattn.repro.sim.fastsim"),
+                         (repro / "fastsim.py", "pagedattn.repro." + "fastsim")):  # (its place before the folders)
+        if path.exists():
+            subprocess.run([sys.executable, "-m", module], env=env, check=True, capture_output=True, cwd=str(src))
+            return
 
 
 def replay(src: Path, kind: str, n: int, rate: float, repeat: int) -> dict:
@@ -99,7 +109,7 @@ def replay(src: Path, kind: str, n: int, rate: float, repeat: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pagedattn.repro.results import hardware_label, today, write_benchmark
+    from pagedattn.repro.report.results import hardware_label, today, write_benchmark
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", required=True, help="the commit to compare with (e.g. the golden-digest commit)")

@@ -44,8 +44,8 @@ def _matplotlib_settings_do_not_leak():
 
 @pytest.fixture
 def interpreted_simulator(monkeypatch):
-    """Replays by the interpreted simulator, for tests that spy on its modules (``pagedattn.repro.fastsim``'s compiled
-    copy has modules of its own, which a monkeypatch of ``pagedattn.scheduler`` or ``pagedattn.repro.sim`` misses)."""
-    from pagedattn.repro import fastsim
+    """Replays by the interpreted simulator, for tests that spy on its modules (``pagedattn.repro.sim.fastsim``'s compiled
+    copy has modules of its own, which a monkeypatch of ``pagedattn.scheduler`` or ``pagedattn.repro.sim.simulator`` misses)."""
+    from pagedattn.repro.sim import fastsim
 
     monkeypatch.setattr(fastsim, "status", lambda: (None, "interpreted by the test"))

@@ -1,4 +1,4 @@
-"""A reader's JupyterLab in a test: the `make lab` server (``python -m pagedattn.repro.lab``) on a free local port, headless
+"""A reader's JupyterLab in a test: the `make lab` server (``python -m pagedattn.repro.report.lab``) on a free local port, headless
 Chromium on one of its pages, driven through the Chrome DevTools Protocol with real input events, and a notebook run
 from the Run menu as a reader runs it. Shared by the live-browser tests (``test_tour``, ``test_explore``).
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedattn.repro.results import REPO_ROOT
+from pagedattn.repro.report.results import REPO_ROOT
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -134,7 +134,7 @@ def processes_mentioning(text: str) -> list[int]:
 
 @contextlib.contextmanager
 def lab_server(root: Path, tmp_path: Path):
-    """The ``make lab`` server (``python -m pagedattn.repro.lab``) on ``root``, on a free port of 127.0.0.1, with JupyterLab
+    """The ``make lab`` server (``python -m pagedattn.repro.report.lab``) on ``root``, on a free port of 127.0.0.1, with JupyterLab
     settings, workspaces and runtime files of its own under ``tmp_path``; yields a ``Lab``. On exit the server is
     stopped, and no process (a kernel) started under its runtime dir is left."""
     settings, runtime = tmp_path / "lab-settings", tmp_path / "lab-runtime"
@@ -149,7 +149,7 @@ def lab_server(root: Path, tmp_path: Path):
                PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
     port, token = free_port(), secrets.token_hex(16)
     log = open(tmp_path / "lab.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "pagedattn.repro.lab", f"--ServerApp.root_dir={root}", "--no-browser",
+    proc = subprocess.Popen([sys.executable, "-m", "pagedattn.repro.report.lab", f"--ServerApp.root_dir={root}", "--no-browser",
                              f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
                              f"--IdentityProvider.token={token}", "--LabApp.news_url=None"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -168,7 +168,7 @@ def lab_server(root: Path, tmp_path: Path):
 
 
 def check_project_kernel(lab: Lab) -> None:
-    from pagedattn.repro.lab import KERNEL_DISPLAY_NAME, KERNEL_NAME
+    from pagedattn.repro.report.lab import KERNEL_DISPLAY_NAME, KERNEL_NAME
 
     specs = lab.api("kernelspecs")
     assert specs["default"] == KERNEL_NAME, specs["default"]
@@ -272,7 +272,7 @@ def open_and_run_all(cdp: CDP, timeout: float) -> list[str]:
     """Wait for the notebook to open with the project's kernel, idle; run Run > Run All Cells from the menu as a reader
     clicks it, and wait until every cell has run (fails with the notebook's stderr if one raised). Returns the input
     prompts."""
-    from pagedattn.repro.lab import KERNEL_DISPLAY_NAME
+    from pagedattn.repro.report.lab import KERNEL_DISPLAY_NAME
 
     kernel = "document.querySelector('.jp-Toolbar-kernelName')?.textContent.trim()"
     cdp.wait(f"{kernel} === {json.dumps(KERNEL_DISPLAY_NAME)} && document.querySelector("

@@ -7,7 +7,7 @@ import pytest
 
 from pagedattn.repro.experiments import attention_kernel, block_size, kv_waste, preemption, shared_prefix, sharing, throughput
 from pagedattn.model import load_model
-from pagedattn.repro.workloads import make_trace
+from pagedattn.repro.workloads.traces import make_trace
 
 
 @pytest.mark.parametrize("args,match", [

@@ -1,4 +1,4 @@
-"""The sustainable-rate measure (``pagedattn.repro.capacity``): the capacity rule, the search's resolution, and that a rate
+"""The sustainable-rate measure (``pagedattn.repro.sim.capacity``): the capacity rule, the search's resolution, and that a rate
 above a system's capacity no longer passes on a finite trace (issue 30, part 1)."""
 import math
 
@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pagedattn.repro import capacity
-from pagedattn.repro.capacity import CAPACITY_MARGIN, Load, RateSearch, describe_ratio, ratio_resolution, sustainable_rate
-from pagedattn.repro.workloads import poisson_arrivals
+from pagedattn.repro.sim import capacity
+from pagedattn.repro.sim.capacity import CAPACITY_MARGIN, Load, RateSearch, describe_ratio, ratio_resolution, sustainable_rate
+from pagedattn.repro.workloads.traces import poisson_arrivals
 
 
 def fifo_server(service_rate: float, num_requests: int = 2000, seed: int = 0, output_len: int = 10):
@@ -90,8 +90,8 @@ def test_simulated_rate_does_not_exceed_what_the_system_served():
     """On the simulator (a short ShareGPT-like trace, paper scale): the queue does not grow at the found rate, the
     search's failing rate fails a rule, and the capacity rule never raises the rate latency alone gives."""
     from pagedattn.config import paper_slots
-    from pagedattn.repro.sim import CostModel, simulate
-    from pagedattn.repro.workloads import make_trace, with_rate
+    from pagedattn.repro.sim.simulator import CostModel, simulate
+    from pagedattn.repro.workloads.traces import make_trace, with_rate
 
     base = make_trace("sharegpt_synthetic", 300, 1.0, 0)
 
@@ -238,8 +238,8 @@ def test_a_run_that_refused_a_request_has_no_normalized_latency():
     """The simulator fails a request that can never fit (``SchedulerOutputs.ignored``) at once, with no tokens: its row
     would count as served instantly. ``normalized_latency`` (and so ``Load`` and every search) refuses such a run,
     naming the limit, while the other requests of the replay are still served."""
-    from pagedattn.repro.sim import simulate
-    from pagedattn.repro.workloads import TraceRequest
+    from pagedattn.repro.sim.simulator import simulate
+    from pagedattn.repro.workloads.traces import TraceRequest
 
     trace = [TraceRequest("fits", 0.0, 40, 10), TraceRequest("too-long", 0.1, 900, 10),
              TraceRequest("fits-too", 0.2, 30, 10)]

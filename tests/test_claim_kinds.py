@@ -2,7 +2,7 @@
 that make them (small frames in, no committed result read), and the README shows invariants apart."""
 import pandas as pd
 
-from pagedattn.repro.results import Claim
+from pagedattn.repro.report.results import Claim
 
 SYSTEMS = ("orca_max", "orca_pow2", "orca_oracle", "paged")
 
@@ -45,15 +45,16 @@ def test_synthetic_trace_means_are_invariants():
                            "log_corr": 0.0} for t in trace_lengths.TRACES])
     k = kinds(trace_lengths.claims(stats))
     assert k["trace_mean.sharegpt.input.synthetic"] == k["trace_mean.sharegpt.output.synthetic"] == "invariant"
-    assert k["trace_mean.sharegpt.input"] == "reproduction"
+    assert k["trace_mean.sharegpt.input"] == k["trace_log_corr.sharegpt"] == "tracking"  # issue 51: recorded
 
 
 def test_table1_slots_from_the_papers_kv_are_invariants():
     from pagedattn.repro.experiments import scale
 
     k = kinds(scale.table1_claims(scale.table1()))
-    assert {v for n, v in k.items() if n.startswith("table1.slots_from_paper_kv.")} == {"invariant"}
-    assert {v for n, v in k.items() if not n.startswith("table1.slots_from_paper_kv.")} == {"reproduction"}
+    invariant = ("table1.slots_from_paper_kv.", "table1.param_gb.")  # issue 51: a parameter count is arithmetic
+    assert {v for n, v in k.items() if n.startswith(invariant)} == {"invariant"}
+    assert {v for n, v in k.items() if not n.startswith(invariant)} == {"reproduction"}
 
 
 def test_automatic_prefix_speedup_is_an_invariant():
@@ -79,7 +80,7 @@ def test_tour_arithmetic_claims_are_built_as_invariants():
 
 
 def test_readme_lists_invariants_apart_and_says_so():
-    from pagedattn.repro import readme
+    from pagedattn.repro.report import readme
 
     cs = [{**Claim("a", 1, 1, "", "equal", True, kind="invariant").__dict__},
           {**Claim("b", 2, 3, "x", "", False).__dict__}]
@@ -90,8 +91,8 @@ def test_readme_lists_invariants_apart_and_says_so():
 
 
 def test_readme_fig2_marks_orca_max_mean_batch_as_an_invariant(tmp_path):
-    from pagedattn.repro import readme
-    from pagedattn.repro.results import write_summary
+    from pagedattn.repro.report import readme
+    from pagedattn.repro.report.results import write_summary
 
     claims = [Claim(f"{m}.{s}{v}", 7.0, 7.0, "requests", "", True,
                     kind="invariant" if (m, s) == ("mean_batch", "orca_max") else "reproduction")

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from pagedattn.repro.sim import CostModel
+from pagedattn.repro.sim.simulator import CostModel
 
 
 def test_one_gpu_has_no_allreduce_and_ignores_its_constants():

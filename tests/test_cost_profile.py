@@ -6,10 +6,10 @@ import statistics
 import pandas as pd
 import pytest
 
-from pagedattn.repro import cost_profile as P
-from pagedattn.repro import sensitivity as S
+from pagedattn.repro.sim import cost_profile as P
+from pagedattn.repro.experiments import sensitivity as S
 from pagedattn.config import OPT_13B
-from pagedattn.repro.sim import CostModel
+from pagedattn.repro.sim.simulator import CostModel
 
 
 def test_defaults_are_the_measured_constants_and_the_assumed_ones_are_named():
@@ -29,6 +29,39 @@ def test_table_is_small_and_names_its_sources():
     for src in t["sources"].values():
         assert src["repo"] and len(src["commit"]) == 40 and src["path"].endswith(".csv")
     assert "MIT" in t["about"]
+
+
+def test_every_source_has_its_pinned_sha256(tmp_path):
+    """The table records each profile file's pinned sha256 (or why there is none); a table or an input file that
+    does not match is refused, at load and at rebuild."""
+    import copy
+    import json
+
+    t = P.load_profile()
+    assert {k: s["sha256"] for k, s in t["sources"].items()} == P.SOURCE_SHA256
+    assert sum(v is not None for v in P.SOURCE_SHA256.values()) == 3
+    bad = copy.deepcopy(t)
+    bad["sources"]["cpu_overheads"]["sha256"] = "0" * 64
+    with pytest.raises(ValueError, match="cpu_overheads: sha256"):
+        P.check_sources(bad)
+    bad = copy.deepcopy(t)
+    del bad["sources"]["attention_llama2_7b"]["sha256_missing"]
+    with pytest.raises(ValueError, match="does not say why"):
+        P.check_sources(bad)
+    bad = copy.deepcopy(t)
+    bad["sources"]["extra"] = {"sha256": None}
+    with pytest.raises(ValueError, match="not the pinned ones"):
+        P.check_sources(bad)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({**t, "sources": {}}))
+    with pytest.raises(ValueError, match="not the pinned ones"):
+        P.load_profile.__wrapped__(path)
+    f = tmp_path / "mlp.csv"
+    f.write_text("num_tokens\n8\n")
+    with pytest.raises(ValueError, match="is not the pinned mlp_llama2_7b"):
+        P.verify_source("mlp_llama2_7b", f)
+    with pytest.raises(ValueError, match="is not the pinned attention_llama2_7b"):
+        P.verify_source("attention_llama2_7b", f)
 
 
 def test_constants_are_the_derivation_arithmetic():
@@ -80,17 +113,18 @@ def test_measured_band_is_the_stated_rule_and_contains_the_measured_point():
     for name, (lo, hi) in S.MEASURED_BAND.items():
         assert lo <= getattr(p, name) <= hi
     pts = S.points()
-    assert pts[0] == p and len(set(pts)) == len(pts) == 1 + 4 + 4 + 2 + 1
+    assert pts[0] == p and len(set(pts)) == len(pts) == 1 + 5 + 5 + 2 + 1  # 4 extremes + TRANSFER at 2 rates
     assert pts[-1] == S.ASSUMED and S.ASSUMED.cost() == CostModel.assumed()  # the old constants, reported apart
-    band = [q for q in pts if q != S.ASSUMED]
-    for name, (lo, hi) in S.MEASURED_BAND.items():  # every band point inside the measured box
+    band = [q for q in pts if q != S.ASSUMED and q.bandwidth_efficiency != S.TRANSFER.bandwidth_efficiency]
+    assert S.TRANSFER.bandwidth_efficiency > S.MEASURED_BAND["bandwidth_efficiency"][1]  # outside, by design
+    for name, (lo, hi) in S.MEASURED_BAND.items():  # every other band point inside the measured box
         assert all(lo <= getattr(q, name) <= hi for q in band), name
     assert S.points(quick=True) == [p, pts[1]]
-    assert len(S.points(extremes=False, rate_axis=False, trace_axis=False, assumed=False)) == 1 + 8
+    assert len(S.points(extremes=False, rate_axis=False, trace_axis=False, assumed=False)) == 1 + 8 + 1  # + TRANSFER
 
 
 def test_assumed_point_is_reported_beside_the_band_not_in_it():
-    from pagedattn.repro.results import Claim
+    from pagedattn.repro.report.results import Claim
 
     c = Claim("x", 1.0, 1.0, "x", "0.75-1.25", True)
     pts = [S.DEFAULT, S.points()[1], S.ASSUMED]
@@ -100,3 +134,15 @@ def test_assumed_point_is_reported_beside_the_band_not_in_it():
     assert got.holds is True and got.band["max"] == 1.1  # the assumed point's 2.0 is not in the band
     assert "under the assumed step time (0.7, 0.5, 4 ms): 2 (fails)" in got.note
     assert "reported apart" in got.band["over"]
+
+
+def test_interconnect_constants_are_marked_assumed():
+    """The swap and NVLink constants are not measured here: the claims that rest on them say so."""
+    import pandas as pd
+
+    from pagedattn.repro.experiments import preemption
+
+    assert all("assumed, not measured" in P.assumed_note(k) for k in ("swap", "nvlink"))
+    sim = pd.DataFrame({"block_size": [1, 16], "recompute_over_swap": [0.1, 1.0], "tokens": [1024, 1024]})
+    got = preemption.claims(None, sim)
+    assert got and all(P.assumed_note("swap") in c.note for c in got if ".sim_a100." in c.name)

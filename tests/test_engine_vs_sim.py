@@ -16,8 +16,8 @@ from pagedattn import core
 
 from pagedattn.repro.experiments.common import make_engine, tiny_opt
 from pagedattn.sequence import SamplingParams
-from pagedattn.repro.sim import simulate
-from pagedattn.repro.workloads import TraceRequest, synthetic_prompt
+from pagedattn.repro.sim.simulator import simulate
+from pagedattn.repro.workloads.traces import TraceRequest, synthetic_prompt
 
 
 def zero_head_opt():

@@ -10,7 +10,7 @@ from pagedattn.repro.experiments.common import (Arrival, Clock, ExperimentParams
                                           make_engine, replay, requests_frame, scaled_trace, tiny_opt)
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager
-from pagedattn.repro.workloads import TraceRequest, make_trace
+from pagedattn.repro.workloads.traces import TraceRequest, make_trace
 
 
 @dataclass

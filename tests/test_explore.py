@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pagedattn.repro import explore
-from pagedattn.repro.capacity import Load
-from pagedattn.repro.results import REPO_ROOT
+from pagedattn.repro.experiments import explore
+from pagedattn.repro.sim.capacity import Load
+from pagedattn.repro.report.results import REPO_ROOT
 
 from jupyterlab_browser import check_project_kernel, chromium_page, lab_server, open_and_run_all, require_chromium
 

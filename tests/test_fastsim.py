@@ -1,4 +1,4 @@
-"""The compiled simulator (``pagedattn.repro.fastsim``): when it is used, and that it replays exactly as the interpreted
+"""The compiled simulator (``pagedattn.repro.sim.fastsim``): when it is used, and that it replays exactly as the interpreted
 one (the golden digests run on both paths too: ``tests/test_sim_golden.py``)."""
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pagedattn.repro import fastsim, sim
-from pagedattn.repro.sim import BeamModel, CostModel, simulate
-from pagedattn.repro.workloads import TraceRequest
+from pagedattn.repro.sim import fastsim
+from pagedattn.repro.sim import simulator as sim
+from pagedattn.repro.sim.simulator import BeamModel, CostModel, simulate
+from pagedattn.repro.workloads.traces import TraceRequest
 
 from test_sim_golden import digest
 
@@ -28,7 +29,7 @@ def built() -> bool:
 def test_rewrite_points_the_copied_modules_at_the_copy_only():
     src = ("from pagedattn.memory.block_manager import BlockManager\n"
            "from pagedattn.memory.block_pool import BlockPool\n"
-           "import pagedattn.sequence\nfrom pagedattn.repro.sim import x  # pagedattn.repro.simulate stays\n")
+           "import pagedattn.sequence\nfrom pagedattn.repro.sim.simulator import x  # pagedattn.repro.simulate stays\n")
     out = fastsim._rewrite(src)
     assert "from pagedattn_fastsim.block_manager import BlockManager" in out
     assert "from pagedattn.memory.block_pool import BlockPool" in out  # not copied: the interpreted module

@@ -28,3 +28,29 @@ def test_fig14_gain_claims():
                              "paper_saving_pct": 55.16}])
     got = {c.name: c for c in fig14_curves.claims(gains({1: 1.3}), savings)}
     assert got["beam_model.saving_pct.alpaca.beam_w6"].holds is False  # 5.04 points off
+
+
+def test_open_failures_go_into_the_claim_notes():
+    from pagedattn.repro.experiments import fig14_curves
+
+    gain = pd.DataFrame([{"method": "n=1", "width": 1, "preemption": "swap", "gain": 1.7},
+                         {"method": "parallel", "width": 4, "preemption": "swap", "gain": 2.2},
+                         {"method": "parallel", "width": 6, "preemption": "swap", "gain": 2.0}])
+    cap = pd.DataFrame({"method": ["n=1", "parallel", "parallel"], "width": [1, 4, 6], "max_num_seqs": 2048,
+                        "gain": [1.7, 2.2, 1.9]})
+    use = pd.DataFrame({"system": ["paged", "orca_oracle"], "width": 6, "max_num_seqs": 256,
+                        "memory_bound_share": [0.02, 0.8]})
+    split = pd.DataFrame([{"system": s, "run": r, "batch": b, "saturated_batch": b, "slots_per_request": 100 / b,
+                           "kv_held_pct": 90.0}
+                          for s, k in (("paged", 2.0), ("orca_oracle", 1.0))
+                          for r, b in (("own rate", 10 * k), ("Fig. 13 rate", 8 * k), ("offline", 11 * k),
+                                       ("offline, cap lifted", 12 * k))])
+    equal = cap.assign(max_num_seqs=256, gain=[1.7, 1.72, 1.71])
+    got = {c.name: c for c in fig14_curves.claims(gain, None, {"parallel_seq_cap": cap, "parallel_cap_use": use,
+                                                               "n1_batch_split": split,
+                                                               "parallel_equal_lengths": equal})}
+    assert "the cap does not explain the fall at n = 6" in got["gain_grows_with_n.parallel"].note
+    assert "memory-bound in 2% of steps" in got["gain_grows_with_n.parallel"].note
+    assert "most of the rise with n comes with the independent" in got["gain_grows_with_n.parallel"].note
+    assert "batch ratio at capacity 2.00x = memory 2.00x" in got["gain_at_fixed_latency.n1"].note
+    assert got["gain_grows_with_n.parallel"].holds is False  # the notes do not move a claim

@@ -1,13 +1,14 @@
 """``experiments.gain_sources``: the measurements that explain Fig. 14's gains and Fig. 15's savings (tiny traces)."""
 import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
 
-from pagedattn.repro import parallel
+from pagedattn.repro.sim import parallel
 from pagedattn.repro.experiments import gain_sources, sharing
-from pagedattn.repro.sim import simulate
-from pagedattn.repro.workloads import make_trace
+from pagedattn.repro.sim.simulator import simulate
+from pagedattn.repro.workloads.traces import make_trace
 
 
 @pytest.fixture(autouse=True)
@@ -63,3 +64,66 @@ def test_seq_cap_gains_rows():
     got = gain_sources.seq_cap_gains(tiny(), (2,), 512, progress=False)
     assert list(got["width"]) == [1, 2] and set(got["max_num_seqs"]) == {512}
     assert (got["gain"] == got["rate_paged"] / got["rate_orca_oracle"]).all()
+
+
+def test_seq_cap_gains_parallel_rows():
+    got = gain_sources.seq_cap_gains(tiny(), (2,), 512, progress=False, method="parallel")
+    assert list(got["method"]) == ["n=1", "parallel"] and list(got["width"]) == [1, 2]
+    assert (got["gain"] == got["rate_paged"] / got["rate_orca_oracle"]).all()
+    with pytest.raises(ValueError, match="method"):
+        gain_sources.seq_cap_gains(tiny(), (2,), 512, progress=False, method="sampling")
+
+
+def test_batch_split_terms_see_the_cap():
+    r = simulate(make_trace("alpaca", 40, math.inf, 0), "paged", num_slots=8192, max_num_seqs=4)
+    t = gain_sources.batch_split_terms(r, 4)
+    assert t["saturated_batch"] <= 4 and t["at_cap_share"] > 0.5  # offline, roomy memory: the cap binds
+    assert t["waiting_share"] > 0 and t["slots_per_request"] > 0 and 0 < t["kv_held_pct"] <= 100
+    assert math.isnan(gain_sources.batch_split_terms(r, 4, n=2)["at_cap_share"])  # requests, not samples
+
+
+def test_n1_batch_split_and_factors():
+    split = gain_sources.n1_batch_split(replace(tiny(), gain_requests_n1=400), 40.0, 20.0, progress=False)
+    assert len(split) == 2 * len(gain_sources.BATCH_SPLIT_RUNS)
+    s = split.set_index(["system", "run"])
+    # Orca (Oracle) reserves each request's final length: a running request holds more slots than ours
+    assert s.loc[("orca_oracle", "offline, cap lifted"), "slots_per_request"] > \
+        s.loc[("paged", "offline, cap lifted"), "slots_per_request"]
+    f = gain_sources.batch_split_factors(split)
+    assert f["memory: requests that fit (offline, cap lifted)"] > 1
+    assert f["batch ratio at capacity"] == pytest.approx(
+        f["memory: requests that fit (offline, cap lifted)"] * f["cap: offline batch at the cap / lifted"]
+        * f["arrivals: batch at capacity / offline at the cap"])
+    note = gain_sources.batch_split_note(f, 30.0, 1.82)
+    assert "memory" in note and "1.82x" in note
+    short = gain_sources.n1_batch_split(tiny(), 40.0, 20.0, progress=False)  # 40 requests fit at once: no split
+    assert "not split" in gain_sources.batch_split_note(gain_sources.batch_split_factors(short), 30.0, 1.82)
+
+
+def test_parallel_cap_use_and_notes():
+    gain = pd.DataFrame([{"method": "n=1", "width": 1, "preemption": "swap", "rate_paged": 30.0,
+                          "rate_orca_oracle": 20.0},
+                         {"method": "parallel", "width": 2, "preemption": "swap", "rate_paged": 15.0,
+                          "rate_orca_oracle": 10.0}])
+    use = gain_sources.parallel_cap_use(tiny(), gain, progress=False)
+    assert len(use) == 8 and set(use.max_num_seqs) == {256, gain_sources.LIFTED_SEQ_CAP}
+    assert "at n = 2" in gain_sources.memory_bound_note(use)
+    at_default = pd.Series({1: 1.7, 4: 2.2, 6: 2.0})
+    lifted = pd.DataFrame({"method": ["n=1", "parallel", "parallel"], "width": [1, 4, 6], "max_num_seqs": 2048,
+                           "gain": [1.7, 2.2, 2.4]})
+    assert "the cap explains the fall at n = 6" in gain_sources.seq_cap_note(lifted, at_default)
+    assert "does not explain" in gain_sources.seq_cap_note(lifted.assign(gain=[1.7, 2.2, 1.9]), at_default)
+    assert "does not fall" in gain_sources.seq_cap_note(lifted, pd.Series({1: 1.7, 4: 2.2, 6: 2.3}))
+
+
+def test_equal_sample_lengths_gains_stretch_and_note():
+    p = tiny()
+    st = gain_sources.sample_length_stretch(p, (1, 4))
+    assert list(st.mean_stretch.round(6))[0] == 1.0 and st.mean_stretch.iloc[1] > 1  # the longest of 4 draws
+    eq = gain_sources.seq_cap_gains(p, (2,), 256, progress=False, method="parallel", equal_sample_lengths=True)
+    assert eq.equal_sample_lengths.all() and (eq["gain"] == eq["rate_paged"] / eq["rate_orca_oracle"]).all()
+    assert gain_sources.rise_over_n1(pd.Series({1: 1.6, 2: 2.0, 4: 1.8})) == pytest.approx(0.25)
+    flat = pd.DataFrame({"width": [1, 4, 6], "gain": [1.7, 1.72, 1.65]})
+    assert "most of the rise" in gain_sources.equal_lengths_note(flat, pd.Series({1: 1.7, 4: 2.2, 6: 2.0}))
+    assert "most of the rise" not in gain_sources.equal_lengths_note(flat.assign(gain=[1.7, 2.1, 2.0]),
+                                                                      pd.Series({1: 1.7, 4: 2.2, 6: 2.0}))

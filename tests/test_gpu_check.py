@@ -1,11 +1,11 @@
-"""``python -m pagedattn.repro.gpu_check`` (``make gpu``): its dry run on a machine without a GPU lists every step and
+"""``python -m pagedattn.repro.experiments.gpu_check`` (``make gpu``): its dry run on a machine without a GPU lists every step and
 exits 0, and its claim filling keeps a summary's other claims."""
 from __future__ import annotations
 
 import json
 
-from pagedattn.repro import gpu_check
-from pagedattn.repro.results import Claim
+from pagedattn.repro.experiments import gpu_check
+from pagedattn.repro.report.results import Claim
 
 
 def test_dry_run_lists_every_step(capsys, tmp_path):
@@ -122,7 +122,7 @@ def test_a_failing_step_is_reported_not_skipped(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(gpu_check, "steps", lambda: [
         gpu_check.Step("kernels", "boom", [], lambda ctx: (_ for _ in ()).throw(RuntimeError("no kernel"))),
         gpu_check.Step("swap", "ok", [], lambda ctx: ran.append(1) or {"x": 1})])
-    import pagedattn.repro.results as results
+    import pagedattn.repro.report.results as results
 
     monkeypatch.setattr(results, "hardware_label", lambda device: "cuda: test")
     assert gpu_check.main(["--only", "kernels,swap", "--results-dir", str(tmp_path)]) == 1

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from test_results import check_convention
 
-from pagedattn.repro.reproduce import NOTEBOOKS_DIR, run_notebook
-from pagedattn.repro.results import build_summary_md
+from pagedattn.repro.report.reproduce import NOTEBOOKS_DIR, run_notebook
+from pagedattn.repro.report.results import build_summary_md
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 

@@ -1,4 +1,4 @@
-"""The sweep executor (``pagedattn.repro.parallel``, issue 26): the same results, in the same order, in this process, on a
+"""The sweep executor (``pagedattn.repro.sim.parallel``, issue 26): the same results, in the same order, in this process, on a
 process pool and on a Dask ``LocalCluster``; and an experiment's ``summary.json`` byte for byte the same whichever
 computed it."""
 import math
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pagedattn.repro import parallel, sensitivity
-from pagedattn.repro.parallel import call, pmap
+from pagedattn.repro.sim import parallel
+from pagedattn.repro.experiments import sensitivity
+from pagedattn.repro.sim.parallel import call, pmap
 
 
 @pytest.fixture
@@ -20,7 +21,7 @@ def restore_settings():
 
 
 def _tasks():
-    from pagedattn.repro.sim import simulate  # noqa: F401 (a module-level function, picklable by reference)
+    from pagedattn.repro.sim.simulator import simulate  # noqa: F401 (a module-level function, picklable by reference)
 
     return [(math.sqrt, (x,), {}) for x in range(20)] + [(divmod, (17, k), {}) for k in (1, 2, 3)]
 

@@ -2,7 +2,7 @@
 paper's values in the legend, titles naming the model and the trace. Small frames in, no committed result read."""
 import pandas as pd
 
-from pagedattn.repro import plots
+from pagedattn.repro.report import plots
 from pagedattn.repro.paper import FIG12_RATE_RATIO, FIG14_GAIN, FIG15_SAVING
 
 LABELS = {"ft": "FasterTransformer", "orca_max": "Orca (Max)", "orca_oracle": "Orca (Oracle)", "paged": "vLLM (ours)"}
@@ -24,8 +24,8 @@ def test_fig12_panels_keep_every_system_and_mark_the_paper():
     panels = [{"model": m, "trace": w} for w in ("sharegpt", "alpaca") for m in ("OPT-13B", "OPT-175B")]
     fig = plots.fig12_panels(curves, sus, 0.2, FIG12_RATE_RATIO, panels, plots.setup_title, label="x")
     axes = [ax for ax in fig.axes if ax.get_title()]
-    assert [ax.get_title() for ax in axes][:2] == ["OPT-13B (1 x A100-40GB), ShareGPT (real, cl100k)",
-                                                   "OPT-175B (8 x A100-80GB), ShareGPT (real, cl100k)"]
+    assert [ax.get_title() for ax in axes][:2] == ["OPT-13B (1 x A100-40GB), ShareGPT (real, OPT tokens)",
+                                                   "OPT-175B (8 x A100-80GB), ShareGPT (real, OPT tokens)"]
     for ax in axes:
         assert {line.get_label() for line in ax.get_lines()} >= set(LABELS.values())
         assert ax.get_ylim()[1] > 1.0 and ax.get_yscale() == "linear"  # the off-scale strip sits above 1 s/token
@@ -58,3 +58,24 @@ def test_fig15_names_the_papers_lines_in_the_legend():
     legend = _legend_labels(plots.fig15_savings(sav, FIG15_SAVING, ("alpaca", "sharegpt"), "sharegpt_synthetic"))
     assert {"parallel · paper (per width)", "beam · paper (per width)", "beam · paper (range over widths 2-6)",
             "parallel · paper (range over widths 2-6)"} <= set(legend)
+
+
+def test_savefig_records_figure_metadata(tmp_path):
+    """plots.savefig writes the figure's record into the PNG: the paper's figure, its marks, each axes' scales and
+    number of data artists (an empty axes records 0)."""
+    import json
+
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from pagedattn.repro.report import plots
+    fig, (a, b) = plt.subplots(1, 2)
+    a.plot([1, 2], [3, 4])
+    a.axhline(1.67)
+    b.set_yscale("log")
+    path = plots.savefig(fig, tmp_path / "f.png", figure="Fig. 16", paper_marks=[1.67])
+    plt.close(fig)
+    rec = json.loads(Image.open(path).text[plots.FIGURE_META_KEY])
+    assert rec["figure"] == "Fig. 16" and rec["paper_marks"] == [1.67]
+    assert [ax["yscale"] for ax in rec["axes"]] == ["linear", "log"]
+    assert rec["axes"][0]["artists"] == 2 and rec["axes"][1]["artists"] == 0

@@ -266,7 +266,7 @@ def test_issue19_group_with_room_in_its_last_blocks_comes_back(hf):
 # ------------------------------------------------------------------------------ the paper-scale swap cost (Fig. 19)
 def test_swap_cost_model_counts_one_copy_per_block_layer_and_kv():
     from pagedattn.scheduler import SchedulerOutputs
-    from pagedattn.repro.sim import CostModel
+    from pagedattn.repro.sim.simulator import CostModel
 
     c = CostModel(num_layers=40, copy_latency_s=5e-6, pcie_bytes_per_s=32e9, pcie_efficiency=0.8)
     per_copy = 5e-6 + 16 * c.kv_bytes_per_token / 80 / 25.6e9

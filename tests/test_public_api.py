@@ -28,6 +28,6 @@ def test_no_shim_in_the_engine_module():
 
 
 def test_the_simulator_stays_free_of_torch():
-    code = "import sys, pagedattn.repro.sim, pagedattn.repro.parallel; print('torch' in sys.modules)"
+    code = "import sys, pagedattn.repro.sim.simulator, pagedattn.repro.sim.parallel; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

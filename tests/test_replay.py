@@ -11,7 +11,7 @@ import pytest
 
 from pagedattn import replay
 from pagedattn.replay import Request, RequestRecord, summarize
-from pagedattn.repro import replay as cli
+from pagedattn.repro.experiments import replay as cli
 
 OPT_STDLIB = "models/opt-stdlib"
 
@@ -285,7 +285,7 @@ def test_token_id_trace_end_to_end_writes_the_latency_csv(opt_server, tmp_path):
 
 
 def test_write_trace_for_aiperf(tmp_path):
-    from pagedattn.repro.workloads import make_trace
+    from pagedattn.repro.workloads.traces import make_trace
 
     path = tmp_path / "trace.jsonl"
     cli.main(["--trace", "alpaca", "--rate", "2", "--num-requests", "5", "--write-trace", str(path)])

@@ -1,9 +1,9 @@
-"""``pagedattn.repro.restamp``: a result carried over a refactor is fresh again, says so, and watches the modules
+"""``pagedattn.repro.report.restamp``: a result carried over a refactor is fresh again, says so, and watches the modules
 its recorded ones import now."""
 import json
 
-from pagedattn.repro import restamp
-from pagedattn.repro.results import render_summary_md, stale_reason
+from pagedattn.repro.report import restamp
+from pagedattn.repro.report.results import render_summary_md, stale_reason
 
 
 def test_restamp_updates_hashes_adds_imported_modules_and_records_why(tmp_path, monkeypatch):

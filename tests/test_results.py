@@ -9,18 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from pagedattn.repro import readme, reproduce
-from pagedattn.repro.results import (KINDS, QUICK_RESULTS_DIR, REPO_ROOT, RESULTS_DIR, STALE_FILE, Claim, build_summary_md,
+from pagedattn.repro.report import readme
+from pagedattn.repro.report import reproduce
+from pagedattn.repro.report.results import (KINDS, QUICK_RESULTS_DIR, REPO_ROOT, RESULTS_DIR, STALE_FILE, Claim, build_summary_md,
                                check, provenance, render_summary_md, source_hash, write_summary)
 
 FIELDS = {"name", "paper", "ours", "unit", "tolerance", "holds", "note", "kind", "band"}
+OPTIONAL_FIELDS = {"reason"}  # issue 51: summaries written before the field lack it until the next full rerun
 
 
 def check_convention(doc: dict) -> None:
     """A summary.json in DESIGN.md's results convention (used by tests/test_notebooks.py too)."""
     assert {"experiment", "hardware", "model", "date", "quick", "claims"} <= set(doc) and doc["claims"]
     for c in doc["claims"]:
-        assert set(c) == FIELDS, c["name"]
+        assert FIELDS <= set(c) <= FIELDS | OPTIONAL_FIELDS, c["name"]
+        assert "\n" not in c.get("reason", ""), c["name"]
         assert c["kind"] in KINDS, c["name"]
         assert c["band"] is None or {"min", "max", "over"} <= set(c["band"]), c["name"]
         if c["ours"] is None:  # not measured: it cannot hold, and the note says why
@@ -181,7 +184,7 @@ def test_write_summary_records_the_real_sources_sorted(tmp_path, monkeypatch):
     monkeypatch.setenv("PAGEDATTN_NOTEBOOK", "notebooks/01_kv_memory_waste.ipynb")
     text = write_summary(tmp_path, "01_x", "cpu", "m", False, [Claim("c", 1, 1, holds=True)]).read_text()
     files = json.loads(text)["provenance"]["files"]
-    assert {"src/pagedattn/repro/results.py", "requirements.txt", "notebooks/01_kv_memory_waste.ipynb"} <= set(files)
+    assert {"src/pagedattn/repro/report/results.py", "requirements.txt", "notebooks/01_kv_memory_waste.ipynb"} <= set(files)
     assert all(not Path(f).is_absolute() for f in files)
     assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"  # deterministic bytes
     assert check(tmp_path) == []
@@ -220,7 +223,7 @@ def test_no_provenance_is_stale(tmp_path):
 
 
 def test_check_cli_exits_1_on_stale_results(monkeypatch, capsys):
-    from pagedattn.repro import results
+    from pagedattn.repro.report import results
 
     monkeypatch.setattr(results, "check", lambda: ["01_x: no provenance recorded"])
     assert results.main(["--check"]) == 1 and "01_x: no provenance recorded" in capsys.readouterr().out
@@ -229,16 +232,16 @@ def test_check_cli_exits_1_on_stale_results(monkeypatch, capsys):
 
 
 def test_committed_summary_md_is_what_pagedattn_results_writes():
-    """CI: results/SUMMARY.md is generated, staleness included (regenerate: python -m pagedattn.repro.results)."""
+    """CI: results/SUMMARY.md is generated, staleness included (regenerate: python -m pagedattn.repro.report.results)."""
     assert (RESULTS_DIR / "SUMMARY.md").read_text() == render_summary_md(), \
-        "results/SUMMARY.md is out of date: run `python -m pagedattn.repro.readme` (make summary) and commit it"
+        "results/SUMMARY.md is out of date: run `python -m pagedattn.repro.report.readme` (make summary) and commit it"
 
 
 # --- README blocks (issue 26, part 5) ----------------------------------------------------------------------------
 
 def test_committed_readme_blocks_are_what_pagedattn_results_writes():
     assert (REPO_ROOT / "README.md").read_text() == readme.render_readme(), \
-        "README.md's generated blocks are out of date: run `python -m pagedattn.repro.readme` (make summary) and commit it"
+        "README.md's generated blocks are out of date: run `python -m pagedattn.repro.report.readme` (make summary) and commit it"
 
 
 def test_every_headline_pattern_matches_a_committed_claim():
@@ -337,7 +340,7 @@ def test_a_full_run_takes_side_by_side_only_the_notebooks_that_time_nothing():
 
 
 def test_the_wall_time_of_a_run_with_notebooks_side_by_side_is_its_span_not_the_sum():
-    from pagedattn.repro.results import wall_seconds
+    from pagedattn.repro.report.results import wall_seconds
 
     runs = [{"notebook": "10_x", "seconds": 100.0, "started": "2026-12-02T06:00:00", "finished": "2026-12-02T06:01:40",
              "all_notebooks": True, "at_once": 2},
@@ -386,7 +389,7 @@ def test_no_committed_sustainable_rate_exceeds_its_offline_throughput():
     request queued (``capacity``'s offline rule), and the throughput measured at the rate is within the capacity
     rule's margin of it: the queue grows by at most that margin of the arrival rate (twice the margin here, as the
     window's arrival slope is itself a least-squares fit)."""
-    from pagedattn.repro.capacity import CAPACITY_MARGIN
+    from pagedattn.repro.sim.capacity import CAPACITY_MARGIN
 
     rows = list(_committed_rate_rows())
     assert rows, "no sustainable-rate table among the committed results"
@@ -420,7 +423,7 @@ def test_notebooks_at_once_run_side_by_side_each_with_its_own_environment(tmp_pa
     its own ``PAGEDATTN_NOTEBOOK`` (so each summary names its notebook), and a failing one is marked as usual."""
     nbs = tmp_path / "notebooks"
     nbs.mkdir()
-    body = ("import os\nfrom pathlib import Path\nfrom pagedattn.repro.results import Claim, write_summary\n"
+    body = ("import os\nfrom pathlib import Path\nfrom pagedattn.repro.report.results import Claim, write_summary\n"
             "name = Path(os.environ['PAGEDATTN_NOTEBOOK']).stem\n"
             "write_summary(Path(results_dir) / name, name, 'cpu', 'm', quick, [Claim('c', 1, 1, holds=True)])\n")
     for name in ("10_a", "11_b"):  # in SHARE_THE_MACHINE: a full run takes them side by side
@@ -511,7 +514,7 @@ def test_sigterm_shuts_the_running_notebook_down_instead_of_orphaning_its_kernel
 def test_cpu_labels_name_the_vector_extensions():
     """Two machines of one CPU name ran the same replays 2-3x apart (one with AVX-512, one with AVX2 only):
     the hardware label says which, and a machine with neither keeps the plain label."""
-    from pagedattn.repro import results as R
+    from pagedattn.repro.report import results as R
 
     assert R.cpu_isa("fpu sse avx2 avx512f avx512bw amx_bf16 amx_tile") == "AVX-512, AMX"
     assert R.cpu_isa("fpu avx2 avx512f") == "AVX-512"
@@ -519,3 +522,31 @@ def test_cpu_labels_name_the_vector_extensions():
     assert R.cpu_isa("fpu sse4_2 avx2") == "AVX2" and R.cpu_isa("fpu neon") == ""
     isa = R.cpu_isa()
     assert R.hardware_label("cpu").startswith(f"cpu: {R.cpu_name()}{f' ({isa})' if isa else ''}, ")
+
+
+def test_claim_reason_is_one_line_and_stored():
+    """Issue 51: each claim carries a one-line reason that summary.json stores; a multi-line one is refused."""
+    from dataclasses import asdict
+
+    import pytest as _pytest
+
+    from pagedattn.repro.report.results import Claim
+
+    c = Claim("x", paper=1.0, ours=1.1, reason="within 10 % of the paper")
+    assert asdict(c)["reason"] == "within 10 % of the paper"
+    assert Claim("y", paper=1, ours=1).reason == ""
+    with _pytest.raises(ValueError):
+        Claim("z", paper=1, ours=1, reason="two\nlines")
+
+
+def test_missing_reasons_lists_claims_without_one(tmp_path):
+    """Issue 51: the claims still without a reason (committed summaries predate the field) are listed by name."""
+    from pagedattn.repro.report.results import missing_reasons
+
+    write_summary(tmp_path / "01_x", "01_x", "cpu", "m", False,
+                  [Claim("a", 1, 1, reason="equal to the paper"), Claim("b", 1, 2)])
+    doc = json.loads((tmp_path / "01_x" / "summary.json").read_text())
+    del doc["claims"][0]["reason"], doc["claims"][1]["reason"]  # as written before the field
+    (tmp_path / "02_y").mkdir()
+    (tmp_path / "02_y" / "summary.json").write_text(json.dumps(doc))
+    assert missing_reasons(tmp_path) == ["01_x/b", "02_y/a", "02_y/b"]

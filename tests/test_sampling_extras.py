@@ -10,7 +10,7 @@ from transformers.generation.logits_process import MinPLogitsWarper
 from tiny_models import tiny_llama, tiny_opt
 
 from pagedattn.llm import LLM
-from pagedattn.repro.zoo import train_tokenizer
+from pagedattn.repro.experiments.zoo import train_tokenizer
 from pagedattn.sampling import SamplingRow, _filter_min_p, apply_penalties, top_logprobs
 from pagedattn.sequence import SamplingParams, Sequence
 

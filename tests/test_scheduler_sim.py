@@ -10,8 +10,8 @@ from hypothesis import given, settings, strategies as st
 from pagedattn.memory.accounting import breakdown
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs, _add_moves
 from pagedattn.repro.experiments.online_serving import FittedStepTime
-from pagedattn.repro.sim import SYSTEMS, CostModel, make_kv_manager, simulate
-from pagedattn.repro.workloads import TraceRequest, make_trace
+from pagedattn.repro.sim.simulator import SYSTEMS, CostModel, make_kv_manager, simulate
+from pagedattn.repro.workloads.traces import TraceRequest, make_trace
 from factories import block_manager, contiguous_manager, scheduler
 from seq_groups import admit, make_group
 from test_sim_golden import digest
@@ -163,7 +163,7 @@ def test_simulation_finishes_every_request_and_returns_every_block(system):
 def test_simulation_under_pressure_preempts_and_leaks_nothing(mode, interpreted_simulator):
     trace = [TraceRequest(f"r{i}", 0.0, 30 + 7 * i, 60) for i in range(12)]
     kv_holder = {}
-    import pagedattn.repro.sim as sim
+    import pagedattn.repro.sim.simulator as sim
 
     orig = sim.make_kv_manager
 
@@ -464,7 +464,7 @@ def test_replays_taking_runs_equal_replays_step_by_step(lens, system, slots, mod
     interpreted: a subclass), by the compiled simulator and the interpreted one."""
     from unittest import mock
 
-    from pagedattn.repro import fastsim
+    from pagedattn.repro.sim import fastsim
     trace = [TraceRequest(f"r{i}", t, p, o) for i, (p, o, t) in enumerate(lens)]
     cost = FittedStepTime(decode_s=1e-3, decode_per_seq_s=2e-5, decode_per_context_token_s=1e-7, prefill_s=2e-3,
                           prefill_per_token_s=1e-5) if fitted else CostModel(step_overhead_s=0.002)

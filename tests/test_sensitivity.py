@@ -1,4 +1,4 @@
-"""Sensitivity bands (pagedattn.repro.sensitivity), the simulator's swap charge and its steady-state window (issue 13)."""
+"""Sensitivity bands (pagedattn.repro.experiments.sensitivity), the simulator's swap charge and its steady-state window (issue 13)."""
 from __future__ import annotations
 
 import math
@@ -7,15 +7,15 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from pagedattn.repro import sensitivity as S
-from pagedattn.repro.results import Claim
-from pagedattn.repro.sim import CostModel, SimResult, simulate
-from pagedattn.repro.workloads import TraceRequest, make_trace
+from pagedattn.repro.experiments import sensitivity as S
+from pagedattn.repro.report.results import Claim
+from pagedattn.repro.sim.simulator import CostModel, SimResult, simulate
+from pagedattn.repro.workloads.traces import TraceRequest, make_trace
 
 
 def test_grid_is_the_stated_one():
     full = S.points()
-    assert full[0] == S.DEFAULT and len(set(full)) == len(full) == 1 + 4 + 4 + 2 + 1
+    assert full[0] == S.DEFAULT and len(set(full)) == len(full) == 1 + 5 + 5 + 2 + 1  # 4 extremes + TRANSFER at 2 rates
     assert full[-1] == S.ASSUMED
     (b0, b1), (f0, f1) = S.MEASURED_BAND["bandwidth_efficiency"], S.MEASURED_BAND["flops_efficiency"]
     (o0, o1), (s0, s1) = S.MEASURED_BAND["step_overhead_s"], S.MEASURED_BAND["step_overhead_per_seq_s"]
@@ -23,10 +23,12 @@ def test_grid_is_the_stated_one():
     steps = {(p.bandwidth_efficiency, p.flops_efficiency, p.step_overhead_s, p.step_overhead_per_seq_s) for p in full}
     assert steps == {(d.bandwidth_efficiency, d.flops_efficiency, d.step_overhead_s, d.step_overhead_per_seq_s),
                      (b1, f1, o0, s0), (b0, f0, o1, s1), (b1, f0, d.step_overhead_s, d.step_overhead_per_seq_s),
-                     (b0, f1, d.step_overhead_s, d.step_overhead_per_seq_s), (0.7, 0.5, 0.004, 0.0)}
+                     (b0, f1, d.step_overhead_s, d.step_overhead_per_seq_s), (0.7, 0.5, 0.004, 0.0),
+                     (0.85, d.flops_efficiency, d.step_overhead_s, d.step_overhead_per_seq_s)}
+    assert S.TRANSFER.bandwidth_efficiency == round(d.bandwidth_efficiency * 2.039 / 1.555, 2)  # absolute bytes/s
     assert {p.rate for p in full} == {"experiment", "equal_load"}
-    assert len(S.points(rate_axis=False, trace_axis=False, assumed=False)) == 5
-    corners = S.points(rate_axis=False, trace_axis=False, extremes=False, assumed=False)[1:]
+    assert len(S.points(rate_axis=False, trace_axis=False, assumed=False)) == 6  # 4 extremes + TRANSFER
+    corners = S.points(rate_axis=False, trace_axis=False, extremes=False, assumed=False)[1:-1]
     assert {(p.bandwidth_efficiency, p.flops_efficiency, p.step_overhead_s) for p in corners} == \
         {(b, f, o) for b in (b0, b1) for f in (f0, f1) for o in (o0, o1)}
     assert S.points(quick=True) == [S.DEFAULT, replace(S.DEFAULT, bandwidth_efficiency=b1, flops_efficiency=f1,

@@ -19,8 +19,8 @@ from pagedattn.repro.experiments.common import tiny_opt
 from pagedattn.llm import LLM
 from pagedattn.sequence import SamplingParams
 from pagedattn.serve import build_app, field_of, load_engine, serve_in_thread
-from pagedattn.repro.workloads import synthetic_prompt
-from pagedattn.repro.zoo import train_tokenizer
+from pagedattn.repro.workloads.traces import synthetic_prompt
+from pagedattn.repro.experiments.zoo import train_tokenizer
 
 MODEL = "tiny:opt"
 
@@ -160,7 +160,7 @@ def test_a_client_that_disconnects_mid_stream_leaves_no_blocks_held(server):
 def test_replayer_end_to_end_writes_the_latency_csv(server, tmp_path):
     url, async_engine = server
     out = tmp_path / "replay.csv"
-    from pagedattn.repro import replay as replay_cli
+    from pagedattn.repro.experiments import replay as replay_cli
 
     summary = replay_cli.main(["--url", f"{url}/v1", "--trace", "alpaca", "--rate", "40", "--num-requests", "30",
                            "--scale", "2", "--out", str(out), "--time-limit", "50"])

@@ -16,7 +16,7 @@ from tiny_models import tiny_opt
 
 from pagedattn.async_engine import AsyncEngine
 from pagedattn.llm import LLM
-from pagedattn.repro.zoo import train_tokenizer
+from pagedattn.repro.experiments.zoo import train_tokenizer
 from pagedattn.sequence import SamplingParams
 from pagedattn.serve import build_app, load_engine, serve_in_thread
 

@@ -4,11 +4,11 @@ import math
 
 import pandas as pd
 
-from pagedattn.repro.capacity import RateSearch
+from pagedattn.repro.sim.capacity import RateSearch
 
 from pagedattn.repro.experiments import chatbot, kv_waste
-from pagedattn.repro.sim import SYSTEMS, simulate
-from pagedattn.repro.workloads import TraceRequest, make_trace, with_rate
+from pagedattn.repro.sim.simulator import SYSTEMS, simulate
+from pagedattn.repro.workloads.traces import TraceRequest, make_trace, with_rate
 
 
 def test_steady_state_drops_warm_up_and_drain():
@@ -69,7 +69,7 @@ def test_chatbot_claims_use_two_sided_bands():
     cl = {c.name: c for c in chatbot.claims(sus(4.0, 1.0, 0.5))}  # too good and not alike: both fail
     assert cl["rate_ratio.chatbot.paged_vs_orca_oracle"].holds is False
     assert cl["rate_ratio.chatbot.orca_max_vs_orca_oracle"].holds is False
-    assert "cl100k" in cl["rate_ratio.chatbot.paged_vs_orca_max"].note
+    assert "OPT" in cl["rate_ratio.chatbot.paged_vs_orca_max"].note
     assert "ratio resolution 4.0 %" in cl["rate_ratio.chatbot.paged_vs_orca_max"].note
 
 

@@ -171,7 +171,7 @@ def test_bad_sharing_requests_raise_clear_errors(hf):
 
 def test_gain_detail_says_not_judged_for_the_short_search_only():
     """A gain row whose searches' length-mix noise is above half the capacity margin says so, naming the search."""
-    from pagedattn.repro.capacity import MAX_TREND_SE, RateSearch
+    from pagedattn.repro.sim.capacity import MAX_TREND_SE, RateSearch
     from pagedattn.repro.experiments.sharing import gain_columns, gain_detail
 
     def search(se):
@@ -180,3 +180,26 @@ def test_gain_detail_says_not_judged_for_the_short_search_only():
     short = gain_detail(gain_columns(search(2 * MAX_TREND_SE), search(MAX_TREND_SE / 3)))
     assert "NOT JUDGED" not in judged
     assert "NOT JUDGED" in short and "ours 10 req/s" in short and "Orca (Oracle)" not in short.split("NOT JUDGED")[1]
+
+
+def test_parent_sources_rows():
+    """The distinct-parent sources: every (model, prompt set, width) once, each count within [1, width]; the trained
+    model's count is the one real_beam_savings measures on the same requests (one beam helper, ``_run_beams``)."""
+    from pagedattn.repro.sim import parallel
+    from pagedattn.repro.experiments import sharing
+
+    parallel.configure(1)
+    try:
+        p = sharing.Params.make(True, beam_requests={"alpaca": 1, "sharegpt": 1}, widths=(2,), real_max_output=8)
+        got = sharing.parent_sources(p, (2,), progress=False)
+        beams = sharing.real_beam_savings(p, progress=False)
+    finally:
+        parallel.configure(None)
+    assert len(got) == len(sharing.PARENT_MODELS) * len(sharing.PARENT_PROMPTS)
+    assert got["mean_distinct_parents"].between(1, 2).all() and (got["top1_prob"] > 0).all()
+    trained = got[(got.model == "opt-stdlib (trained)") & (got.prompts == "stdlib")].mean_distinct_parents.iloc[0]
+    real = beams[(beams.trace == "alpaca") & (beams.width == 2)].mean_distinct_parents.iloc[0]
+    assert trained == real
+    # near-uniform logits (transformers' init_std) spread probability over the whole vocabulary
+    flat = got[got.model == "random-weight OPT, init_std 0.02"].next_token_entropy_nats
+    assert (flat > got[got.model == "opt-stdlib (trained)"].next_token_entropy_nats.max()).all()

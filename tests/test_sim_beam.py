@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from pagedattn.memory.interface import num_copied
-from pagedattn.repro.sim import BEAM_DISTINCT_PARENTS, BeamModel, CostModel, simulate
-from pagedattn.repro.workloads import TraceRequest, make_trace
+from pagedattn.repro.sim.simulator import BEAM_DISTINCT_PARENTS, BeamModel, CostModel, simulate
+from pagedattn.repro.workloads.traces import TraceRequest, make_trace
 from factories import block_manager, contiguous_manager
 from seq_groups import make_group
 

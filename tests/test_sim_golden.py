@@ -27,8 +27,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pagedattn.repro.sim import BeamModel, CostModel, simulate
-from pagedattn.repro.workloads import make_trace
+from pagedattn.repro.sim.simulator import BeamModel, CostModel, simulate
+from pagedattn.repro.workloads.traces import make_trace
 
 DIGESTS = Path(__file__).parent / "fixtures" / "sim_digests.json"
 #: The step-time constants of the digests (the defaults of 2026-12-01, written out).
@@ -52,7 +52,7 @@ def _prefix_prompts(trace, prefix_len: int, seed: int) -> tuple[dict, dict]:
 
 
 def _with_prompt_lens(trace, prompts):
-    from pagedattn.repro.workloads import TraceRequest
+    from pagedattn.repro.workloads.traces import TraceRequest
 
     return [TraceRequest(r.request_id, r.arrival_time, len(prompts[r.request_id]), r.output_len) for r in trace]
 
@@ -145,9 +145,9 @@ NO_STEPS = " without step records"
 @functools.cache
 def results(path: str = "interpreted") -> dict:
     """Every case's ``SimResult``, run once per test session (the tests below only read them), by the interpreted
-    simulator or by its compiled copy (``pagedattn.repro.fastsim``; every replay must go there: a replay that falls
+    simulator or by its compiled copy (``pagedattn.repro.sim.fastsim``; every replay must go there: a replay that falls
     back to the interpreter fails)."""
-    from pagedattn.repro import fastsim
+    from pagedattn.repro.sim import fastsim
 
     status, replay, fell_back = fastsim.status, fastsim.replay, []
 

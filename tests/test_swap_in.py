@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from pagedattn.memory import AllocStatus, BlockManager
 from pagedattn.sequence import SequenceGroup
-from pagedattn.repro.sim import simulate
-from pagedattn.repro.workloads import TraceRequest
+from pagedattn.repro.sim.simulator import simulate
+from pagedattn.repro.workloads.traces import TraceRequest
 from factories import block_manager, scheduler
 from seq_groups import make_group
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from pagedattn.repro import tour
-from pagedattn.repro.results import REPO_ROOT
+from pagedattn.repro.experiments import tour
+from pagedattn.repro.report.results import REPO_ROOT
 
 import jupyterlab_browser
 from factories import block_manager
@@ -37,7 +37,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def trace():
-    from pagedattn.repro.zoo import load_model
+    from pagedattn.repro.experiments.zoo import load_model
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -205,13 +205,13 @@ def test_ci_run_installs_chromium_when_missing(tmp_path):
 
 
 def test_make_lab_serves_the_notebooks_with_the_project_kernel(tmp_path):
-    """`make lab` runs pagedattn.repro.lab; that server lists the notebooks, has the `pagedattn (.venv)` kernel spec as its
+    """`make lab` runs pagedattn.repro.report.lab; that server lists the notebooks, has the `pagedattn (.venv)` kernel spec as its
     default, and a notebook opened there gets that kernel, which starts and answers."""
-    from pagedattn.repro.lab import KERNEL_NAME, NOTEBOOKS_DIR
+    from pagedattn.repro.report.lab import KERNEL_NAME, NOTEBOOKS_DIR
 
     recipe = subprocess.run(["make", "-n", "--no-print-directory", "-C", str(REPO_ROOT), "lab"], capture_output=True,
                             text=True, check=True)
-    assert "-m pagedattn.repro.lab" in recipe.stdout.splitlines()[-1], recipe.stdout
+    assert "-m pagedattn.repro.report.lab" in recipe.stdout.splitlines()[-1], recipe.stdout
     with lab_server(NOTEBOOKS_DIR, tmp_path) as lab:
         check_project_kernel(lab)
         assert "00_tour.ipynb" in [c["name"] for c in lab.api("contents")["content"]]
@@ -227,7 +227,7 @@ def test_make_lab_serves_the_notebooks_with_the_project_kernel(tmp_path):
 
 
 def test_lab_command_line_and_a_missing_kernel_spec(monkeypatch, capsys):
-    from pagedattn.repro import lab
+    from pagedattn.repro.report import lab
 
     argv = lab.lab_argv("--no-browser")
     assert argv[1:3] == ["-m", "jupyterlab"] and argv[-1] == "--no-browser"

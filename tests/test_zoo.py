@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import OPTForCausalLM, PreTrainedTokenizerFast
 
-from pagedattn.repro import zoo
+from pagedattn.repro.experiments import zoo
 
 QUICK_RATIO = 2.0  # the quick model's validation perplexity must be at least 2x below the unigram model's
 FULL_RATIO = 5.0   # the committed model's: at least 5x below
@@ -96,7 +96,7 @@ def test_corrupted_checkpoint_raises_with_retrain_hint(committed_dir, tmp_path):
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 0xFF
     f.write_bytes(bytes(data))
-    with pytest.raises(zoo.CheckpointError, match=r"make model.*python -m pagedattn\.repro\.zoo train opt-stdlib"):
+    with pytest.raises(zoo.CheckpointError, match=r"make model.*python -m pagedattn\.repro\.experiments\.zoo train opt-stdlib"):
         zoo.load_model("opt-stdlib", root=tmp_path)
 
 

@@ -9,7 +9,7 @@ The public API, named as vLLM names it::
 
 ``LLMEngine`` (``add_request`` / ``step`` / ``abort_request``) and ``EngineArgs`` are the engine underneath;
 ``RequestOutput`` and ``CompletionOutput`` are what they return. Each name is imported from the module that defines
-it when first used, so that ``import pagedattn.repro.sim`` (the simulator, which needs no torch) stays light.
+it when first used, so that ``import pagedattn.repro.sim.simulator`` (the simulator, which needs no torch) stays light.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ Two command lines share these options (``add_arguments``) and the run (``run``: 
 - ``python -m pagedattn.replay --requests trace.jsonl --url ...`` replays a Mooncake-style JSONL (``read_mooncake``:
   ``timestamp`` in ms, ``input_length``, ``output_length``, optionally ``text``), at its own timestamps or re-timed
   with ``--rate`` and ``--burstiness``;
-- ``python -m pagedattn.repro.replay --trace sharegpt --rate 2 ...`` replays the project's traces (the lengths and
+- ``python -m pagedattn.repro.experiments.replay --trace sharegpt --rate 2 ...`` replays the project's traces (the lengths and
   Poisson arrivals the simulator replays, §6.1) or real ShareGPT text (``--prompts sharegpt``).
 Layering (issue 49): this module is an entry point and imports no research code (``pagedattn.repro``); the
 project's traces and the ShareGPT data set are read by the research tier's command line, which calls this one.
@@ -398,7 +398,7 @@ def read_mooncake(path: str) -> list[Request]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of every replay command line (this module's and ``pagedattn.repro.replay``'s)."""
+    """The options of every replay command line (this module's and ``pagedattn.repro.experiments.replay``'s)."""
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (with or without /v1)")
     p.add_argument("--endpoint", choices=sorted(ENDPOINTS), default="completions",
                    help="completions: /v1/completions; chat: /v1/chat/completions (needs text prompts)")
@@ -467,7 +467,7 @@ def run(a: argparse.Namespace, requests: Sequence[TraceLike], described: str) ->
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pagedattn.replay", description=__doc__.split("\n\n")[0],
-                                epilog="The project's traces and ShareGPT text: python -m pagedattn.repro.replay")
+                                epilog="The project's traces and ShareGPT text: python -m pagedattn.repro.experiments.replay")
     p.add_argument("--requests", required=True, metavar="JSONL",
                    help="the requests, as Mooncake JSONL (timestamp in ms, input_length, output_length; text)")
     p.add_argument("--rate", type=float, default=None,

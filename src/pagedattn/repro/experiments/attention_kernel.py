@@ -32,9 +32,9 @@ import torch
 
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import fastest
-from pagedattn.repro.parallel import pmap
+from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import DEFAULT_BLOCK_SIZE, FIG18A_PAGED_OVER_CONTIGUOUS
-from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, write_summary
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
 
 EXPERIMENT = "02_attention_kernel"
 #: Fig. 18a's configurations: the headline ratio is the mean over these at block size 16.
@@ -148,7 +148,7 @@ def correctness_sweep(quick: bool = True, backends: tuple[str, ...] = ("torch", 
     shapes, gqa = grid.get("shapes", shapes), grid.get("gqa", gqa)
     head_dims, num_heads = grid.get("head_dims", head_dims), grid.get("num_heads", num_heads)
     # every case carries its own seed: ``seed`` + the rows before it in the sequential order (one row per case for
-    # torch, one per path for Triton), so that the cases run in parallel (``pagedattn.repro.parallel``) in any order; a
+    # torch, one per path for Triton), so that the cases run in parallel (``pagedattn.repro.sim.parallel``) in any order; a
     # worker runs Triton in the same mode (interpreted or compiled) as this process
     cases = []
     n_rows = 0
@@ -567,7 +567,7 @@ def claims(df: pd.DataFrame, meta: dict) -> list[Claim]:
 
 def with_gpu_claims(claims_: list[Claim], benchmarks: dict[str, dict]) -> list[Claim]:
     """Fill the ``.gpu`` claims from the newest GPU benchmark file present (written by ``python -m
-    pagedattn.repro.gpu_check`` on a GPU), so that a CPU rerun of the notebook keeps them; without one they stay null."""
+    pagedattn.repro.experiments.gpu_check`` on a GPU), so that a CPU rerun of the notebook keeps them; without one they stay null."""
     gpu = [b for b in benchmarks.values() if b["meta"]["device"].startswith("cuda")]
     if not gpu:
         return claims_

@@ -9,7 +9,7 @@ there: its sequences are shorter than a block), and picks 16 as the default.
 Two scales, both sweeping block sizes 1-256 at a fixed Poisson request rate per trace:
 
 - **paper scale, simulated** (``sim.py``: the real scheduler and block manager, OPT-13B / A100-40GB, 15.7K token
-  slots) on real ShareGPT (cl100k, vLLM's pairing; the synthetic ShareGPT-like trace as a sensitivity row) and the
+  slots) on real ShareGPT (OPT tokens, the default pairing of ``workloads``; the synthetic ShareGPT-like trace as a sensitivity row) and the
   synthetic Alpaca trace (no data set installs). ShareGPT's rate follows a rule fixed in advance: ``KNEE_FRACTION``
   of the paged system's sustainable rate at block 16 (``throughput.sustainable_rate``), i.e. just below its knee;
   Alpaca keeps 50 req/s (``RATES``).
@@ -44,17 +44,19 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from pagedattn.repro import sensitivity
+from pagedattn.repro.progress import interactive
+
+from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.kv_waste import kv_waste_pct
 from pagedattn.repro.experiments.common import (TINY_OPT_SHAPE, Arrival, Clock, ExperimentParams, fastest, greedy, replay,
                                           requests_frame, scaled_trace, tiny_opt)
-from pagedattn.repro.parallel import pmap
+from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import DEFAULT_BLOCK_SIZE, FIG18B_BEST_BLOCK_SIZES
-from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, write_summary
-from pagedattn.repro.sim import CostModel, simulate
-from pagedattn.repro.workloads import TraceRequest, describe_trace, make_trace, with_rate
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
+from pagedattn.repro.sim.simulator import CostModel, simulate
+from pagedattn.repro.workloads.traces import TraceRequest, describe_trace, make_trace, with_rate
 
 EXPERIMENT = "05_block_size"
 SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time with A100-measured constants x a kernel multiplier per block size)"
@@ -295,7 +297,7 @@ def _engine_sweep(params: Params, progress: bool) -> tuple[pd.DataFrame, str]:
     rows = []
     jobs = [(w, bs) for w in TRACES for bs in params.engine_block_sizes]
     rates = {}
-    for w, bs in tqdm(jobs, desc="block-size sweep (CPU engine)", disable=not progress, leave=False):
+    for w, bs in tqdm(jobs, desc="block-size sweep (CPU engine)", disable=not (progress and interactive()), leave=False):
         if w not in rates:
             offline = scaled_trace(w, params.engine_requests, params.engine_length_scale, seed=params.seed)
             clock = Clock()
@@ -311,7 +313,7 @@ def _engine_sweep(params: Params, progress: bool) -> tuple[pd.DataFrame, str]:
 
 def knee_rate(trace: list[TraceRequest], params: Params) -> float:
     """``KNEE_FRACTION`` x the paged system's sustainable rate at block 16 on ``trace`` (the rule for ShareGPT)."""
-    from pagedattn.repro.capacity import NL_THRESHOLD_S, sustainable_rate
+    from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, sustainable_rate
 
     def requests(rate):
         return simulate(with_rate(trace, rate, params.seed), "paged", paper_slots(), DEFAULT_BLOCK_SIZE, CostModel(),
@@ -321,7 +323,7 @@ def knee_rate(trace: list[TraceRequest], params: Params) -> float:
 
 
 def knee_rates(traces: dict[str, list[TraceRequest]], params: Params, progress: bool = False) -> dict[str, float]:
-    """:func:`knee_rate` of each trace, the bisections in parallel (``pagedattn.repro.parallel``)."""
+    """:func:`knee_rate` of each trace, the bisections in parallel (``pagedattn.repro.sim.parallel``)."""
     return dict(zip(traces, pmap(partial(knee_rate, params=params), list(traces.values()), "knee rates", progress)))
 
 

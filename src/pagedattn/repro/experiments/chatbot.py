@@ -3,7 +3,7 @@
 A chatbot sends the whole conversation so far with every user turn. Following §6.5, each request is one round of a
 real multi-round ShareGPT conversation: the prompt is the chat history plus the last user turn, cut to its last
 1024 tokens; the model generates at most 1024 tokens (the reply's real length, cut to 1024); no KV cache is kept
-between rounds, so rounds are independent requests (``workloads`` trace ``"sharegpt_chat"``, cl100k tokens). Rounds are
+between rounds, so rounds are independent requests (``workloads`` trace ``"sharegpt_chat"``, OPT tokens). Rounds are
 sampled with a seed and arrive as a Poisson process.
 
 The paper (OPT-13B on one A100-40GB) reports that ours sustains 2x the request rate of the three Orca baselines,
@@ -11,7 +11,7 @@ which perform alike: the long prompts leave every system the same few slots, and
 Oracle and Pow2 reservations to the same power of two. We replay that setting with the simulated executor
 (``sim.py``, 15.7K token slots) and find each system's sustainable rate with the same rule as notebook 03 (the
 highest rate whose normalized latency stays at or below ``NL_THRESHOLD_S``, by bisection). The ratios carry
-sensitivity bands over the step-time constants (``pagedattn.repro.sensitivity``): they come from a search over rates, so
+sensitivity bands over the step-time constants (``pagedattn.repro.experiments.sensitivity``): they come from a search over rates, so
 there is no rate axis, and the chatbot rounds exist only as real conversations, so there is no trace axis.
 """
 from __future__ import annotations
@@ -22,17 +22,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from pagedattn.repro import sensitivity
+from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams
-from pagedattn.repro.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged
+from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged
 from pagedattn.repro.experiments.throughput import base_trace
-from pagedattn.repro.parallel import pmap
+from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG17_RATE_RATIO
-from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, write_summary
-from pagedattn.repro.sim import LABELS, SYSTEMS, CostModel, simulate
-from pagedattn.repro.workloads import describe_trace, make_trace, trace_stats, with_rate
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
+from pagedattn.repro.sim.simulator import LABELS, SYSTEMS, CostModel, simulate
+from pagedattn.repro.workloads.traces import describe_trace, make_trace, trace_stats, with_rate
 
 EXPERIMENT = "09_chatbot"
 MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time with A100-measured constants)"
@@ -67,7 +67,7 @@ def _curve_row(job: tuple, base, params: Params) -> dict:
 
 def latency_curves(base, params: Params, progress: bool = True) -> pd.DataFrame:
     """Normalized latency and mean batch of every system at every rate (Fig. 17); the replays run in parallel
-    (``pagedattn.repro.parallel``)."""
+    (``pagedattn.repro.sim.parallel``)."""
     jobs = [(r, s) for r in params.rates for s in SYSTEMS]
     return pd.DataFrame(pmap(partial(_curve_row, base=base, params=params), jobs, "chatbot (sim)", progress))
 

@@ -20,7 +20,7 @@ import pandas as pd
 
 from pagedattn.model.tiny import TINY_OPT_SHAPE, tiny_opt  # noqa: F401  (the experiments' model, re-exported)
 from pagedattn.repro.paper import DEFAULT_BLOCK_SIZE
-from pagedattn.repro.workloads import TraceRequest, make_trace
+from pagedattn.repro.workloads.traces import TraceRequest, make_trace
 
 
 # ------------------------------------------------------------------------------------------------ parameters

@@ -17,8 +17,14 @@ through the real ``BlockManager.free`` / ``fork`` (copy-on-write on the next app
 each beam's full length contiguously and copies the parent's K/V into a forked beam's reservation. Both systems pay
 their K/V copies at HBM bandwidth (``CostModel.copy_time``). All of this was fixed before the beam gains were seen;
 the band moves the mean distinct parents by one either way and the step time to its corners
-(``pagedattn.repro.sensitivity``). The beam model's memory saving at the Fig. 13 rate (30 req/s) is also compared with
+(``pagedattn.repro.experiments.sensitivity``). The beam model's memory saving at the Fig. 13 rate (30 req/s) is also compared with
 Fig. 15's, as a check of the model.
+
+**Fig. 14a's open failures** (``open_failures``, ``gain_sources``): parallel sampling's gains rerun with the cap on
+running sequences lifted, as for the beams, where memory binds at the sustainable rates, and with every sample as
+long as the trace's output (the independent per-sample lengths removed); the n = 1 batch ratio at
+capacity split into memory (requests that fit in the KV budget, the slots each holds) and scheduling (the cap, the
+arrivals). Their findings go into the notes of ``gain_grows_with_n.parallel`` and ``gain_at_fixed_latency.n1``.
 """
 from __future__ import annotations
 
@@ -28,16 +34,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from pagedattn.repro import sensitivity
+from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import paper_slots
-from pagedattn.repro.experiments import sharing, validated
-from pagedattn.repro.capacity import NL_THRESHOLD_S, RateSearch, not_judged
-from pagedattn.repro.parallel import pmap
-from pagedattn.repro.paper import FIG14_GAIN, FIG15_SAVING
-from pagedattn.repro.results import RESULTS_DIR, Claim
-from pagedattn.repro.sensitivity import widened
-from pagedattn.repro.sim import LABELS, BeamModel, CostModel, simulate
-from pagedattn.repro.workloads import describe_trace, make_trace, with_rate
+from pagedattn.repro.experiments import gain_sources, sharing, validated
+from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RateSearch, not_judged
+from pagedattn.repro.sim.parallel import pmap
+from pagedattn.repro.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING
+from pagedattn.repro.report.results import RESULTS_DIR, Claim
+from pagedattn.repro.experiments.sensitivity import widened
+from pagedattn.repro.sim.simulator import LABELS, BeamModel, CostModel, simulate
+from pagedattn.repro.workloads.traces import describe_trace, make_trace, with_rate
 
 EXPERIMENT = "11_fig14_curves"
 SYSTEMS = ("orca_oracle", "paged")
@@ -50,7 +56,7 @@ class Params:
     #: fractions of our sustainable rate at each width (the curves' rate grid)
     load_fractions: tuple = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.5)
     beam_widths: tuple = (2, 4, 6)
-    #: the beam claims' band (``pagedattn.repro.sensitivity``): the default, the fastest and slowest step-time corners, and
+    #: the beam claims' band (``pagedattn.repro.experiments.sensitivity``): the default, the fastest and slowest step-time corners, and
     #: the beam model's mean distinct parents moved by this much either way
     beam_parents_shift: float = 1.0
 
@@ -74,7 +80,7 @@ def beam_gain(sp: sharing.Params, widths: tuple, progress: bool = True, cost: Co
     """Fig. 14b rows: sustainable Alpaca rate of ours and Orca (Oracle) with beam search of each width (the beam
     model's measured mean distinct parents moved by ``shift``), by Fig. 14's rule (``sharing.sim_rate``)."""
     cost = cost or CostModel()
-    jobs = [(k, s) for k in widths for s in ("orca_oracle", "paged")]  # one bisection each (``pagedattn.repro.parallel``)
+    jobs = [(k, s) for k in widths for s in ("orca_oracle", "paged")]  # one bisection each (``pagedattn.repro.sim.parallel``)
     got = dict(zip(jobs, pmap(partial(_beam_rate, sp=sp, cost=cost, shift=shift), jobs, "sim beam gain", progress)))
     rows = []
     for k in widths:
@@ -135,11 +141,14 @@ def _curve_row(job: tuple, sp: sharing.Params) -> dict:
             "preemptions": sum(r.num_preemptions.values())}
 
 
-def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None) -> list[Claim]:
+def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None, sources: dict | None = None) -> list[Claim]:
     """Gains at a fixed latency. n = 1 and beam width 6 against the paper's 1.3x and 2.3x (two-sided, widened by
     25 %, as notebook 03's ratios); that the gain grows with n and with the beam width (the paper: "the improvement
     grows as more sequences are sampled", 1.3x for n = 1 to 2.3x for beam width 6); the other widths recorded. The
-    beam model's memory savings against Fig. 15 (within 5 points, as notebook 04's beam savings)."""
+    beam model's memory savings against Fig. 15 (within 5 points, as notebook 04's beam savings). ``sources``
+    (``gain_sources`` tables of :func:`run`) adds what was measured about a claim to its note: the n = 1 batch
+    ratio's split (``"n1_batch_split"``), parallel sampling's gains with the cap lifted (``"parallel_seq_cap"``),
+    where memory binds (``"parallel_cap_use"``) and the gains with equal sample lengths (``"parallel_equal_lengths"``)."""
     swap = gain[gain.preemption == "swap"]
     par = swap[swap.method != "beam"].set_index("width")["gain"]
     beams = swap[swap.method == "beam"].set_index("width")["gain"]
@@ -159,19 +168,33 @@ def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None) -> list[Clai
                             for r in swap[~swap["judged"].astype(bool)].itertuples()])
     beam_note = note + "; beam model: distinct parents per step measured on the real engine (notebook 04), " \
                        "forks through BlockManager.fork, K/V copies charged at HBM bandwidth"
+    sources = sources or {}
     out = []
     if 1 in par:
         a, b = widened(FIG14_GAIN["n1"])
+        n1_note = note
+        if "n1_batch_split" in sources:
+            paper_ratio = FIG13_MEAN_BATCH["alpaca"]["paged"] / FIG13_MEAN_BATCH["alpaca"]["orca_oracle"]
+            n1_note += "; " + gain_sources.batch_split_note(
+                gain_sources.batch_split_factors(sources["n1_batch_split"]), FIG13_MEAN_BATCH["alpaca"]["rate"],
+                paper_ratio)
         out.append(Claim("gain_at_fixed_latency.n1", FIG14_GAIN["n1"], round(float(par[1]), 3), "x",
                          f"{a:.3g}-{b:.3g}", bool(a <= par[1] <= b) if _length_judged(swap, "n=1", 1) else None,
-                         note))
+                         n1_note))
     for n in (2, 4, 6):
         if n in par:
             out.append(Claim(f"gain_at_fixed_latency.parallel_n{n}", f"grows from {FIG14_GAIN['n1']}x with n",
                              round(float(par[n]), 3), "x", "", None, note + "; the paper gives no value per width",
                              kind="tracking"))
     if len(par) > 1:
-        out.append(_grows("gain_grows_with_n.parallel", "grows with n", par, note + f"; n = {sorted(par.index)}"))
+        cap_note = "; " + gain_sources.seq_cap_note(sources["parallel_seq_cap"], par) \
+            if "parallel_seq_cap" in sources else ""
+        if "parallel_cap_use" in sources:
+            cap_note += "; " + gain_sources.memory_bound_note(sources["parallel_cap_use"])
+        if "parallel_equal_lengths" in sources:
+            cap_note += "; " + gain_sources.equal_lengths_note(sources["parallel_equal_lengths"], par)
+        out.append(_grows("gain_grows_with_n.parallel", "grows with n", par,
+                          note + f"; n = {sorted(par.index)}" + cap_note))
     for k in (2, 4):
         if k in beams:
             out.append(Claim(f"gain_at_fixed_latency.beam_w{k}",
@@ -225,6 +248,26 @@ def beam_bands(sp: sharing.Params, params: Params, default: list[Claim],
     return sensitivity.with_bands(default, t, sensitivity.describe(pts)), t
 
 
+def open_failures(gain: pd.DataFrame, sp: sharing.Params, progress: bool = True) -> dict[str, pd.DataFrame]:
+    """Fig. 14a's two open failures measured (§6.3, ``gain_sources``): parallel sampling's gains rerun with the
+    scheduler's cap on running sequences lifted (``"parallel_seq_cap"``), how often memory or the cap binds at
+    the sustainable rates (``"parallel_cap_use"``), the gains with every sample as long as the trace's output
+    (``"parallel_equal_lengths"``) and how far independent sample lengths stretch a request
+    (``"sample_length_stretch"``); the n = 1 batch ratio at capacity split into memory and scheduling
+    (``"n1_batch_split"``)."""
+    swap = gain[gain.preemption == "swap"]
+    ns = tuple(sorted(int(w) for w in swap[swap.method == "parallel"].width))
+    g1 = swap[swap.width == 1].iloc[0]
+    return {"parallel_seq_cap": gain_sources.seq_cap_gains(sp, ns, gain_sources.LIFTED_SEQ_CAP, progress,
+                                                           method="parallel"),
+            "parallel_equal_lengths": gain_sources.seq_cap_gains(sp, ns, sp.max_num_seqs, progress,
+                                                                 method="parallel", equal_sample_lengths=True),
+            "sample_length_stretch": gain_sources.sample_length_stretch(sp, (1, *ns)),
+            "parallel_cap_use": gain_sources.parallel_cap_use(sp, swap[swap.method != "beam"], progress),
+            "n1_batch_split": gain_sources.n1_batch_split(sp, float(g1.rate_paged), float(g1.rate_orca_oracle),
+                                                          progress=progress)}
+
+
 def _write(tables: dict, out_dir: Path) -> None:
     for name, df in tables.items():
         df.to_csv(out_dir / f"{name}.csv", index=False)
@@ -232,7 +275,7 @@ def _write(tables: dict, out_dir: Path) -> None:
 
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True) -> dict:
     """Fig. 14's curves and gains; writes CSVs and ``summary.json`` to ``<results_dir>/11_fig14_curves``."""
-    from pagedattn.repro.results import hardware_label, write_summary
+    from pagedattn.repro.report.results import hardware_label, write_summary
 
     params, sp = Params.make(quick), sharing_params(quick)
     out_dir = Path(results_dir) / EXPERIMENT
@@ -241,8 +284,12 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
                                  beam_gain(sp, params.beam_widths, progress)], ignore_index=True),
               "beam_savings": beam_savings(sp, params.beam_widths)}
     _write(tables, out_dir)  # the gains first: the curves and the band take most of a full run
+    tables.update(open_failures(tables["gain"], sp, progress))
     tables["curves"] = curves(tables["gain"], sp, params, progress)
-    cl, tables["sensitivity"] = beam_bands(sp, params, claims(tables["gain"], tables["beam_savings"]), progress)
+    sources = {k: tables[k] for k in ("n1_batch_split", "parallel_seq_cap", "parallel_cap_use",
+                                      "parallel_equal_lengths")}
+    cl, tables["sensitivity"] = beam_bands(sp, params, claims(tables["gain"], tables["beam_savings"], sources),
+                                           progress)
     _write(tables, out_dir)
     model = sharing.SIM_MODEL
     write_summary(out_dir, EXPERIMENT, hardware_label("sim"), model, quick, cl,

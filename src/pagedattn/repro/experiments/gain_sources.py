@@ -1,8 +1,8 @@
 """Where Fig. 14's gains and Fig. 15's savings come from: measurements that explain (or fail to explain) the claims of
 notebooks 04 and 11 that miss the paper (paper §6.3, Figs. 14-15; issue 30 part 5).
 
-Four small measurements, each a few replays of the paper-scale simulator (OPT-13B / A100-40GB, 15.7K slots, Alpaca
-unless named), parallel through ``pagedattn.repro.parallel.pmap``:
+Small measurements, each a few replays of the paper-scale simulator (OPT-13B / A100-40GB, 15.7K slots, Alpaca
+unless named), parallel through ``pagedattn.repro.sim.parallel.pmap``:
 
 - ``n1_gain_sources``: Fig. 14a at n = 1. Both systems replayed at their own sustainable rates and ours at Orca
   (Oracle)'s; ``decode_terms`` splits each run's decode throughput into an exact product (batch x 1 / step time x
@@ -13,10 +13,16 @@ unless named), parallel through ``pagedattn.repro.parallel.pmap``:
   averaging (time-weighted by step duration, as notebook 04 reports, or per step).
 - ``beam_saving_vs_parents``: Fig. 15's beam saving under ``sim.BeamModel`` as the mean distinct parents per step
   moves; ``parents_for_saving`` finds the branching that gives a target saving (the paper's).
-- ``seq_cap_gains``: Fig. 14's gains, n = 1 and every beam width, with the scheduler's ``max_num_seqs`` raised.
+- ``n1_batch_split``: Fig. 14a at n = 1, the batch ratio at capacity split into memory (how many requests fit in
+  the KV budget, and the slots each holds) and scheduling (the cap on running sequences, the arrivals), each factor
+  from its own replays (``batch_split_factors``).
+- ``seq_cap_gains``: Fig. 14's gains, n = 1 and every beam width (Fig. 14b) or parallel-sampling width (Fig. 14a),
+  with the scheduler's ``max_num_seqs`` raised; ``parallel_cap_use``: how often the cap binds at the sustainable
+  rates.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import partial
 
@@ -25,9 +31,9 @@ import pandas as pd
 
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import sharing
-from pagedattn.repro.parallel import pmap
-from pagedattn.repro.sim import BeamModel, CostModel, SimResult, simulate
-from pagedattn.repro.workloads import make_trace, with_rate
+from pagedattn.repro.sim.parallel import pmap
+from pagedattn.repro.sim.simulator import BeamModel, CostModel, SimResult, simulate
+from pagedattn.repro.workloads.traces import make_trace, with_rate
 
 #: KV slot kinds of ``SimResult.steps`` (``memory.accounting.KVStats``)
 SLOT_KINDS = ("token_states", "reserved", "internal", "external")
@@ -94,6 +100,199 @@ def n1_gain_factors(sources: pd.DataFrame) -> pd.Series:
         "context per sequence ratio (Orca / ours)": o["context_per_seq"] / p["context_per_seq"]})
 
 
+#: the runs of ``n1_batch_split``: (label, rate: "own" sustainable rate / "fig13" the paper's Fig. 13 rate / inf
+#: offline, every request queued at t = 0; cap on running sequences: vLLM's default or ``LIFTED_SEQ_CAP``)
+BATCH_SPLIT_RUNS = (("own rate", "own", "default"), ("Fig. 13 rate", "fig13", "default"),
+                    ("offline", math.inf, "default"), ("offline, cap lifted", math.inf, "lifted"))
+
+
+def batch_split_terms(r: SimResult, max_num_seqs: int, n: int = 1) -> dict:
+    """What sets one replay's batch (Fig. 13's mean running requests per decode step, ``SimResult.mean_batch``):
+    ``saturated_batch`` is the time-weighted mean over the decode steps that leave requests waiting or swapped out
+    (the scheduler would run more if it could: memory or the cap stops it), ``slots_per_request`` the KV slots a
+    running request holds on those steps (token states, reservation and internal waste: blocks per request, in
+    slots), ``kv_held_pct`` the share of the KV slots running requests hold on those steps (the rest is free or a
+    buddy block's rounding), ``at_cap_share`` the share of decode steps running ``max_num_seqs`` requests (n = 1
+    only: the steps record requests, not the samples still running), ``waiting_share`` the share with requests
+    waiting or swapped out, and the normalized latency (steady window; an offline run's is the whole run)."""
+    d = r._steps(True)
+    dec = d[d["kind"] == "decode"]
+    held_back = (dec["num_waiting"] + dec["num_swapped"]) > 0
+    sat = dec[held_back]
+    held = sat["token_states"] + sat["reserved"] + sat["internal"]
+    return {"batch": r.mean_batch(),
+            "saturated_batch": float((sat["num_running"] * sat["dt"]).sum() / sat["dt"].sum()) if len(sat)
+            else float("nan"),
+            "slots_per_request": float(held.sum() / sat["num_running"].sum()) if len(sat) else float("nan"),
+            "kv_held_pct": float(100 * held.sum() / (held.sum() + sat["external"].sum())) if len(sat)
+            else float("nan"),
+            "at_cap_share": float((dec["num_running"] >= max_num_seqs).mean()) if len(dec) and n == 1 else
+            float("nan"),
+            "waiting_share": float(held_back.mean()) if len(dec) else float("nan"),
+            "memory_bound_share": r.memory_bound_share(), "preemptions": int(sum(r.num_preemptions.values())),
+            "normalized_latency_s": r.load().normalized_latency_s}
+
+
+def n1_batch_split(sp: sharing.Params, rate_paged: float, rate_orca: float, cost: CostModel | None = None,
+                   progress: bool = True) -> pd.DataFrame:
+    """Fig. 14a at n = 1 (§6.3): the replays that split the batch ratio at capacity (ours over Orca (Oracle), each
+    at its own sustainable rate) into memory and scheduling, one row of ``batch_split_terms`` per (system, run of
+    ``BATCH_SPLIT_RUNS``) on the n = 1 Alpaca trace with swap preemption (as ``sharing.sim_rate``): each system at
+    its own sustainable rate, at the paper's Fig. 13 rate (where the paper's batches are), offline with the
+    scheduler's cap on running sequences (vLLM's 256), and offline with the cap lifted. Factors:
+    ``batch_split_factors``."""
+    from pagedattn.config import SchedulerConfig
+
+    own = {"paged": rate_paged, "orca_oracle": rate_orca}
+    caps = {"default": SchedulerConfig.max_num_seqs, "lifted": LIFTED_SEQ_CAP}
+    jobs = [(s, label, own[s] if rate == "own" else sp.sim_rates["alpaca"] if rate == "fig13" else rate, caps[cap], 1)
+            for s in ("paged", "orca_oracle") for label, rate, cap in BATCH_SPLIT_RUNS]
+    return pd.DataFrame(pmap(partial(_split_row, sp=sp, cost=cost or CostModel()), jobs, "n=1 batch split",
+                             progress))
+
+
+def _split_row(job: tuple, sp: sharing.Params, cost: CostModel) -> dict:
+    """One replay of ``n1_batch_split`` or ``parallel_cap_use``: ``(system, run label, rate, max_num_seqs, n)`` on
+    the Alpaca trace of Fig. 14's searches (``sharing.sim_rate``'s trace, swap preemption)."""
+    system, label, rate, cap, n = job
+    trace = with_rate(make_trace("alpaca", sp.gain_requests_n1 if n == 1 else sp.gain_requests, 1.0, sp.seed), rate,
+                      sp.seed)
+    r = simulate(trace, system, paper_slots(), sp.block_size, cost, n=n, seed=sp.seed, preemption_mode="swap",
+                 num_cpu_blocks=sp.sim_cpu_blocks, max_num_seqs=cap)
+    return {"system": system, "run": label, "width": n, "rate": rate, "max_num_seqs": cap,
+            **batch_split_terms(r, cap, n)}
+
+
+def parallel_cap_use(sp: sharing.Params, gain: pd.DataFrame, progress: bool = True,
+                     cost: CostModel | None = None) -> pd.DataFrame:
+    """Fig. 14a (§6.3): does the scheduler's cap on running sequences bind where parallel sampling's gain is
+    measured? Both systems replayed at their sustainable rates of each row of ``gain`` (``sharing.sim_parallel_gain``'s
+    rows, swap preemption) with vLLM's cap and with ``LIFTED_SEQ_CAP``, one row of ``batch_split_terms`` each: where
+    the two replays agree the cap does not bind at that rate; ``memory_bound_share`` and ``waiting_share`` tell
+    whether memory does."""
+    from pagedattn.config import SchedulerConfig
+
+    g = gain[gain.preemption == "swap"]
+    jobs = [(s, "own rate", float(getattr(r, f"rate_{s}")), cap, int(r.width)) for r in g.itertuples()
+            for s in ("paged", "orca_oracle") for cap in (SchedulerConfig.max_num_seqs, LIFTED_SEQ_CAP)]
+    return pd.DataFrame(pmap(partial(_split_row, sp=sp, cost=cost or CostModel()), jobs, "parallel cap use",
+                             progress))
+
+
+def batch_split_factors(split: pd.DataFrame) -> pd.Series:
+    """Ours over Orca (Oracle) from ``n1_batch_split``'s runs. The batch ratio at capacity (each system at its own
+    sustainable rate) is the product of three ratios, each measured by its own runs: **memory**, how many requests
+    fit in the KV budget (the saturated batch offline with the cap lifted), with its two parts beside it: the KV
+    slots a running request holds (Orca / ours: blocks per request) and the share of the KV slots held at all;
+    **the cap**, the share of that the scheduler's ``max_num_seqs`` lets run (saturated batch offline at the cap /
+    with it lifted); **arrivals**, the share of the capped offline batch that the arrival process keeps running at the sustainable rate (batch at the own rate /
+    saturated batch offline). Also the batch ratio at the Fig. 13 rate, where the paper's is."""
+    t = split.set_index(["system", "run"])
+
+    def ratio(col: str, run: str, inverse: bool = False) -> float:
+        p, o = float(t.loc[("paged", run), col]), float(t.loc[("orca_oracle", run), col])
+        return o / p if inverse else p / o
+
+    def share(system: str, num: tuple, den: tuple) -> float:
+        return float(t.loc[(system, num[0]), num[1]]) / float(t.loc[(system, den[0]), den[1]])
+
+    cap = ("offline", "saturated_batch"), ("offline, cap lifted", "saturated_batch")
+    arrivals = ("own rate", "batch"), ("offline", "saturated_batch")
+    return pd.Series({
+        "batch ratio at capacity": ratio("batch", "own rate"),
+        "memory: requests that fit (offline, cap lifted)": ratio("saturated_batch", "offline, cap lifted"),
+        "memory: KV slots per running request (Orca / ours)": ratio("slots_per_request", "offline, cap lifted",
+                                                                    inverse=True),
+        "memory: share of KV slots held": ratio("kv_held_pct", "offline, cap lifted"),
+        "cap: offline batch at the cap / lifted": share("paged", *cap) / share("orca_oracle", *cap),
+        "arrivals: batch at capacity / offline at the cap": share("paged", *arrivals) / share("orca_oracle",
+                                                                                               *arrivals),
+        "batch ratio at the Fig. 13 rate": ratio("batch", "Fig. 13 rate")})
+
+
+def batch_split_note(factors: pd.Series, fig13_rate: float, paper_ratio: float) -> str:
+    """A claim note's sentence from ``batch_split_factors``: the n = 1 batch ratio at capacity in its three factors,
+    and the ratio at the Fig. 13 rate against the paper's (``paper_ratio``, its Fig. 13 batches)."""
+    f = factors
+    if not np.isfinite(f.to_numpy(dtype=float)).all():
+        return ("batch ratio at capacity not split: the trace does not fill the KV budget offline "
+                "(gain_sources.n1_batch_split)")
+    return (f"batch ratio at capacity {f['batch ratio at capacity']:.2f}x = memory "
+            f"{f['memory: requests that fit (offline, cap lifted)']:.2f}x (KV slots per request "
+            f"{f['memory: KV slots per running request (Orca / ours)']:.2f}x, share of KV slots held "
+            f"{f['memory: share of KV slots held']:.2f}x) x cap {f['cap: offline batch at the cap / lifted']:.2f} x "
+            f"arrivals {f['arrivals: batch at capacity / offline at the cap']:.2f}; at the Fig. 13 rate "
+            f"({fig13_rate:g} req/s) {f['batch ratio at the Fig. 13 rate']:.2f}x against the paper's "
+            f"{paper_ratio:.2f}x (gain_sources.n1_batch_split)")
+
+
+def falls_at_widest(gains: pd.Series) -> bool:
+    """Whether gains by width (a series indexed by width) fall from the second-largest width to the largest."""
+    g = gains.sort_index()
+    return len(g) > 1 and float(g.iloc[-1]) < float(g.iloc[-2])
+
+
+def seq_cap_note(cap_gains: pd.DataFrame, at_default: pd.Series) -> str:
+    """A claim note's sentence from ``seq_cap_gains(..., LIFTED_SEQ_CAP)``: the gains with the cap lifted, and
+    whether the cap explains a fall of the gain at the largest width (``at_default``: the claims' gains by width, at
+    vLLM's cap): it does if the gain falls there at the default cap and not with it lifted."""
+    lifted = cap_gains.set_index("width")["gain"]
+    method = "beam width" if (cap_gains.method == "beam").any() else "n"
+    wmax = int(lifted.index.max())
+    if not falls_at_widest(at_default):
+        verdict = f"the gain does not fall at {method} = {wmax} at vLLM's cap"
+    elif falls_at_widest(lifted):
+        verdict = f"the cap does not explain the fall at {method} = {wmax}"
+    else:
+        verdict = f"the cap explains the fall at {method} = {wmax}"
+    return (f"with max_num_seqs {int(cap_gains.max_num_seqs.iloc[0])} the gains are "
+            + " / ".join(f"{v:.2f}" for v in lifted.sort_index()) + f"x ({method} = "
+            + ", ".join(str(int(w)) for w in sorted(lifted.index)) + f"; gain_sources.seq_cap_gains): {verdict}")
+
+
+def memory_bound_note(use: pd.DataFrame) -> str:
+    """A claim note's sentence from ``parallel_cap_use``: at vLLM's cap, the share of steps each system is
+    memory-bound at its sustainable rate, at the largest width."""
+    from pagedattn.config import SchedulerConfig
+
+    u = use[use.max_num_seqs == SchedulerConfig.max_num_seqs]
+    w = int(u.width.max())
+    mb = u[u.width == w].set_index("system")["memory_bound_share"]
+    return (f"at n = {w} ours is memory-bound in {float(mb['paged']):.0%} of steps at its sustainable rate, "
+            f"Orca (Oracle) in {float(mb['orca_oracle']):.0%} (gain_sources.parallel_cap_use)")
+
+
+def sample_length_stretch(sp: sharing.Params, widths: tuple) -> pd.DataFrame:
+    """How much the per-sample output lengths stretch a parallel-sampling request (§6.3): a group ends with its
+    longest sample, and normalized latency divides its latency by the trace's output length (the first sample's),
+    so with n independent lengths the unloaded normalized latency grows by ``max / first``. Mean and median of that
+    ratio over Fig. 14's n > 1 trace, with the lengths drawn as ``sim.simulate(n=n)`` draws them
+    (``sharing.sample_lengths``)."""
+    trace = make_trace("alpaca", sp.gain_requests, 1.0, sp.seed)
+    rows = []
+    for n in widths:
+        r = np.array([max(lens) / lens[0] for lens in sharing.sample_lengths(trace, n, sp.seed, sp.max_model_len)])
+        rows.append({"width": n, "mean_stretch": float(r.mean()), "median_stretch": float(np.median(r))})
+    return pd.DataFrame(rows)
+
+
+def rise_over_n1(gains: pd.Series) -> float:
+    """The largest gain at n > 1 over the gain at n = 1, minus one (gains indexed by width, n = 1 included)."""
+    return float(gains[gains.index > 1].max() / gains[1] - 1)
+
+
+def equal_lengths_note(equal: pd.DataFrame, at_default: pd.Series) -> str:
+    """A claim note's sentence from ``seq_cap_gains(..., equal_sample_lengths=True)``: parallel sampling's gains
+    with every sample as long as the trace's output, and how far they rise over n = 1 against the claims' gains
+    (``at_default``, independent per-sample lengths); "most of the rise" when less than half of it is left."""
+    eq = equal.set_index("width")["gain"].sort_index()
+    r_eq, r_def = rise_over_n1(eq), rise_over_n1(at_default)
+    return ("with every sample the trace's output length the gains are " + " / ".join(f"{v:.2f}" for v in eq)
+            + f"x, at most {r_eq:+.0%} over n = 1 against {r_def:+.0%} with independent lengths "
+            f"(gain_sources.seq_cap_gains(equal_sample_lengths=True))"
+            + (": most of the rise with n comes with the independent per-sample lengths" if r_eq < r_def / 2 else ""))
+
+
 # ------------------------------------------------------------------------------------ Fig. 15, parallel n = 2
 def parallel_saving_causes(sp: sharing.Params, traces: tuple = ("sharegpt", "sharegpt_synthetic"),
                            widths: tuple = (2,), progress: bool = True, cost: CostModel | None = None) -> pd.DataFrame:
@@ -145,25 +344,34 @@ def parents_for_saving(table: pd.DataFrame, target_pct: float) -> float:
     return float(np.interp(target_pct, s, m))
 
 
-# -------------------------------------------------------------------------------- Fig. 14b, the batch cap
+# ------------------------------------------------------------------------------ Fig. 14a and 14b, the batch cap
 def seq_cap_gains(sp: sharing.Params, widths: tuple, max_num_seqs: int, progress: bool = True,
-                  cost: CostModel | None = None) -> pd.DataFrame:
+                  cost: CostModel | None = None, method: str = "beam",
+                  equal_sample_lengths: bool = False) -> pd.DataFrame:
     """Fig. 14's gains (§6.3) with the scheduler's cap on running sequences at ``max_num_seqs``: n = 1 (its longer
-    trace) and beam search of each width in ``widths``, both systems, by notebook 11's rule (``sharing.sim_rate``,
-    swap preemption, the measured beam model). One bisection per (width, system), parallel."""
+    trace) and each width in ``widths`` of ``method``, ``"beam"`` (beam search, the measured beam model; Fig. 14b) or
+    ``"parallel"`` (parallel sampling of n samples; Fig. 14a), both systems, by notebook 11's rule
+    (``sharing.sim_rate``, swap preemption). The cap counts sequences, so n samples or beams take n of its places.
+    ``equal_sample_lengths``: every parallel sample as long as the trace's output (``sim.simulate``'s ablation of the
+    independent per-sample lengths) instead of drawn. One bisection per (width, system), parallel."""
+    if method not in ("beam", "parallel"):
+        raise ValueError(f"method must be 'beam' or 'parallel', got {method!r}")
     jobs = [(k, s) for k in (1, *widths) for s in ("orca_oracle", "paged")]
-    got = dict(zip(jobs, pmap(partial(_cap_rate, sp=sp, cap=max_num_seqs, cost=cost or CostModel()), jobs,
-                              f"gains at max_num_seqs {max_num_seqs}", progress)))
+    rate = partial(_cap_rate, sp=sp, cap=max_num_seqs, cost=cost or CostModel(), method=method,
+                   equal_sample_lengths=equal_sample_lengths)
+    got = dict(zip(jobs, pmap(rate, jobs, f"{method} gains at max_num_seqs {max_num_seqs}", progress)))
     rows = []
     for k in (1, *widths):
         paged, orca = got[(k, "paged")], got[(k, "orca_oracle")]
-        rows.append({"method": "n=1" if k == 1 else "beam", "width": k, "max_num_seqs": max_num_seqs,
-                     **sharing.gain_columns(paged, orca)})
+        rows.append({"method": "n=1" if k == 1 else method, "width": k, "max_num_seqs": max_num_seqs,
+                     "equal_sample_lengths": equal_sample_lengths, **sharing.gain_columns(paged, orca)})
     return pd.DataFrame(rows)
 
 
-def _cap_rate(job: tuple, sp: sharing.Params, cap: int, cost: CostModel):
+def _cap_rate(job: tuple, sp: sharing.Params, cap: int, cost: CostModel, method: str = "beam",
+              equal_sample_lengths: bool = False):
     k, system = job
     base = make_trace("alpaca", sp.gain_requests_n1 if k == 1 else sp.gain_requests, 1.0, sp.seed)
-    return sharing.sim_rate(replace(sp), system, k, "swap", base, cost, BeamModel.measured(k) if k > 1 else None,
-                            max_num_seqs=cap)
+    beam = BeamModel.measured(k) if k > 1 and method == "beam" else None
+    return sharing.sim_rate(replace(sp), system, k, "swap", base, cost, beam, max_num_seqs=cap,
+                            equal_sample_lengths=equal_sample_lengths)

@@ -2,8 +2,8 @@
 
 The paper's OPT-13B / A100-40GB setting (12 GB of KV = 15.7K token slots, max length 2048) is replayed with the
 simulated executor (``sim.py``): the real scheduler and the real KV managers (paged block manager; Orca's
-reservations over a buddy allocator), a roofline step-time model, and real ShareGPT conversations (cl100k tokens,
-``conversations[0]`` / ``[1]`` as vLLM's benchmark pairs them; ``workloads.py``). The synthetic ShareGPT-like trace
+reservations over a buddy allocator), a roofline step-time model, and real ShareGPT conversations (OPT tokens,
+the first user turn and the model turn that answers it: ``workloads.py``'s default). The synthetic ShareGPT-like trace
 (log-normal lengths matched to Fig. 11's means) is a sensitivity row. Alpaca stays synthetic (no data set installs).
 
 Fig. 2's breakdown describes a system whose memory is full. It is taken at a rate chosen by a rule fixed before any
@@ -27,16 +27,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from pagedattn.repro import sensitivity
-from pagedattn.repro.parallel import num_jobs, pmap
+from pagedattn.repro.experiments import sensitivity
+from pagedattn.repro.sim.parallel import num_jobs, pmap
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams
 from pagedattn.repro.paper import FIG2_SHARES, FIG13_MEAN_BATCH
-from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, write_summary
-from pagedattn.repro.capacity import RAMP_UP_FRACTION
-from pagedattn.repro.sim import LABELS, SYSTEMS, CostModel, SimResult, simulate
-from pagedattn.repro.workloads import describe_trace, make_trace, trace_stats, with_rate
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
+from pagedattn.repro.sim.capacity import RAMP_UP_FRACTION
+from pagedattn.repro.sim.simulator import LABELS, SYSTEMS, CostModel, SimResult, simulate
+from pagedattn.repro.workloads.traces import describe_trace, make_trace, trace_stats, with_rate
 
 EXPERIMENT = "01_kv_memory_waste"
 MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time with A100-measured constants)"
@@ -75,7 +75,7 @@ def _replay_one(run: tuple, placement: str = "buddy", cost: CostModel | None = N
 def run_systems(trace, params: Params, systems=SYSTEMS, placement: str = "buddy",
                 progress: bool = True, cost: CostModel | None = None) -> dict[str, SimResult]:
     """Replay one trace through each system on the same KV budget and cost model (in parallel:
-    ``pagedattn.repro.parallel``)."""
+    ``pagedattn.repro.sim.parallel``)."""
     runs = [(trace, s, params.block_size) for s in systems]
     return dict(zip(systems, pmap(partial(_replay_one, placement=placement, cost=cost), runs, "systems",
                                   progress)))
@@ -239,7 +239,7 @@ def mean_batch_kind(system: str) -> str:
 def replay(params: Params, fig2_rates: dict, point: sensitivity.Point = sensitivity.DEFAULT,
            progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Fig. 2's breakdowns (each ShareGPT trace at its rule's rate) and Fig. 13's mean batches (the paper's rates)
-    under one point's assumptions (``pagedattn.repro.sensitivity``: step time, and the rate itself or at equal load);
+    under one point's assumptions (``pagedattn.repro.experiments.sensitivity``: step time, and the rate itself or at equal load);
     also the Fig. 2 runs, by trace."""
     cost, n, seed = point.cost(), params.num_requests, params.seed
     breakdowns, batches, fig2_runs = [], [], {}

@@ -38,9 +38,9 @@ import torch
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import tiny_opt
 from pagedattn.repro.experiments.throughput import RealParams
-from pagedattn.repro.parallel import pmap
-from pagedattn.repro.results import RESULTS_DIR, Claim
-from pagedattn.repro.workloads import describe_trace, synthetic_prompt
+from pagedattn.repro.sim.parallel import pmap
+from pagedattn.repro.report.results import RESULTS_DIR, Claim
+from pagedattn.repro.workloads.traces import describe_trace, synthetic_prompt
 
 EXPERIMENT = "12_fig2_running_engines"
 KINDS = ("token_states", "reserved", "internal", "external")
@@ -188,7 +188,7 @@ def _paged_rows(model, prompts, out_lens, params: Params) -> list[dict]:
 
 def measure(params: Params, progress: bool = True) -> pd.DataFrame:
     """Every system's samples over time (bytes), one table. The four systems run in parallel
-    (``pagedattn.repro.parallel``): what is sampled is bytes held in cache tensors, not time."""
+    (``pagedattn.repro.sim.parallel``): what is sampled is bytes held in cache tensors, not time."""
     frames = [pd.DataFrame(rows) for rows in pmap(partial(_measure_system, params=params), list(SYSTEMS),
                                                   "Fig. 2 on running engines", progress)]
     df = pd.concat(frames, ignore_index=True)
@@ -262,7 +262,7 @@ def claims(samples: pd.DataFrame) -> list[Claim]:
 
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True) -> dict:
     """Measure the four systems; writes CSVs and ``summary.json`` to ``<results_dir>/12_fig2_running_engines``."""
-    from pagedattn.repro.results import hardware_label, write_summary
+    from pagedattn.repro.report.results import hardware_label, write_summary
 
     params = Params.make(quick)
     out_dir = Path(results_dir) / EXPERIMENT

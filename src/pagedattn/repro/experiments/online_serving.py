@@ -3,7 +3,7 @@
 
 The paper measures serving systems online: requests arrive by a Poisson process and each is timed from its arrival
 to its last token (normalized latency, §6.1). Every paper-scale figure here comes from the simulator
-(``pagedattn.repro.sim``: the real scheduler and KV managers with a step-time model); this experiment tests that method
+(``pagedattn.repro.sim.simulator``: the real scheduler and KV managers with a step-time model); this experiment tests that method
 against live servers on this machine:
 
 1. **Servers.** ``python -m pagedattn.serve`` serves the same checkpoint (a small random-weight OPT saved with
@@ -34,7 +34,7 @@ against live servers on this machine:
    server at notebook 03's budget, on that calibration trace and the offline run (``measure_server_cost``), never on
    a point they predict, and added. Prediction and measurement are compared at each rate, with the simulated run's
    memory-bound share beside each point and each sustainable rate (``memory_bound_share_predicted``).
-4. **Sustainable rate** with ``pagedattn.repro.capacity``'s rules (latency threshold, no growing queue, no rate above
+4. **Sustainable rate** with ``pagedattn.repro.sim.capacity``'s rules (latency threshold, no growing queue, no rate above
    the offline throughput), searched (``capacity.sustainable_rate``, §6.2's measure) on each live server and on the
    simulator's prediction alike: an offline probe first, then a geometric bisection down to ``Params.rate_resolution``
    (10 %), on the shortest of ``Params.search_requests``' trace lengths that judges the search
@@ -83,15 +83,17 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from pagedattn.repro import vllm_cpu
-from pagedattn.repro.capacity import Load, describe_ratio, sustainable_rate_judged
+from pagedattn.repro.progress import interactive
+
+from pagedattn.repro.experiments import vllm_cpu
+from pagedattn.repro.sim.capacity import Load, describe_ratio, sustainable_rate_judged
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams, tiny_opt
 from pagedattn.repro.experiments.kv_waste import MEMORY_BOUND_MIN_PCT
 from pagedattn.repro.experiments.throughput import TINY_OPT, RealParams
-from pagedattn.repro.results import RESULTS_DIR, Claim
-from pagedattn.repro.sim import LABELS, CostModel, make_kv_manager, simulate
-from pagedattn.repro.workloads import TraceRequest, with_rate
+from pagedattn.repro.report.results import RESULTS_DIR, Claim
+from pagedattn.repro.sim.simulator import LABELS, CostModel, make_kv_manager, simulate
+from pagedattn.repro.workloads.traces import TraceRequest, with_rate
 
 EXPERIMENT = "13_online_serving"
 SYSTEMS = ("orca_max", "orca_oracle", "paged")
@@ -305,7 +307,7 @@ def measure_step_time(model, params: Params, system: str, calibration: list[Trac
 
 def _arrivals(trace: list[TraceRequest], params: Params) -> list:
     from pagedattn.repro.experiments.common import Arrival, greedy
-    from pagedattn.repro.workloads import synthetic_prompt
+    from pagedattn.repro.workloads.traces import synthetic_prompt
 
     return [Arrival(r.arrival_time, r.request_id, synthetic_prompt(r.prompt_len, params.model["vocab_size"], seed=i),
                     greedy(r.output_len), {}) for i, r in enumerate(trace)]
@@ -669,7 +671,7 @@ def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_py
     points = (len(systems) * (3 + len(params.load_fractions)) + len(predicted_only)
               + (2 + len(params.vllm_load_fractions) if vllm_python else 0))
     rows, offline, fits, searches, threshold = [], [], [], [], None
-    bar = tqdm(total=points, desc="online servers", disable=not progress, leave=False)
+    bar = tqdm(total=points, desc="online servers", disable=not (progress and interactive()), leave=False)
     calibration = calibration or calibrate(params, model, checkpoint)
     low, server_cost = calibration["low"], calibration["server_cost"]
     for system in systems:
@@ -817,7 +819,7 @@ class _Endpoint:
 def grid_sustainable(curve: pd.DataFrame, threshold_s: float, system: str, which: str = "measured") -> dict:
     """A live server's sustainable rate read off its measured rate grid, where it gets no search: vLLM-CPU's (its
     start compiles the model for a minute or more) and those not in ``Params.searched``. The highest swept rate
-    passing both rules of ``pagedattn.repro.capacity`` (latency at or below ``threshold_s``, no growing queue; NaN if
+    passing both rules of ``pagedattn.repro.sim.capacity`` (latency at or below ``threshold_s``, no growing queue; NaN if
     none does), with the lowest swept rate above it as ``failed_at`` and the grid's step there as its resolution (inf
     at the top of the grid), and that grid point's measured throughput and normalized latency as a search's
     ``throughput_at_rate`` and ``nl_at_rate_s``. ``which="predicted"`` reads the simulator's prediction at the same
@@ -900,7 +902,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     """Calibrate, sweep, compare; writes CSVs, a figure and ``summary.json`` to ``<results_dir>/13_online_serving/``."""
     import torch
 
-    from pagedattn.repro.results import hardware_label, write_summary
+    from pagedattn.repro.report.results import hardware_label, write_summary
 
     params = make_params(quick, **kw)
     vllm_python = _vllm_python(params)

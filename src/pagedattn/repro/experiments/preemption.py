@@ -42,17 +42,20 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from pagedattn.repro import sensitivity
+from pagedattn.repro.progress import interactive
+
+from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.block_size import BLOCK_SIZES, ENGINE_SHAPE, engine_run, model_label
 from pagedattn.repro.experiments.common import Clock, ExperimentParams, fastest, scaled_trace, tiny_opt
-from pagedattn.repro.parallel import pmap
+from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG19_COMPARABLE_BLOCK_SIZES, FIG19_RECOMPUTE_OVER_SWAP_MAX
-from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, write_summary
+from pagedattn.repro.sim.cost_profile import assumed_note
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.scheduler import SchedulerOutputs
-from pagedattn.repro.sim import CostModel, simulate
-from pagedattn.repro.workloads import make_trace, with_rate
+from pagedattn.repro.sim.simulator import CostModel, simulate
+from pagedattn.repro.workloads.traces import make_trace, with_rate
 
 EXPERIMENT = "06_preemption"
 SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline + PCIe swap term)"
@@ -170,7 +173,7 @@ def microbenchmarks(params: Params, progress: bool = True) -> tuple[pd.DataFrame
         hf = micro_model(params, max(512, params.micro_tokens + 16))
         recompute = micro_recompute(hf, params.micro_tokens, params.micro_reps, params.seed)
         rows = []
-        for bs in tqdm(params.block_sizes, desc="swap microbenchmark", disable=not progress, leave=False):
+        for bs in tqdm(params.block_sizes, desc="swap microbenchmark", disable=not (progress and interactive()), leave=False):
             rows.append(micro_swap(hf, bs, params.micro_tokens, params.micro_reps, params.seed))
     finally:
         torch.set_num_threads(prev)
@@ -244,7 +247,7 @@ def engine_end_to_end(params: Params, progress: bool = True) -> tuple[pd.DataFra
         assert sum(ref_engine.scheduler.num_preemptions.values()) == 0
         rows = []
         jobs = [(bs, m) for bs in params.engine_block_sizes for m in MODES]
-        for bs, mode in tqdm(jobs, desc="preemption (CPU engine)", disable=not progress, leave=False):
+        for bs, mode in tqdm(jobs, desc="preemption (CPU engine)", disable=not (progress and interactive()), leave=False):
             t, clock = time.perf_counter(), Clock()
             reqs, engine = engine_run(hf, trace, bs, params.engine_slots, params.seed, preemption_mode=mode)
             m = engine.step_metrics_frame()
@@ -285,7 +288,7 @@ def claims(micro: pd.DataFrame | None, paper_micro: pd.DataFrame,
                          None if ours is None else round(ours, 3), "x", tolerance, None if ours is None else ok(ours),
                          f"modelled at paper scale: roofline prefill of {tokens} tokens (OPT-13B, A100) / PCIe swap "
                          f"out + in ({copy}); an output of these assumed constants (at small blocks, of the "
-                         f"{cost.copy_latency_s * 1e6:g} us per copy), not a measurement"))
+                         f"{cost.copy_latency_s * 1e6:g} us per copy), not a measurement; {assumed_note('swap')}"))
     if micro is not None:
         cpu = micro.set_index("block_size")["recompute_over_swap"]
         for bs, (paper, _, ok) in expect.items():
@@ -304,7 +307,7 @@ def claims(micro: pd.DataFrame | None, paper_micro: pd.DataFrame,
 
 def gpu_claims(gpu_micro: Optional[pd.DataFrame] = None) -> list[Claim]:
     """``recompute_over_swap_latency.gpu.block{16,64}`` from a GPU microbenchmark table (``micro_<gpu>.csv``,
-    written by ``python -m pagedattn.repro.gpu_check``), or null without one."""
+    written by ``python -m pagedattn.repro.experiments.gpu_check``), or null without one."""
     out = []
     for bs in FIG19_COMPARABLE_BLOCK_SIZES:
         if gpu_micro is None:

@@ -42,20 +42,21 @@ from pathlib import Path
 
 import pandas as pd
 
-from pagedattn.repro import sensitivity
+from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import ModelSpec
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams
-from pagedattn.repro.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged, \
+from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged, \
     normalized_latency
 from pagedattn.repro.experiments.throughput import SIM_SYSTEMS
-from pagedattn.repro.parallel import call, pmap
+from pagedattn.repro.sim.parallel import call, pmap
 from pagedattn.repro.paper import FIG12_RATE_RATIO, GPUS, KV_GB, KV_SLOTS, PARAM_GB
-from pagedattn.repro.results import RESULTS_DIR, Claim
-from pagedattn.repro.sensitivity import widened
-from pagedattn.repro.sim import LABELS, CostModel, simulate
+from pagedattn.repro.sim.cost_profile import assumed_note
+from pagedattn.repro.report.results import RESULTS_DIR, Claim
+from pagedattn.repro.experiments.sensitivity import widened
+from pagedattn.repro.sim.simulator import LABELS, CostModel, simulate
 from pagedattn.repro.experiments.throughput import base_trace
-from pagedattn.repro.workloads import describe_trace, make_trace, with_rate
+from pagedattn.repro.workloads.traces import describe_trace, make_trace, with_rate
 
 EXPERIMENT = "10_table1_fig12"
 MODELS = ("OPT-13B", "OPT-66B", "OPT-175B")
@@ -122,7 +123,8 @@ def table1_claims(t: pd.DataFrame) -> list[Claim]:
     for r in t.itertuples():
         out.append(Claim(f"table1.param_gb.{r.model}", r.paper_param_gb, round(r.weight_gb, 1), "GB", "within 3%",
                          bool(abs(r.weight_gb / r.paper_param_gb - 1) <= 0.03),
-                         f"{r.params_b:.2f}B parameters counted from OPTConfig on the meta device, x 2 B (fp16)"))
+                         f"{r.params_b:.2f}B parameters counted from OPTConfig on the meta device, x 2 B (fp16)",
+                         kind="invariant"))  # issue 51: a parameter count is arithmetic on the config
         out.append(Claim(f"table1.slots_from_paper_kv.{r.model}", r.paper_slots, int(r.slots_from_paper_kv),
                          "slots", "within 3%", bool(abs(r.slots_from_paper_kv / r.paper_slots - 1) <= 0.03),
                          f"paper's {r.paper_kv_gb} GB read as GiB / {r.kv_bytes_per_token} B of KV per token "
@@ -156,7 +158,7 @@ def num_slots(model: str) -> int:
 class Params(ServingParams):
     models: tuple = MODELS
     traces: tuple = ("sharegpt", "alpaca")
-    #: requests per trace, per model. Long enough for the capacity rule (``pagedattn.repro.capacity``): on 400 ShareGPT
+    #: requests per trace, per model. Long enough for the capacity rule (``pagedattn.repro.sim.capacity``): on 400 ShareGPT
     #: requests, OPT-175B's count of requests in the system rose with the rate by the trace's own mix of lengths
     #: (2 % of the arrival rate at 1 req/s, with no queue), so every system failed near 1 req/s; on 2,000 it stays
     #: flat up to the offline throughput. Alpaca on 1,000 requests left the rule's noise (``trend_se``) above half
@@ -218,7 +220,7 @@ def capacity(model: str, trace_name: str, params: Params, cost: CostModel) -> fl
                                 params.block_size, num_slots=num_slots(model))
 
 
-# Fig. 12's replays run in parallel (``pagedattn.repro.parallel.pmap``): first the capacity of every (model, trace), then
+# Fig. 12's replays run in parallel (``pagedattn.repro.sim.parallel.pmap``): first the capacity of every (model, trace), then
 # every system's curve (a knee grid: sequential inside) and every system's bisection (sequential inside), all at once.
 def _capacity_of(job: tuple, params: Params) -> float:
     """``capacity`` of one ``(model, trace, cost model)``."""
@@ -354,6 +356,8 @@ def rate_claims(sustainable: pd.DataFrame) -> list[Claim]:
             lo, hi = FIG12_RATE_RATIO[name]
             note = f"sim, {m} at {num_slots(m)} slots, TP step time; NL threshold {NL_THRESHOLD_S} s/token and the " \
                    f"capacity rule; {describe_ratio(rows.loc['paged'], rows.loc[other])}; {describe_trace(w)}"
+            if GPUS[m][0] > 1:  # a tensor-parallel step: one all-reduce per layer over NVLink
+                note += f"; {assumed_note('nvlink')}"
             if w == "sharegpt" and lo is not None:
                 a, b = widened(lo, hi)
                 out.append(Claim(f"rate_ratio.{m}.sharegpt.{name}", f"{lo}-{hi}", round(ratio, 2), "x",
@@ -392,7 +396,7 @@ def bands(params: Params, default: list[Claim], progress: bool = True) -> tuple[
 
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True, **kw) -> dict:
     """Table 1 and Fig. 12 for the three setups; writes CSVs and ``summary.json`` to ``<results_dir>/10_table1_fig12``."""
-    from pagedattn.repro.results import hardware_label, write_summary
+    from pagedattn.repro.report.results import hardware_label, write_summary
 
     params = Params.make(quick, **kw)
     out_dir = Path(results_dir) / EXPERIMENT

@@ -30,7 +30,7 @@ Two scales, labelled in every table (``scale`` column):
   prefill is charged only for its uncached tokens). The claims use the paper's metric: each system's sustainable
   request rate (normalized latency at or below ``NL_THRESHOLD_S`` = 0.1 s/token, about 3x the unloaded latency;
   bisection over the rate) over Orca (Oracle)'s, with a band over the step-time constants
-  (``pagedattn.repro.sensitivity``). Normalized latency against the Poisson request rate gives the shape of Fig. 16;
+  (``pagedattn.repro.experiments.sensitivity``). Normalized latency against the Poisson request rate gives the shape of Fig. 16;
   offline throughput (every request at t = 0) is shown beside, not claimed: it measures capacity, not the rate
   served at equal latency.
 
@@ -48,17 +48,19 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from pagedattn.repro import sensitivity
+from pagedattn.repro.progress import interactive
+
+from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import Arrival, Clock, ServingParams, greedy, make_engine, replay, tiny_opt
-from pagedattn.repro.parallel import pmap
+from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG16_PREFIX
-from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, write_summary
-from pagedattn.repro.sensitivity import widened
-from pagedattn.repro.capacity import RESOLUTION, Load, describe_ratio, length_agreed_rate, length_judged, ratio_resolution
-from pagedattn.repro.sim import CostModel, normalized_latency, simulate
-from pagedattn.repro.workloads import TraceRequest, poisson_arrivals
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
+from pagedattn.repro.experiments.sensitivity import widened
+from pagedattn.repro.sim.capacity import RESOLUTION, Load, describe_ratio, length_agreed_rate, length_judged, ratio_resolution
+from pagedattn.repro.sim.simulator import CostModel, normalized_latency, simulate
+from pagedattn.repro.workloads.traces import TraceRequest, poisson_arrivals
 
 EXPERIMENT = "07_shared_prefix"
 SIM_MODEL = "sim: LLaMA-13B KV (800 KB/token) on A100-40GB (15.7K token slots, roofline step time with A100-measured constants)"
@@ -217,7 +219,7 @@ class Params(ServingParams):
                  cpu_repeats=1, rate_resolution=0.25)
 
 
-# The sim's replays below run in parallel (``pagedattn.repro.parallel.pmap``): each task rebuilds its requests from the
+# The sim's replays below run in parallel (``pagedattn.repro.sim.parallel.pmap``): each task rebuilds its requests from the
 # seed (``make_requests``, deterministic) rather than carrying ~1000 prompts of token ids to a worker.
 def _offline_row(job: tuple, params: Params) -> dict:
     """One replay of ``sim_offline``: ``(shot, system)``."""
@@ -368,7 +370,7 @@ def _cpu_offline(params: Params, progress: bool) -> pd.DataFrame:
     jobs = [(shot, s, k) for shot in SHOTS for k in range(params.cpu_repeats) for s in SYSTEMS]
     reference: dict[str, dict] = {}
     with torch.inference_mode():
-        for shot, s, k in tqdm(jobs, desc="offline (cpu engine)", disable=not progress, leave=False):
+        for shot, s, k in tqdm(jobs, desc="offline (cpu engine)", disable=not (progress and interactive()), leave=False):
             reqs = make_requests(SHOTS[shot], params.cpu_requests, params.cpu_vocab, seed=params.seed)
             r = run_engine(cpu_engine(model, s, params), reqs, s)
             outputs = r.pop("outputs")

@@ -11,7 +11,7 @@ Three parts:
 
 1. **Parallel sampling at paper scale** (simulated executor, OPT-13B / A100-40GB, 15.7K slots): the saving depends
    only on lengths, so ``sim.simulate(..., n=n)`` gives it for the Alpaca-like trace (synthetic: no data set installs)
-   and real ShareGPT (cl100k, vLLM's pairing; the synthetic ShareGPT-like trace as a sensitivity row) at the Fig. 13
+   and real ShareGPT (OPT tokens, the default pairing of ``workloads``; the synthetic ShareGPT-like trace as a sensitivity row) at the Fig. 13
    rates. The n samples share the prompt; the first generates the trace's output length,
    the others lengths drawn (seeded) from the trace's outputs, as if each sample met EOS on its own.
    **Agreement check**: the same requests (Alpaca-like lengths, same per-sample lengths, same pool) run on the real
@@ -20,7 +20,9 @@ Three parts:
 2. **Beam search** (real engine on the small trained ``opt-stdlib`` model, CPU): how long beams share history only
    a model decides. Prompts are real Python snippets from the standard library, tokenized with the model's
    tokenizer and cut to the trace's prompt lengths; outputs run to the trace's length (``ignore_eos``), so the
-   shapes follow Alpaca-like (and ShareGPT-like, filtered to the model's 512 positions) traces.
+   shapes follow Alpaca-like (and ShareGPT-like, filtered to the model's 512 positions) traces. Its mean distinct
+   parents per step sets the simulator's beam model (``sim.BEAM_DISTINCT_PARENTS``); ``parent_sources`` measures
+   it again with two random-weight OPTs and on random prompts, to tell whether the model or the prompts decide it.
 3. **Throughput against Orca (Oracle)** (Fig. 14, gain at the same KV memory): parallel sampling at paper scale by
    the sustainable request rate (normalized latency <= ``throughput.NL_THRESHOLD_S``; bisection over the rate) in
    the simulator; beam search on the real engine, offline (all requests at t = 0), requests/s of the paged engine
@@ -41,21 +43,22 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pagedattn.repro import sensitivity
+from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import paper_slots
-from pagedattn.repro.parallel import pmap
+from pagedattn.repro.sim.parallel import pmap
 from pagedattn.engine import LLMEngine
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams, make_engine, torch_threads
 from pagedattn.repro.experiments.throughput import base_trace
-from pagedattn.repro.capacity import MAX_LENGTH_DOUBLINGS, NL_THRESHOLD_S, RESOLUTION, RateSearch, length_agreed_search, \
+from pagedattn.repro.sim.capacity import MAX_LENGTH_DOUBLINGS, NL_THRESHOLD_S, RESOLUTION, RateSearch, length_agreed_search, \
     length_judged, not_judged, ratio_resolution, sustainable_rate
 from pagedattn.repro.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING
-from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, today, write_summary
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, today, write_summary
 from pagedattn.sequence import SamplingParams
-from pagedattn.repro.sensitivity import widened
-from pagedattn.repro.sim import CostModel, simulate
-from pagedattn.repro.workloads import TraceRequest, describe_trace, make_trace, trace_stats, with_rate
+from pagedattn.repro.experiments.sensitivity import widened
+from pagedattn.repro.sim.simulator import CostModel, simulate
+from pagedattn.repro.workloads.traces import (TraceRequest, describe_trace, make_trace, synthetic_prompt, trace_stats,
+                                      with_rate)
 
 EXPERIMENT = "04_sharing"
 SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time with A100-measured constants)"
@@ -101,8 +104,8 @@ class Params(ServingParams):
 def sim_parallel_savings(params: Params, progress: bool = True,
                          point: sensitivity.Point = sensitivity.DEFAULT) -> pd.DataFrame:
     """Fig. 15 parallel rows: time-weighted saving of ``n`` samples at the Fig. 13 rate of each trace (under one
-    point's assumptions, ``pagedattn.repro.sensitivity``: step time, the rate itself or at equal load, the trace). The
-    replays (trace x width) run in parallel (``pagedattn.repro.parallel``)."""
+    point's assumptions, ``pagedattn.repro.experiments.sensitivity``: step time, the rate itself or at equal load, the trace). The
+    replays (trace x width) run in parallel (``pagedattn.repro.sim.parallel``)."""
     cost = point.cost()
     jobs = []
     for w in (*WORKLOADS, SENSITIVITY):
@@ -154,7 +157,7 @@ def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | N
 
 def gain_columns(paged: RateSearch, orca: RateSearch) -> dict:
     """A Fig. 14 gain row's rate columns: both sustainable rates, their ratio and its resolution, each search's
-    failing rule and the throughput measured at each rate (``pagedattn.repro.capacity``)."""
+    failing rule and the throughput measured at each rate (``pagedattn.repro.sim.capacity``)."""
     return {"rate_paged": paged.rate, "rate_orca_oracle": orca.rate, "gain": paged.rate / orca.rate,
             "resolution": ratio_resolution(paged, orca), "bound_by_paged": paged.bound_by,
             "bound_by_orca_oracle": orca.bound_by, "throughput_paged": paged.completion_rate,
@@ -197,11 +200,12 @@ def _gain_rate(job: tuple, params: Params, cost: CostModel) -> RateSearch:
 
 
 def sim_rate(params: Params, system: str, n: int, mode: str, base: list[TraceRequest], cost: CostModel,
-             beam=None, max_num_seqs: int = 256) -> RateSearch:
+             beam=None, max_num_seqs: int = 256, equal_sample_lengths: bool = False) -> RateSearch:
     """A system's sustainable Alpaca rate with ``n`` samples (or ``beam``, a ``sim.BeamModel`` of width ``n``) per
     request (``capacity.sustainable_rate``: latency threshold and capacity rule), by bisection between the Fig. 13
     rate / (8 n) and 16 x it (Fig. 14's rule). ``max_num_seqs``: the scheduler's cap on running sequences (vLLM's
-    default 256; ``gain_sources.seq_cap_gains`` raises it)."""
+    default 256; ``gain_sources.seq_cap_gains`` raises it); ``equal_sample_lengths``: ``sim.simulate``'s ablation,
+    every sample the trace's output length."""
     rate0 = params.sim_rates["alpaca"]
     cpu_blocks = params.sim_cpu_blocks if mode == "swap" else 0
 
@@ -210,12 +214,13 @@ def sim_rate(params: Params, system: str, n: int, mode: str, base: list[TraceReq
         trace = base if length == len(base) else base_trace("alpaca", length, params.seed)
         return simulate(with_rate(trace, rate, params.seed), system, paper_slots(), params.block_size, cost,
                         n=n, seed=params.seed, preemption_mode=mode, num_cpu_blocks=cpu_blocks, record_steps=False,
-                        beam=beam, max_num_seqs=max_num_seqs).requests
+                        beam=beam, max_num_seqs=max_num_seqs, equal_sample_lengths=equal_sample_lengths).requests
     # cached (``sensitivity.cached_search``): notebooks 04 and 11 run the same Fig. 14 searches
     key = {"trace": sensitivity.trace_digest(base), "system": system, "n": n, "mode": mode, "cost": asdict(cost),
            "beam": None if beam is None else asdict(beam), "max_num_seqs": max_num_seqs, "seed": params.seed,
            "block_size": params.block_size, "cpu_blocks": cpu_blocks, "rate0": rate0,
-           "resolution": params.rate_resolution, "slots": paper_slots(), "length_rule": MAX_LENGTH_DOUBLINGS}
+           "resolution": params.rate_resolution, "slots": paper_slots(), "length_rule": MAX_LENGTH_DOUBLINGS,
+           **({"equal_sample_lengths": True} if equal_sample_lengths else {})}
     return sensitivity.cached_search(key, lambda: length_agreed_search(requests, len(base), rate0 / (8 * n),
                                                                        rate0 * 16, NL_THRESHOLD_S,
                                                                        params.rate_resolution))
@@ -235,7 +240,7 @@ def sim_claims_at(point: sensitivity.Point, params: Params, which: str) -> list[
 
 
 def sim_bands(params: Params, default: list[Claim], progress: bool = True) -> tuple[list[Claim], pd.DataFrame]:
-    """04's simulator claims with their bands (``pagedattn.repro.sensitivity``) and the per-point table."""
+    """04's simulator claims with their bands (``pagedattn.repro.experiments.sensitivity``) and the per-point table."""
     tables = []
     # the savings carry the synthetic ShareGPT trace as their own .synthetic claims (no trace axis)
     for which, axes in (("savings", {"trace_axis": False}), ("gain", {"rate_axis": False, "trace_axis": False})):
@@ -250,7 +255,7 @@ def sim_bands(params: Params, default: list[Claim], progress: bool = True) -> tu
 # ---------------------------------------------------------------------------------------------- real engine
 def stdlib_prompts(tokenizer, lengths: list[int], seed: int = 0, max_files: int = 200) -> list[list[int]]:
     """Prompts of the given lengths: windows of real Python standard-library source, tokenized with ``tokenizer``."""
-    from pagedattn.repro.zoo import corpus_files
+    from pagedattn.repro.experiments.zoo import corpus_files
 
     root, rels = corpus_files()
     rng = np.random.default_rng(seed)
@@ -281,7 +286,7 @@ def real_trace(workload: str, num: int, params: Params) -> list[TraceRequest]:
 def load_real_model():
     """``(model, tokenizer)`` of ``opt-stdlib``, loaded once per process (a sweep's worker loads its own copy of the
     same files; the engines never change the weights)."""
-    from pagedattn.repro.zoo import load_model
+    from pagedattn.repro.experiments.zoo import load_model
 
     return load_model("opt-stdlib")
 
@@ -322,7 +327,7 @@ def engine_for(model, tokenizer, params: Params, **kw) -> LLMEngine:
                      max_num_seqs=params.max_num_seqs, preemption_mode="swap", **kw)
 
 
-# Each real-engine run below is one task of a sweep (``pagedattn.repro.parallel.pmap``), run in its worker on the model
+# Each real-engine run below is one task of a sweep (``pagedattn.repro.sim.parallel.pmap``), run in its worker on the model
 # that worker loads (``load_real_model``) with ``params.threads`` torch threads. The savings, steps and copies do not
 # depend on timing at all; the Fig. 14 comparison times each run by its own process's CPU time, which other
 # processes on other cores do not add to, so two runs side by side on two cores are timed soundly.
@@ -333,10 +338,12 @@ def _longest_first(jobs: list, cost) -> tuple[list, list[int]]:
     return [jobs[i] for i in order], sorted(range(len(jobs)), key=order.__getitem__)
 
 
-def _beam_row(job: tuple, params: Params) -> dict:
-    """One row of :func:`real_beam_savings`: ``(workload, beam width, trace, prompts)``."""
-    w, k, trace, prompts = job
-    model, tokenizer = load_real_model()
+def _run_beams(model, tokenizer, trace: list[TraceRequest], prompts: list[list[int]], k: int,
+               params: Params) -> dict:
+    """Beam search of width ``k`` on the real engine (``LLMEngine``, HF's beam search: ``pagedattn.beam_search``)
+    for every request of ``trace`` on its prompt, to the trace's output length: ``_saving_driver``'s blocks, and
+    ``mean_distinct_parents``, how concentrated the search is: the distinct parents among a step's ``k`` survivors
+    (``k``: every beam its own parent), over every step after the first (whose one parent HF's initial scores fix)."""
     with torch_threads(params.threads):
         e = engine_for(model, tokenizer, params)
         groups = []
@@ -345,9 +352,16 @@ def _beam_row(job: tuple, params: Params) -> dict:
                                                           max_tokens=r.output_len, ignore_eos=True))
             groups.append(e.requests[r.request_id])
         res = _saving_driver(e)
-    # how concentrated the search is: distinct parents among a step's k survivors (k = every beam its own)
     beam_steps = sum(g.beam_state.num_generated - 1 for g in groups)
     res["mean_distinct_parents"] = k - sum(g.beam_state.num_forks for g in groups) / max(1, beam_steps)
+    return res
+
+
+def _beam_row(job: tuple, params: Params) -> dict:
+    """One row of :func:`real_beam_savings`: ``(workload, beam width, trace, prompts)``."""
+    w, k, trace, prompts = job
+    model, tokenizer = load_real_model()
+    res = _run_beams(model, tokenizer, trace, prompts, k, params)
     return {"scale": "real engine (opt-stdlib, CPU)", "trace": w, "method": "beam", "width": k,
             "num_requests": len(trace), **res, "input_mean": float(np.mean([r.prompt_len for r in trace])),
             "output_mean": float(np.mean([r.output_len for r in trace]))}
@@ -355,7 +369,7 @@ def _beam_row(job: tuple, params: Params) -> dict:
 
 def real_beam_savings(params: Params, progress: bool = True) -> pd.DataFrame:
     """Fig. 15 beam rows on the real engine: beam width k over stdlib prompts at trace lengths; the runs (trace x
-    width) go in parallel (``pagedattn.repro.parallel``)."""
+    width) go in parallel (``pagedattn.repro.sim.parallel``)."""
     _, tokenizer = load_real_model()
     jobs = []
     for w in WORKLOADS:
@@ -365,6 +379,50 @@ def real_beam_savings(params: Params, progress: bool = True) -> pd.DataFrame:
     todo, back = _longest_first(jobs, lambda j: j[1] * sum(r.total_len for r in j[2]))
     rows = pmap(partial(_beam_row, params=params), todo, "engine beam", progress)
     return pd.DataFrame([rows[i] for i in back])
+
+
+#: the models of :func:`parent_sources`: ``None`` is opt-stdlib (trained, ``zoo``); a number is the ``init_std`` of a
+#: random-weight OPT (``model.tiny.tiny_opt``, opt-stdlib's vocabulary): 0.2, the project's (peaked logits), and
+#: 0.02, transformers' default (logits close to uniform)
+PARENT_MODELS = {"opt-stdlib (trained)": None, "random-weight OPT, init_std 0.2": 0.2,
+                 "random-weight OPT, init_std 0.02": 0.02}
+PARENT_PROMPTS = ("stdlib", "random tokens")
+
+
+def parent_sources(params: Params, widths: tuple = (6,), progress: bool = True) -> pd.DataFrame:
+    """Where beam search's distinct parents per step (``sim.BEAM_DISTINCT_PARENTS``, the beam model's one fitted
+    input, §4.4, Fig. 14b) come from: the same real-engine beam search as :func:`real_beam_savings` (HF's rule,
+    ``pagedattn.beam_search``; the Alpaca trace's lengths) with each model of ``PARENT_MODELS`` on each prompt set of
+    ``PARENT_PROMPTS`` (windows of stdlib source, or token ids drawn uniformly, ``workloads.synthetic_prompt``), at
+    each width. Each row also has the model's mean next-token entropy and top-1 probability over the prompts'
+    positions (how peaked its distributions are). One engine run per (model, prompts, width), parallel."""
+    _, tokenizer = load_real_model()
+    trace = real_trace("alpaca", params.beam_requests["alpaca"], params)
+    lens = [r.prompt_len for r in trace]
+    prompts = {"stdlib": stdlib_prompts(tokenizer, lens, params.seed),
+               "random tokens": [synthetic_prompt(n, len(tokenizer), params.seed + i) for i, n in enumerate(lens)]}
+    jobs = [(m, p, k) for m in PARENT_MODELS for p in PARENT_PROMPTS for k in widths]
+    return pd.DataFrame(pmap(partial(_parents_row, trace=trace, prompts=prompts, params=params), jobs,
+                             "beam parents", progress))
+
+
+def _parents_row(job: tuple, trace: list[TraceRequest], prompts: dict, params: Params) -> dict:
+    """One row of :func:`parent_sources`: ``(model, prompt set, width)``."""
+    from pagedattn.model.tiny import tiny_opt
+
+    name, which, k = job
+    model, tokenizer = load_real_model()
+    if PARENT_MODELS[name] is not None:
+        model = tiny_opt(params.seed, vocab_size=len(tokenizer), max_position_embeddings=params.max_model_len,
+                         init_std=PARENT_MODELS[name])
+    with torch.no_grad(), torch_threads(params.threads):
+        probs = [torch.softmax(model(torch.tensor([p])).logits[0].float(), -1) for p in prompts[which]]
+    entropy = float(np.mean([float(-(q * q.clamp_min(1e-30).log()).sum(-1).mean()) for q in probs]))
+    top1 = float(np.mean([float(q.max(-1).values.mean()) for q in probs]))
+    res = _run_beams(model, tokenizer, trace, prompts[which], k, params)
+    return {"model": name, "prompts": which, "width": k, "num_requests": len(trace),
+            "mean_distinct_parents": res["mean_distinct_parents"], "saving_pct": res["saving_pct"],
+            "next_token_entropy_nats": entropy, "top1_prob": top1}
 
 
 def sample_lengths(trace: list[TraceRequest], n: int, seed: int, max_model_len: int) -> list[list[int]]:
@@ -379,7 +437,7 @@ def sample_lengths(trace: list[TraceRequest], n: int, seed: int, max_model_len: 
 def parallel_agreement(params: Params, progress: bool = True) -> pd.DataFrame:
     """The same parallel-sampling requests (same per-sample lengths, pool, block size) on the real engine and in
     the simulator; both savings step-weighted. One task per ``n`` (engine and simulator), in parallel
-    (``pagedattn.repro.parallel``)."""
+    (``pagedattn.repro.sim.parallel``)."""
     _, tokenizer = load_real_model()
     trace = real_trace("alpaca", params.agree_requests, params)
     prompts = stdlib_prompts(tokenizer, [r.prompt_len for r in trace], params.seed + 1)
@@ -446,7 +504,7 @@ def _orca_row(job: tuple, params: Params) -> dict:
 def real_orca_gain(params: Params, progress: bool = True) -> pd.DataFrame:
     """Fig. 14 on the real engine: offline requests/s (CPU time) of paged vs Orca (Oracle) at the same KV slots,
     for n = 1 (greedy) and beam search of width ``orca_width`` (Alpaca-like lengths, stdlib prompts); the four runs
-    go in parallel (``pagedattn.repro.parallel``)."""
+    go in parallel (``pagedattn.repro.sim.parallel``)."""
     _, tokenizer = load_real_model()
     trace = real_trace("alpaca", params.orca_requests, params)
     prompts = stdlib_prompts(tokenizer, [r.prompt_len for r in trace], params.seed + 2)
@@ -537,10 +595,11 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     try:
         sim_sav = timed(timings, "sim_savings_s", sim_parallel_savings, params, progress)
         sim_gain = timed(timings, "sim_gain_s", sim_parallel_gain, params, progress)
-        beam = agree = orca = None
+        beam = agree = orca = parents = None
         if real:
             load_real_model()  # here first: it trains the model if its folder is missing, before any worker loads it
             beam = timed(timings, "engine_beam_s", real_beam_savings, params, progress)
+            parents = timed(timings, "engine_parents_s", parent_sources, params, params.widths, progress)
             agree = timed(timings, "engine_agreement_s", parallel_agreement, params, progress)
             orca = timed(timings, "engine_orca_s", real_orca_gain, params, progress)
     finally:
@@ -562,6 +621,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     if agree is not None:
         tables["agreement"] = agree
         tables["orca_gain"] = orca
+        tables["parent_sources"] = parents
     tables["traces"] = pd.DataFrame(
         [{"trace": w, "scale": "paper (sim)", **trace_stats(make_trace(w, params.sim_requests[w], 1.0, params.seed))}
          for w in WORKLOADS] +

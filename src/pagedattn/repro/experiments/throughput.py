@@ -10,11 +10,11 @@ the trace's length, as with ``ignore_eos``):
 
 A system's *sustainable rate* is the highest request rate whose normalized latency stays at or below a fixed
 threshold (``NL_THRESHOLD_S``) and at which completions keep up with arrivals over the steady window (the capacity
-rule), found by bisection over the rate to a 2 % resolution (``pagedattn.repro.capacity``). This module's paper-scale part runs the simulated
+rule), found by bisection over the rate to a 2 % resolution (``pagedattn.repro.sim.capacity``). This module's paper-scale part runs the simulated
 executor at OPT-13B / A100-40GB (15.7K token slots) with the roofline step-time model of ``sim.CostModel``.
 
-ShareGPT is the real data set (``workloads`` trace ``"sharegpt"``: cl100k tokens, vLLM's pairing and filters); the
-synthetic ShareGPT-like trace is a sensitivity row for the sustainable-rate ratios. Alpaca is synthetic (no data set).
+ShareGPT is the real data set (``workloads`` trace ``"sharegpt"``: OPT tokens, the first user turn and its answer,
+prompt + output <= 2048); the synthetic ShareGPT-like trace is a sensitivity row for the sustainable-rate ratios. Alpaca is synthetic (no data set).
 """
 from __future__ import annotations
 
@@ -26,19 +26,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from pagedattn.repro.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged, ratio_resolution, sustainable_rate, \
+from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged, ratio_resolution, sustainable_rate, \
     sustainable_rate_judged
 from pagedattn.config import paper_slots
-from pagedattn.repro import sensitivity
+from pagedattn.repro.experiments import sensitivity
 from pagedattn.repro.experiments import validated
-from pagedattn.repro.parallel import pmap
+from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.experiments.common import Arrival, Clock, ServingParams, greedy, make_engine, replay, requests_frame, \
     scaled_trace, tiny_opt_cached, torch_threads
 from pagedattn.repro.paper import FIG12_RATE_RATIO, FIG13_MEAN_BATCH, HEADLINE_THROUGHPUT_GAIN
-from pagedattn.repro.results import RESULTS_DIR, Claim
-from pagedattn.repro.sensitivity import widened
-from pagedattn.repro.sim import LABELS, CostModel, SimResult, normalized_latency, simulate
-from pagedattn.repro.workloads import TraceRequest, describe_trace, make_trace, synthetic_prompt, with_rate
+from pagedattn.repro.report.results import RESULTS_DIR, Claim
+from pagedattn.repro.experiments.sensitivity import widened
+from pagedattn.repro.sim.simulator import LABELS, CostModel, SimResult, normalized_latency, simulate
+from pagedattn.repro.workloads.traces import TraceRequest, describe_trace, make_trace, synthetic_prompt, with_rate
 
 EXPERIMENT = "03_throughput"
 SIM_MODEL = "sim: OPT-13B/A100-40GB (15.7K token slots, roofline step time with A100-measured constants)"
@@ -76,7 +76,7 @@ def _online_row(job: tuple, params: SimParams) -> dict:
 
 def sim_online(params: SimParams, progress: bool = True) -> pd.DataFrame:
     """Normalized latency and mean batch vs request rate, per workload and system (Figs. 12-13); the replays run
-    in parallel (``pagedattn.repro.parallel``)."""
+    in parallel (``pagedattn.repro.sim.parallel``)."""
     base = {w: make_trace(w, params.num_requests[w], 1.0, params.seed) for w in params.rates}
     jobs = [(w, base[w], r, s) for w, rates in params.rates.items() for r in rates for s in SIM_SYSTEMS]
     return pd.DataFrame(pmap(partial(_online_row, params=params), jobs, "online (sim)", progress))
@@ -108,7 +108,7 @@ def _sim_sustainable_row(job: tuple, params: SimParams, cost: CostModel | None) 
 def sim_sustainable(params: SimParams, progress: bool = True, cost: CostModel | None = None,
                     traces: tuple[str, ...] | None = None, systems: tuple[str, ...] = SIM_SYSTEMS) -> pd.DataFrame:
     """Each system's sustainable rate per trace (default: every workload and the sensitivity traces); the
-    bisections (one per trace and system, each sequential) run in parallel (``pagedattn.repro.parallel``)."""
+    bisections (one per trace and system, each sequential) run in parallel (``pagedattn.repro.sim.parallel``)."""
     ranges = {**params.rates, **{w: params.rates["sharegpt"] for w in params.sensitivity}}
     size = {**params.num_requests, **{w: params.num_requests["sharegpt"] for w in params.sensitivity}}
     traces = traces or tuple(ranges)
@@ -234,7 +234,7 @@ def _mean_batch_row(job: tuple, params: SimParams, cost: CostModel) -> dict:
 
 
 def sim_bands(params: SimParams, default: list[Claim], progress: bool = True) -> tuple[list[Claim], pd.DataFrame]:
-    """03's simulator claims with their bands (``pagedattn.repro.sensitivity``) and the per-point table."""
+    """03's simulator claims with their bands (``pagedattn.repro.experiments.sensitivity``) and the per-point table."""
     tables = []
     # the rate ratios are a search over rates (no rate axis, the smaller grid) and carry the synthetic trace as
     # their own .synthetic claims (no trace axis)
@@ -329,7 +329,7 @@ def serve(engine, trace, vocab_size: int) -> pd.DataFrame:
     return df
 
 
-# Each real-engine replay below is one task of a sweep (``pagedattn.repro.parallel.pmap``): it builds the model in its
+# Each real-engine replay below is one task of a sweep (``pagedattn.repro.sim.parallel.pmap``): it builds the model in its
 # process from the seed (``common.tiny_opt_cached``) and runs with ``params.threads`` torch threads. Running them
 # side by side is sound because every replay's time is its own process's CPU time (``serve``), which other
 # processes on other cores do not add to (with at most one job per core; beyond cache and memory-bandwidth effects).
@@ -357,7 +357,7 @@ def _real_online_row(job: tuple, params: RealParams) -> dict:
 
 def real_online(params: RealParams, progress: bool = True) -> pd.DataFrame:
     """Normalized latency, mean batch and throughput vs request rate on this machine, per system; the replays
-    (rates x systems) run in parallel (``pagedattn.repro.parallel``; CPU time per replay, see above)."""
+    (rates x systems) run in parallel (``pagedattn.repro.sim.parallel``; CPU time per replay, see above)."""
     jobs = [(w, r, s) for w, rates in params.rates.items() for r in rates for s in params.systems]
     return pd.DataFrame(pmap(partial(_real_online_row, params=params), jobs, "online (real engine)", progress))
 
@@ -375,7 +375,7 @@ def _real_sustainable_row(job: tuple, params: RealParams, threshold_s: float) ->
 
 def real_sustainable(params: RealParams, threshold_s: float, progress: bool = True) -> pd.DataFrame:
     """Each system's sustainable rate on this machine (``capacity.sustainable_rate`` at ``threshold_s``); the
-    bisections (one per workload and system) run in parallel (``pagedattn.repro.parallel``)."""
+    bisections (one per workload and system) run in parallel (``pagedattn.repro.sim.parallel``)."""
     jobs = [(w, s) for w in params.rates for s in params.search_systems if s in params.systems]
     return pd.DataFrame(pmap(partial(_real_sustainable_row, params=params, threshold_s=threshold_s), jobs,
                              "sustainable rate (real engine)", progress))
@@ -418,7 +418,7 @@ def _real_offline_row(system: str, params: RealParams) -> dict:
 def real_offline(params: RealParams, progress: bool = True) -> pd.DataFrame:
     """All requests at t = 0 through every system on this machine, plus HF ``generate()`` in static batches as
     large as the budget allows at the maximum length, and HF's continuous batching on the same token slots; the
-    runs go in parallel (``pagedattn.repro.parallel``; CPU time per run, see above)."""
+    runs go in parallel (``pagedattn.repro.sim.parallel``; CPU time per run, see above)."""
     trace = params.trace("sharegpt", params.offline_requests, math.inf)
     # HF generate() first: the longest run
     jobs = ["hf_generate", *params.systems, "hf_continuous_batching"]
@@ -486,7 +486,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
         **kw) -> dict:
     """Both scales; writes CSVs and ``summary.json`` to ``<results_dir>/03_throughput/``; returns the tables."""
     from pagedattn.kernels import get_backend
-    from pagedattn.repro.results import hardware_label, write_summary
+    from pagedattn.repro.report.results import hardware_label, write_summary
 
     sp = SimParams.make(quick)
     rp = RealParams.make(quick, **kw)

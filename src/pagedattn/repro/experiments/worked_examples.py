@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from pagedattn.repro import tour
+from pagedattn.repro.experiments import tour
 from pagedattn.config import LLAMA2_70B, LLAMA_7B, OPT_13B, block_fills, blocks_needed, format_bytes
 from pagedattn.memory import BlockManager
 from pagedattn.repro.paper import (BLOCK_FILLS_40_TOKENS, BLOCKS_FOR_1000_TOKENS, COW_REF_COUNTS, DEFAULT_BLOCK_SIZE,
                              KV_GB_2048_TOKENS_OPT13B, KV_KB_PER_TOKEN)
-from pagedattn.repro.results import RESULTS_DIR, Claim, hardware_label, write_summary
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
 
 EXPERIMENT = "00_tour"
 MODEL = "KV arithmetic (config) + BlockManager + opt-stdlib engine"
@@ -140,7 +140,7 @@ def live_trace(model, tokenizer, quick: bool, out_dir: Path) -> dict:
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR) -> dict:
     """Every worked example and check; writes the trace files and ``summary.json`` (all claims invariants) to
     ``<results_dir>/00_tour/`` and returns each example's objects (for the tour to draw) and the claims."""
-    from pagedattn.repro.zoo import load_model
+    from pagedattn.repro.experiments.zoo import load_model
 
     out_dir = Path(results_dir) / EXPERIMENT
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """The replayer's command line for the project's traces (research tier; ``pagedattn.replay`` is the entry point).
 
-``python -m pagedattn.repro.replay --url http://127.0.0.1:8000 --trace sharegpt --rate 2 --num-requests 200`` sends
+``python -m pagedattn.repro.experiments.replay --url http://127.0.0.1:8000 --trace sharegpt --rate 2 --num-requests 200`` sends
 the requests of ``workloads.make_trace`` (the same lengths and Poisson arrivals that the simulator replays, §6.1;
 ``--scale`` divides the lengths for a small model's context), with random token-id prompts of the trace's prompt
 lengths. ``--prompts sharegpt`` sends real ShareGPT text instead (``sharegpt_text_requests``), which also drives
@@ -17,9 +17,9 @@ import numpy as np
 
 from pagedattn import replay
 from pagedattn.replay import Request
-from pagedattn.repro import sharegpt
+from pagedattn.repro.workloads import sharegpt
 from pagedattn.repro.experiments.common import scaled_trace
-from pagedattn.repro.workloads import make_trace
+from pagedattn.repro.workloads.traces import make_trace
 
 
 def sharegpt_text_requests(num_requests: int, seed: int = 0, scale: int = 1, max_prompt_chars: int | None = None,
@@ -68,9 +68,9 @@ def build_requests(a: argparse.Namespace) -> list:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pagedattn.repro.replay", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m pagedattn.repro.experiments.replay", description=__doc__.split("\n\n")[0])
     p.add_argument("--trace", default="sharegpt", help="the trace of lengths for token-id prompts "
-                   "(pagedattn.repro.workloads.TRACES)")
+                   "(pagedattn.repro.workloads.traces.TRACES)")
     p.add_argument("--prompts", choices=("token-ids", "sharegpt"), default="token-ids",
                    help="random token ids of the trace's lengths, or the text of real ShareGPT conversations")
     p.add_argument("--rate", type=float, default=1.0, help="requests/s (inf: all at once)")

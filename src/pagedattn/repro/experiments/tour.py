@@ -4,7 +4,7 @@ Paper §4.2-§4.4 (Figs. 6-8): every sequence has a block table mapping its logi
 pool; samples of one request share their prompt's blocks (reference counts) and copy a shared, partially filled block
 on write (copy-on-write); requests that start with a shared prefix map it to the same physical blocks (§4.4).
 
-The recording (``Frame``, ``record_trace``, ``save_trace`` / ``load_trace``) is in ``pagedattn.repro.tour_trace`` and
+The recording (``Frame``, ``record_trace``, ``save_trace`` / ``load_trace``) is in ``pagedattn.repro.experiments.tour_trace`` and
 re-exported here. This module draws: ``draw_frame`` draws one frame (the pool as a grid, coloured by owning request,
 with reference counts; each sequence's block table beside it), ``BlockPoolView`` wraps the frames in an ipywidgets
 slider for JupyterLab (the block tables as text beside the pool), and ``save_gif`` writes the same frames for
@@ -17,8 +17,8 @@ import html
 import io
 from functools import lru_cache
 
-from pagedattn.repro import plots  # noqa: F401  (selects a headless backend outside a kernel)
-from pagedattn.repro.tour_trace import (Frame, SeqView, copy_on_write_frame, frame_from_manager, load_trace,  # noqa: F401
+from pagedattn.repro.report import plots  # noqa: F401  (selects a headless backend outside a kernel)
+from pagedattn.repro.experiments.tour_trace import (Frame, SeqView, copy_on_write_frame, frame_from_manager, load_trace,  # noqa: F401
                                   record_trace, save_trace, snapshot)
 
 import matplotlib.pyplot as plt  # noqa: E402

@@ -3,7 +3,7 @@
 A result is stale when a file it imported changed since its run (``results.stale_reason``). A refactor changes files
 without changing what they compute; the golden digests prove that for every simulator replay (value for value), the
 engine-against-simulator test for every step the engine plans, and the engine-against-Hugging-Face tests for its
-tokens. ``python -m pagedattn.repro.restamp --reason "..." [NAME ...]``:
+tokens. ``python -m pagedattn.repro.report.restamp --reason "..." [NAME ...]``:
 
 1. runs those checks (``CHECKS``) on this tree, and stops, restamping nothing, unless they pass;
 2. for each named result (default: every stale one) updates its ``provenance`` to the files now: the recorded files'
@@ -13,7 +13,7 @@ tokens. ``python -m pagedattn.repro.restamp --reason "..." [NAME ...]``:
    and the checks that passed. ``results/SUMMARY.md`` prints every restamp beside the result.
 
 The numbers are not rerun: the entry says so. A change that may move a result (a timing, a tolerance, a model's
-output) is no refactor: rerun that notebook instead (``python -m pagedattn.repro.reproduce --only NAME``).
+output) is no refactor: rerun that notebook instead (``python -m pagedattn.repro.report.reproduce --only NAME``).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pagedattn.repro.results import REPO_ROOT, RESULTS_DIR, _relative, changed_files, source_hash, today
+from pagedattn.repro.report.results import REPO_ROOT, RESULTS_DIR, _relative, changed_files, source_hash, today
 
 #: the tests whose passing shows that a change leaves replays, scheduling decisions and tokens as they were
 CHECKS = ("tests/test_sim_golden.py", "tests/test_engine_vs_sim.py", "tests/test_engine.py",

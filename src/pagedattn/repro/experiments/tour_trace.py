@@ -4,7 +4,7 @@
 snapshots what the block manager holds: each live sequence's block table and token count, the pool's reference
 counts, pinned (user-marked prefix) and cached blocks, and the step's copy-on-write count. Nothing is recomputed or
 hard-coded: a ``Frame`` is a copy of ``engine.kv``'s state. ``save_trace`` / ``load_trace`` keep the frames as JSON,
-so that what a view shows can be checked against what was recorded. Drawing the frames is ``pagedattn.repro.tour``'s job;
+so that what a view shows can be checked against what was recorded. Drawing the frames is ``pagedattn.repro.experiments.tour``'s job;
 this module imports no plotting library.
 """
 from __future__ import annotations

@@ -11,7 +11,8 @@ per-step CPU times. ``data/a100_profile.json`` beside this module holds only the
 - the same for ``internlm/internlm-20b`` (hidden size 5120, OPT-13B's), used for the 7B -> 13B transfer;
 - ``data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/attention.csv``: a Git LFS pointer in microsoft/vidur
   (blob 6ce0a3b, ``size 10680357``); the rows used come from the copy committed in the fork ``sw5sh/cs378-assignment3``
-  @ 7ac2fe9 (10,680,357 bytes, the pointer's size; its sha256 was not checked), FlashAttention backend, block 16;
+  @ 7ac2fe9 (10,680,357 bytes, the pointer's size; its sha256 could not be computed here, ``SOURCE_SHA256``),
+  FlashAttention backend, block 16;
 - ``data/profiling/a100/cpu_overheads.csv`` (microsoft/vidur @ 6d98aa8, deleted in later commits): per-step CPU
   times of the vLLM-derived engine Vidur profiled, by batch size.
 
@@ -32,6 +33,9 @@ What is derived (``derive``), each with its spread over the profiled shapes:
   GPU the paper's vLLM runs its worker in-process), fitted by least squares over batch 8-128 (the profiled range;
   there is no batch-1 row).
 
+Every source file's sha256 is pinned (``SOURCE_SHA256``), recorded in the table and checked when the table is rebuilt
+(the script refuses another file) and loaded (``load_profile``).
+
 Against the assumed constants (``CostModel.assumed()``), on the same card (OPT-13B, A100-40GB): a decode step of
 batch 8-64 with 200-500 tokens of context each takes 0.94-1.03x as long under the assumed constants as under the
 measured ones (the efficiencies alone: 0.93x, 0.65 against 0.7; the flat 4 ms is above the measured overhead below
@@ -41,6 +45,7 @@ difference of cards, not of constants.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
@@ -64,10 +69,53 @@ OVERHEAD_COLUMNS = ("schedule", "sampler_e2e", "prepare_inputs_e2e", "process_mo
 PREFILL_TOKENS = (1024, 2048, 3072, 4096)
 
 
+#: sha256 of every profile file the table comes from (the bytes ``git show <commit>:<path>`` gives), pinned here and
+#: recorded in the table's ``sources``; ``benchmarks/derive_a100_profile.py`` checks each input file against it before
+#: it reads a row, and ``load_profile`` checks that the table records these. ``attention.csv`` has none: the fork's
+#: copy (10.7 MB) is over the size of file a repository snapshot carries here and was read in 16,000-character pages,
+#: so its bytes were never whole on this machine; its rows are transcribed by character offset instead
+#: (``ATTENTION_DECODE`` in the script), and the table says so (``sha256_missing``).
+SOURCE_SHA256: dict[str, str | None] = {
+    "mlp_llama2_7b": "2cfacca979f32e83257753cf6fd815a71af8ba9a7a9d0643b18d9f54e8a37688",
+    "mlp_internlm_20b": "efdad580da6ecb50e3716543439a31fc71484de365e0f8cfe9430c5e4d5487c3",
+    "cpu_overheads": "79694db647120090f96192625c70d74dc79bd3c7e0bfcb053726413e2a25c548",
+    "attention_llama2_7b": None,
+}
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def verify_source(key: str, path: str | Path) -> str:
+    """The sha256 of ``path`` if it is the profile file ``key`` names (``SOURCE_SHA256``); else ``ValueError``."""
+    want = SOURCE_SHA256[key]
+    got = file_sha256(path)
+    if want is None or got != want:
+        raise ValueError(f"{path}: sha256 {got} is not the pinned {key} ({want}): another file, or another commit")
+    return got
+
+
+def check_sources(profile: dict) -> None:
+    """Every source of the table records the sha256 pinned in ``SOURCE_SHA256`` (or, where none is pinned, says why
+    in ``sha256_missing``), and no source is unpinned; else ``ValueError``."""
+    sources = profile.get("sources", {})
+    if set(sources) != set(SOURCE_SHA256):
+        raise ValueError(f"profile sources {sorted(sources)} are not the pinned ones {sorted(SOURCE_SHA256)}")
+    for key, src in sources.items():
+        want = SOURCE_SHA256[key]
+        if src.get("sha256") != want:
+            raise ValueError(f"profile source {key}: sha256 {src.get('sha256')} is not the pinned {want}")
+        if want is None and not src.get("sha256_missing"):
+            raise ValueError(f"profile source {key} has no sha256 and does not say why (sha256_missing)")
+
+
 @lru_cache(maxsize=1)
 def load_profile(path: Path = PROFILE_PATH) -> dict:
-    """The committed table (``data/a100_profile.json``)."""
-    return json.loads(Path(path).read_text())
+    """The committed table (``data/a100_profile.json``), its sources' checksums checked (``check_sources``)."""
+    profile = json.loads(Path(path).read_text())
+    check_sources(profile)
+    return profile
 
 
 def linear_params(model: dict) -> int:
@@ -224,3 +272,23 @@ def measured_band(d: dict | None = None) -> dict[str, tuple[float, float]]:
                                 _up(max(f.intercept_s for f in fits) + err, 1e-5)),
             "step_overhead_per_seq_s": (_down(min(f.per_seq_s for f in fits), 1e-6),
                                         _up(max(f.per_seq_s for f in fits), 1e-6))}
+
+
+#: The interconnect constants of ``sim.CostModel`` that no measurement here sets (issue 50). A claim whose value rests
+#: on them says so in its note (``assumed_note``). The one swap measurement on record, the H200 run of notebook 06's
+#: microbenchmark (``shared/gpu/h200-2026-12-04/project_gpu_check/06_preemption``), times this engine's per-block
+#: copy path on another card and bus (an H200, PCIe 5.0) with one model: one point, which sets neither the A100's
+#: PCIe bandwidth nor its per-copy latency. No run here had more than one GPU, so nothing measured NVLink.
+ASSUMED_INTERCONNECT = {
+    "swap": "PCIe swap constants assumed, not measured (CostModel: 32 GB/s x 0.8 per direction, 5 us per copy); the "
+            "one swap measurement here (notebook 06's microbenchmark on an H200) is another card and bus and sets "
+            "neither",
+    "nvlink": "NVLink all-reduce constants assumed, not measured (CostModel: 300 GB/s x 0.5, 10 us per all-reduce); "
+              "no multi-GPU run here",
+}
+
+
+def assumed_note(kind: str) -> str:
+    """The note a claim that rests on an assumed interconnect constant carries (``ASSUMED_INTERCONNECT``)."""
+    return ASSUMED_INTERCONNECT[kind]
+

@@ -47,8 +47,8 @@ import time
 from functools import partial
 from pathlib import Path
 
-from pagedattn.repro.lab import KERNEL_NAME
-from pagedattn.repro.results import (NOTEBOOK_ENV, QUICK_RESULTS_DIR, QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR,
+from pagedattn.repro.report.lab import KERNEL_NAME
+from pagedattn.repro.report.results import (NOTEBOOK_ENV, QUICK_RESULTS_DIR, QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR,
                                      RUN_FILE, STALE_FILE, build_summary_md, hardware_label, today)
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -175,8 +175,8 @@ def calibration_replay(repeats: int | None = None) -> dict | None:
         repeats = int(os.environ.get(CALIBRATION_ENV, CALIBRATION_REPEATS))
     if repeats < 1:
         return None
-    from pagedattn.repro.sim import simulate
-    from pagedattn.repro.workloads import make_trace
+    from pagedattn.repro.sim.simulator import simulate
+    from pagedattn.repro.workloads.traces import make_trace
 
     trace = make_trace("sharegpt", 1000, 5.0, seed=0)
     wall, cpu = math.inf, math.inf
@@ -189,8 +189,8 @@ def calibration_replay(repeats: int | None = None) -> dict | None:
 
 
 def simulator() -> str:
-    """Which simulator the run's replays used: "compiled" (``pagedattn.repro.fastsim``, mypyc) or "interpreted"."""
-    from pagedattn.repro import fastsim
+    """Which simulator the run's replays used: "compiled" (``pagedattn.repro.sim.fastsim``, mypyc) or "interpreted"."""
+    from pagedattn.repro.sim import fastsim
 
     module, why = fastsim.status()
     return "compiled" if module is not None else f"interpreted ({why})"

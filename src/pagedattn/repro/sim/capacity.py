@@ -49,6 +49,8 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from pagedattn.repro.workloads.traces import RAMP_UP_FRACTION, steady_window
+
 #: Normalized latency (s/token) above which a rate is not sustainable at paper scale. The paper's curves sit near
 #: 0.03-0.05 s/token at low load and turn up sharply past capacity; 0.2 s/token is well past the knee and well below
 #: the explosion.
@@ -57,8 +59,6 @@ NL_THRESHOLD_S = 0.2
 CAPACITY_MARGIN = 0.02
 #: The search's resolution: the reported rate and the lowest rate found to fail differ by at most this fraction.
 RESOLUTION = 0.02
-#: Ramp-up: the first fifth of the trace's arrivals is outside the steady window (``sim.SimResult`` uses the same).
-RAMP_UP_FRACTION = 0.2
 #: Shuffles of the requests' latencies behind ``Load.trend_se`` (module docstring); a replay judges the capacity rule
 #: only if that noise is at most ``MAX_TREND_SE`` of the arrival rate (half the margin).
 TREND_PERMUTATIONS = 32
@@ -77,14 +77,6 @@ def normalized_latency(requests: pd.DataFrame) -> float:
     return float(((requests["finish_time"] - requests["arrival_time"]) / requests["output_len"]).mean())
 
 
-def steady_window(arrival_times) -> tuple[float, float]:
-    """The steady state of a run, ``[start, end)`` in seconds, by a rule fixed in advance: from the arrival of the
-    request at ``RAMP_UP_FRACTION`` (a fifth) of the trace, when the batch has filled from empty, to the last
-    arrival, after which no request joins and the batch drains. An offline trace (every request at t = 0) has no
-    arrival period: its window is the whole run, ``(0, inf)``."""
-    arrivals = np.sort(np.asarray(arrival_times, dtype=float))
-    start, end = float(arrivals[int(RAMP_UP_FRACTION * len(arrivals))]), float(arrivals[-1])
-    return (start, end) if end > start else (0.0, math.inf)
 
 
 def _counts(arrival, finish, start: float, end: float, points: int = 256):

@@ -24,10 +24,26 @@ def footnote(fig, text: str) -> None:
     fig.text(0.01, 0.005, text, fontsize=7, color="#555555", ha="left", va="bottom")
 
 
-def savefig(fig, path: str | Path) -> Path:
+#: The PNG text chunk holding a figure's record (read by tests/test_plots.py and the figure test).
+FIGURE_META_KEY = "pagedattn"
+
+
+def figure_record(fig, figure: str | None = None, paper_marks: list | None = None) -> dict:
+    """What a saved figure states about itself: the paper's figure it reproduces, the paper's values it marks, and
+    per axes its x/y scale and how many data artists it draws (0 = an empty chart)."""
+    axes = [{"xscale": ax.get_xscale(), "yscale": ax.get_yscale(),
+             "artists": len(ax.lines) + len(ax.patches) + len(ax.collections) + len(ax.images)}
+            for ax in fig.axes if ax.get_visible() and ax.axison]
+    return {"figure": figure, "paper_marks": list(paper_marks or []), "axes": axes}
+
+
+def savefig(fig, path: str | Path, figure: str | None = None, paper_marks: list | None = None) -> Path:
+    """Save ``fig`` as a PNG whose text chunk ``FIGURE_META_KEY`` records :func:`figure_record` (JSON)."""
+    import json
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
+    record = figure_record(fig, figure, paper_marks)
+    fig.savefig(path, dpi=130, bbox_inches="tight", metadata={FIGURE_META_KEY: json.dumps(record)})
     return path
 
 
@@ -67,7 +83,7 @@ SYSTEM_STYLES = {
 }
 #: the order systems are drawn in: ours first (at the bottom, wide), so that the others stay visible over it
 DRAW_ORDER = ("vLLM (ours)", "Orca (Oracle)", "Orca (Pow2)", "Orca (Max)", "FasterTransformer")
-TRACE_TITLES = {"sharegpt": "ShareGPT (real, cl100k)", "sharegpt_synthetic": "ShareGPT-like (synthetic)",
+TRACE_TITLES = {"sharegpt": "ShareGPT (real, OPT tokens)", "sharegpt_synthetic": "ShareGPT-like (synthetic)",
                 "alpaca": "Alpaca (synthetic)"}
 PAPER_COLOR = "#222222"
 
@@ -136,7 +152,7 @@ def mark_paper_ratio(ax, base_rate: float, ratio: tuple, threshold: float, color
 
 def setup_title(sel: dict) -> str:
     """A Fig. 12 panel's title: the model with its GPUs (Table 1) and the trace, e.g. ``OPT-13B (1 x A100-40GB),
-    ShareGPT (real, cl100k)``."""
+    ShareGPT (real, OPT tokens)``."""
     from pagedattn.repro.paper import GPUS
     model, trace = sel.get("model", "OPT-13B"), sel.get("trace", "")
     gpus, gb = GPUS[model]
@@ -158,7 +174,7 @@ def fig12_panels(curves: pd.DataFrame, sustainable: pd.DataFrame | None, thresho
     where the paper gives them) marks where ours would cross the threshold at the paper's ratio over that system's
     sustainable rate in ``sustainable`` (same selection columns, ``system``, ``sustainable_rate``). ``title_of`` maps
     a panel's selection to its title (default: its values joined). One legend for the figure, below the panels."""
-    from pagedattn.repro.sim import LABELS
+    from pagedattn.repro.sim.simulator import LABELS
     if panels is None:
         panels = [{"trace": w} for w in dict.fromkeys(curves.trace)]
     title_of = title_of or (lambda sel: ", ".join(TRACE_TITLES.get(v, str(v)) for v in sel.values()))

@@ -7,8 +7,8 @@ standard library, on the CPU, in minutes, and commits the checkpoint under ``mod
 ``record.json`` (corpus, budget, losses, versions, sha256 of every file) so every machine reproduces the same numbers.
 
     model, tok = load_model("opt-stdlib")               # verifies the committed checkpoint, or trains it if absent
-    python -m pagedattn.repro.zoo train opt-stdlib [--quick]  # (re)train; `make model` runs the full one
-    python -m pagedattn.repro.zoo sample opt-stdlib "def __init__(self"
+    python -m pagedattn.repro.experiments.zoo train opt-stdlib [--quick]  # (re)train; `make model` runs the full one
+    python -m pagedattn.repro.experiments.zoo sample opt-stdlib "def __init__(self"
 
 The folder is an ordinary Hugging Face checkpoint: ``OPTForCausalLM.from_pretrained(path)`` and
 ``PreTrainedTokenizerFast.from_pretrained(path)`` load it. Weights are stored in fp16 to keep the folder small;
@@ -44,7 +44,7 @@ MODELS_DIR = Path(__file__).resolve().parents[3] / "models"
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>"]  # OPT's ids: bos/eos "</s>" = 2, pad = 1
 PAD_ID, EOS_ID = 1, 2
 SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__", "encodings", "pydoc_data"}
-RETRAIN_HINT = "retrain it with `make model` or `python -m pagedattn.repro.zoo train {name}{quick}`"
+RETRAIN_HINT = "retrain it with `make model` or `python -m pagedattn.repro.experiments.zoo train {name}{quick}`"
 
 
 @dataclass(frozen=True)
@@ -206,6 +206,8 @@ def train(name: str = "opt-stdlib", quick: bool = False, root: str | Path | None
 
 def _train(cfg: ZooConfig, out: Path, stdlib: str | Path | None, progress: bool) -> Path:
     from tqdm.auto import tqdm
+
+    from pagedattn.repro.progress import interactive
     from transformers import OPTForCausalLM
 
     import tokenizers
@@ -230,7 +232,7 @@ def _train(cfg: ZooConfig, out: Path, stdlib: str | Path | None, progress: bool)
     gen = torch.Generator().manual_seed(cfg.seed)
     losses: list[float] = []
     model.train()
-    bar = tqdm(range(cfg.steps), desc=f"train {cfg.name}", disable=not progress, mininterval=2.0)
+    bar = tqdm(range(cfg.steps), desc=f"train {cfg.name}", disable=not (progress and interactive()), mininterval=2.0)
     for step in bar:
         starts = torch.randint(0, len(train_ids) - cfg.seq_len - 1, (cfg.batch,), generator=gen)
         batch = torch.stack([train_ids[s : s + cfg.seq_len + 1] for s in starts.tolist()])
@@ -263,7 +265,7 @@ def _train(cfg: ZooConfig, out: Path, stdlib: str | Path | None, progress: bool)
     record = {
         "name": cfg.name,
         "note": "project addition (not in the paper): a small OPT trained on the Python stdlib for §6.3-style "
-                "beam search / parallel sampling results; see src/pagedattn/repro/zoo.py",
+                "beam search / parallel sampling results; see src/pagedattn/repro/experiments/zoo.py",
         "config": asdict(cfg),
         "parameters": sum(p.numel() for p in model.parameters()),
         "corpus": {"root": str(src), "python": platform.python_version(),
@@ -326,6 +328,11 @@ def load_model(name: str = "opt-stdlib", quick: bool = False, device: str | torc
     if {k: v for k, v in record.get("config", {}).items() if k != "threads"} != same:
         warnings.warn(f"{path} was trained with a config that differs from zoo.py's {name!r}; "
                       + RETRAIN_HINT.format(name=name, quick=" --quick" if quick else ""), stacklevel=2)
+    from transformers.utils import logging as hf_logging
+
+    from pagedattn.repro.progress import interactive
+    if not interactive():  # transformers' own "Loading weights" bar: off outside a terminal (issue 51)
+        hf_logging.disable_progress_bar()
     model = OPTForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     return model, PreTrainedTokenizerFast.from_pretrained(path)
 
@@ -340,7 +347,7 @@ def greedy(model, tokenizer, prompt: str, max_new_tokens: int = 48) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m pagedattn.repro.zoo", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pagedattn.repro.experiments.zoo", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train", help="train (or retrain) a model and write models/<name>/")
     s = sub.add_parser("sample", help="print a greedy continuation of a prompt")

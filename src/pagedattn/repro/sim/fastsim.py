@@ -4,7 +4,7 @@ A paper-scale replay (``sim.simulate``) spends its time in the interpreter, in t
 per-step bookkeeping; tuning that Python further moved it by no more than the noise. So the modules a replay runs
 (``MODULES``: the sequences, the scheduler, the paged and contiguous KV managers, their accounting and the simulator)
 are copied under another package name, ``pagedattn_fastsim``, and compiled with mypyc (pinned with mypy in
-requirements-dev.txt) into ``.build/fastsim/`` (git-ignored): ``python -m pagedattn.repro.fastsim`` (``make
+requirements-dev.txt) into ``.build/fastsim/`` (git-ignored): ``python -m pagedattn.repro.sim.fastsim`` (``make
 fastsim``; ``make reproduce`` builds it first). The copy is a package of its own, so the real engine, the tests'
 monkeypatches and every object outside a replay keep the interpreted modules.
 
@@ -44,14 +44,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, TypeVar
 
-SRC = Path(__file__).resolve().parents[2]  # .../src
+SRC = Path(__file__).resolve().parents[3]  # .../src
 BUILD_DIR = SRC.parent / ".build" / "fastsim"
 PACKAGE = "pagedattn_fastsim"
 #: module -> its name in the copy: what a replay runs, in import order
 MODULES = {"pagedattn.sequence": "sequence", "pagedattn.memory.accounting": "accounting",
            "pagedattn.memory.block_manager": "block_manager", "pagedattn.memory.contiguous": "contiguous",
            "pagedattn.memory.systems": "systems", "pagedattn.scheduler": "scheduler", "pagedattn.core": "core",
-           "pagedattn.repro.sim": "sim"}
+           "pagedattn.repro.sim.simulator": "sim"}
 MANIFEST = "manifest.json"
 ENV = "PAGEDATTN_FASTSIM"
 # mypyc's flags. "skip": the copied modules' imports of the rest of pagedattn (and of torch, numpy) are typed Any
@@ -85,7 +85,7 @@ def build(quiet: bool = False) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         pkg = Path(tmp) / PACKAGE
         pkg.mkdir()
-        (pkg / "__init__.py").write_text('"""Compiled copy of the simulator\'s modules (pagedattn.repro.fastsim)."""\n')
+        (pkg / "__init__.py").write_text('"""Compiled copy of the simulator\'s modules (pagedattn.repro.sim.fastsim)."""\n')
         digests = _digests()
         for module, name in MODULES.items():
             (pkg / f"{name}.py").write_text(_rewrite(_source(module).read_text()))
@@ -115,7 +115,7 @@ def status() -> tuple[ModuleType | None, str]:
         return None, f"{ENV}=0"
     manifest = BUILD_DIR / MANIFEST
     if not manifest.exists():
-        return None, f"not built ({BUILD_DIR}; python -m pagedattn.repro.fastsim)"
+        return None, f"not built ({BUILD_DIR}; python -m pagedattn.repro.sim.fastsim)"
     record = json.loads(manifest.read_text())
     if record.get("python") != _python_tag():
         return None, f"built for {record.get('python')}, this is {_python_tag()}"
@@ -123,7 +123,7 @@ def status() -> tuple[ModuleType | None, str]:
         return None, f"built with mypyc flags {record.get('recipe')}, the recipe is now {list(RECIPE)}"
     stale = sorted(m for m, d in _digests().items() if record.get("sources", {}).get(m) != d)
     if stale:
-        return None, f"stale: {', '.join(stale)} changed since the build (python -m pagedattn.repro.fastsim)"
+        return None, f"stale: {', '.join(stale)} changed since the build (python -m pagedattn.repro.sim.fastsim)"
     if str(BUILD_DIR) not in sys.path:
         sys.path.insert(0, str(BUILD_DIR))
     try:
@@ -168,7 +168,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def compiled_when_built(simulate: F) -> F:
     """``sim.simulate``'s decorator: the interpreted module's ``simulate`` replays through the compiled copy when it
     can (``replay``); the copy's own ``simulate`` (the same source, compiled) runs itself."""
-    if simulate.__module__ != "pagedattn.repro.sim":
+    if simulate.__module__ != "pagedattn.repro.sim.simulator":
         return simulate
     signature = inspect.signature(simulate)
     sim = types.SimpleNamespace(**{k: simulate.__globals__.get(k) for k in ("CostModel", "BeamModel", "SimResult")})

@@ -4,7 +4,7 @@ The notebooks are the project's first interface (the guided tour's live block-po
 with a kernel behind it). ``make venv`` registers the kernel spec in the virtual environment
 (``ipykernel install --sys-prefix --name pagedattn``); every notebook's metadata names it, so each opens with it, and
 the server's default kernel (a new notebook, the API's default) is the same one. Extra arguments go to JupyterLab,
-e.g. ``python -m pagedattn.repro.lab --no-browser --ServerApp.port=8899``; the tests start it so, on a root and port of their
+e.g. ``python -m pagedattn.repro.report.lab --no-browser --ServerApp.port=8899``; the tests start it so, on a root and port of their
 own.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from pagedattn.repro.results import REPO_ROOT
+from pagedattn.repro.report.results import REPO_ROOT
 
 KERNEL_NAME = "pagedattn"
 KERNEL_DISPLAY_NAME = "pagedattn (.venv)"

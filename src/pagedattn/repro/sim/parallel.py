@@ -14,7 +14,7 @@ worker's state), and the caller's ``PAGEDATTN_*`` environment variables (``PAGED
 ``fn`` must be picklable: a module-level function, or a ``functools.partial`` of one.
 
 How many jobs and which cluster: ``configure(jobs=..., scheduler=...)`` (a notebook's ``jobs`` / ``scheduler``
-parameters), else the environment (``PAGEDATTN_JOBS``, ``PAGEDATTN_SCHEDULER``: ``pagedattn.repro.reproduce --jobs N
+parameters), else the environment (``PAGEDATTN_JOBS``, ``PAGEDATTN_SCHEDULER``: ``pagedattn.repro.report.reproduce --jobs N
 --scheduler ADDRESS`` sets them for every notebook), else one job per core on this machine. A task that itself
 calls ``pmap`` (a sweep inside a sweep) runs its inner sweep serially in its worker.
 
@@ -35,6 +35,8 @@ from functools import partial
 from typing import Any, Callable, Iterable
 
 from tqdm.auto import tqdm
+
+from pagedattn.repro.progress import interactive
 
 _settings: dict[str, Any] = {"jobs": None, "scheduler": None}
 _pool: tuple[int, Executor] | None = None
@@ -120,7 +122,7 @@ def process_pool(jobs: int) -> Executor:
         return _pool[1]
     shutdown()
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["pagedattn.repro.sim"])
+    ctx.set_forkserver_preload(["pagedattn.repro.sim.simulator"])
     _pool = (jobs, ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_pool_worker))
     return _pool[1]
 
@@ -155,7 +157,7 @@ def pmap(fn: Callable[[Any], Any], items: Iterable[Any], desc: str | None = None
     address = scheduler_address()
     n = jobs if jobs is not None else num_jobs()
     remote = partial(_in_caller_env, _caller_env(), fn)  # fn as a task run in another process
-    bar = tqdm(total=len(items), desc=desc, disable=not progress, leave=False)
+    bar = tqdm(total=len(items), desc=desc, disable=not (progress and interactive()), leave=False)
     try:
         if address:
             # each task marks its Dask worker as a worker first, so that a sweep inside it runs serially there

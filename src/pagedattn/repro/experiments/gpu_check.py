@@ -1,8 +1,8 @@
 """Settle every GPU claim in one run (Kwon et al., SOSP 2023: §5.1 kernels, §7.1 Fig. 18a, §7.2 Fig. 18b, §7.3
 Fig. 19), for the day a GPU is at hand::
 
-    PYTHONPATH=src python3 -m pagedattn.repro.gpu_check          # or: make gpu
-    PYTHONPATH=src python3 -m pagedattn.repro.gpu_check --dry-run   # what it would run (also what happens without CUDA)
+    PYTHONPATH=src python3 -m pagedattn.repro.experiments.gpu_check          # or: make gpu
+    PYTHONPATH=src python3 -m pagedattn.repro.experiments.gpu_check --dry-run   # what it would run (also what happens without CUDA)
 
 Steps (each writes files labelled by the GPU's name; at most 8 minutes on one H100-class GPU, issue 54):
 
@@ -146,7 +146,7 @@ def kernel_per_block_size(df):
 
 def step_fig18a(ctx: Context) -> dict:
     from pagedattn.repro.experiments import attention_kernel as ak
-    from pagedattn.repro.results import Claim
+    from pagedattn.repro.report.results import Claim
 
     cfg = ak.BenchConfig(block_sizes=BLOCK_SIZES)
     df, meta = ak.benchmark(quick=False, device=ctx.device, cfg=cfg)
@@ -207,7 +207,7 @@ def equivalence_claims(hardware: str, per_dtype: dict, source: str) -> list:
     equal HF float64's). float32 is judged as identical tokens (``engine_matches_hf_greedy.gpu.float32``, ours == 1);
     fp16 / bf16 as ``engine_fp64_agreement_minus_hf.gpu.<dtype>``: the engine's agreement with HF float64 minus HF's own
     (ours >= -AGREEMENT_MARGIN). A dtype not measured gets a null claim saying so."""
-    from pagedattn.repro.results import Claim
+    from pagedattn.repro.report.results import Claim
 
     out = []
     for dname in ("float32", "float16", "bfloat16"):
@@ -328,7 +328,7 @@ def step_kernel_vs_sdpa(ctx: Context) -> dict:
     import torch.nn.functional as F
 
     from pagedattn import kernels
-    from pagedattn.repro.results import Claim
+    from pagedattn.repro.report.results import Claim
 
     z = ctx.sizes
     ops = kernels.get_backend("triton" if ctx.device.startswith("cuda") else "torch")
@@ -453,7 +453,7 @@ def step_engine(ctx: Context) -> dict:
 
     from pagedattn.baselines.hf import generate_static
     from pagedattn.llm import LLM
-    from pagedattn.repro.results import Claim
+    from pagedattn.repro.report.results import Claim
     from pagedattn.sequence import SamplingParams
 
     z = ctx.sizes
@@ -572,7 +572,7 @@ def fill_claims(summary: Path, claims: list, hardware: str, run: Optional[dict] 
     """Replace the claims of the same name in an experiment's ``summary.json`` (or add them), and record the GPU
     run under ``extra.gpu_check`` (hardware, date, and ``run``: software versions, source commit); the file's other
     claims and fields stay as they are."""
-    from pagedattn.repro.results import json_safe, today
+    from pagedattn.repro.report.results import json_safe, today
 
     doc = json.loads(summary.read_text())
     new = {c.name: json_safe(asdict(c)) for c in claims}
@@ -598,7 +598,7 @@ def import_run(src: Path, results_dir: Path, independent: Optional[Path] = None,
 
     from pagedattn.repro.experiments import attention_kernel as ak
     from pagedattn.repro.experiments import preemption as pe
-    from pagedattn.repro.results import Claim, write_summary
+    from pagedattn.repro.report.results import Claim, write_summary
 
     reports = [json.loads(f.read_text()) for f in sorted(src.glob("gpu_check_summary*.json"))]
     if not reports:
@@ -684,9 +684,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     import torch
 
     from pagedattn.repro.experiments.attention_kernel import hardware_slug
-    from pagedattn.repro.results import RESULTS_DIR, hardware_label, write_summary
+    from pagedattn.repro.report.results import RESULTS_DIR, hardware_label, write_summary
 
-    ap = argparse.ArgumentParser(prog="python -m pagedattn.repro.gpu_check", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pagedattn.repro.experiments.gpu_check", description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="list the steps and exit (the default without CUDA)")
     ap.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps of {STEPS}")
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
@@ -733,7 +733,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     report["seconds"] = round(time.perf_counter() - t_all, 1)
     report["failed"] = failed
     if len(selected) == len(STEPS):  # a whole run: issue 54's time budget
-        from pagedattn.repro.results import Claim
+        from pagedattn.repro.report.results import Claim
 
         ctx.claims.setdefault("gpu_check", []).append(Claim(
             "make_gpu_seconds", None, report["seconds"], "s", f"ours <= {TIME_BUDGET_S}",
@@ -746,7 +746,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                   [c for cl in ctx.claims.values() for c in cl], extra=report)
     print(f"done in {report['seconds']:.0f} s (budget {TIME_BUDGET_S} s); "
           + (f"FAILED steps: {sorted(failed)}; " if failed else "")
-          + "commit results/ (02, 05, 06, gpu_check) and run `python -m pagedattn.repro.results` to refresh SUMMARY.md")
+          + "commit results/ (02, 05, 06, gpu_check) and run `python -m pagedattn.repro.report.results` to refresh SUMMARY.md")
     return 1 if failed else 0
 
 

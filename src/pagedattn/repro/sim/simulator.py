@@ -8,10 +8,10 @@ The step-time model is a roofline (``CostModel``): a decode step reads the weigh
 from HBM; a prefill step is bound by the larger of the weight read and the prompt FLOPs; each step pays a fixed
 framework overhead; a step that swaps (§4.5) also pays its PCIe copies. Its constants are the A100-40GB datasheet's
 (1.555 TB/s, 312 TFLOP/s fp16) derated by efficiencies measured on an A100 and a per-step overhead measured as a
-function of the batch, all derived from Vidur's published A100 operator profiles (``pagedattn.repro.cost_profile``, which
+function of the batch, all derived from Vidur's published A100 operator profiles (``pagedattn.repro.sim.cost_profile``, which
 names the source files, commits and the MIT licence): decode bandwidth efficiency 0.65, large-prefill FLOP efficiency
 0.64, overhead 0.79 ms + 0.043 ms per sequence. None of them is fitted to the paper's figures. How far an agreement
-with the paper rests on them is what ``pagedattn.repro.sensitivity`` reports, as a band over their measured spread
+with the paper rests on them is what ``pagedattn.repro.experiments.sensitivity`` reports, as a band over their measured spread
 (``sensitivity.MEASURED_BAND``). The constants chosen before any were measured (0.7, 0.5, a flat 4 ms per step) stay
 as the named variant ``CostModel.assumed()``, and each band also reports the claim under them. The PCIe model is
 still assumed (32 GB/s x 0.8, 5 us per copy).
@@ -25,7 +25,7 @@ admitted, no preemption or copy, no finish before the last of them) as a run, wi
 replay's steps, with the same results step for step (``tests/test_sim_golden.py``).
 
 ``simulate`` runs this module's replay compiled with mypyc when a build of it is present and up to date
-(``pagedattn.repro.fastsim``, ``make fastsim``): the same source and results, about twice as fast.
+(``pagedattn.repro.sim.fastsim``, ``make fastsim``): the same source and results, about twice as fast.
 """
 from __future__ import annotations
 
@@ -39,9 +39,11 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from pagedattn.repro.capacity import Load, normalized_latency, steady_window
-from pagedattn.repro.cost_profile import measured as _measured_a100
-from pagedattn.repro.fastsim import compiled_when_built
+from pagedattn.repro.progress import interactive
+
+from pagedattn.repro.sim.capacity import Load, normalized_latency, steady_window
+from pagedattn.repro.sim.cost_profile import measured as _measured_a100
+from pagedattn.repro.sim.fastsim import compiled_when_built
 from pagedattn.config import OPT_13B, SchedulerConfig, paper_slots
 from pagedattn.core import EngineCore, StepMetrics
 from pagedattn.memory.accounting import KVStats
@@ -49,7 +51,7 @@ from pagedattn.memory.interface import num_copied
 from pagedattn.memory.systems import is_static, make_kv_manager
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
 from pagedattn.sequence import FinishReason, SamplingParams, Sequence, SequenceGroup
-from pagedattn.repro.workloads import TraceRequest
+from pagedattn.repro.workloads.traces import TraceRequest
 
 System = Literal["paged", "orca_max", "orca_pow2", "orca_oracle", "ft"]
 Placement = Literal["buddy", "exact"]  # ``ContiguousKVManager``'s
@@ -74,7 +76,7 @@ class CostModel:
 
     The per-step overhead is ``step_overhead_s + step_overhead_per_seq_s x batch`` (sequences decoded, or prompts
     prefilled). The defaults are ``measured_a100()``: derived from Vidur's A100 operator profiles
-    (``pagedattn.repro.cost_profile``, which names the source files, commits and licence): decode bandwidth efficiency
+    (``pagedattn.repro.sim.cost_profile``, which names the source files, commits and licence): decode bandwidth efficiency
     0.65, prefill FLOP efficiency 0.64, overhead 0.79 ms + 0.043 ms per sequence. ``assumed()`` names the constants
     chosen before any was measured (0.7, 0.5, a flat 4 ms), kept so that the change in each verdict is visible."""
 
@@ -114,7 +116,7 @@ class CostModel:
 
     @classmethod
     def measured_a100(cls, **overrides) -> "CostModel":
-        """Constants measured on an A100 (``pagedattn.repro.cost_profile.measured()``, from Vidur's Llama-2-7B profiles):
+        """Constants measured on an A100 (``pagedattn.repro.sim.cost_profile.measured()``, from Vidur's Llama-2-7B profiles):
         the decode bandwidth efficiency and large-prefill FLOP efficiency (fractions of the datasheet, so they carry
         over to this model's A100-40GB peaks) and the fitted per-step overhead ``a + b x batch``: the defaults, so
         this is ``cls(**overrides)`` under a name that says so."""
@@ -191,7 +193,7 @@ class BeamModel:
 
     Assumptions, stated and not fitted: the number of distinct parents is drawn afresh each step (no memory of past
     steps); parents are uniform among the beams (a real search tends to favour its best beams, which shares more
-    history); no beam finishes early. The default ``m`` is ``BEAM_DISTINCT_PARENTS``; ``pagedattn.repro.sensitivity``
+    history); no beam finishes early. The default ``m`` is ``BEAM_DISTINCT_PARENTS``; ``pagedattn.repro.experiments.sensitivity``
     moves it by one parent either way."""
 
     width: int
@@ -445,7 +447,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     rng, trace_outputs = np.random.default_rng(seed), np.array([r.output_len for r in trace])
     groups: list[SequenceGroup] = []
     i = 0
-    bar = tqdm(total=len(pending), desc=f"sim {system}", disable=not progress, leave=False)
+    bar = tqdm(total=len(pending), desc=f"sim {system}", disable=not (progress and interactive()), leave=False)
     while i < len(pending) or core.has_unfinished():
         if not core.has_unfinished() and pending[i].arrival_time > ex.now:
             ex.now = pending[i].arrival_time  # idle until the next arrival

@@ -1,13 +1,13 @@
 """Notebooks 01, 03, 04 and 05 in the open: one short replay at paper scale, its figures, and a live knob.
 
 Each notebook walks one representative replay before its sweep (a short trace, the real scheduler and KV managers in
-``pagedattn.repro.sim``, OPT-13B on an A100-40GB), and ends with an *explore* section: an ipywidgets control that reruns
+``pagedattn.repro.sim.simulator``, OPT-13B on an A100-40GB), and ends with an *explore* section: an ipywidgets control that reruns
 that replay for the value chosen and redraws its figure. The pieces:
 
 - ``short_trace`` / ``lengths_figure``: the trace and its lengths (the paper's Fig. 11);
 - ``replay``: one system on it (``sim.simulate`` on the paper's KV budget);
 - the figures of one replay: ``kv_usage_figure`` (Fig. 2's four kinds of KV slots over time), ``queue_figure``
-  (the capacity rule of ``pagedattn.repro.capacity``: requests in the system over the steady window, §6.2),
+  (the capacity rule of ``pagedattn.repro.sim.capacity``: requests in the system over the steady window, §6.2),
   ``sharing_figure`` (Fig. 15's blocks with and without sharing);
 - ``ProbeLog``: a replay function that records every probe of a sustainable-rate search;
 - ``Explorer``: controls + a figure redrawn on every change; one constructor per notebook (``kv_waste``,
@@ -25,14 +25,14 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from pagedattn.repro import plots
-from pagedattn.repro.capacity import NL_THRESHOLD_S, Load
+from pagedattn.repro.report import plots
+from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, Load
 from pagedattn.config import paper_slots
 from pagedattn.repro.experiments.kv_waste import FIG2_RATE_GRID, kv_waste_pct
 from pagedattn.repro.experiments.throughput import SimParams
 from pagedattn.repro.paper import DEFAULT_BLOCK_SIZE, FIG13_MEAN_BATCH
-from pagedattn.repro.sim import BEAM_DISTINCT_PARENTS, LABELS, BeamModel, CostModel, SimResult, simulate
-from pagedattn.repro.workloads import TraceRequest, make_trace, with_rate
+from pagedattn.repro.sim.simulator import BEAM_DISTINCT_PARENTS, LABELS, BeamModel, CostModel, SimResult, simulate
+from pagedattn.repro.workloads.traces import TraceRequest, make_trace, with_rate
 
 import matplotlib.pyplot as plt  # noqa: E402  (after plots, which selects a headless backend outside a kernel)
 

@@ -1,0 +1,1 @@
+"""The research tier's report/ (issue 49)."""

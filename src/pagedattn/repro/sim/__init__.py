@@ -1,0 +1,1 @@
+"""The research tier's sim/ (issue 49)."""

@@ -1,0 +1,1 @@
+"""The research tier's workloads/ (issue 49)."""
