@@ -89,7 +89,7 @@ def test_ratio_resolution_and_note():
 def test_simulated_rate_does_not_exceed_what_the_system_served():
     """On the simulator (a short ShareGPT-like trace, paper scale): the queue does not grow at the found rate, the
     search's failing rate fails a rule, and the capacity rule never raises the rate latency alone gives."""
-    from pagedattn.config import paper_slots
+    from pagedattn.repro.paper import paper_slots
     from pagedattn.repro.sim.simulator import CostModel, simulate
     from pagedattn.repro.workloads.traces import make_trace, with_rate
 

@@ -2,8 +2,8 @@
 import pytest
 from transformers import LlamaConfig, OPTConfig
 
-from pagedattn.config import (LLAMA2_70B, LLAMA_7B, OPT_13B, ModelSpec, SchedulerConfig, block_fills,
-                              blocks_needed, format_bytes, last_block_fill, paper_slots)
+from pagedattn.config import ModelSpec, SchedulerConfig, block_fills, blocks_needed, format_bytes, last_block_fill
+from pagedattn.repro.paper import LLAMA2_70B, LLAMA_7B, OPT_13B, paper_slots
 
 
 def test_opt13b_800kb_per_token_and_1_6gb_per_request():

@@ -8,7 +8,7 @@ import pytest
 
 from pagedattn.repro.sim import cost_profile as P
 from pagedattn.repro.experiments import sensitivity as S
-from pagedattn.config import OPT_13B
+from pagedattn.repro.paper import OPT_13B
 from pagedattn.repro.sim.simulator import CostModel
 
 

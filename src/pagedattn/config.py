@@ -7,7 +7,6 @@ wastes at most one partly filled block.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -50,13 +49,6 @@ class ModelSpec:
                    num_layers=config.num_hidden_layers, num_kv_heads=kv_heads, head_dim=head_dim,
                    dtype_bytes=_DTYPE_BYTES.get(dtype, 2),
                    max_model_len=getattr(config, "max_position_embeddings", 2048))
-
-
-# The paper's and the study note's examples.
-OPT_13B = ModelSpec("OPT-13B", num_layers=40, num_kv_heads=40, head_dim=128, max_model_len=2048)
-OPT_175B = ModelSpec("OPT-175B", num_layers=96, num_kv_heads=96, head_dim=128, max_model_len=2048)
-LLAMA_7B = ModelSpec("LLaMA-7B", num_layers=32, num_kv_heads=32, head_dim=128, max_model_len=2048)
-LLAMA2_70B = ModelSpec("LLaMA-2-70B", num_layers=80, num_kv_heads=8, head_dim=128, max_model_len=4096)
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
@@ -111,11 +103,3 @@ class SchedulerConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
-
-
-def paper_slots(spec: ModelSpec = OPT_13B, kv_gb: float = 12.0) -> int:
-    """Token slots in the paper's KV budget (Table 1: OPT-13B, 12 GB -> 15.7K slots)."""
-    return spec.token_slots(kv_gb * 1024**3)
-
-
-assert math.isclose(OPT_13B.kv_bytes_per_token, 800 * 1024)

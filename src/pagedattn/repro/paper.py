@@ -4,6 +4,10 @@ Notebooks, experiments and ``results/SUMMARY.md`` import these values; none of t
 """
 from __future__ import annotations
 
+import math
+
+from pagedattn.config import ModelSpec
+
 # §3 / Fig. 2: share of KV memory (percent) while each system is memory-bound (OPT-13B, ShareGPT, A100-40GB).
 FIG2_SHARES = {
     #               token states, reserved, internal frag, external frag & other
@@ -73,3 +77,17 @@ FIG19_COMPARABLE_BLOCK_SIZES = (16, 64)
 # Fig. 17 (§6.5, chatbot on multi-round ShareGPT, OPT-13B): ours sustains 2x the rate of the three Orca variants,
 # which perform alike.
 FIG17_RATE_RATIO = 2.0
+
+# The paper's models (Table 1) and the study note's examples, as KV shapes (moved from the core's config.py, issue 49).
+OPT_13B = ModelSpec("OPT-13B", num_layers=40, num_kv_heads=40, head_dim=128, max_model_len=2048)
+OPT_175B = ModelSpec("OPT-175B", num_layers=96, num_kv_heads=96, head_dim=128, max_model_len=2048)
+LLAMA_7B = ModelSpec("LLaMA-7B", num_layers=32, num_kv_heads=32, head_dim=128, max_model_len=2048)
+LLAMA2_70B = ModelSpec("LLaMA-2-70B", num_layers=80, num_kv_heads=8, head_dim=128, max_model_len=4096)
+
+
+def paper_slots(spec: ModelSpec = OPT_13B, kv_gb: float = 12.0) -> int:
+    """Token slots in the paper's KV budget (Table 1: OPT-13B, 12 GB -> 15.7K slots)."""
+    return spec.token_slots(kv_gb * 1024**3)
+
+
+assert math.isclose(OPT_13B.kv_bytes_per_token, 800 * 1024)

@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 from pagedattn.repro.progress import interactive
 
 from pagedattn.repro.experiments import sensitivity
-from pagedattn.config import paper_slots
+from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.kv_waste import kv_waste_pct
 from pagedattn.repro.experiments.common import (TINY_OPT_SHAPE, Arrival, Clock, ExperimentParams, fastest, greedy, replay,

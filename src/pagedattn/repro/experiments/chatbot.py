@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from pagedattn.repro.experiments import sensitivity
-from pagedattn.config import paper_slots
+from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams
 from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged

@@ -27,7 +27,7 @@ import pandas as pd
 
 from pagedattn.repro.report import plots
 from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, Load
-from pagedattn.config import paper_slots
+from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments.kv_waste import FIG2_RATE_GRID, kv_waste_pct
 from pagedattn.repro.experiments.throughput import SimParams
 from pagedattn.repro.paper import DEFAULT_BLOCK_SIZE, FIG13_MEAN_BATCH

@@ -35,7 +35,7 @@ from pathlib import Path
 import pandas as pd
 
 from pagedattn.repro.experiments import sensitivity
-from pagedattn.config import paper_slots
+from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import gain_sources, sharing, validated
 from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RateSearch, not_judged
 from pagedattn.repro.sim.parallel import pmap

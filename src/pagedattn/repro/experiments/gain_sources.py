@@ -29,7 +29,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
-from pagedattn.config import paper_slots
+from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import sharing
 from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.sim.simulator import BeamModel, CostModel, SimResult, simulate

@@ -29,7 +29,7 @@ import pandas as pd
 
 from pagedattn.repro.experiments import sensitivity
 from pagedattn.repro.sim.parallel import num_jobs, pmap
-from pagedattn.config import paper_slots
+from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams
 from pagedattn.repro.paper import FIG2_SHARES, FIG13_MEAN_BATCH

@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 from pagedattn.repro.progress import interactive
 
 from pagedattn.repro.experiments import sensitivity
-from pagedattn.config import paper_slots
+from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.block_size import BLOCK_SIZES, ENGINE_SHAPE, engine_run, model_label
 from pagedattn.repro.experiments.common import Clock, ExperimentParams, fastest, scaled_trace, tiny_opt

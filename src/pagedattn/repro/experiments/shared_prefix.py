@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 from pagedattn.repro.progress import interactive
 
 from pagedattn.repro.experiments import sensitivity
-from pagedattn.config import paper_slots
+from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import Arrival, Clock, ServingParams, greedy, make_engine, replay, tiny_opt
 from pagedattn.repro.sim.parallel import pmap

@@ -44,7 +44,7 @@ import pandas as pd
 import torch
 
 from pagedattn.repro.experiments import sensitivity
-from pagedattn.config import paper_slots
+from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.sim.parallel import pmap
 from pagedattn.engine import LLMEngine
 from pagedattn.repro.experiments import validated

@@ -28,7 +28,7 @@ import pandas as pd
 
 from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged, ratio_resolution, sustainable_rate, \
     sustainable_rate_judged
-from pagedattn.config import paper_slots
+from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import sensitivity
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.sim.parallel import pmap

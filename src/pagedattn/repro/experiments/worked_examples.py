@@ -21,7 +21,8 @@ from pathlib import Path
 import pandas as pd
 
 from pagedattn.repro.experiments import tour
-from pagedattn.config import LLAMA2_70B, LLAMA_7B, OPT_13B, block_fills, blocks_needed, format_bytes
+from pagedattn.config import block_fills, blocks_needed, format_bytes
+from pagedattn.repro.paper import LLAMA2_70B, LLAMA_7B, OPT_13B
 from pagedattn.memory import BlockManager
 from pagedattn.repro.paper import (BLOCK_FILLS_40_TOKENS, BLOCKS_FOR_1000_TOKENS, COW_REF_COUNTS, DEFAULT_BLOCK_SIZE,
                              KV_GB_2048_TOKENS_OPT13B, KV_KB_PER_TOKEN)

@@ -44,7 +44,8 @@ from pagedattn.repro.progress import interactive
 from pagedattn.repro.sim.capacity import Load, normalized_latency, steady_window
 from pagedattn.repro.sim.cost_profile import measured as _measured_a100
 from pagedattn.repro.sim.fastsim import compiled_when_built
-from pagedattn.config import OPT_13B, SchedulerConfig, paper_slots
+from pagedattn.config import SchedulerConfig
+from pagedattn.repro.paper import OPT_13B, paper_slots
 from pagedattn.core import EngineCore, StepMetrics
 from pagedattn.memory.accounting import KVStats
 from pagedattn.memory.interface import num_copied
