@@ -235,7 +235,7 @@ def _fingerprint() -> str:
     """Every Python source of the package (a change to any of them invalidates the cache: the simulator, the
     capacity rule and each experiment's claim logic alike) and the traces' contents (``_traces_fingerprint``)."""
     h = hashlib.sha256()
-    root = Path(__file__).resolve().parents[1]  # the pagedattn package
+    root = Path(__file__).resolve().parents[2]  # the pagedattn package
     for f in sorted(root.rglob("*.py")):
         h.update(f.relative_to(root).as_posix().encode())
         h.update(f.read_bytes())

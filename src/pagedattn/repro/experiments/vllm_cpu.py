@@ -13,8 +13,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from pagedattn.repro import REPO_ROOT
+
 #: the venv ``make vllm-venv`` builds (the Makefile's ``VLLM_VENV``), relative to the repository root
-DEFAULT_VENV = Path(__file__).resolve().parents[3] / ".venv-vllm"
+DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
 #: vLLM-CPU's attention kernel takes blocks of a multiple of 32 tokens ("No common block size for 16 (CPU_ATTN:
 #: [MultipleOf(32)])" at start-up with ``--block-size 16``)
 BLOCK_MULTIPLE = 32

@@ -40,7 +40,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-MODELS_DIR = Path(__file__).resolve().parents[3] / "models"
+from pagedattn.repro import REPO_ROOT
+
+MODELS_DIR = REPO_ROOT / "models"
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>"]  # OPT's ids: bos/eos "</s>" = 2, pad = 1
 PAD_ID, EOS_ID = 1, 2
 SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__", "encodings", "pydoc_data"}
