@@ -49,7 +49,8 @@ from pathlib import Path
 
 from pagedattn.repro.report.lab import KERNEL_NAME
 from pagedattn.repro.report.results import (NOTEBOOK_ENV, QUICK_RESULTS_DIR, QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR,
-                                     RUN_FILE, STALE_FILE, build_summary_md, hardware_label, today)
+                                            RUN_FILE, STALE_FILE, hardware_label, today)
+from pagedattn.repro.report.scoreboard import build_summary_md
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 #: The notebooks whose results time nothing on the CPU: the simulator's replays (01, 09, 10, 11), the engine's KV

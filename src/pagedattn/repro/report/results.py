@@ -1,9 +1,10 @@
 """The results convention of ../shared/DESIGN.md: one ``summary.json`` per experiment, and a generated
 ``results/SUMMARY.md`` table of paper vs reproduced numbers (never edited by hand).
 
-Run ``python -m pagedattn.repro.report.results`` to regenerate ``results/SUMMARY.md`` from every ``summary.json`` present
-(``python -m pagedattn.repro.report.readme``, ``make summary``: README.md's generated blocks too); ``--check`` lists the stale
-results instead.
+``Claim`` carries the verdict's inputs (issue 51): :func:`verdict`, :func:`strict_verdict` and a fallback reason
+(:func:`measured_reason`); :func:`verdict_table` is each notebook's table of its claims. ``report.scoreboard``
+renders ``results/SUMMARY.md`` and ``DETAILS.md`` from the stored claims (``python -m
+pagedattn.repro.report.scoreboard``).
 
 Freshness (issue 26): each ``summary.json`` carries a ``provenance`` block, the content hash of every ``pagedattn``
 source file the run had imported, of the notebook's source (cell types and sources, not outputs) and of
@@ -12,7 +13,6 @@ files now, or that records none, is stale, and SUMMARY.md says so.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import hashlib
 import json
@@ -48,7 +48,19 @@ class Claim:
     recorded, not judged (CPU timings). ``band`` is ``None`` or ``{"min": x, "max": y, "over": "what was swept"}``
     for a claim that rests on assumptions; ``holds`` is then true only if the claim holds across the band.
     ``reason`` is one line, written by the experiment that measured the claim, saying why it holds or fails (issue 51:
-    the scoreboard shows it; it is never typed into the README). Claims from runs before this field read as ``""``.
+    the scoreboard shows it; it is never typed into the README). An experiment that gives none gets
+    :func:`measured_reason`'s, built from the claim's own fields when ``summary.json`` is written.
+
+    Two intervals make the verdicts of the scoreboard (``[lo, hi]``, ``None`` for an open end):
+
+    - ``accept``: the interval the measured value is judged against, the paper's value or range widened by the
+      stated tolerance (``sensitivity.WIDEN``, points, ...). A claim that fails while ``ours`` lies inside it fails
+      *only at a band corner* (:func:`verdict`);
+    - ``strict``: the paper's own value and tolerance, with no widening: its reported range, or a single value to
+      the precision it was printed with (:func:`printed_interval`). :func:`strict_verdict` judges ``ours`` by it.
+
+    ``at_measured`` (the verdict of ``ours`` alone, no band) is derived from ``accept`` where not given; claims that
+    are not intervals (sets of block sizes, orderings) pass it themselves.
     """
 
     name: str
@@ -61,8 +73,19 @@ class Claim:
     kind: str = "reproduction"
     band: dict | None = None
     reason: str = ""
+    accept: list | None = None
+    strict: list | None = None
+    at_measured: bool | None = None
 
     def __post_init__(self):
+        for name in ("accept", "strict"):
+            interval = getattr(self, name)
+            if interval is not None:
+                if len(interval) != 2:
+                    raise ValueError(f"Claim {self.name!r}: {name} must be [lo, hi], got {interval!r}")
+                setattr(self, name, [None if v is None else float(v) for v in interval])
+        if self.at_measured is None and self.accept is not None and _is_number(self.ours):
+            self.at_measured = within(self.ours, self.accept)
         if self.kind not in KINDS:
             raise ValueError(f"Claim {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
         if self.band is not None:
@@ -71,6 +94,27 @@ class Claim:
                 raise ValueError(f"Claim {self.name!r}: band needs keys min, max, over; missing {sorted(missing)}")
         if "\n" in self.reason:
             raise ValueError(f"Claim {self.name!r}: reason must be one line")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def within(x: float, interval: list | tuple) -> bool:
+    """``lo <= x <= hi``, an end that is ``None`` being open."""
+    lo, hi = interval
+    return (lo is None or x >= lo) and (hi is None or x <= hi)
+
+
+def printed_interval(value: float | str) -> list[float]:
+    """A paper's single value to the precision it was printed with: ``1.3`` -> ``[1.25, 1.35]``, ``30.42`` ->
+    ``[30.415, 30.425]``, ``22`` -> ``[21.5, 22.5]`` (the strict tolerance of a value the paper gives without a
+    spread)."""
+    text = str(value)
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    half = 0.5 * 10 ** -decimals
+    v = float(text)
+    return [round(v - half, decimals + 1), round(v + half, decimals + 1)]
 
 
 def cpu_name() -> str:
@@ -145,7 +189,7 @@ def write_summary(out_dir: str | os.PathLike, experiment: str, hardware: str, mo
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"experiment": experiment, "hardware": hardware, "model": model, "date": today(), "quick": bool(quick),
-           "claims": [json_safe(asdict(c)) for c in claims],
+           "claims": [json_safe({**asdict(c), "reason": c.reason or measured_reason(c)}) for c in claims],
            "provenance": provenance(notebook or os.environ.get(NOTEBOOK_ENV))}
     if extra:
         doc["extra"] = json_safe(extra)
@@ -219,6 +263,99 @@ def stale_reason(doc: dict, root: Path = REPO_ROOT) -> str | None:
 NOT_MEASURED = "not measured"
 
 
+#: The scoreboard's verdicts (issue 51): a reproduction claim holds, fails, fails only at a corner of its band
+#: (the measured value passes, the swept assumptions' worst end does not), or was not measured; invariants are
+#: true by construction; tracking claims are recorded, not judged.
+HOLDS, FAILS, CORNER, RECORDED, INVARIANT = "holds", "fails", "fails only at a band corner", "recorded", "invariant"
+VERDICTS = (HOLDS, FAILS, CORNER, NOT_MEASURED, INVARIANT, RECORDED)
+
+
+def _claim_dict(c: Claim | dict) -> dict:
+    return asdict(c) if isinstance(c, Claim) else c
+
+
+def verdict(c: Claim | dict) -> str:
+    """One of :data:`VERDICTS`. A failing claim whose measured value alone passes (``at_measured``) fails only at a
+    band corner."""
+    c = _claim_dict(c)
+    kind = c.get("kind", "reproduction")
+    if kind == "invariant":
+        return INVARIANT
+    if kind == "tracking":
+        return RECORDED
+    if c.get("ours") is None or c.get("holds") is None:
+        return NOT_MEASURED
+    if c["holds"]:
+        return HOLDS
+    return CORNER if c.get("at_measured") else FAILS
+
+
+def strict_verdict(c: Claim | dict) -> str:
+    """The measured value judged by the paper's own value and tolerance (``strict``), no widening: ``holds``,
+    ``fails``, or ``-`` where the claim has no strict interval (a qualitative claim, an invariant, not measured)."""
+    c = _claim_dict(c)
+    strict, ours = c.get("strict"), c.get("ours")
+    if strict is None or not _is_number(ours) or c.get("kind", "reproduction") != "reproduction":
+        return "-"
+    return HOLDS if within(ours, strict) else FAILS
+
+
+def fmt_interval(interval: list | None) -> str:
+    """``1.27-3.38``, ``>= 96``, ``<= 0.2`` or ``""``."""
+    if not interval:
+        return ""
+    lo, hi = interval
+    if lo is None:
+        return f"<= {_fmt(hi)}"
+    if hi is None:
+        return f">= {_fmt(lo)}"
+    return _fmt(lo) if lo == hi else f"{_fmt(lo)}-{_fmt(hi)}"
+
+
+def measured_reason(c: Claim | dict) -> str:
+    """The one-line reason a claim gets when its experiment wrote none, from its own fields: where ``ours`` and its
+    band lie against ``accept`` (or the tolerance's words), or why nothing was judged."""
+    c = _claim_dict(c)
+    v, ours, accept, band = verdict(c), c.get("ours"), c.get("accept"), c.get("band")
+    first = (c.get("note") or "").split(";")[0].strip()
+    if v == INVARIANT:
+        return f"true by construction ({c.get('tolerance') or 'equal'})"
+    if v == RECORDED:
+        return "recorded, not judged" + (f": {first}" if first else "")
+    if v == NOT_MEASURED:
+        return ("not measured: " + first) if ours is None and first else \
+            "not measured" if ours is None else "measured but not judged: " + (first or "no agreed measurement")
+    target = f"the accepted {fmt_interval(accept)}" if accept else f"'{c.get('tolerance', '')}'"
+    if v == HOLDS:
+        spread = f" and its band {_fmt(band.get('min'))}-{_fmt(band.get('max'))}" if band else ""
+        return f"{_fmt(ours)}{spread} inside {target}"
+    if v == CORNER:
+        ends = [(e, band.get(e)) for e in ("min", "max")] if band else []
+        out = [f"{'low' if e == 'min' else 'high'} end {_fmt(x)}" for e, x in ends
+               if _is_number(x) and accept and not within(x, accept)]
+        return f"{_fmt(ours)} inside {target}; the band's {' and '.join(out) or 'worst corner'} is outside"
+    return f"{_fmt(ours)} outside {target}"
+
+
+def verdict_table(claims: list[Claim | dict]):
+    """The claims as a table, one row each, in the order given: claim, paper, ours (with its unit), tolerance (the
+    accepted interval), band, verdict, the strict verdict at the paper's own value and the reason. Each notebook
+    shows it for the claims it wrote to ``summary.json``."""
+    import pandas as pd
+
+    rows = []
+    for c in map(_claim_dict, claims):
+        band = c.get("band")
+        rows.append({"claim": c["name"], "paper": _fmt(c.get("paper"), missing="-"),
+                     "ours": _fmt(c.get("ours")) + (f" {c['unit']}" if c.get("unit") and c.get("ours") is not None
+                                                    else ""),
+                     "tolerance": fmt_interval(c.get("accept")) or c.get("tolerance", ""),
+                     "band": f"{_fmt(band.get('min'))}-{_fmt(band.get('max'))}" if band else "",
+                     "verdict": verdict(c), "strict": strict_verdict(c),
+                     "reason": c.get("reason") or measured_reason(c)})
+    return pd.DataFrame(rows)
+
+
 def _fmt(v: Any, missing: str = NOT_MEASURED) -> str:
     """A cell: ``missing`` for None or NaN (``ours``: "not measured"; ``paper``: the paper gives no number)."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
@@ -228,147 +365,3 @@ def _fmt(v: Any, missing: str = NOT_MEASURED) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_fmt(x, missing) for x in v) + "]"
     return str(v)
-
-
-def render_summary_md(results_dir: str | os.PathLike = RESULTS_DIR, root: Path = REPO_ROOT) -> str:
-    """The text of ``SUMMARY.md`` for every ``<results_dir>/*/summary.json``: each result's claims, marked STALE when
-    its last run failed (a ``STALE`` file) or its sources under ``root`` changed since (provenance), and the timing
-    table of the ``run.json`` records."""
-    results = Path(results_dir)
-    lines = ["# Paper vs reproduced", "",
-             "Generated by `python -m pagedattn.repro.report.results` from every `results/*/summary.json`; do not edit by hand.", ""]
-    summaries = sorted(results.glob("*/summary.json"))
-    if not summaries:
-        lines.append("No results yet: run `make reproduce`.")
-    for path in summaries:
-        doc = json.loads(path.read_text())
-        failed = path.parent / STALE_FILE
-        reasons = [r for r in [failed.read_text().strip() if failed.exists() else None, stale_reason(doc, root)] if r]
-        lines += [f"## {doc['experiment']}{' (STALE)' if reasons else ''}", ""]
-        lines += [f"**Stale:** {r}" for r in reasons] + ([""] if reasons else [])
-        lines += [f"- hardware: {doc['hardware']}", f"- model: {doc['model']}",
-                  f"- date: {doc['date']}{' (quick mode)' if doc.get('quick') else ''}"]
-        lines += [f"- restamped {r['date']} at {r['commit']}, not rerun: {r['reason']}"
-                  for r in (doc.get("provenance") or {}).get("restamps", [])] + [""]
-        by_kind = {k: [c for c in doc["claims"] if c.get("kind", "reproduction") == k] for k in KINDS}
-        for kind, title in zip(KINDS, _KIND_TITLES):
-            if by_kind[kind]:
-                lines += _claims_table(by_kind[kind], title)
-    return "\n".join(lines + _timing_table(read_runs(results)))
-
-
-def build_summary_md(results_dir: str | os.PathLike = RESULTS_DIR) -> Path:
-    """Write :func:`render_summary_md` to ``<results_dir>/SUMMARY.md`` and return its path."""
-    out = Path(results_dir) / "SUMMARY.md"
-    out.write_text(render_summary_md(results_dir))
-    return out
-
-
-def read_runs(results_dir: str | os.PathLike = RESULTS_DIR) -> list[dict]:
-    """Every ``<results_dir>/*/run.json`` (written by ``reproduce``), in notebook order."""
-    return [json.loads(p.read_text()) for p in sorted(Path(results_dir).glob(f"*/{RUN_FILE}"))]
-
-
-def full_run(runs: list[dict]) -> bool:
-    """True when the records come from one invocation of ``reproduce`` that ran every notebook."""
-    return bool(runs) and all(r.get("all_notebooks") for r in runs) and len({r["started"] for r in runs}) == 1
-
-
-def wall_seconds(runs: list[dict]) -> float:
-    """The runs' wall time: for one full run whose records say when each notebook finished, from the command's start
-    to the last notebook's end (notebooks side by side overlap); else the sum of the notebooks' seconds."""
-    if full_run(runs) and all(r.get("finished") for r in runs):
-        start = _dt.datetime.fromisoformat(runs[0]["started"])
-        return max((_dt.datetime.fromisoformat(r["finished"]) - start).total_seconds() for r in runs)
-    return sum(r["seconds"] for r in runs)
-
-
-def _cores_busy(run: dict) -> str:
-    """The machine's busy cores on average while the notebook ran (``reproduce.machine_cores_busy``), "-" where not
-    recorded."""
-    busy = run.get("machine_cores_busy")
-    return "-" if busy is None else f"{busy:.2f}"
-
-
-def _timing_table(runs: list[dict]) -> list[str]:
-    """SUMMARY.md's timing section: one row per ``run.json`` and the total."""
-    if not runs:
-        return ["", "## Run time", "",
-                "No run of `python -m pagedattn.repro.report.reproduce` is recorded yet (`results/*/run.json`).", ""]
-    title = ("the last full `make reproduce`" if full_run(runs)
-             else "the latest run of each notebook (not one full `make reproduce`)")
-    lines = ["", "## Run time", "", f"From `run.json`: {title}.", "",
-             "| notebook | minutes | notebooks at once | cores busy | jobs | simulator | machine | date |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in runs:
-        lines.append(f"| `{r['notebook']}` | {r['seconds'] / 60:.1f} | {r.get('at_once', 1)} | {_cores_busy(r)} | "
-                     f"{r['jobs']} | {r.get('simulator', 'interpreted').split(' (')[0]} | {r['machine']} | "
-                     f"{r['date']} |")
-    lines += [f"| total (wall) | {wall_seconds(runs) / 60:.1f} | | | | | | |", "",
-              "Notebooks side by side (at once > 1) time nothing on the CPU (`reproduce.SHARE_THE_MACHINE`); their "
-              "minutes overlap. Cores busy: the whole machine's, on average, while the notebook ran.", ""]
-    return lines
-
-
-_KIND_TITLES = ("Reproduction claims (compared with the paper)",
-                "Invariants (true by construction; not evidence of reproduction)",
-                "Tracking (recorded, not judged)")
-
-
-def _fmt_ours(c: dict) -> str:
-    """The measured value, with its band across the swept assumptions when it has one."""
-    ours = _fmt(c.get("ours"))
-    band = c.get("band")
-    if band:
-        ours += f" [{_fmt(band.get('min'))} .. {_fmt(band.get('max'))} over {band.get('over', '?')}]"
-    return ours
-
-
-def _claims_table(claims: list[dict], title: str) -> list[str]:
-    lines = [f"{title}:", "", "| claim | paper | ours [band] | unit | tolerance | holds | note |",
-             "|---|---|---|---|---|---|---|"]
-    for c in claims:
-        holds = {True: "yes", False: "**no**", None: "n/a"}[c.get("holds")]
-        cells = [f"`{c['name']}`", _fmt(c["paper"], missing="-"), _fmt_ours(c), c.get("unit", ""), c.get("tolerance", ""), holds,
-                 c.get("note", "")]
-        lines.append("| " + " | ".join(str(x).replace("|", "/").replace("\n", " ") for x in cells) + " |")
-    lines.append("")
-    return lines
-
-
-def missing_reasons(results_dir: str | os.PathLike = RESULTS_DIR) -> list[str]:
-    """``"<experiment>/<claim>"`` for every stored claim without a ``reason`` (issue 51): summaries written before the
-    field existed, until the next full rerun writes them."""
-    out = []
-    for path in sorted(Path(results_dir).glob("*/summary.json")):
-        doc = json.loads(path.read_text())
-        out += [f"{path.parent.name}/{c['name']}" for c in doc["claims"] if not c.get("reason")]
-    return out
-
-
-def check(results_dir: str | os.PathLike = RESULTS_DIR, root: Path = REPO_ROOT) -> list[str]:
-    """One line per stale result under ``results_dir``: its folder and why (the changed files)."""
-    stale = []
-    for path in sorted(Path(results_dir).glob("*/summary.json")):
-        reason = stale_reason(json.loads(path.read_text()), root)
-        if reason:
-            stale.append(f"{path.parent.name}: {reason}")
-    return stale
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pagedattn.repro.report.results``: regenerate SUMMARY.md (``python -m pagedattn.repro.report.readme``: README.md's
-    generated blocks too); ``--check``: list stale results and exit 1 if there is any."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help="list the stale results (exit 1 if any); write nothing")
-    args = ap.parse_args(argv)
-    if args.check:
-        stale = check()
-        print("\n".join(stale) if stale else "no stale results")
-        return 1 if stale else 0
-    print(f"wrote {build_summary_md()}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
