@@ -1,12 +1,23 @@
-"""Whether progress bars are shown: only to a person at a terminal, never in a papermill run's executed copy
-(issue 51, item 6). Every tqdm bar in ``pagedattn`` asks :func:`interactive`."""
+"""Whether progress bars are shown: to a person at a terminal or in an interactive Jupyter session, never in a
+papermill run's executed copy or a test (issue 51, item 6). Every tqdm bar in ``pagedattn`` asks
+:func:`interactive`."""
 from __future__ import annotations
 
+import os
 import sys
+
+#: Set by ``report.reproduce.run_notebook`` for the notebook it executes (the notebook's path, relative to the
+#: repository root): a kernel that has it runs under papermill, and its output is an executed copy.
+NOTEBOOK_ENV = "PAGEDATTN_NOTEBOOK"
 
 
 def interactive() -> bool:
-    """True when stderr is a terminal; False in a notebook kernel, under papermill and in tests."""
+    """True when stderr is a terminal, or in a Jupyter kernel that ``reproduce`` did not start (a person's
+    JupyterLab); False under ``make reproduce``'s papermill runs and in tests."""
+    if os.environ.get(NOTEBOOK_ENV):
+        return False
+    if "ipykernel" in sys.modules:
+        return True
     try:
         return bool(sys.stderr.isatty())
     except (AttributeError, ValueError):

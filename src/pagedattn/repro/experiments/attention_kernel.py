@@ -23,6 +23,7 @@ import json
 import os
 import re
 import time
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -537,19 +538,26 @@ def claims(df: pd.DataFrame, meta: dict) -> list[Claim]:
         vs_sdpa = fig18a_ratio(df, column="ratio_vs_sdpa")
         same = fig18a_ratio(df, column="ratio_same_code")
         bw = bw_fraction_at(df)
+        why_sdpa = ""
+        if vs_sdpa is not None and vs_sdpa > GPU_TARGET_RATIO and same is not None:
+            why_sdpa = (f"the block table alone costs {same:.2f}x (same kernel, identity table), so the {vs_sdpa:.2f}x "
+                        "gap to SDPA is our Triton kernel's own speed, not paging" if same <= GPU_TARGET_SAME_KERNEL_RATIO
+                        else f"the block table alone costs {same:.2f}x (same kernel, identity table): the indirection "
+                        f"itself exceeds its {GPU_TARGET_SAME_KERNEL_RATIO} target")
         return [
             Claim(f"paged_over_contiguous_latency.{slug}", paper, vs_sdpa, "x", f"ours <= {GPU_TARGET_RATIO}",
                   None if vs_sdpa is None else vs_sdpa <= GPU_TARGET_RATIO,
                   f"Triton paged (shuffled table) / torch SDPA on a contiguous cache, block 16, mean over {pts}; SDPA "
-                  f"stands in for the paper's FasterTransformer kernel ({paper[0]:.2f}-{paper[1]:.2f})"),
+                  f"stands in for the paper's FasterTransformer kernel ({paper[0]:.2f}-{paper[1]:.2f})",
+                  accept=[None, GPU_TARGET_RATIO], strict=[None, paper[1]], reason=why_sdpa),
             Claim(f"paged_over_same_kernel_latency.{slug}", None, same, "x", f"ours <= {GPU_TARGET_SAME_KERNEL_RATIO}",
                   None if same is None else same <= GPU_TARGET_SAME_KERNEL_RATIO,
                   f"Triton paged (shuffled table) / the same kernel on an identity table, block 16, mean over {pts}: "
-                  "the block-table indirection alone"),
+                  "the block-table indirection alone", accept=[None, GPU_TARGET_SAME_KERNEL_RATIO]),
             Claim(f"bandwidth_fraction.{slug}", None, bw, "of copy bandwidth", f"ours >= {GPU_TARGET_BW_FRACTION}",
                   None if bw is None else bw >= GPU_TARGET_BW_FRACTION,
                   "K/V bytes / paged latency at batch 32, context 4096, block 16, vs a "
-                  f"{meta.get('copy_bandwidth_gbps') or 0:.0f} GB/s device copy"),
+                  f"{meta.get('copy_bandwidth_gbps') or 0:.0f} GB/s device copy", accept=[GPU_TARGET_BW_FRACTION, None]),
         ]
     not_measured = "not measured: no GPU in this run"
     return [
@@ -557,11 +565,13 @@ def claims(df: pd.DataFrame, meta: dict) -> list[Claim]:
               f"CPU, no GPU: torch reference paged attention / torch SDPA on contiguous K/V, block 16, mean over "
               f"{pts}; a different comparison from the paper's GPU kernels, recorded for tracking", kind="tracking"),
         Claim("paged_over_contiguous_latency.gpu", paper, None, "x", f"ours <= {GPU_TARGET_RATIO}", None,
-              f"{not_measured} (target: Triton paged / torch SDPA on a contiguous cache at block 16)"),
+              f"{not_measured} (target: Triton paged / torch SDPA on a contiguous cache at block 16)",
+              accept=[None, GPU_TARGET_RATIO], strict=[None, paper[1]]),
         Claim("paged_over_same_kernel_latency.gpu", None, None, "x", f"ours <= {GPU_TARGET_SAME_KERNEL_RATIO}", None,
-              f"{not_measured} (target: Triton paged / the same kernel on an identity table at block 16)"),
+              f"{not_measured} (target: Triton paged / the same kernel on an identity table at block 16)",
+              accept=[None, GPU_TARGET_SAME_KERNEL_RATIO]),
         Claim("bandwidth_fraction.gpu", None, None, "of copy bandwidth", f"ours >= {GPU_TARGET_BW_FRACTION}", None,
-              f"{not_measured} (target: paged kernel at batch 32, context 4096)"),
+              f"{not_measured} (target: paged kernel at batch 32, context 4096)", accept=[GPU_TARGET_BW_FRACTION, None]),
     ]
 
 
@@ -579,7 +589,7 @@ def with_gpu_claims(claims_: list[Claim], benchmarks: dict[str, dict]) -> list[C
         key, _, suffix = c.name.partition(".")
         if suffix == "gpu" and key in measured:
             m = measured[key]
-            c = Claim(c.name, m.paper, m.ours, m.unit, m.tolerance, m.holds, f"{hw} ({b['path'].name}): {m.note}")
+            c = dataclasses.replace(m, name=c.name, note=f"{hw} ({b['path'].name}): {m.note}")
         out.append(c)
     return out
 

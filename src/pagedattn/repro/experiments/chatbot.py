@@ -30,7 +30,7 @@ from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ra
 from pagedattn.repro.experiments.throughput import base_trace
 from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG17_RATE_RATIO
-from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, printed_interval, write_summary
 from pagedattn.repro.sim.simulator import LABELS, SYSTEMS, CostModel, simulate
 from pagedattn.repro.workloads.traces import describe_trace, make_trace, trace_stats, with_rate
 
@@ -105,13 +105,14 @@ def claims(sus: pd.DataFrame) -> list[Claim]:
         out.append(Claim(f"rate_ratio.chatbot.paged_vs_{other}", FIG17_RATE_RATIO, round(ratio, 2), "x",
                          f"{lo}-{hi}", bool(lo <= ratio <= hi)
                          if length_judged(rows.loc["paged"], rows.loc[other]) else None,
-                         note=f"{note}; {describe_ratio(rows.loc['paged'], rows.loc[other])}"))
+                         note=f"{note}; {describe_ratio(rows.loc['paged'], rows.loc[other])}",
+                         accept=[lo, hi], strict=printed_interval(f"{FIG17_RATE_RATIO:g}")))
     ratio = float(r["orca_max"] / r["orca_oracle"])
     lo, hi = ALIKE_BAND
     out.append(Claim("rate_ratio.chatbot.orca_max_vs_orca_oracle", 1.0, round(ratio, 2), "x", f"{lo}-{hi}",
                      bool(lo <= ratio <= hi) if length_judged(rows.loc["orca_max"], rows.loc["orca_oracle"]) else None,
                      note="paper: the three Orca variants perform alike; " + note +
-                     f"; {describe_ratio(rows.loc['orca_max'], rows.loc['orca_oracle'])}"))
+                     f"; {describe_ratio(rows.loc['orca_max'], rows.loc['orca_oracle'])}", accept=[lo, hi]))
     return out
 
 

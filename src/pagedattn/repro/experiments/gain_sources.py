@@ -232,19 +232,25 @@ def falls_at_widest(gains: pd.Series) -> bool:
     return len(g) > 1 and float(g.iloc[-1]) < float(g.iloc[-2])
 
 
+def seq_cap_verdict(cap_gains: pd.DataFrame, at_default: pd.Series) -> str:
+    """Whether vLLM's ``max_num_seqs`` explains a fall of the gain at the largest width (:func:`seq_cap_note`)."""
+    lifted = cap_gains.set_index("width")["gain"]
+    method = "beam width" if (cap_gains.method == "beam").any() else "n"
+    wmax = int(lifted.index.max())
+    if not falls_at_widest(at_default):
+        return f"the gain does not fall at {method} = {wmax} at vLLM's cap"
+    if falls_at_widest(lifted):
+        return f"the cap does not explain the fall at {method} = {wmax}"
+    return f"the cap explains the fall at {method} = {wmax}"
+
+
 def seq_cap_note(cap_gains: pd.DataFrame, at_default: pd.Series) -> str:
     """A claim note's sentence from ``seq_cap_gains(..., LIFTED_SEQ_CAP)``: the gains with the cap lifted, and
     whether the cap explains a fall of the gain at the largest width (``at_default``: the claims' gains by width, at
     vLLM's cap): it does if the gain falls there at the default cap and not with it lifted."""
     lifted = cap_gains.set_index("width")["gain"]
     method = "beam width" if (cap_gains.method == "beam").any() else "n"
-    wmax = int(lifted.index.max())
-    if not falls_at_widest(at_default):
-        verdict = f"the gain does not fall at {method} = {wmax} at vLLM's cap"
-    elif falls_at_widest(lifted):
-        verdict = f"the cap does not explain the fall at {method} = {wmax}"
-    else:
-        verdict = f"the cap explains the fall at {method} = {wmax}"
+    verdict = seq_cap_verdict(cap_gains, at_default)
     return (f"with max_num_seqs {int(cap_gains.max_num_seqs.iloc[0])} the gains are "
             + " / ".join(f"{v:.2f}" for v in lifted.sort_index()) + f"x ({method} = "
             + ", ".join(str(int(w)) for w in sorted(lifted.index)) + f"; gain_sources.seq_cap_gains): {verdict}")

@@ -33,7 +33,7 @@ from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams
 from pagedattn.repro.paper import FIG2_SHARES, FIG13_MEAN_BATCH
-from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, printed_interval, write_summary
 from pagedattn.repro.sim.capacity import RAMP_UP_FRACTION
 from pagedattn.repro.sim.simulator import LABELS, SYSTEMS, CostModel, SimResult, simulate
 from pagedattn.repro.workloads.traces import describe_trace, make_trace, trace_stats, with_rate
@@ -160,6 +160,7 @@ def mean_batch_table(results: dict[str, SimResult], trace: str, rate: float, pap
                           "mean_batch": r.mean_batch(), "paper_mean_batch": paper[s],
                           "normalized_latency_s": r.normalized_latency(),
                           "preemptions": sum(r.num_preemptions.values()),
+                          "memory_bound_steps_pct": memory_bound_pct(steady_state(r)),
                           "max_request_waste_slots": int(r.steps["max_request_waste"].max())}
                          for s, r in results.items()])
 
@@ -210,8 +211,9 @@ def claims(breakdowns: pd.DataFrame, batches: pd.DataFrame, block_size: int,
                 continue
             tol, holds = (("ours >= 96", ours >= 96) if s == "paged" else
                           ("within 8 points", abs(ours - paper) <= 8))
+            accept = [96, None] if s == "paged" else [paper - 8, paper + 8]
             out.append(Claim(f"token_states_pct.{s}{suffix}", paper, round(ours, 2), "%", tol, bool(holds),
-                             note=f"{where}; {alt_note}"))
+                             note=f"{where}; {alt_note}", accept=accept, strict=printed_interval(paper)))
     mb = batches.set_index(["trace", "system"])
     for _, row in batches.iterrows():
         name = {"sharegpt": "mean_batch", "sharegpt_synthetic": "mean_batch", "alpaca": "mean_batch_alpaca"}[row.trace]
@@ -220,9 +222,15 @@ def claims(breakdowns: pd.DataFrame, batches: pd.DataFrame, block_size: int,
         note = f"{describe_trace(row['trace'])}; {row['rate']:g} req/s"
         if row["trace"] == "sharegpt":
             note += f"; synthetic trace: {mb.loc[('sharegpt_synthetic', row['system']), 'mean_batch']:.2f}"
+        holds = bool(abs(ours / paper - 1) <= 0.25)
+        bound = row.get("memory_bound_steps_pct")
+        reason = ""
+        if not holds and ours < paper and bound is not None and not math.isnan(bound) and bound < min_pct:
+            reason = (f"memory-bound in only {bound:.0f} % of steady steps at {row['rate']:g} req/s: the batch is set "
+                      "by arrivals and request lengths, not by memory, so it falls short of the paper's")
         out.append(Claim(f"{name}.{row['system']}{suffix}", paper, round(ours, 2), "requests", "within 25%",
-                         bool(abs(ours / paper - 1) <= 0.25), note=note,
-                         kind=mean_batch_kind(row["system"])))
+                         holds, note=note, kind=mean_batch_kind(row["system"]),
+                         accept=[0.75 * paper, 1.25 * paper], strict=printed_interval(paper), reason=reason))
     waste = int(pd.concat([breakdowns, batches]).query("system == 'paged'")["max_request_waste_slots"].max())
     out.append(Claim("max_request_waste_slots.paged", f"< {block_size} (one block)", waste, "slots",
                      f"< {block_size}", waste < block_size, "the block manager's bound: one partly filled block",

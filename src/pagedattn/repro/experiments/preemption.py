@@ -31,6 +31,7 @@ The GPU path (Triton kernels, pinned-memory PCIe copies) was not run: no GPU was
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -236,7 +237,13 @@ def _e2e_row(job: tuple) -> dict:
 def engine_end_to_end(params: Params, progress: bool = True) -> tuple[pd.DataFrame, str]:
     """Fig. 19b on the CPU: the real engine with a small pool, all requests at t = 0, each mode and block size,
     latency in the engine's CPU time; greedy outputs are compared with a run whose pool is large enough that nothing
-    is preempted."""
+    is preempted.
+
+    The comparison that must hold exactly (``same_tokens_as_unpressured``) repeats each run with the model in
+    float64: preemption changes which requests share a batch, and in float32 a different batch can round a logit
+    differently, which flips greedy decoding where two tokens nearly tie (2026-12-05: one request of 32 on the
+    OPT-token ShareGPT trace, at its 55th token, in every preempted run; none in float64). ``same_tokens_fp32``
+    records the timed float32 runs' comparison."""
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -245,6 +252,8 @@ def engine_end_to_end(params: Params, progress: bool = True) -> tuple[pd.DataFra
         need = sum(r.prompt_len + r.output_len for r in trace)
         ref, ref_engine = engine_run(hf, trace, 16, need + 64 * 16, params.seed)
         assert sum(ref_engine.scheduler.num_preemptions.values()) == 0
+        hf64 = copy.deepcopy(hf).double()
+        ref64, _ = engine_run(hf64, trace, 16, need + 64 * 16, params.seed)
         rows = []
         jobs = [(bs, m) for bs in params.engine_block_sizes for m in MODES]
         for bs, mode in tqdm(jobs, desc="preemption (CPU engine)", disable=not (progress and interactive()), leave=False):
@@ -258,7 +267,10 @@ def engine_end_to_end(params: Params, progress: bool = True) -> tuple[pd.DataFra
                          "preempted_by_recompute": engine.scheduler.num_preemptions["recompute"],
                          "blocks_swapped": int(m.num_blocks_swapped.sum()),
                          "prefill_tokens": int(m.num_prefill_tokens.sum()),
-                         "same_tokens_as_unpressured": bool(list(reqs.tokens) == list(ref.tokens))})
+                         "same_tokens_fp32": bool(list(reqs.tokens) == list(ref.tokens)),
+                         "same_tokens_as_unpressured": bool(list(engine_run(
+                             hf64, trace, bs, params.engine_slots, params.seed, preemption_mode=mode)[0].tokens)
+                             == list(ref64.tokens))})
     finally:
         torch.set_num_threads(prev)
     return pd.DataFrame(rows), model_label(hf)
@@ -270,9 +282,10 @@ def claims(micro: pd.DataFrame | None, paper_micro: pd.DataFrame,
     """Fig. 19a's recompute / swap latency ratio: at small blocks (block 1) the paper finds recomputation at most a
     fifth of swapping; at blocks 16-64 the two comparable (we read "comparable" as a ratio of 0.5-2).
 
-    The ratio modelled at paper scale is a reproduction claim (with a band over the assumed constants, which set
-    it); the CPU microbenchmark is a timing of DRAM copies against CPU FLOPs, recorded (``kind="tracking"``), not
-    judged; the GPU claims were not measured."""
+    The ratio modelled at paper scale is an output of the assumed copy constants (at small blocks, the latency per
+    copy), so it is recorded (``kind="tracking"``), its note saying whether it falls inside the paper's reading; the
+    CPU microbenchmark is a timing of DRAM copies against CPU FLOPs, recorded too, not judged; the GPU claims are
+    the reproduction claims (null without a GPU)."""
     out = []
     small = FIG19_RECOMPUTE_OVER_SWAP_MAX
     expect = {1: (f"<= {small}", f"ours <= {small}", lambda r: r <= small),
@@ -284,11 +297,14 @@ def claims(micro: pd.DataFrame | None, paper_micro: pd.DataFrame,
             "GB/s copy per block, layer, K/V")
     for bs, (paper, tolerance, ok) in expect.items():
         ours = float(sim[bs]) if bs in sim.index else None
+        inside = "" if ours is None else \
+            f"; {'inside' if ok(ours) else 'outside'} the paper's reading ({tolerance})"
         out.append(Claim(f"recompute_over_swap_latency.sim_a100.block{bs}", paper,
-                         None if ours is None else round(ours, 3), "x", tolerance, None if ours is None else ok(ours),
+                         None if ours is None else round(ours, 3), "x", tolerance, None,
                          f"modelled at paper scale: roofline prefill of {tokens} tokens (OPT-13B, A100) / PCIe swap "
                          f"out + in ({copy}); an output of these assumed constants (at small blocks, of the "
-                         f"{cost.copy_latency_s * 1e6:g} us per copy), not a measurement; {assumed_note('swap')}"))
+                         f"{cost.copy_latency_s * 1e6:g} us per copy), not a measurement, so recorded, not judged"
+                         f"{inside}; {assumed_note('swap')}", kind="tracking"))
     if micro is not None:
         cpu = micro.set_index("block_size")["recompute_over_swap"]
         for bs, (paper, _, ok) in expect.items():
@@ -313,14 +329,15 @@ def gpu_claims(gpu_micro: Optional[pd.DataFrame] = None) -> list[Claim]:
         if gpu_micro is None:
             out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", "comparable", None, "x",
                              COMPARABLE_TOLERANCE, None, "not measured: no GPU was lent to this task (the GPU swap path, "
-                             "pinned host memory over PCIe, was not run)"))
+                             "pinned host memory over PCIe, was not run)", accept=list(COMPARABLE)))
             continue
         r = gpu_micro.set_index("block_size").loc[bs]
         out.append(Claim(f"recompute_over_swap_latency.gpu.block{bs}", "comparable",
                          round(float(r.recompute_over_swap), 3), "x", COMPARABLE_TOLERANCE,
                          bool(comparable(r.recompute_over_swap)),
                          f"{r.scale}: engine prefill of {int(r.tokens)} tokens / swap out + in of the same tokens "
-                         "between the GPU pool and pinned host memory, wall time to a device synchronisation"))
+                         "between the GPU pool and pinned host memory, wall time to a device synchronisation",
+                         accept=list(COMPARABLE)))
     return out
 
 

@@ -52,7 +52,7 @@ from pagedattn.repro.experiments.throughput import SIM_SYSTEMS
 from pagedattn.repro.sim.parallel import call, pmap
 from pagedattn.repro.paper import FIG12_RATE_RATIO, GPUS, KV_GB, KV_SLOTS, PARAM_GB
 from pagedattn.repro.sim.cost_profile import assumed_note
-from pagedattn.repro.report.results import RESULTS_DIR, Claim
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, printed_interval
 from pagedattn.repro.experiments.sensitivity import widened
 from pagedattn.repro.sim.simulator import LABELS, CostModel, simulate
 from pagedattn.repro.experiments.throughput import base_trace
@@ -132,7 +132,8 @@ def table1_claims(t: pd.DataFrame) -> list[Claim]:
         out.append(Claim(f"table1.kv_gb_at_utilisation.{r.model}", r.paper_kv_gb, round(r.kv_gib_at_utilisation, 1),
                          "GiB", "within 25%", bool(abs(r.kv_gib_at_utilisation / r.paper_kv_gb - 1) <= 0.25),
                          f"{MEMORY_UTILISATION} x {r.gpus} - weights ({int(r.slots_at_utilisation)} slots); the "
-                         f"paper's KV column implies {r.paper_implied_utilisation:.3f} of GPU memory"))
+                         f"paper's KV column implies {r.paper_implied_utilisation:.3f} of GPU memory",
+                         accept=[0.75 * r.paper_kv_gb, 1.25 * r.paper_kv_gb], strict=printed_interval(r.paper_kv_gb)))
     return out
 
 
@@ -362,7 +363,8 @@ def rate_claims(sustainable: pd.DataFrame) -> list[Claim]:
                 a, b = widened(lo, hi)
                 out.append(Claim(f"rate_ratio.{m}.sharegpt.{name}", f"{lo}-{hi}", round(ratio, 2), "x",
                                  f"{a:.3g}-{b:.3g}", bool(a <= ratio <= b)
-                                 if length_judged(rows.loc["paged"], rows.loc[other]) else None, note))
+                                 if length_judged(rows.loc["paged"], rows.loc[other]) else None, note,
+                                 accept=[a, b], strict=[lo, hi]))
             else:
                 paper = f"{lo}-{hi}" if lo is not None else f"up to {hi}"
                 out.append(Claim(f"rate_ratio.{m}.{w}.{name}", paper, round(ratio, 2), "x", "", None,

@@ -56,7 +56,7 @@ from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import Arrival, Clock, ServingParams, greedy, make_engine, replay, tiny_opt
 from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG16_PREFIX
-from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, printed_interval, write_summary
 from pagedattn.repro.experiments.sensitivity import widened
 from pagedattn.repro.sim.capacity import RESOLUTION, Load, describe_ratio, length_agreed_rate, length_judged, ratio_resolution
 from pagedattn.repro.sim.simulator import CostModel, normalized_latency, simulate
@@ -414,7 +414,8 @@ def claims(sim: pd.DataFrame, cpu: pd.DataFrame | None, ratios: pd.DataFrame) ->
             note += f"; cpu real engine (offline): {float(c.loc[(shot, 'paged_user'), 'speedup_vs_orca_oracle']):.2f}x"
         judged = length_judged(r.loc[(shot, NL_THRESHOLD_S, "paged_user")], r.loc[(shot, NL_THRESHOLD_S, "orca_oracle")])
         out.append(Claim(f"prefix_speedup.{shot}", paper, round(user, 2), "x", f"{a:.3g}-{b:.3g}",
-                         bool(a <= user <= b) if judged else None, note))
+                         bool(a <= user <= b) if judged else None, note, accept=[a, b],
+                         strict=printed_interval(paper)))
         if (shot, NL_THRESHOLD_S, "paged_auto") in r.index:
             auto = float(r.loc[(shot, NL_THRESHOLD_S, "paged_auto"), "speedup_vs_orca_oracle"])
             note = f"paper scale (sim), sustainable request rate at {NL_THRESHOLD_S} s/token, over Orca (Oracle)"

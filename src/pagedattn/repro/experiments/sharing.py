@@ -52,8 +52,8 @@ from pagedattn.repro.experiments.common import ServingParams, make_engine, torch
 from pagedattn.repro.experiments.throughput import base_trace
 from pagedattn.repro.sim.capacity import MAX_LENGTH_DOUBLINGS, NL_THRESHOLD_S, RESOLUTION, RateSearch, length_agreed_search, \
     length_judged, not_judged, ratio_resolution, sustainable_rate
-from pagedattn.repro.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING
-from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, today, write_summary
+from pagedattn.repro.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING, TRACE_MEANS
+from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, printed_interval, today, write_summary
 from pagedattn.sequence import SamplingParams
 from pagedattn.repro.experiments.sensitivity import widened
 from pagedattn.repro.sim.simulator import CostModel, simulate
@@ -519,6 +519,18 @@ def real_orca_gain(params: Params, progress: bool = True) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------------------------------- claims
+def saving_reason(trace: str, method: str) -> str:
+    """Why a Fig. 15 saving misses the paper: what the blocks shared depend on, with this trace's measured means."""
+    if method == "beam":
+        return ("beams share blocks as long as they keep common parents, a property of the model's distributions "
+                "(opt-stdlib here, OPT-13B in the paper): see 04's parent sources")
+    paper = TRACE_MEANS.get("sharegpt" if trace == SENSITIVITY else trace)
+    st = trace_stats(make_trace(trace, 2000, math.inf, 0))
+    return (f"parallel samples share only the prompt: this trace's mean prompt/output is {st['input_mean']:.0f}/"
+            f"{st['output_mean']:.0f} tokens" + (f" (the paper's: {paper['input']:.0f}/{paper['output']:.0f})"
+                                                 if paper else ""))
+
+
 def claims(savings: pd.DataFrame, sim_gain: pd.DataFrame, orca: pd.DataFrame | None) -> list[Claim]:
     out = []
     for w in (*WORKLOADS, SENSITIVITY):
@@ -549,11 +561,15 @@ def claims(savings: pd.DataFrame, sim_gain: pd.DataFrame, orca: pd.DataFrame | N
                     note += f"; synthetic trace: {synth.loc[k, 'saving_pct']:.2f}"
                 name = f"saving_pct.sharegpt.{method}_{key}{k}.synthetic" if w == SENSITIVITY else \
                     f"saving_pct.{w}.{method}_{key}{k}"
-                out.append(Claim(name, p, ours, "%", tol, holds, note))
+                strict = [lo, hi] if lo != hi else printed_interval(lo)
+                out.append(Claim(name, p, ours, "%", tol, holds, note, accept=[a, b], strict=strict,
+                                 reason="" if holds is not False else saving_reason(w, method)))
     for mode, suffix in (("swap", ""), ("recompute", "_recompute")):
         g1 = sim_gain[(sim_gain.width == 1) & (sim_gain.preemption == mode)]
         ours = round(float(g1["gain"].iloc[0]), 3) if len(g1) else None
         out.append(Claim(f"gain_over_orca_oracle.n1{suffix}", FIG14_GAIN["n1"], ours, "x", "within 25%",
+                         accept=[0.75 * FIG14_GAIN["n1"], 1.25 * FIG14_GAIN["n1"]],
+                         strict=printed_interval(FIG14_GAIN["n1"]),
                          None if ours is None or not length_judged(g1.iloc[0])
                          else bool(abs(ours / FIG14_GAIN["n1"] - 1) <= 0.25),
                          f"paper-scale sim, sustainable Alpaca rate at {NL_THRESHOLD_S} s/token and the capacity "

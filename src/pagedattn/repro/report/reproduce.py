@@ -40,6 +40,7 @@ import datetime as _dt
 import json
 import math
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -115,7 +116,36 @@ def run_notebook(path: str | os.PathLike, quick: bool, results_dir: str | os.Pat
         finally:
             if km.has_kernel:
                 asyncio.run(km.shutdown_kernel(now=True))
+    relink(out, path.parent.resolve())
     return out
+
+
+_LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")
+
+
+def relink(executed: Path, source_dir: Path) -> None:
+    """Rewrite the relative Markdown links of an executed copy (cells and Markdown outputs) so that they resolve
+    from its folder as they did from the notebook's: ``../docs/GLOSSARY.md#band`` in ``notebooks/`` becomes
+    ``../../docs/GLOSSARY.md#band`` in ``results/<name>/`` (issue 51: no dead link in an executed copy)."""
+    here = executed.parent.resolve()
+
+    def fix(m: re.Match) -> str:
+        target = m.group(2)
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("/"):
+            return m.group(0)
+        moved = os.path.relpath(os.path.normpath(source_dir / target), here)
+        return f"{m.group(1)}{Path(moved).as_posix()}{m.group(3) or ''}{m.group(4)}"
+
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = _LINK.sub(fix, cell.source)
+        for o in cell.get("outputs", []):
+            if "text/markdown" in o.get("data", {}):
+                o.data["text/markdown"] = _LINK.sub(fix, o.data["text/markdown"])
+    nbformat.write(nb, executed)
 
 
 def ipc_kernel_manager(folder: str):

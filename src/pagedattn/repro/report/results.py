@@ -27,13 +27,13 @@ from typing import Any
 from pagedattn.cpuinfo import cpu_field, cpu_flags
 
 from pagedattn.repro import REPO_ROOT
+from pagedattn.repro.progress import NOTEBOOK_ENV  # noqa: F401  (reproduce and write_summary use it)
 
 RESULTS_DIR = REPO_ROOT / "results"
 QUICK_RESULTS_DIR = RESULTS_DIR / "quick"  # quick runs (git-ignored): never the committed results
 STALE_FILE = "STALE"  # written beside a summary.json whose notebook's last run failed (see reproduce.py)
 QUICK_RUN_RECORD = "quick/quick_reproduce.json"  # under the results root, git-ignored: the last whole quick run's wall time
 RUN_FILE = "run.json"  # written beside a summary.json by reproduce.py: the notebook's duration, jobs, machine, date
-NOTEBOOK_ENV = "PAGEDATTN_NOTEBOOK"  # set by reproduce.run_notebook: the notebook's path, relative to the repo root
 
 
 KINDS = ("reproduction", "invariant", "tracking")
@@ -354,6 +354,15 @@ def verdict_table(claims: list[Claim | dict]):
                      "verdict": verdict(c), "strict": strict_verdict(c),
                      "reason": c.get("reason") or measured_reason(c)})
     return pd.DataFrame(rows)
+
+
+def show_claims(claims: list[Claim | dict]) -> None:
+    """Display :func:`verdict_table` in a notebook, every reason whole (pandas cuts cells at 50 characters)."""
+    import pandas as pd
+    from IPython.display import display
+
+    with pd.option_context("display.max_colwidth", None):
+        display(verdict_table(claims))
 
 
 def _fmt(v: Any, missing: str = NOT_MEASURED) -> str:
