@@ -10,7 +10,7 @@ VLLM_FLAG := $(if $(filter 1 true yes,$(VLLM)),--vllm,)
 
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: venv test test-fast check mutants reproduce lab model summary clean-results kernels-compile gpu serve vllm-venv bench-vllm fastsim
+.PHONY: venv site site-venv test test-fast check mutants reproduce lab model summary clean-results kernels-compile gpu serve vllm-venv bench-vllm fastsim
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,8 +31,9 @@ $(DEVSTAMP): $(STAMP) requirements-dev.txt
 fastsim: $(DEVSTAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pagedattn.repro.sim.fastsim --if-stale || echo "fastsim: no compiled simulator; replays run interpreted"
 
-## Run the test suite (unit, property-based, kernels under TRITON_INTERPRET=1, engine vs HF, notebooks in quick mode).
-test: check fastsim
+## Run the test suite (unit, property-based, kernels under TRITON_INTERPRET=1, engine vs HF, notebooks in quick mode,
+## the static site built and checked in headless Chromium: it needs .venv-site, made here).
+test: check fastsim site-venv
 	$(BIN)/python -m pytest -q tests
 
 ## The layering (import-linter: the engine core imports no research code, the scheduler and simulator no torch) and
@@ -104,3 +105,22 @@ vllm-venv: $(VLLM_STAMP)
 
 bench-vllm: $(STAMP) $(VLLM_STAMP)
 	PYTHONPATH=src $(BIN)/python benchmarks/engine_vs_vllm.py --vllm-python $(VLLM_VENV)/bin/python $(VLLM_ARGS)
+
+## The static site in _site/ (open _site/index.html): README.md, results/SUMMARY.md (and DETAILS.md), the executed
+## notebooks results/NN_name/NN_name.ipynb as committed (never run) and docs/*.md, built by Sphinx + myst-nb (site/conf.py)
+## in its own venv .venv-site (requirements-site.txt). A warning (a broken link or anchor) fails it; SITE_OPTS= lets it pass.
+SITE_VENV     := .venv-site
+SITE_STAMP    := $(SITE_VENV)/.installed
+SITE_DIR      ?= _site
+SITE_DOCTREES ?= .build/site-doctrees
+SITE_OPTS     ?= -W --keep-going
+$(SITE_STAMP): requirements-site.txt
+	test -x $(SITE_VENV)/bin/python || $(PYTHON) -m venv $(SITE_VENV)
+	$(SITE_VENV)/bin/pip install -q --upgrade pip
+	$(SITE_VENV)/bin/pip install -q -r requirements-site.txt
+	touch $(SITE_STAMP)
+
+site-venv: $(SITE_STAMP)
+
+site: $(SITE_STAMP)
+	$(SITE_VENV)/bin/sphinx-build -q -E -c site -d $(SITE_DOCTREES) $(SITE_OPTS) . $(SITE_DIR)

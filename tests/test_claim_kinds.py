@@ -1,5 +1,5 @@
 """Issue 30, part 4: checks that hold by construction are built as invariants, not reproductions, by the functions
-that make them (small frames in, no committed result read), and the README shows invariants apart."""
+that make them (small frames in, no committed result read), and the scoreboard counts invariants apart."""
 import pandas as pd
 
 from pagedattn.repro.report.results import Claim
@@ -79,25 +79,14 @@ def test_tour_arithmetic_claims_are_built_as_invariants():
     assert len(claims) >= 7 and {c.kind for c in claims} == {"invariant"}
 
 
-def test_readme_lists_invariants_apart_and_says_so():
-    from pagedattn.repro.report import readme
+def test_scoreboard_counts_invariants_and_tracking_apart():
+    from pagedattn.repro.report.results import INVARIANT, RECORDED, verdict
+    from pagedattn.repro.report.scoreboard import render_tally
 
-    cs = [{**Claim("a", 1, 1, "", "equal", True, kind="invariant").__dict__},
-          {**Claim("b", 2, 3, "x", "", False).__dict__}]
-    cell = readme.headline_cells(cs)
-    assert cell.index("`b`") < cell.index(readme.INVARIANTS_LABEL) < cell.index("`a`")
-    assert cell.endswith("`a` 1 → 1 holds") and "`b` 2 → 3 x **fails**" in cell
-    assert readme.INVARIANTS_LABEL not in readme.headline_cells(cs[1:])
+    cs = [Claim("a", 1, 1, "", "equal", True, kind="invariant").__dict__,
+          Claim("b", 2, 3, "x", "", False, accept=[1.5, 2.5]).__dict__,
+          Claim("c", None, 3, "s", "", None, kind="tracking").__dict__]
+    assert [verdict(c) for c in cs] == [INVARIANT, "fails", RECORDED]
+    assert render_tally(cs).startswith("**1 reproduction claims: 0 hold, 1 fail,")
+    assert "1 invariants (true by construction) and 1 recorded claims" in render_tally(cs)
 
-
-def test_readme_fig2_marks_orca_max_mean_batch_as_an_invariant(tmp_path):
-    from pagedattn.repro.report import readme
-    from pagedattn.repro.report.results import write_summary
-
-    claims = [Claim(f"{m}.{s}{v}", 7.0, 7.0, "requests", "", True,
-                    kind="invariant" if (m, s) == ("mean_batch", "orca_max") else "reproduction")
-              for m in ("token_states_pct", "mean_batch") for s in readme.FIG2_SYSTEMS for v in ("", ".synthetic")]
-    write_summary(tmp_path / "01_kv_memory_waste", "01_kv_memory_waste", "cpu", "m", False, claims)
-    rows = {line.split(" | ")[0]: line for line in readme.render_fig2(tmp_path).splitlines()}
-    assert rows["| Orca (Max)"].endswith("| 7 | 7 requests holds (invariant) | 7 requests holds (invariant) |")
-    assert "(invariant)" not in rows["| Orca (Pow2)"]

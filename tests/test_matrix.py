@@ -10,7 +10,7 @@
 
 gives token-for-token the outputs of Hugging Face ``generate`` (greedy, or ``num_beams=2`` with both beams
 returned), with the engine's invariants checked after every step (``LLMEngine.check_invariants``) and every block
-back in its pool at the end. No combination is refused: the refusals (README, "Supported combinations") are about
+back in its pool at the end. No combination is refused: the refusals (docs/ENGINE.md, "Supported combinations") are about
 inputs, not about these flags, and are tested at the bottom.
 
 Four prompts share a 130-token prefix (more than one block of 128) and end between 246 and 252 tokens, so that the
@@ -151,7 +151,7 @@ def test_cell_matches_hf(name, block_size, preemption, prefix, request_kind):
     assert_all_blocks_back(engine)
 
 
-# -------------------------------------------------------------------------------- refused up front (README)
+# ----------------------------------------------------------------------- refused up front (docs/ENGINE.md)
 def test_bad_inputs_are_refused_and_isolated():
     """Issue 12 items 3, 5, 6: NaN / infinite sampling floats, more sequences than ``max_num_seqs``, and prompts
     that are not a string or integer token ids are ValueErrors naming the limit; in ``LLM.generate`` each one fails

@@ -33,9 +33,12 @@ REFERENCES = [
     r"\b[AH]100(?:-\d+GB)?s?\b", r"\bsm_\d+\b", r"\bcl100k(?:_base)?\b", r"\bGPT-\d\b", r"\bGQA[- ]?\d+\b",
     r"\b(?:fp|bf|float|int)\d+\b", r"\bMHA\b",
     # this project's notebooks (by number or file name), issues and headings' section numbers
-    r"\b[Nn]otebooks?\s+\d\d(?:\s*(?:,|and|-|–|/|or)\s*\d\d)*\b", r"\b\d\d_\w+", r"\bissue \d+\b",
+    r"\b[Nn]otebooks?\s+\d\d(?:\s*(?:,|and|-|–|/|or)\s*\d\d)*\b", r"\b\d\d_\w+", r"\bissue\s+\d+\b",
     r"^#+\s*\d+(?:\.\d+)?\s*[·.]", r"^\s*\d+\.\s", r"^\s*-\s*\*\*\d\d\*\*",
     r"\((?:notebook )?0\d\)", r"\b0\d\b", r"\b1[0-2](?= \()",  # notebook numbers: "(08)", "01 (where ...)"
+    # an experiment's own parameters named as such, and names with digits (issue 51: prose built by code cells)
+    r"\bn = \d+\b", r"\b(?:beam )?width \d+\b", r"\bp\d\d\b", r"\b\d+n\b", r"\bblock \d+\b", r"\bPow2\b",
+    r"\bNVLink \d\b", r"`[^`\n]*[A-Za-z_][^`\n]*`",
 ]
 
 #: Fixed parameters and facts of the code, not results, allowed as phrases (pattern, reason). The number is part of
@@ -88,6 +91,15 @@ ALLOWED = {
         (r"prompt and output ≥ 4 tokens, prompt ≤ 1024, prompt \+ output ≤ 2048|prompt or output under 4 tokens, a "
          r"prompt over 1024\s+or a total over 2048", "vLLM's benchmark filter (workloads.keep_mask), applied to the trace"),
         (r"ShareGPT_V3_unfiltered_cleaned_split\.json", "a file name"),
+        (r"vLLM's prompt cap \(1024\) and minimum \(4\)", "vLLM's benchmark filter (workloads.keep_mask)"),
+    ],
+    "12_fig2_running_engines.ipynb": [
+        (r"budget 15\.7K /", "Table 1's OPT-13B KV slots (paper.py), divided by the run's scale"),
+        (r"reach 100 −", "the bound's formula: 100 % less the scaled waste bound"),
+    ],
+    "13_online_serving.ipynb": [
+        (r"an 80-request trace", "the live sweep's trace length (online_serving.Params.num_requests)"),
+        (r"at 5 and at 30 req/s|At 5 req/s|At 30 req/s", "benchmarks/serve_overhead.py's two fixed rates"),
     ],
     "09_chatbot.ipynb": [
         (r"cut to its last 1024 tokens; at most\s+1024 tokens are generated", "the paper's §6.5 chatbot setup "
@@ -205,3 +217,51 @@ def test_checker_catches_a_measured_number():
     assert stray_numbers("x", "ours sustains 2.31x the rate of Orca") == ["'2.31' in …ours sustains 2.31x the rate of Orca…"]
     assert not stray_numbers("x", "the paper's 1.7-2.7x (Fig. 12), OPT-13B on an A100-40GB, §6.2, 2023")
     assert stray_numbers("x", "ours is 1.7x")  # a paper value without the paper named nearby is a result
+
+
+def built_prose(path: Path):
+    """The literal text of the prose that code cells build (issue 51): every string constant, and every f-string's
+    literal parts, of a code cell that displays ``Markdown``. Values a run fills in (``{...}``) are left out, so what
+    remains is what was typed by hand, and it is held to the markdown cells' rule."""
+    import ast
+
+    nb = json.loads(path.read_text())
+    for i, c in enumerate(nb["cells"]):
+        src = "".join(c["source"])
+        if c["cell_type"] != "code" or "Markdown(" not in src:
+            continue
+        try:
+            tree = ast.parse("\n".join(line for line in src.splitlines() if not line.lstrip().startswith(("%", "!"))))
+        except SyntaxError:
+            continue
+        specs = {id(x) for n in ast.walk(tree) if isinstance(n, ast.FormattedValue) and n.format_spec
+                 for x in ast.walk(n.format_spec)}
+        keys = {id(x) for n in ast.walk(tree) if isinstance(n, (ast.Subscript, ast.Compare))
+                for x in ast.walk(n.slice if isinstance(n, ast.Subscript) else n)}
+        parts = []
+        for n in ast.walk(tree):
+            if isinstance(n, ast.JoinedStr) and id(n) not in specs:
+                # a value the run fills in reads as a gap
+                parts.append("".join(v.value if isinstance(v, ast.Constant) else " " for v in n.values))
+            elif (isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in specs | keys
+                  and " " in n.value.strip() and not any(n is v for j in ast.walk(tree)
+                                                         if isinstance(j, ast.JoinedStr) for v in j.values)):
+                parts.append(n.value)  # prose has spaces; column names, keys and format specs do not
+        yield i, c.get("id"), "\n".join(parts)
+
+
+@pytest.mark.parametrize("path", notebooks(), ids=lambda p: p.name)
+def test_prose_built_by_code_has_no_typed_numbers(path):
+    stray = [f"cell {i} ({cid}): {s}" for i, cid, text in built_prose(path) for s in stray_numbers(path.name, text)]
+    assert not stray, (f"{path.name}: numbers typed into prose that a code cell builds (they must come from the run, "
+                       f"or need an entry in ALLOWED with a reason):\n" + "\n".join(stray))
+
+
+def test_built_prose_keeps_typed_text_and_drops_filled_values(tmp_path):
+    nb = {"cells": [{"cell_type": "code", "id": "a", "source": [
+        'x = 2.31\n', 'Markdown(f"ours sustains {x:.2f}x; the paper\'s 1.7-2.7x (Fig. 12) but 3.14 typed")']}]}
+    path = tmp_path / "x.ipynb"
+    path.write_text(json.dumps(nb))
+    (_, _, text), = built_prose(path)
+    assert "2.31" not in text and "3.14 typed" in text
+    assert [s.split(" in ")[0] for s in stray_numbers("x.ipynb", text)] == ["'3.14'"]

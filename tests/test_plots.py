@@ -62,7 +62,7 @@ def test_fig15_names_the_papers_lines_in_the_legend():
 
 def test_savefig_records_figure_metadata(tmp_path):
     """plots.savefig writes the figure's record into the PNG: the paper's figure, its marks, each axes' scales and
-    number of data artists (an empty axes records 0)."""
+    number of data artists."""
     import json
 
     import matplotlib.pyplot as plt
@@ -72,10 +72,89 @@ def test_savefig_records_figure_metadata(tmp_path):
     fig, (a, b) = plt.subplots(1, 2)
     a.plot([1, 2], [3, 4])
     a.axhline(1.67)
+    b.plot([1, 2], [1, 10])  # savefig refuses an empty axes (test_empty_axes_are_detected_and_not_saved)
     b.set_yscale("log")
     path = plots.savefig(fig, tmp_path / "f.png", figure="Fig. 16", paper_marks=[1.67])
     plt.close(fig)
     rec = json.loads(Image.open(path).text[plots.FIGURE_META_KEY])
     assert rec["figure"] == "Fig. 16" and rec["paper_marks"] == [1.67]
     assert [ax["yscale"] for ax in rec["axes"]] == ["linear", "log"]
-    assert rec["axes"][0]["artists"] == 2 and rec["axes"][1]["artists"] == 0
+    assert rec["axes"][0]["artists"] == 2 and rec["axes"][1]["artists"] == 1
+
+
+def _saved(fig, path, **kw):
+    import json
+
+    import matplotlib.pyplot as plt
+    from PIL import Image
+    p = plots.savefig(fig, path, **kw)
+    plt.close(fig)
+    with Image.open(p) as im:
+        return json.loads(im.text[plots.FIGURE_META_KEY]), im.size
+
+
+def test_footnote_wraps_to_the_figure_width(tmp_path):
+    """A long footnote (a label naming hardware, model and date) wraps instead of widening the saved canvas."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.plot([0, 1], [0, 1])
+    plots.footnote(fig, "sim: LLaMA-13B KV (800 KB/token) on A100-40GB | cpu: AMD EPYC, 2 cores | " * 12)
+    _, (width, height) = _saved(fig, tmp_path / "f.png")
+    assert width <= 6 * plots.SAVE_DPI + 10
+    assert height > 3 * plots.SAVE_DPI  # the wrapped lines are below the axes, on the canvas
+    assert all(len(line) < 200 for line in plots.wrap_to_width("x " * 500, 6).split("\n"))
+
+
+def test_mark_paper_draws_and_records(tmp_path):
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2)
+    a.bar([0, 1], [1.0, 2.0])
+    plots.mark_paper(a, 1.67, span=(-0.4, 0.4))
+    plots.mark_paper(a, 3.58)
+    b.plot([1, 2], [1, 2])
+    plots.mark_paper(b, (1.2, 1.26), label="paper band")
+    plots.mark_paper(b, 16, axis="x")
+    assert "paper" in [line.get_label() for line in a.get_lines()]
+    rec, _ = _saved(fig, tmp_path / "m.png", figure="Fig. 16", paper_marks=[9.0])
+    assert rec["paper_marks"] == [9.0, 1.67, 3.58, 1.2, 1.26, 16.0]
+
+
+def test_figure_helpers_record_the_papers_values(tmp_path):
+    sav = pd.DataFrame([{"trace": w, "method": m, "width": n, "saving_pct": 10.0 * n}
+                        for w in ("alpaca", "sharegpt") for m in ("parallel", "beam") for n in (2, 4, 6)])
+    rec, _ = _saved(plots.fig15_savings(sav, FIG15_SAVING, ("alpaca", "sharegpt")), tmp_path / "s.png")
+    assert {6.09, 37.56, 16.2, 66.3} <= set(rec["paper_marks"])
+
+
+def test_log2_axes_record_their_base(tmp_path):
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    ax.plot([1, 256], [1, 2])
+    ax.set_xscale("log", base=2)
+    rec, _ = _saved(fig, tmp_path / "l.png")
+    assert rec["axes"][0]["xscale"] == "log" and rec["axes"][0]["xbase"] == 2.0 and rec["axes"][0]["ybase"] is None
+
+
+def test_empty_axes_are_detected_and_not_saved(tmp_path):
+    import matplotlib.pyplot as plt
+    import pytest
+    fig, (a, b, c) = plt.subplots(1, 3)
+    a.plot([1, 2], [1, 2])
+    c.axis("off")  # a hidden axes (no frame) is layout, not an empty chart
+    assert plots.empty_axes(fig) == [b]
+    assert [ax["artists"] for ax in plots.figure_record(fig)["axes"]] == [1, 0]
+    with pytest.raises(ValueError, match="draw nothing"):
+        plots.savefig(fig, tmp_path / "e.png")
+    assert not (tmp_path / "e.png").exists()
+    plt.close(fig)
+
+
+def test_sensitivity_plot_draws_no_empty_chart(capsys):
+    """Claims without a numeric paper value (block-size sets, tracking-only claims) leave nothing to draw: no figure,
+    and a sentence saying why."""
+    from pagedattn.repro.experiments import sensitivity
+    table = pd.DataFrame([{"claim": "best_block_size.sharegpt", "point": "default", "ours": "16,32", "holds": True,
+                           "is_default": True}])
+    claims = [{"name": "best_block_size.sharegpt", "paper": [16, 32, 64, 128]}]
+    assert sensitivity.plot(table, claims) is None
+    assert "no claim here has a numeric paper value" in capsys.readouterr().out

@@ -11,11 +11,14 @@ import pytest
 
 from pagedattn.repro.report import readme
 from pagedattn.repro.report import reproduce
-from pagedattn.repro.report.results import (KINDS, QUICK_RESULTS_DIR, REPO_ROOT, RESULTS_DIR, STALE_FILE, Claim, build_summary_md,
-                               check, provenance, render_summary_md, source_hash, write_summary)
+from pagedattn.repro.report import scoreboard
+from pagedattn.repro.report.results import (KINDS, QUICK_RESULTS_DIR, REPO_ROOT, RESULTS_DIR, STALE_FILE, Claim,
+                                            provenance, source_hash, write_summary)
+from pagedattn.repro.report.scoreboard import build_summary_md, check, render_details_md, render_summary_md
 
 FIELDS = {"name", "paper", "ours", "unit", "tolerance", "holds", "note", "kind", "band"}
-OPTIONAL_FIELDS = {"reason"}  # issue 51: summaries written before the field lack it until the next full rerun
+# issue 51: summaries written before these fields (the GPU run's gpu_check/summary.json) lack them
+OPTIONAL_FIELDS = {"reason", "accept", "strict", "at_measured"}
 
 
 def check_convention(doc: dict) -> None:
@@ -33,7 +36,7 @@ def check_convention(doc: dict) -> None:
 
 def test_claim_fields_round_trip_and_render(tmp_path):
     claims = [Claim("token_states_pct.paged", 96.3, 97.25, "%", "ours >= 96", True,
-                    band={"min": 91.0, "max": 98.5, "over": "step-time constants"}),
+                    band={"min": 91.0, "max": 98.5, "over": "step-time constants"}, accept=[96, None]),
               Claim("rate_ratio.x", "1.7-2.7", None, "x", ">= 1.7", None, "the run was too short"),
               Claim("gain.nan", 2.0, float("nan"), "x", "", None, "NaN in, null out"),
               Claim("max_request_waste_slots.paged", "< 16", 15, "slots", "< 16", True, kind="invariant"),
@@ -43,7 +46,9 @@ def test_claim_fields_round_trip_and_render(tmp_path):
     check_convention(doc)
     assert doc["claims"][0]["band"] == {"min": 91.0, "max": 98.5, "over": "step-time constants"}
     assert doc["claims"][2]["ours"] is None  # NaN is not valid JSON: it becomes null
-    md = build_summary_md(tmp_path).read_text()
+    assert all(c["reason"] for c in doc["claims"])  # measured_reason fills what the experiment left empty
+    build_summary_md(tmp_path)
+    md = (tmp_path / "DETAILS.md").read_text()
     rows = {line.split("|")[1].strip(" `"): line for line in md.splitlines() if line.startswith("| `")}
     assert "97.25 [91 .. 98.5 over step-time constants]" in rows["token_states_pct.paged"]
     assert rows["rate_ratio.x"].split("|")[3].strip() == "not measured"
@@ -60,8 +65,10 @@ def test_nan_rendered_from_a_hand_written_summary(tmp_path):
     (tmp_path / "09_y" / "summary.json").write_text(json.dumps({
         "experiment": "09_y", "hardware": "h", "model": "m", "date": "d", "quick": True,
         "claims": [{"name": "a", "paper": 1, "ours": math.nan, "holds": None}]}))  # json writes NaN
-    row = next(line for line in build_summary_md(tmp_path).read_text().splitlines() if line.startswith("| `a`"))
+    row = next(line for line in render_details_md(tmp_path).splitlines() if line.startswith("| `a`"))
     assert row.split("|")[3].strip() == "not measured"
+    row = next(line for line in render_summary_md(tmp_path).splitlines() if "| `a` |" in line)
+    assert "| not measured |" in row
 
 
 @pytest.mark.parametrize("bad,match", [(dict(kind="reproductive"), "kind must be one of"),
@@ -106,9 +113,10 @@ def test_reproduce_keeps_going_exits_1_and_marks_the_failed_summary_stale(tmp_pa
     write_summary(out / "02_b", "02_b", "cpu", "m", False, [Claim("old", 1, 1, holds=True)])  # an earlier run
     assert reproduce.main(["--results-dir", str(out)]) == 1
     assert [r[0] for r in ran] == ["01_a", "02_b", "03_c"]  # the failure did not stop 03_c
-    md = (out / "SUMMARY.md").read_text()
+    md = (out / "DETAILS.md").read_text()
     assert "## 02_b (STALE)" in md and "cell 7 raised KeyError" in md and "from an earlier run" in md
     assert "## 01_a\n" in md and "## 03_c\n" in md  # the others are not marked
+    assert "**Stale:** 02_b (" in (out / "SUMMARY.md").read_text()
     fake_run.fail = False  # a later successful run clears the mark
     assert reproduce.main(["--results-dir", str(out), "--only", "02"]) == 0
     assert not (out / "02_b" / STALE_FILE).exists() and "STALE" not in (out / "SUMMARY.md").read_text()
@@ -192,16 +200,16 @@ def test_write_summary_records_the_real_sources_sorted(tmp_path, monkeypatch):
 
 def test_fresh_until_a_source_changes_and_then_named(tmp_repo, monkeypatch):
     results = tmp_repo / "results"
-    monkeypatch.setitem(readme.HEADLINES, "01_x", ("Fig. x", "here", ["c"]))
-    assert "| `01_x` | Fig. x | here | `c` 1 → 1 holds |" in readme.render_table(results, tmp_repo)
+    monkeypatch.setitem(scoreboard.PAPER_RESULTS, "01_x", ("Fig. x", ["c"]))
+    assert "| Fig. x | `01_x` | 1 | 0 | 0 | 0 | 0/0 | `c` 1 → 1 (holds) |" in readme.render_scoreboard(results, tmp_repo)
     assert check(results, tmp_repo) == [] and "STALE" not in render_summary_md(results, tmp_repo)
     (tmp_repo / "src" / "pagedattn" / "fake_sim.py").write_text("STEP = 2\n")
     (tmp_repo / "requirements.txt").unlink()
     reason = "changed since the run: requirements.txt (deleted), src/pagedattn/fake_sim.py"
     assert check(results, tmp_repo) == [f"01_x: {reason}"]
-    md = render_summary_md(results, tmp_repo)
+    md = render_details_md(results, tmp_repo)
     assert "## 01_x (STALE)" in md and f"**Stale:** {reason}" in md
-    assert "`01_x` (STALE)" in readme.render_table(results, tmp_repo)
+    assert "`01_x` (STALE)" in readme.render_scoreboard(results, tmp_repo)
 
 
 def test_executing_a_notebook_leaves_it_fresh_but_editing_its_source_does_not(tmp_repo):
@@ -219,22 +227,23 @@ def test_no_provenance_is_stale(tmp_path):
     (tmp_path / "02_y" / "summary.json").write_text(json.dumps({
         "experiment": "02_y", "hardware": "h", "model": "m", "date": "d", "quick": False, "claims": []}))
     assert check(tmp_path) == ["02_y: no provenance recorded"]
-    assert "## 02_y (STALE)\n\n**Stale:** no provenance recorded" in render_summary_md(tmp_path)
+    assert "## 02_y (STALE)\n\n**Stale:** no provenance recorded" in render_details_md(tmp_path)
+    assert "**Stale:** 02_y" in render_summary_md(tmp_path)
 
 
 def test_check_cli_exits_1_on_stale_results(monkeypatch, capsys):
-    from pagedattn.repro.report import results
-
-    monkeypatch.setattr(results, "check", lambda: ["01_x: no provenance recorded"])
-    assert results.main(["--check"]) == 1 and "01_x: no provenance recorded" in capsys.readouterr().out
-    monkeypatch.setattr(results, "check", lambda: [])
-    assert results.main(["--check"]) == 0
+    monkeypatch.setattr(scoreboard, "check", lambda: ["01_x: no provenance recorded"])
+    assert scoreboard.main(["--check"]) == 1 and "01_x: no provenance recorded" in capsys.readouterr().out
+    monkeypatch.setattr(scoreboard, "check", lambda: [])
+    assert scoreboard.main(["--check"]) == 0
 
 
-def test_committed_summary_md_is_what_pagedattn_results_writes():
-    """CI: results/SUMMARY.md is generated, staleness included (regenerate: python -m pagedattn.repro.report.results)."""
+def test_committed_summary_md_is_what_the_scoreboard_writes():
+    """CI: results/SUMMARY.md and DETAILS.md are generated, staleness included (regenerate: make summary)."""
     assert (RESULTS_DIR / "SUMMARY.md").read_text() == render_summary_md(), \
         "results/SUMMARY.md is out of date: run `python -m pagedattn.repro.report.readme` (make summary) and commit it"
+    assert (RESULTS_DIR / "DETAILS.md").read_text() == render_details_md(), \
+        "results/DETAILS.md is out of date: run `python -m pagedattn.repro.report.readme` (make summary) and commit it"
 
 
 # --- README blocks (issue 26, part 5) ----------------------------------------------------------------------------
@@ -245,24 +254,24 @@ def test_committed_readme_blocks_are_what_pagedattn_results_writes():
 
 
 def test_every_headline_pattern_matches_a_committed_claim():
-    for name, (_, _, patterns) in readme.HEADLINES.items():
-        doc = json.loads((RESULTS_DIR / name / "summary.json").read_text())
+    docs = scoreboard.summaries()
+    for name, (_, patterns) in scoreboard.PAPER_RESULTS.items():
         for pattern in patterns:
-            assert readme.headline_claims(doc, [pattern]), f"{name}: {pattern} matches no claim"
+            assert [c for c in docs[name]["claims"] if __import__("fnmatch").fnmatchcase(c["name"], pattern)], \
+                f"{name}: {pattern} matches no claim"
 
 
 def test_blocks_take_their_numbers_from_summary_json(tmp_path):
-    claims = [Claim(f"{m}.{s}{v}", 1.0, 10.0 + i, "%", "", i % 2 == 0,
-                    band={"min": 9.0, "max": 99.0, "over": "x"} if i == 0 else None)
-              for i, (m, s, v) in enumerate((m, s, v) for m in ("token_states_pct", "mean_batch")
-                                            for s in readme.FIG2_SYSTEMS for v in ("", ".synthetic"))]
+    claims = [Claim("token_states_pct.paged", 96.3, 97.0, "%", "", True, accept=[96, None],
+                    strict=[96.25, 96.35]),
+              Claim("mean_batch.paged", 30.42, 14.0, "requests", "", False, accept=[22.8, 38.0]),
+              Claim("mean_batch.orca_max", 7.0, 7.0, "requests", "", True, kind="invariant")]
     write_summary(tmp_path / "01_kv_memory_waste", "01_kv_memory_waste", "cpu", "m", False, claims)
-    fig2 = readme.render_fig2(tmp_path)
-    assert "| Orca (Max) | 1 | 10 % [9 .. 99] holds | 11 % **fails** |" in fig2
-    table = readme.render_table(tmp_path)
-    row = next(line for line in table.splitlines() if line.startswith("| `01_kv_memory_waste`"))
-    assert "`token_states_pct.paged` 1 → 16 % holds" in row and "STALE" not in row
-    assert "| `02_attention_kernel` |" in table and "no `summary.json` yet" in table
+    block = readme.render_scoreboard(tmp_path)
+    assert block.startswith("**2 reproduction claims: 1 hold, 1 fail, 0 fail only at a band corner, 0 not measured.**")
+    row = next(line for line in block.splitlines() if "`01_kv_memory_waste`" in line)
+    assert row.startswith("| Fig. 2, Fig. 13 | `01_kv_memory_waste` | 1 | 1 | 0 | 0 | 0/1 |")
+    assert "`token_states_pct.paged` 96.3 → 97 % (holds)" in row and "STALE" not in row
 
 
 def test_replace_blocks_rewrites_between_markers_and_needs_them():
@@ -340,7 +349,7 @@ def test_a_full_run_takes_side_by_side_only_the_notebooks_that_time_nothing():
 
 
 def test_the_wall_time_of_a_run_with_notebooks_side_by_side_is_its_span_not_the_sum():
-    from pagedattn.repro.report.results import wall_seconds
+    from pagedattn.repro.report.scoreboard import wall_seconds
 
     runs = [{"notebook": "10_x", "seconds": 100.0, "started": "2026-12-02T06:00:00", "finished": "2026-12-02T06:01:40",
              "all_notebooks": True, "at_once": 2},
@@ -541,7 +550,7 @@ def test_claim_reason_is_one_line_and_stored():
 
 def test_missing_reasons_lists_claims_without_one(tmp_path):
     """Issue 51: the claims still without a reason (committed summaries predate the field) are listed by name."""
-    from pagedattn.repro.report.results import missing_reasons
+    from pagedattn.repro.report.scoreboard import missing_reasons
 
     write_summary(tmp_path / "01_x", "01_x", "cpu", "m", False,
                   [Claim("a", 1, 1, reason="equal to the paper"), Claim("b", 1, 2)])
@@ -549,4 +558,4 @@ def test_missing_reasons_lists_claims_without_one(tmp_path):
     del doc["claims"][0]["reason"], doc["claims"][1]["reason"]  # as written before the field
     (tmp_path / "02_y").mkdir()
     (tmp_path / "02_y" / "summary.json").write_text(json.dumps(doc))
-    assert missing_reasons(tmp_path) == ["01_x/b", "02_y/a", "02_y/b"]
+    assert missing_reasons(tmp_path) == ["02_y/a", "02_y/b"]  # write_summary fills what the experiment left

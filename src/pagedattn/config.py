@@ -43,7 +43,8 @@ class ModelSpec:
         heads = config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or hidden // heads
-        dtype = dtype or str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float16")
+        # vars(): transformers' torch_dtype property warns that it is deprecated
+        dtype = dtype or str(getattr(config, "dtype", None) or vars(config).get("torch_dtype") or "float16")
         dtype = dtype.replace("torch.", "")
         return cls(name=name or getattr(config, "_name_or_path", "") or config.model_type,
                    num_layers=config.num_hidden_layers, num_kv_heads=kv_heads, head_dim=head_dim,

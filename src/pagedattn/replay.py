@@ -58,7 +58,7 @@ class TraceLike(Protocol):
 @dataclass
 class Request:
     """One request to send: at ``arrival_time`` (s from the start), ``prompt`` (token ids or text; ``None``: random
-    token ids of ``prompt_len``), ``output_len`` tokens. ``prompt_len`` is the client's count (for text, cl100k);
+    token ids of ``prompt_len``), ``output_len`` tokens. ``prompt_len`` is the client's count (for text, OPT's GPT-2 BPE);
     the server's ``usage.prompt_tokens`` replaces it once the request completes."""
 
     request_id: str

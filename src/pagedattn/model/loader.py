@@ -25,7 +25,8 @@ def _resolve_dtype(dtype, config) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
-        d = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+        # vars(): transformers' torch_dtype property warns that it is deprecated
+        d = getattr(config, "dtype", None) or vars(config).get("torch_dtype") or torch.float32
         return d if isinstance(d, torch.dtype) else getattr(torch, str(d).replace("torch.", ""))
     return getattr(torch, str(dtype).replace("torch.", ""))
 

@@ -22,3 +22,12 @@ def interactive() -> bool:
         return bool(sys.stderr.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+def quiet_transformers() -> None:
+    """Turn transformers' own progress bars ("Loading weights", "Writing model shards") off unless
+    :func:`interactive`: an executed copy shows none (issue 51)."""
+    if not interactive():
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()

@@ -595,37 +595,47 @@ def with_gpu_claims(claims_: list[Claim], benchmarks: dict[str, dict]) -> list[C
 
 
 def plot_ratios(benchmarks: dict[str, dict], path=None):
-    """Fig. 18a-style plot, one row per hardware: left, paged / torch SDPA on a contiguous cache (GPU: the Triton
-    kernel; CPU: the torch reference) with the paper's 1.20-1.26 band; right, the same code on a shuffled vs an
-    identity block table. Lines per block size, solid batch 8, dashed batch 32."""
+    """Fig. 18a-style plot in a 2-column grid, one row per hardware: left, paged / torch SDPA on a contiguous cache
+    (GPU: the Triton kernel; CPU: the torch reference) with the paper's 1.20-1.26 band; right, the same code on a
+    shuffled vs an identity block table. Lines per block size, solid batch 8, dashed batch 32; one legend for the
+    figure (below the panels), so that each panel keeps its room for the curves."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
+    from pagedattn.repro.report import plots
+
     n = max(len(benchmarks), 1)
-    fig, axes = plt.subplots(n, 2, figsize=(13, 4.4 * n), squeeze=False)
+    fig, axes = plt.subplots(n, 2, figsize=(12, 3.1 * n + 1.0), squeeze=False, sharex=True)
     lo, hi = FIG18A_PAGED_OVER_CONTIGUOUS
+    handles = {}
     for row, (slug, b) in zip(axes, sorted(benchmarks.items())):
         df, meta = b["df"].copy(), b["meta"]
         df["block size"] = df.block_size.astype(str)
         order = [str(x) for x in sorted(df.block_size.unique())]
-        other_label = "same code: shuffled / identity block table"
         for ax, col in [(row[0], "ratio_vs_sdpa"), (row[1], "ratio_same_code")]:
             sns.lineplot(data=df, x="context", y=col, hue="block size", hue_order=order, style="batch", markers=True,
                          ax=ax, palette="viridis")
             if col == "ratio_vs_sdpa":
-                ax.axhspan(lo, hi, color="tab:red", alpha=0.2, label=f"paper Fig. 18a ({lo:.2f}-{hi:.2f}, A100)")
+                plots.mark_paper(ax, (lo, hi), color="tab:red", alpha=0.2,
+                                 label=f"paper Fig. 18a ({lo:.2f}-{hi:.2f}, A100)")
             ax.axhline(1.0, color="grey", lw=0.8)
             ax.set_xscale("log", base=2)
             ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("latency ratio")
-            ax.legend(fontsize=7, ncol=2)
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(lab, h)
+            if ax.get_legend() is not None:
+                ax.get_legend().remove()
         hw = f"{meta['hardware']}{' (quick)' if meta['quick'] else ''}"
-        row[0].set_title(f"{hw}\n{meta['labels']['paged']} / {meta['labels']['sdpa']}", fontsize=9)
-        row[1].set_title(f"{hw}\n{other_label}", fontsize=9)
+        row[0].set_title(f"{hw}\n{meta['labels']['paged']} / {meta['labels']['sdpa']}", fontsize=8)
+        row[1].set_title(f"{hw}\nsame code, shuffled / identity block table", fontsize=8)
     fig.suptitle("Paged vs contiguous decode attention (cf. Fig. 18a)")
-    fig.tight_layout()
+    legend_rows = -(-len(handles) // 8)
+    h = fig.get_figheight()
+    fig.tight_layout(rect=(0, (0.18 * legend_rows + 0.1) / h, 1, 1 - 0.3 / h))
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=8, fontsize=7, frameon=False)
     if path is not None:
-        fig.savefig(path, dpi=120)
+        plots.savefig(fig, path, figure="Fig. 18a")
     return fig
 
 
@@ -648,7 +658,8 @@ def plot_latency(df: pd.DataFrame, meta: dict, path=None, block_size: int = DEFA
         ax.legend(fontsize=7)
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=120)
+        from pagedattn.repro.report import plots
+        plots.savefig(fig, path)  # absolute latencies: the paper gives none
     return fig
 
 

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from pagedattn.repro.experiments import sensitivity

