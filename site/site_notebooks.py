@@ -4,6 +4,8 @@ prose, a verdict table, a caption built by code). The committed notebooks are ne
 them (``nb_execution_mode = "off"``)."""
 from __future__ import annotations
 
+import re
+
 import nbformat
 
 MARKDOWN = "text/markdown"
@@ -27,6 +29,19 @@ def tag_prose_cells(nb):
     return nb
 
 
+_MD_LINK = re.compile(r"(\]\((?![a-z]+:)[^)\s#]*?)\.md((?:#[^)\s]*)?\))")
+
+
+def link_pages(nb):
+    """Markdown outputs' links to ``.md`` files point at their built pages (``.html``): myst-nb resolves the links of
+    Markdown cells but renders a Markdown output's links as written."""
+    for cell in nb.cells:
+        for o in cell.get("outputs") or []:
+            if MARKDOWN in o.get("data", {}):
+                o["data"][MARKDOWN] = _MD_LINK.sub(r"\1.html\2", o["data"][MARKDOWN])
+    return nb
+
+
 def read(text: str):
-    """myst-nb's reader for ``.ipynb`` (its ``standard_nb_read``), then ``tag_prose_cells``."""
-    return tag_prose_cells(nbformat.reads(text, as_version=nbformat.NO_CONVERT))
+    """myst-nb's reader for ``.ipynb`` (its ``standard_nb_read``), then ``tag_prose_cells`` and ``link_pages``."""
+    return link_pages(tag_prose_cells(nbformat.reads(text, as_version=nbformat.NO_CONVERT)))

@@ -40,7 +40,6 @@ def test_scanner_on_synthetic_notebooks():
     assert noisy_outputs(_nb("loaded from /work/main/.venv/lib\n")) == ["cell 0: local path"]
 
 
-@pytest.mark.xfail(strict=False, reason="committed copies predate the fix; the lead's full rerun regenerates them")
 def test_committed_executed_copies_are_quiet():
     bad = {str(p.relative_to(RESULTS)): f for p in sorted(RESULTS.glob("[0-9][0-9]_*/*.ipynb"))
            if (f := noisy_outputs(json.loads(p.read_text())))}

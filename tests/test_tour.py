@@ -139,7 +139,9 @@ def test_executed_tour_shows_copy_on_write_without_a_kernel():
     assert len(captions) == 1, captions
     assert captions[0].startswith(f"<b>frame {i}/{len(trace) - 1}</b>") and "copy-on-write" in captions[0]
     first = "".join(nb["cells"][0]["source"])
-    assert "(../results/00_tour/block_pool.gif)" in first and "(block_pool.gif)" in first
+    # the executed copy's links are rewritten to resolve from results/00_tour/ (reproduce.relink)
+    assert "(block_pool.gif)" in first and "notebooks/block_pool" not in first
+    assert "(../results/00_tour/block_pool.gif)" in (REPO_ROOT / "notebooks" / "00_tour.ipynb").read_text()
     assert (REPO_ROOT / "notebooks" / "../results/00_tour/block_pool.gif").resolve() == (RESULTS / "block_pool.gif")
     assert "(results/00_tour/block_pool.gif)" in (REPO_ROOT / "README.md").read_text()
     with Image.open(RESULTS / "block_pool.gif") as gif:
