@@ -3,7 +3,8 @@ its recorded ones import now."""
 import json
 
 from pagedattn.repro.report import restamp
-from pagedattn.repro.report.results import render_summary_md, stale_reason
+from pagedattn.repro.report.results import stale_reason
+from pagedattn.repro.report.scoreboard import render_details_md
 
 
 def test_restamp_updates_hashes_adds_imported_modules_and_records_why(tmp_path, monkeypatch):
@@ -33,8 +34,8 @@ def test_restamp_updates_hashes_adds_imported_modules_and_records_why(tmp_path, 
     entry, = new["provenance"]["restamps"]
     assert entry["reason"] == "a refactor" and entry["commit"] == "abc1234" and not entry["rerun"]
     assert entry["changed"] == changed and entry["checks"] == list(restamp.CHECKS)
-    assert "restamped" in render_summary_md(root / "results", root) and "not rerun: a refactor" in \
-        render_summary_md(root / "results", root)
+    assert "restamped" in render_details_md(root / "results", root) and "not rerun: a refactor" in \
+        render_details_md(root / "results", root)
     assert restamp.restamp(path, "again", "def", root) == []  # fresh: left as it was
     (pkg / "b.py").write_text("Y = 3\n")  # the split-off module is watched now
     assert stale_reason(json.loads(path.read_text()), root) == "changed since the run: src/pagedattn/b.py"
