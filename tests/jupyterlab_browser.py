@@ -28,14 +28,18 @@ from pagedattn.repro.report.results import REPO_ROOT
 CHROMIUM = Path("/usr/bin/chromium")
 
 
+def require(path: Path, msg: str, provider: str) -> None:
+    """Skip unless ``path`` exists, except under ``CI=true``, which must run the check (``provider`` makes it)."""
+    if path.exists():
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but {msg}: {provider} makes it, and CI must not skip this check")
+    pytest.skip(msg)
+
+
 def require_chromium() -> None:
     """Skip without Chromium, except under ``CI=true``: CI must run the browser check (``.ci/run`` installs it)."""
-    if CHROMIUM.exists():
-        return
-    msg = f"needs {CHROMIUM} (apt-get install chromium)"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true but {msg}: .ci/run installs it, and CI must not skip the browser check")
-    pytest.skip(msg)
+    require(CHROMIUM, f"needs {CHROMIUM} (apt-get install chromium)", ".ci/run")
 
 
 def free_port() -> int:

@@ -238,14 +238,14 @@ def built_prose(path: Path):
                  for x in ast.walk(n.format_spec)}
         keys = {id(x) for n in ast.walk(tree) if isinstance(n, (ast.Subscript, ast.Compare))
                 for x in ast.walk(n.slice if isinstance(n, ast.Subscript) else n)}
+        in_fstring = {id(v) for j in ast.walk(tree) if isinstance(j, ast.JoinedStr) for v in j.values}
         parts = []
         for n in ast.walk(tree):
             if isinstance(n, ast.JoinedStr) and id(n) not in specs:
                 # a value the run fills in reads as a gap
                 parts.append("".join(v.value if isinstance(v, ast.Constant) else " " for v in n.values))
-            elif (isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in specs | keys
-                  and " " in n.value.strip() and not any(n is v for j in ast.walk(tree)
-                                                         if isinstance(j, ast.JoinedStr) for v in j.values)):
+            elif (isinstance(n, ast.Constant) and isinstance(n.value, str) and " " in n.value.strip()
+                  and id(n) not in specs | keys | in_fstring):
                 parts.append(n.value)  # prose has spaces; column names, keys and format specs do not
         yield i, c.get("id"), "\n".join(parts)
 

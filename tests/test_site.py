@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from urllib.parse import unquote, urldefrag, urlparse
 
 import pytest
 
-from jupyterlab_browser import chromium_page, require_chromium
+from jupyterlab_browser import chromium_page, require, require_chromium
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE_PYTHON = ROOT / ".venv-site" / "bin" / "python"
@@ -50,12 +49,7 @@ def test_prose_only_cells_get_remove_input_in_memory():
 
 
 def require_site_venv() -> None:
-    if SITE_PYTHON.exists():
-        return
-    msg = f"needs {SITE_PYTHON.parent.parent} (make site-venv)"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true but {msg}: `make test` makes it, and CI must not skip the site check")
-    pytest.skip(msg)
+    require(SITE_PYTHON, f"needs {SITE_PYTHON.parent.parent} (make site-venv)", "`make test`")
 
 
 # Run in each page once it has loaded: its main content, its images (lazy ones loaded first), its links and ids.

@@ -180,7 +180,7 @@ def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None, sources: dic
             n1_note += "; " + gain_sources.batch_split_note(f, FIG13_MEAN_BATCH["alpaca"]["rate"], paper_ratio)
             if np.isfinite(f.to_numpy(dtype=float)).all():
                 n1_reason = (f"the gain follows the batch: ours / Orca (Oracle) at capacity "
-                             f"{f['batch ratio at capacity']:.2f}x (memory {f.iloc[1]:.2f}x); at Fig. 13's rate "
+                             f"{f['batch ratio at capacity']:.2f}x (memory {f['memory: requests that fit (offline, cap lifted)']:.2f}x); at Fig. 13's rate "
                              f"{f['batch ratio at the Fig. 13 rate']:.2f}x against the paper's {paper_ratio:.2f}x")
         holds = bool(a <= par[1] <= b) if _length_judged(swap, "n=1", 1) else None
         out.append(Claim("gain_at_fixed_latency.n1", FIG14_GAIN["n1"], round(float(par[1]), 3), "x",

@@ -519,6 +519,7 @@ def real_orca_gain(params: Params, progress: bool = True) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------------------------------- claims
+@functools.lru_cache(maxsize=None)
 def saving_reason(trace: str, method: str) -> str:
     """Why a Fig. 15 saving misses the paper: what the blocks shared depend on, with this trace's measured means."""
     if method == "beam":

@@ -185,7 +185,7 @@ def rate_ratio_claims(sustainable: pd.DataFrame) -> list[Claim]:
                              bool(a <= synth[other] <= b) if judged else None,
                              note=f"sensitivity row: {describe_trace('sharegpt_synthetic')}; "
                                   f"{detail('sharegpt_synthetic', other)}; real trace: {real[other]:.2f}",
-                             **{**judge, "reason": judge.get("reason", "")}))
+                             **judge))
     return out
 
 

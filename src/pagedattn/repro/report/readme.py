@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from pagedattn.repro.report.results import QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR
-from pagedattn.repro.report.scoreboard import (build_summary_md, full_run, read_runs, render_tally, result_rows,
+from pagedattn.repro.report.scoreboard import (build_summary_md, full_run, read_runs, render_tally, result_rows, stale_names,
                                                scored_claims, summaries, wall_seconds)
 from pagedattn.repro.report.scoreboard import main as scoreboard_main
 
@@ -31,7 +31,7 @@ def render_scoreboard(results_dir: Path = RESULTS_DIR, root: Path = REPO_ROOT) -
     if not docs:
         return "No results yet: run `make reproduce`."
     return "\n".join([render_tally([c for _, c in scored_claims(docs)]), "",
-                      *result_rows(docs, root, Path(results_dir)), "",
+                      *result_rows(docs, stale_names(docs, Path(results_dir), root)), "",
                       "Every claim, with its reason: [`results/SUMMARY.md`](results/SUMMARY.md); bands, notes and "
                       "provenance: [`results/DETAILS.md`](results/DETAILS.md)."])
 

@@ -89,11 +89,11 @@ def _cell(text: object) -> str:
     return str(text).replace("|", "/").replace("\n", " ")
 
 
-def _row(cells: list[str], last_cap: bool = True) -> str:
+def _row(cells: list[str]) -> str:
     """A table row of at most :data:`MAX_ROW` characters; the last cell (the reason) is shortened with an ellipsis
     where needed (DETAILS.md keeps the whole)."""
     row = "| " + " | ".join(map(_cell, cells)) + " |"
-    if len(row) > MAX_ROW and last_cap:
+    if len(row) > MAX_ROW:
         head = "| " + " | ".join(map(_cell, cells[:-1])) + " | "
         row = head + _cell(cells[-1])[:MAX_ROW - len(head) - 3] + "… |"
     return row
@@ -103,9 +103,14 @@ def _ours(c: dict) -> str:
     return _fmt(c.get("ours")) + (f" {c['unit']}" if c.get("unit") and c.get("ours") is not None else "")
 
 
-def result_rows(docs: dict[str, dict], root: Path = REPO_ROOT, results_dir: Path = RESULTS_DIR) -> list[str]:
-    """One row per paper result: its notebook, the counts of its reproduction claims by verdict, the strict count
-    and its headline claim (paper → ours, verdict)."""
+def stale_names(docs: dict[str, dict], results_dir: Path = RESULTS_DIR, root: Path = REPO_ROOT) -> set[str]:
+    """The results whose last run failed or whose sources changed since (each file hashed once per call)."""
+    return {name for name, doc in docs.items() if stale_reasons(Path(results_dir) / name, doc, root)}
+
+
+def result_rows(docs: dict[str, dict], stale: set[str]) -> list[str]:
+    """One row per paper result: its notebook (STALE when in ``stale``), the counts of its reproduction claims by
+    verdict, the strict count and its headline claim (paper → ours, verdict)."""
     claims = scored_claims(docs)
     lines = ["| paper result | notebook | hold | fail | fail at corner | not measured | strict hold | headline: "
              "paper → ours (verdict) |", "|---|---|---|---|---|---|---|---|"]
@@ -118,8 +123,8 @@ def result_rows(docs: dict[str, dict], root: Path = REPO_ROOT, results_dir: Path
         head = sorted(matches, key=lambda c: c.get("kind", "reproduction") != "reproduction")[:1]
         headline = "; ".join(f"`{c['name']}` {_fmt(c.get('paper'), missing='-')} → {_ours(c)} ({verdict(c)})"
                              for c in head)
-        stale = " (STALE)" if stale_reasons(Path(results_dir) / name, docs[name], root) else ""
-        lines.append(_row([label, f"`{name}`{stale}", str(n[HOLDS]), str(n[FAILS]), str(n[CORNER]),
+        mark = " (STALE)" if name in stale else ""
+        lines.append(_row([label, f"`{name}`{mark}", str(n[HOLDS]), str(n[FAILS]), str(n[CORNER]),
                            str(n[NOT_MEASURED]),
                            f"{n['strict ' + HOLDS]}/{n['strict ' + HOLDS] + n['strict ' + FAILS]}", headline]))
     return lines
@@ -148,14 +153,14 @@ def render_summary_md(results_dir: str | os.PathLike = RESULTS_DIR, root: Path =
     if not docs:
         return "\n".join(lines + ["No results yet: run `make reproduce`.", ""])
     claims = [c for _, c in scored_claims(docs)]
-    stale = [name for name, doc in docs.items() if stale_reasons(Path(results_dir) / name, doc, root)]
+    stale = stale_names(docs, Path(results_dir), root)
     lines += [render_tally(claims), ""]
     if stale:
-        lines += [f"**Stale:** {', '.join(stale)} (their last run failed or their sources changed since; DETAILS.md says which).", ""]
+        lines += [f"**Stale:** {', '.join(sorted(stale))} (their last run failed or their sources changed since; DETAILS.md says which).", ""]
     lines += ["Verdicts: *holds* inside the accepted interval (the paper's value widened by the stated tolerance) "
               "across the band of swept assumptions; *fails only at a band corner*: the measured value passes, an "
               "end of the band does not; *strict*: the measured value against the paper's own value and tolerance.",
-              "", "## By paper result", ""] + result_rows(docs, root, Path(results_dir))
+              "", "## By paper result", ""] + result_rows(docs, stale)
     lines += ["", "## Every reproduction claim", ""] + claim_rows(docs)
     return "\n".join(lines + _timing_table(read_runs(results_dir)))
 
@@ -287,16 +292,6 @@ def build_summary_md(results_dir: str | os.PathLike = RESULTS_DIR) -> Path:
     out.write_text(render_summary_md(results_dir))
     (Path(results_dir) / "DETAILS.md").write_text(render_details_md(results_dir))
     return out
-
-
-def check(results_dir: str | os.PathLike = RESULTS_DIR, root: Path = REPO_ROOT) -> list[str]:
-    """One line per stale result under ``results_dir``: its folder and why (the changed files)."""
-    stale = []
-    for path in sorted(Path(results_dir).glob("*/summary.json")):
-        reason = stale_reason(json.loads(path.read_text()), root)
-        if reason:
-            stale.append(f"{path.parent.name}: {reason}")
-    return stale
 
 
 def main(argv: list[str] | None = None) -> int:
