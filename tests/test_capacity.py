@@ -132,7 +132,7 @@ def test_offline_bracket_finds_what_the_whole_range_finds():
 
 @pytest.mark.parametrize("bracket", [(9.0, 9.5), (8.0, 8.4), (4.0, 4.2), (30.0, 33.0), (0.02, 0.03)])
 def test_a_search_from_a_given_bracket_finds_what_the_offline_bracket_finds(bracket):
-    """``sustainable_rate(bracket=...)`` (a shorter trace's answer, as ``sustainable_rate_judged`` passes it) changes
+    """``sustainable_rate(bracket=...)`` (a shorter trace's answer, as ``length_agreed_search`` passes it) changes
     only the probes: the same rules and resolution, the same rate within the resolution, whether the capacity lies
     in the bracket, near it, far below or above it, or the bracket lies outside the range; fewer replays where the
     bracket holds the answer."""
@@ -153,25 +153,21 @@ def test_a_search_from_a_given_bracket_finds_what_the_offline_bracket_finds(brac
         assert len(calls) < n_default
 
 
-def test_a_longer_search_starts_from_the_bracket_of_the_shorter_one(monkeypatch):
-    """``sustainable_rate_judged``: an unjudged search's bracket is the next length's first bracket; the row names
-    the length it ended on and the lengths tried."""
+def test_a_callers_bracket_goes_to_the_first_length_and_an_unjudged_longer_search_doubles_again(monkeypatch):
+    """``length_agreed_search``: a caller's first bracket (notebook 13's rate grid) is the first length's only; rates
+    that agree on n and 2n are not enough while the longer search is unjudged (``RateSearch.judged``): the trace
+    doubles again. Without ``knee`` the row has no knee columns."""
     seen = []
 
     def search(replay, lo, hi, threshold_s, resolution, bracket=None):
-        seen.append(bracket)
-        replay(lo)
-        return RateSearch(5.0 * len(seen), 5.5 * len(seen), 0.1, "capacity", 5.0, 0.01, 1,
-                          trend_se=0.0 if len(seen) == 3 else 0.03)
-    lengths = []
+        n = replay(lo)
+        seen.append((n, bracket))
+        return RateSearch(5.0, 5.1, 0.02, "capacity", 5.0, 0.01, 1, trend_se=0.03 if n <= 20 else 0.0)
     monkeypatch.setattr(capacity, "sustainable_rate", search)
-    row = capacity.sustainable_rate_judged(lambda rate, n: lengths.append(n), (10, 20, 40, 80), 1.0, 100.0)
-    assert seen == [None, (5.0, 5.5), (10.0, 11.0)] and lengths == [10, 20, 40]
-    assert row["search_requests"] == 40 and row["search_lengths_tried"] == "10 20 40" and row["judged"]
-    assert row["sustainable_rate"] == 15.0
-    seen.clear()  # a caller's first bracket (notebook 13's rate grid) goes to the first length only
-    capacity.sustainable_rate_judged(lambda rate, n: None, (10, 20), 1.0, 100.0, bracket=(2.0, 3.0))
-    assert seen == [(2.0, 3.0), (5.0, 5.5)]
+    found = capacity.length_agreed_search(lambda rate, n: n, 10, 1.0, 100.0, bracket=(2.0, 3.0))
+    assert seen == [(10, (2.0, 3.0)), (20, (5.0, 5.1)), (40, (5.0, 5.1))]
+    assert found.length_agreed and found.search_requests == 40 and found.judged
+    assert "knee_rate" not in found.row() and math.isnan(found.knee_rate)
 
 
 @pytest.mark.parametrize("n", [5, 150, 400, 1000, 3000])

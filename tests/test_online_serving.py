@@ -108,7 +108,7 @@ def test_budget_rule_judges_every_system_at_its_own_simulated_sustainable_rate()
     system alone at 40 % of the CPU's capacity); the budget's share is the least of them. With a step cost per
     sequence only, batching buys nothing and memory never binds: the smallest budget that admits every request is
     taken, and the table says that none qualified."""
-    p = O.Params.make(True, search_requests=(100,))
+    p = O.Params.make(True, search_requests=50)
     per_seq = O.FittedStepTime(decode_s=1e-5, decode_per_seq_s=5e-4, prefill_s=1e-5, prefill_per_token_s=1e-6)
     slots, table = O.budget_rule(p, per_seq)
     assert table.slots.tolist()[:2] == [p.reference_slots, p.reference_slots // 2]  # halving from notebook 03's
@@ -131,7 +131,7 @@ def test_budget_rule_takes_the_largest_budget_where_every_system_is_memory_bound
     """The rule's choice, with the simulated shares given: a budget qualifies only when every system is memory-bound
     in at least ``memory_bound_min_pct`` % of its steady steps at its sustainable rate (at 1966 slots the paged
     system is, Orca (Oracle) is not); the largest that qualifies is taken."""
-    p = O.Params.make(True, search_requests=(100,))
+    p = O.Params.make(True, search_requests=50)
     shares = {3932: {"paged": 0.5, "orca_oracle": 0.95, "orca_max": 0.99},
               1966: {"paged": 0.95, "orca_oracle": 0.8, "orca_max": 0.99},
               983: {"paged": 0.92, "orca_oracle": 0.97, "orca_max": 1.0}}
@@ -154,20 +154,21 @@ def test_refusals_name_the_budget_no_request_fits():
 
 
 def test_search_is_a_capacity_search_with_the_offline_rule_and_its_resolution():
-    p = O.Params.make(True, search_requests=(60,), rate_resolution=0.05)
+    p = O.Params.make(True, search_requests=30, rate_resolution=0.05)
     cost = O.FittedStepTime(decode_s=2e-3, decode_per_seq_s=1e-4, prefill_per_token_s=1e-5)
     offline = len(p.trace(math.inf, 60)) / float(O.predict(p.trace(math.inf, 60), "paged", p, cost).finish_time.max())
     row = O.search(lambda rate, n: O.predict(p.trace(rate, n), "paged", p, cost), offline, p, 0.05)
     assert len(p.trace(1.0, 60)) == 60 and len(p.trace(1.0)) == p.num_requests  # the curves keep num_requests
     assert {"sustainable_rate", "resolution", "bound_by", "failed_at", "offline_rate", "trend_se", "judged",
-            "probes", "threshold_s", "search_s", "search_requests", "search_lengths_tried"} <= set(row)
-    assert row["search_requests"] == 60 and row["search_lengths_tried"] == "60"
+            "probes", "threshold_s", "search_s", "search_requests", "rate_at_half_length", "length_agreed"} <= set(row)
+    assert row["search_requests"] == 60 and p.longest_search_requests == 60
+    assert row["rate_at_half_length"] > 0
     assert 0 < row["sustainable_rate"] <= row["offline_rate"] and row["probes"] >= 3
     assert row["resolution"] <= 0.05 or row["bound_by"] == "offline throughput"
 
 
 def test_rows_and_searches_carry_the_replay_clients_cpu_and_the_simulated_memory_bound_share():
-    p = O.Params.make(True, search_requests=(60,))
+    p = O.Params.make(True, search_requests=30)
     cost = O.FittedStepTime(decode_s=2e-3, decode_per_seq_s=1e-4, prefill_per_token_s=1e-5)
 
     def live(rate, n=60):  # a stand-in for ``send``: the simulator's frame with a client's CPU and wall time attached
@@ -301,33 +302,37 @@ def _found(system, which, rate, judged=True, search_requests=600):
             "judged": judged, "search_requests": search_requests}
 
 
-def judged_from_the_second_length(lengths, first):
-    """A stand-in for ``capacity.sustainable_rate``: one probe, and an answer judged unless the last probe's trace
-    had ``first`` requests (``lengths``: the replays' trace lengths, as the test's replay records them)."""
+def agreeing_from_the_third_length(lengths, first):
+    """A stand-in for ``capacity.sustainable_rate``: one probe, and an answer whose rate agrees with the one before
+    from the third trace length on (``lengths``: the replays' trace lengths, as the test's replay records them)."""
     from pagedattn.repro.sim import capacity
 
     def fake_search(probe, lo, hi, threshold_s, resolution, **kw):
         probe(lo)
-        return capacity.RateSearch(lo, hi, 0.1, "capacity", lo, 0.01, 1,
-                                   trend_se=0.03 if lengths[-1] == first else 0.005)
+        rate = 4.0 if lengths[-1] > 2 * first else 4.0 * lengths[-1] / first
+        return capacity.RateSearch(rate, rate * 1.01, 0.01, "capacity", rate, 0.01, 1)
     return fake_search
 
 
-def test_an_unjudged_search_runs_again_on_the_next_length(monkeypatch):
-    """``Params.search_requests``: a search runs on the first trace length, and again on the next while
-    its answer is unjudged (``RateSearch.judged``); a judged one stops there. The ratio's note names each length."""
+def test_a_search_follows_the_trace_length_rule_and_its_cap(monkeypatch):
+    """``Params.search_requests`` and ``max_length_doublings``: a search runs on n requests and on 2n, doubling while
+    the two rates disagree, up to the cap; past it the rate is not judged, with the reason. The ratio's note names
+    each length."""
     from pagedattn.repro.sim import capacity
 
-    p = O.Params.make(True, search_requests=(30, 60, 90))
     lengths = []
 
     def replay(rate, n):
         lengths.append(n)
         return pd.DataFrame()
-    monkeypatch.setattr(capacity, "sustainable_rate", judged_from_the_second_length(lengths, 30))
-    row = O.search(replay, 10.0, p, 0.05)
-    assert lengths == [30, 60] and row["search_requests"] == 60 and row["search_lengths_tried"] == "30 60"
-    assert row["judged"]
+    monkeypatch.setattr(capacity, "sustainable_rate", agreeing_from_the_third_length(lengths, 30))
+    row = O.search(replay, 10.0, O.Params.make(True, search_requests=30, max_length_doublings=1), 0.05)
+    assert lengths == [30, 60] and row["search_requests"] == 60 and not row["length_agreed"]
+    assert "never agreed" in row["length_reason"]
+    lengths.clear()
+    row = O.search(replay, 10.0, O.Params.make(True, search_requests=30, max_length_doublings=3), 0.05)
+    assert lengths == [30, 60, 120, 240] and row["search_requests"] == 240 and row["length_agreed"]
+    assert row["rate_at_half_length"] == 4.0
     sus = pd.DataFrame([_found("paged", "measured", 4.0, search_requests=60), _found("orca_oracle", "measured", 2.0,
                                                                                       search_requests=30)])
     cur = pd.DataFrame([{"system": "paged", "rate": 1.0, "nl_error_pct": 1.0}])
@@ -349,8 +354,8 @@ def test_a_search_starts_from_the_bracket_its_own_grid_gives():
     assert O.grid_bracket(grid, 0.001, "paged", "measured") is None
     assert O.grid_bracket(grid, 1.0, "paged", "predicted") is None
 
-    # the grid on the search's own trace (150 requests), where the bracket it gives holds the answer
-    p = O.Params.make(True, num_requests=150, search_requests=(150,), rate_resolution=0.05,
+    # the grid on the search's longest trace (150 requests; the rule searches 75, then 150), where its bracket holds the answer
+    p = O.Params.make(True, num_requests=150, search_requests=75, rate_resolution=0.05,
                       load_fractions=(0.4, 0.7, 1.0))
     cost = O.FittedStepTime(decode_s=2e-3, decode_per_seq_s=1e-4, prefill_per_token_s=1e-5)
     offline = len(p.trace(math.inf)) / float(O.predict(p.trace(math.inf), "paged", p, cost).finish_time.max())
@@ -440,18 +445,20 @@ def test_latency_gap_fits_a_per_request_delay_and_a_per_token_cost():
     assert intercept == pytest.approx(0.012, abs=1e-9) and slope == pytest.approx(0.0005, abs=1e-9)
 
 
-def test_the_real_engines_search_runs_again_on_a_longer_trace_while_unjudged(monkeypatch):
-    """Notebook 03's real-engine searches follow the same rule (``throughput.RealParams.search_requests``): the row
-    names the trace length it ended on and the lengths tried."""
+def test_the_real_engines_search_follows_the_trace_length_rule(monkeypatch):
+    """Notebook 03's real-engine searches follow the same rule (``throughput.RealParams.search_requests`` and
+    ``max_length_doublings``), with the knee measure: the row names the trace length it ended on."""
     from pagedattn.repro.sim import capacity
     from pagedattn.repro.experiments import throughput as T
 
     lengths = []
     monkeypatch.setattr(T, "real_serve", lambda system, trace, params: (lengths.append(len(trace)), pd.DataFrame())[1])
-    monkeypatch.setattr(capacity, "sustainable_rate", judged_from_the_second_length(lengths, 30))
-    row = T._real_sustainable_row(("sharegpt", "paged"), T.RealParams.make(True, search_requests=(30, 60, 90)), 0.1)
-    assert lengths == [30, 60] and row["search_requests"] == 60 and row["search_lengths_tried"] == "30 60"
-    assert row["judged"] and T.RealParams().search_requests == (600, 1200)
+    monkeypatch.setattr(capacity, "sustainable_rate", agreeing_from_the_third_length(lengths, 30))
+    monkeypatch.setattr(capacity.Load, "of", classmethod(lambda cls, df: cls(0.1, 0.02, 0.0, 0.0, 0.0, 0.0)))
+    row = T._real_sustainable_row(("sharegpt", "paged"),
+                                  T.RealParams.make(True, search_requests=30, max_length_doublings=3), 0.1)
+    assert lengths[:4] == [30, 60, 120, 240] and row["search_requests"] == 240 and row["length_agreed"]
+    assert "knee_rate" in row and T.RealParams().search_requests == 300
 
 
 def test_a_checkpoint_is_saved_once_under_a_name_its_bytes_decide(tmp_path):

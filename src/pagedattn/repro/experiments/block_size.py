@@ -311,20 +311,26 @@ def _engine_sweep(params: Params, progress: bool) -> tuple[pd.DataFrame, str]:
     return pd.DataFrame(rows), model_label(hf)
 
 
-def knee_rate(trace: list[TraceRequest], params: Params) -> float:
-    """``KNEE_FRACTION`` x the paged system's sustainable rate at block 16 on ``trace`` (the rule for ShareGPT)."""
-    from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, sustainable_rate
+def knee_rate(name: str, params: Params) -> float:
+    """``KNEE_FRACTION`` x the paged system's sustainable rate at block 16 on the trace ``name`` of
+    ``params.num_requests`` requests (the rule for ShareGPT), under the one trace-length rule of every search
+    (``capacity.length_agreed_search``, issue 50: the trace doubles while the rates on n and 2n requests disagree).
+    A rate the rule leaves unagreed is still used (it only sets the sweep's load) and its reason is printed."""
+    from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, length_agreed_search
 
-    def requests(rate):
-        return simulate(with_rate(trace, rate, params.seed), "paged", paper_slots(), DEFAULT_BLOCK_SIZE, CostModel(),
-                        record_steps=False).requests
-    return KNEE_FRACTION * sustainable_rate(requests, 0.25, 16.0, NL_THRESHOLD_S, params.knee_resolution,
-                                            offline=False).rate
+    def requests(rate, length):
+        return simulate(with_rate(make_trace(name, length, 1.0, params.seed), rate, params.seed), "paged",
+                        paper_slots(), DEFAULT_BLOCK_SIZE, CostModel(), record_steps=False).requests
+    found = length_agreed_search(requests, params.num_requests, 0.25, 16.0, NL_THRESHOLD_S, params.knee_resolution,
+                                 offline=False)
+    if not found.length_agreed:
+        print(f"{name}: {found.length_reason}")
+    return KNEE_FRACTION * found.rate
 
 
-def knee_rates(traces: dict[str, list[TraceRequest]], params: Params, progress: bool = False) -> dict[str, float]:
+def knee_rates(names: list[str], params: Params, progress: bool = False) -> dict[str, float]:
     """:func:`knee_rate` of each trace, the bisections in parallel (``pagedattn.repro.sim.parallel``)."""
-    return dict(zip(traces, pmap(partial(knee_rate, params=params), list(traces.values()), "knee rates", progress)))
+    return dict(zip(names, pmap(partial(knee_rate, params=params), list(names), "knee rates", progress)))
 
 
 # ------------------------------------------------------------------------------------------------ claims, run
@@ -407,7 +413,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     base = {w: make_trace(w, params.num_requests, 1.0, params.seed) for w in (*TRACES, SENSITIVITY)}
-    knees = knee_rates({w: t for w, t in base.items() if w not in params.rates}, params, progress)
+    knees = knee_rates([w for w in base if w not in params.rates], params, progress)
     rates = {w: params.rates[w] if w in params.rates else knees[w] for w in base}
     traces = {w: with_rate(base[w], rates[w], params.seed) for w in base}
     kernel = measure_kernel(params.block_sizes, params.kernel_batch, params.kernel_contexts, params.kernel_rounds,

@@ -77,12 +77,14 @@ def sharing_params(quick: bool) -> sharing.Params:
 
 
 def beam_gain(sp: sharing.Params, widths: tuple, progress: bool = True, cost: CostModel | None = None,
-              shift: float = 0.0) -> pd.DataFrame:
+              shift: float = 0.0, knee: bool = False) -> pd.DataFrame:
     """Fig. 14b rows: sustainable Alpaca rate of ours and Orca (Oracle) with beam search of each width (the beam
-    model's measured mean distinct parents moved by ``shift``), by Fig. 14's rule (``sharing.sim_rate``)."""
+    model's measured mean distinct parents moved by ``shift``), by Fig. 14's rule (``sharing.sim_rate``; ``knee``: with
+    the knee measure)."""
     cost = cost or CostModel()
     jobs = [(k, s) for k in widths for s in ("orca_oracle", "paged")]  # one bisection each (``pagedattn.repro.sim.parallel``)
-    got = dict(zip(jobs, pmap(partial(_beam_rate, sp=sp, cost=cost, shift=shift), jobs, "sim beam gain", progress)))
+    got = dict(zip(jobs, pmap(partial(_beam_rate, sp=sp, cost=cost, shift=shift, knee=knee), jobs, "sim beam gain",
+                              progress)))
     rows = []
     for k in widths:
         beam = BeamModel.measured(k, shift)
@@ -93,11 +95,11 @@ def beam_gain(sp: sharing.Params, widths: tuple, progress: bool = True, cost: Co
     return pd.DataFrame(rows)
 
 
-def _beam_rate(job: tuple, sp: sharing.Params, cost: CostModel, shift: float) -> RateSearch:
+def _beam_rate(job: tuple, sp: sharing.Params, cost: CostModel, shift: float, knee: bool = False) -> RateSearch:
     """One bisection of :func:`beam_gain`: ``(width, system)``."""
     k, system = job
     base = make_trace("alpaca", sp.gain_requests, 1.0, sp.seed)
-    return sharing.sim_rate(sp, system, k, "swap", base, cost, BeamModel.measured(k, shift))
+    return sharing.sim_rate(sp, system, k, "swap", base, cost, BeamModel.measured(k, shift), knee=knee)
 
 
 def beam_savings(sp: sharing.Params, widths: tuple, cost: CostModel | None = None,
@@ -290,8 +292,8 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     params, sp = Params.make(quick), sharing_params(quick)
     out_dir = Path(results_dir) / EXPERIMENT
     out_dir.mkdir(parents=True, exist_ok=True)
-    tables = {"gain": pd.concat([sharing.sim_parallel_gain(sp, progress),
-                                 beam_gain(sp, params.beam_widths, progress)], ignore_index=True),
+    tables = {"gain": pd.concat([sharing.sim_parallel_gain(sp, progress, knee=True),
+                                 beam_gain(sp, params.beam_widths, progress, knee=True)], ignore_index=True),
               "beam_savings": beam_savings(sp, params.beam_widths)}
     _write(tables, out_dir)  # the gains first: the curves and the band take most of a full run
     tables.update(open_failures(tables["gain"], sp, progress))

@@ -37,8 +37,8 @@ against live servers on this machine:
 4. **Sustainable rate** with ``pagedattn.repro.sim.capacity``'s rules (latency threshold, no growing queue, no rate above
    the offline throughput), searched (``capacity.sustainable_rate``, §6.2's measure) on each live server and on the
    simulator's prediction alike: an offline probe first, then a geometric bisection down to ``Params.rate_resolution``
-   (10 %), on the shortest of ``Params.search_requests``' trace lengths that judges the search
-   (``RateSearch.judged``; an unjudged search runs again on the next). vLLM-CPU's live rate, and that of a served
+   (10 %), under the trace-length rule (``capacity.length_agreed_search``: on ``Params.search_requests`` requests and
+   on twice as many, judged where the two agree). vLLM-CPU's live rate, and that of a served
    system left out of ``Params.searched``, is read off its measured rate grid instead (the resolution the grid's
    step); Orca (Max)'s prediction is searched.
    The replay client runs in this process on the same 2 cores as the server: each live run records its CPU time
@@ -86,7 +86,7 @@ from tqdm.auto import tqdm
 from pagedattn.repro.progress import interactive
 
 from pagedattn.repro.experiments import vllm_cpu
-from pagedattn.repro.sim.capacity import Load, describe_ratio, sustainable_rate_judged
+from pagedattn.repro.sim.capacity import Load, describe_ratio, length_agreed_search
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams, tiny_opt
 from pagedattn.repro.experiments.kv_waste import MEMORY_BOUND_MIN_PCT
@@ -126,18 +126,18 @@ class Params(ServingParams):
     #: (its paged server's median time to first token was 26 ms), and its predictions were off by a median 847 %.
     #: Three, not more: each costs about 25 s.
     calibration_repeats: int = 3
-    #: the sustainable-rate searches' trace lengths (``search``): the shortest of these that judges the search
-    #: (``capacity.Load.trend_se`` at most 1 % of the rate, ``RateSearch.judged``). Each search runs on the first; one
-    #: left unjudged runs again on the next, from the bracket that it found (since 2026-12-03, for time: a whole second
-    #: search took 140 of the 218 s of Orca (Oracle)'s search that day). On 300 every search of two full runs was
-    #: judged: trend_se 0.58 / 0.46 / 0.66 % and 0.44 / 0.44 / 0.79 % (paged / Orca Max / Orca Oracle servers),
-    #: 0.40-0.50 % for their predictions; a first trial on a machine shared with another job had 0.94 % at most. The
-    #: full run of 2026-12-02 on the Intel VM left the paged server's search unjudged on 300 (trend_se 1.16 %), and the
-    #: rule ("the shortest of 300 and 600 that judges every search") was then applied by hand to the whole notebook: 600
-    #: for every search, which doubled the live searches' time (7.5 of its 13.6 minutes). Applied per search, as here
-    #: since 2026-12-03 (for time, before any run with it), a judged search costs 300 requests a probe and an unjudged
-    #: one 300 + 600. The curves keep ``num_requests``; the budget rule simulates the longest.
-    search_requests: tuple = (300, 600)
+    #: the sustainable-rate searches' trace length ``n`` under the one trace-length rule of every notebook
+    #: (``capacity.length_agreed_search``, issue 50): each search runs on ``n`` and on ``2n`` requests (the longer
+    #: from the shorter's bracket) and is judged only where the two rates agree within their resolution and the longer
+    #: is judged (``RateSearch.judged``); the trace doubles while they do not, at most ``max_length_doublings`` times.
+    #: Until 2026-12-05 a search ran on 300 and again on 600 only while unjudged; on 300 every search of two full runs
+    #: was judged (trend_se 0.44-0.79 %, the capacity rule's bar is 1 %). Under the rule (set 2026-12-05, before any
+    #: run with it) ``n`` stays 300, and the cap is one doubling, 600, the former longest: a live probe lasts its
+    #: trace's length over its rate, and a 1,200-request probe of the slowest server would take minutes. A search
+    #: whose rates disagree on 300 and 600 is therefore not judged (``length_agreed`` False, with its reason). The
+    #: curves keep ``num_requests``; the budget rule simulates the longest trace (``longest_search_requests``).
+    search_requests: int = 300
+    max_length_doublings: int = 1
     #: the searches' resolution: 10 %, coarser than notebook 03's CPU scale (5 %). Each probe is a live replay of
     #: the search trace and lasts about its length / rate seconds (issue 26: the notebook ran 8
     #: minutes against a 6-minute budget); one probe fewer per search saves about a seventh of the searches' time. The
@@ -182,9 +182,14 @@ class Params(ServingParams):
     #: system is memory-bound (``kv_waste.MEMORY_BOUND_MIN_PCT``)
     memory_bound_min_pct: float = MEMORY_BOUND_MIN_PCT
 
-    QUICK = dict(num_requests=30, search_requests=(30,), calibration_requests=12, calibration_repeats=1,
+    QUICK = dict(num_requests=30, search_requests=15, calibration_requests=12, calibration_repeats=1,
                  rate_resolution=1.0,
                  load_fractions=(0.4, 1.0), systems=("orca_oracle", "paged"), vllm=False)
+
+    @property
+    def longest_search_requests(self) -> int:
+        """The longest trace a search can run on (``search_requests`` doubled ``max_length_doublings`` times)."""
+        return self.search_requests * 2 ** self.max_length_doublings
 
     @property
     def reference_slots(self) -> int:
@@ -204,7 +209,7 @@ class Params(ServingParams):
         in at least ``memory_bound_min_pct`` (notebook 01's 90 %) of its steady-state steps, and so is every other
         system, each judged at its own sustainable rate on that budget (issue 52: where memory matters, the load the
         claim is about; until then at 40 % of the CPU's capacity). Each rate is searched in the simulator as the
-        sweep searches (``search``, the longest of ``search_requests``' traces it needs), against a threshold of
+        sweep searches (``search``, on the trace-length rule's traces), against a threshold of
         ``threshold_factor`` x the paged system's simulated normalized latency at ``min(load_fractions)`` (40 %) of
         its CPU's capacity, the simulated counterpart of the sweep's threshold. The CPU's capacity is the paged
         system's simulated offline throughput (every request at t = 0) with memory for the whole batch limit
@@ -413,7 +418,7 @@ def budget_rule(params: Params, cost: FittedStepTime) -> tuple[int, pd.DataFrame
     ``admitted``, ``threshold_s``, ``cpu_capacity_req_s``, per system its ``rate.<system>`` and
     ``memory_bound_share.<system>``, ``memory_bound_share``: the least of them, ``offline_req_s``: the paged system's
     simulated offline throughput there, ``chosen``)."""
-    search_trace = params.trace(math.inf, max(params.search_requests))
+    search_trace = params.trace(math.inf, params.longest_search_requests)
     traces = [params.trace(math.inf), search_trace,
               replace(params, seed=params.seed + 1).trace(math.inf, params.calibration_requests)]
     unlimited = MAX_NUM_SEQS * params.real.max_model_len  # memory for the whole batch limit: the CPU alone limits
@@ -459,7 +464,7 @@ def simulated_rate(params: Params, system: str, cost: FittedStepTime, slots: int
     """``system``'s sustainable rate on ``slots`` token slots in the simulator (``search`` from its simulated
     offline throughput) and its memory-bound share there (NaN where no rate passes: a system that sustains nothing
     is judged nowhere, and the budget does not qualify)."""
-    offline_trace = params.trace(math.inf, max(params.search_requests))
+    offline_trace = params.trace(math.inf, params.longest_search_requests)
     offline = len(offline_trace) / float(predict(offline_trace, system, params, cost, slots).finish_time.max())
     found = search(lambda rate, n: predict(params.trace(rate, n), system, params, cost, slots), offline, params,
                    threshold_s)
@@ -468,7 +473,7 @@ def simulated_rate(params: Params, system: str, cost: FittedStepTime, slots: int
 
 def _share_at(params: Params, system: str, cost: FittedStepTime, found: dict, slots: int | None = None) -> float:
     """The simulated memory-bound share at a search's sustainable rate, on its trace length (NaN without a rate)."""
-    at, n = found["sustainable_rate"], found.get("search_requests", max(params.search_requests))
+    at, n = found["sustainable_rate"], found.get("search_requests", params.longest_search_requests)
     if not (at > 0 and math.isfinite(at)):
         return math.nan
     return predict(params.trace(at, n), system, params, cost, slots, steps=True).attrs["memory_bound_share"]
@@ -777,17 +782,18 @@ def search(replay, offline_req_s: float, params: Params, threshold_s: float,
            bracket: tuple[float, float] | None = None) -> dict:
     """A sustainable-rate search (``capacity.sustainable_rate``, §6.2's measure with its latency, capacity and
     offline-throughput rules) over ``replay(rate, n)``, the per-request frame of the search trace of ``n`` requests
-    at that rate: on a live server or on the simulator's prediction. It runs on the first of the trace lengths
-    ``params.search_requests``, and again on the next while unjudged, from the bracket found before
-    (``capacity.sustainable_rate_judged``).
+    at that rate: on a live server or on the simulator's prediction, under the trace-length rule
+    (``capacity.length_agreed_search``: on ``params.search_requests`` requests, then on twice as many from the
+    bracket found, up to ``params.max_length_doublings`` doublings while the two rates disagree). The knee measure is
+    not taken: this notebook's threshold is already a multiple of the unloaded latency (``threshold_factor``).
     The first probe
     is the offline run (every request at t = 0) whose throughput caps the range; the bisection then stops at
     ``rate_resolution``. The range is the
     curves' lowest rate (``min(load_fractions) x offline_req_s``, where every server has kept up; the search extends it
     down by 4x should it fail) to 2x ``offline_req_s`` (the offline probe caps it). ``bracket``: the first bracket,
     where the caller read one off its rate grid (``grid_bracket``); only the probes differ. Returns the search's
-    ``RateSearch.row()`` of the last run, its trace length (``search_requests``), the lengths tried
-    (``search_lengths_tried``), the threshold and the wall seconds of all of them."""
+    ``RateSearch.row()`` of the longest run (with ``search_requests``, ``rate_at_half_length``, ``length_agreed``),
+    the threshold and the wall seconds of all of them."""
     t, client = time.perf_counter(), []
 
     def probe(rate: float, n: int) -> pd.DataFrame:
@@ -795,8 +801,9 @@ def search(replay, offline_req_s: float, params: Params, threshold_s: float,
         if "client_cpu_s" in df.attrs:  # a live probe: the replay client's CPU (``send``)
             client.append((df.attrs["client_cpu_s"], df.attrs["client_wall_s"]))
         return df
-    found = sustainable_rate_judged(probe, params.search_requests, min(params.load_fractions) * offline_req_s,
-                                    2 * offline_req_s, threshold_s, params.rate_resolution, bracket=bracket)
+    found = length_agreed_search(probe, params.search_requests, min(params.load_fractions) * offline_req_s,
+                                 2 * offline_req_s, threshold_s, params.rate_resolution,
+                                 max_doublings=params.max_length_doublings, bracket=bracket).row()
     cpu = np.array(client) if client else np.full((1, 2), np.nan)
     return {**found, "threshold_s": threshold_s, "search_s": time.perf_counter() - t,
             "client_cpu_s_per_probe": float(cpu[:, 0].mean()),

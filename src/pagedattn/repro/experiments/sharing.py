@@ -50,7 +50,7 @@ from pagedattn.engine import LLMEngine
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams, make_engine, torch_threads
 from pagedattn.repro.experiments.throughput import base_trace
-from pagedattn.repro.sim.capacity import MAX_LENGTH_DOUBLINGS, NL_THRESHOLD_S, RESOLUTION, RateSearch, length_agreed_search, \
+from pagedattn.repro.sim.capacity import KNEE_FACTOR, MAX_LENGTH_DOUBLINGS, NL_THRESHOLD_S, RESOLUTION, RateSearch, length_agreed_search, \
     length_judged, not_judged, ratio_resolution, sustainable_rate
 from pagedattn.repro.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING, TRACE_MEANS
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, printed_interval, today, write_summary
@@ -129,7 +129,8 @@ def _saving_row(job: tuple, params: Params, cost: CostModel) -> dict:
             "mean_batch": r.mean_batch(), "preemptions": sum(r.num_preemptions.values())}
 
 
-def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | None = None) -> pd.DataFrame:
+def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | None = None,
+                      knee: bool = False) -> pd.DataFrame:
     """Fig. 14 parallel rows: sustainable request rate of paged vs Orca (Oracle) at the same KV memory (Alpaca).
 
     Preemption swaps (vLLM's choice for multi-sequence groups), and the simulator charges every swap its PCIe
@@ -141,7 +142,8 @@ def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | N
     jobs = [(n, "orca_oracle", "swap") for n in params.gain_ns]
     jobs += [(n, "paged", mode) for n in params.gain_ns for mode in (("swap", "recompute") if n == 1 else ("swap",))]
     order = sorted(range(len(jobs)), key=lambda i: jobs[i][0] != 1)
-    got = pmap(partial(_gain_rate, params=params, cost=cost), [jobs[i] for i in order], "sim gain", progress)
+    got = pmap(partial(_gain_rate, params=params, cost=cost, knee=knee), [jobs[i] for i in order], "sim gain",
+               progress)
     rate = {jobs[i]: r for i, r in zip(order, got)}
     rows = []
     for n in params.gain_ns:
@@ -168,7 +170,9 @@ def gain_columns(paged: RateSearch, orca: RateSearch) -> dict:
             "at_upper_bound": "upper bound" in (paged.bound_by, orca.bound_by),
             **{f"{col}_{s}": row[col] for s, row in (("paged", paged.row()), ("orca_oracle", orca.row()))
                for col in ("bound", "search_requests", "rate_at_half_length", "length_agreed", "length_reason")},
-            "length_agreed": length_judged(paged.row(), orca.row())}
+            "length_agreed": length_judged(paged.row(), orca.row()),
+            "knee_rate_paged": paged.knee_rate, "knee_rate_orca_oracle": orca.knee_rate,
+            "knee_gain": paged.knee_rate / orca.knee_rate if orca.knee_rate > 0 else math.nan}
 
 
 def gain_detail(row) -> str:
@@ -179,6 +183,9 @@ def gain_detail(row) -> str:
             f"{float(row['offline_paged']) / float(row['offline_orca_oracle']):.2f}")
     if "bound_paged" in row:
         note += f"; bound: ours {row['bound_paged']}, Orca (Oracle) {row['bound_orca_oracle']}"
+    if math.isfinite(float(row.get("knee_gain", math.nan))):
+        note += (f"; knee ({KNEE_FACTOR:g}x unloaded NL) ratio {float(row['knee_gain']):.2f} "
+                 f"({float(row['knee_rate_paged']):.3g} / {float(row['knee_rate_orca_oracle']):.3g} req/s)")
     if int(row.get("search_requests_paged", 0) or 0) > 0:
         note += "; n vs 2n: " + ", ".join(
             f"{label} {float(row['rate_at_half_length_' + s]):.3g} vs {float(row['rate_' + s]):.3g} at "
@@ -192,20 +199,21 @@ def gain_detail(row) -> str:
                               if not bool(row["judged_" + s])])
 
 
-def _gain_rate(job: tuple, params: Params, cost: CostModel) -> RateSearch:
+def _gain_rate(job: tuple, params: Params, cost: CostModel, knee: bool = False) -> RateSearch:
     """One bisection of :func:`sim_parallel_gain`: ``(n, system, preemption mode)`` on its Alpaca trace."""
     n, system, mode = job
     num = params.gain_requests_n1 if n == 1 else params.gain_requests
-    return sim_rate(params, system, n, mode, make_trace("alpaca", num, 1.0, params.seed), cost)
+    return sim_rate(params, system, n, mode, make_trace("alpaca", num, 1.0, params.seed), cost, knee=knee)
 
 
 def sim_rate(params: Params, system: str, n: int, mode: str, base: list[TraceRequest], cost: CostModel,
-             beam=None, max_num_seqs: int = 256, equal_sample_lengths: bool = False) -> RateSearch:
+             beam=None, max_num_seqs: int = 256, equal_sample_lengths: bool = False, knee: bool = False) -> RateSearch:
     """A system's sustainable Alpaca rate with ``n`` samples (or ``beam``, a ``sim.BeamModel`` of width ``n``) per
     request (``capacity.sustainable_rate``: latency threshold and capacity rule), by bisection between the Fig. 13
     rate / (8 n) and 16 x it (Fig. 14's rule). ``max_num_seqs``: the scheduler's cap on running sequences (vLLM's
     default 256; ``gain_sources.seq_cap_gains`` raises it); ``equal_sample_lengths``: ``sim.simulate``'s ablation,
-    every sample the trace's output length."""
+    every sample the trace's output length; ``knee``: the knee measure too (``capacity.knee_rate``, issue 50: the
+    paper's own reading of a curve, beside the fixed threshold)."""
     rate0 = params.sim_rates["alpaca"]
     cpu_blocks = params.sim_cpu_blocks if mode == "swap" else 0
 
@@ -220,10 +228,10 @@ def sim_rate(params: Params, system: str, n: int, mode: str, base: list[TraceReq
            "beam": None if beam is None else asdict(beam), "max_num_seqs": max_num_seqs, "seed": params.seed,
            "block_size": params.block_size, "cpu_blocks": cpu_blocks, "rate0": rate0,
            "resolution": params.rate_resolution, "slots": paper_slots(), "length_rule": MAX_LENGTH_DOUBLINGS,
-           **({"equal_sample_lengths": True} if equal_sample_lengths else {})}
+           **({"equal_sample_lengths": True} if equal_sample_lengths else {}), **({"knee": KNEE_FACTOR} if knee else {})}
     return sensitivity.cached_search(key, lambda: length_agreed_search(requests, len(base), rate0 / (8 * n),
                                                                        rate0 * 16, NL_THRESHOLD_S,
-                                                                       params.rate_resolution))
+                                                                       params.rate_resolution, knee=knee))
 
 
 def sim_claims_at(point: sensitivity.Point, params: Params, which: str) -> list[Claim]:
@@ -611,7 +619,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     timings: dict[str, float] = {}
     try:
         sim_sav = timed(timings, "sim_savings_s", sim_parallel_savings, params, progress)
-        sim_gain = timed(timings, "sim_gain_s", sim_parallel_gain, params, progress)
+        sim_gain = timed(timings, "sim_gain_s", sim_parallel_gain, params, progress, knee=True)
         beam = agree = orca = parents = None
         if real:
             load_real_model()  # here first: it trains the model if its folder is missing, before any worker loads it

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged, ratio_resolution, sustainable_rate, \
-    sustainable_rate_judged
+from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged, ratio_resolution, sustainable_rate
 from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import sensitivity
 from pagedattn.repro.experiments import validated
@@ -282,12 +281,15 @@ class RealParams(ServingParams):
     #: timings move by more than 2 % between runs (these claims are tracked, not judged)
     rate_resolution: float = 0.05
     offline_requests: int = 150
-    #: the rate searches' trace lengths: on 150 requests four of the five searches were unjudged
-    #: (``capacity.Load.trend_se`` 2-4 % of the rate, above half the 2 % margin); the capacity rule asks for a longer
-    #: trace then. A search runs on 600 requests, and again on 1,200 while unjudged, from the bracket that the
-    #: first found (``capacity.sustainable_rate_judged``; one of three was unjudged, by 0.02 points, in the run of
-    #: 2026-12-03). The online curves (``rates``) keep ``num_requests``.
-    search_requests: tuple = (600, 1200)
+    #: the rate searches' trace length ``n`` under the one trace-length rule (``capacity.length_agreed_search``,
+    #: issue 50): a search on ``n`` and on ``2n`` requests, doubling while they disagree, at most
+    #: ``max_length_doublings`` times. On 150 requests four of the five searches were unjudged
+    #: (``capacity.Load.trend_se`` 2-4 % of the rate); until 2026-12-05 a search ran on 600 requests, and on 1,200
+    #: while unjudged. Under the rule (set 2026-12-05, before any run with it) ``n`` is 300, so that its ``2n`` is the
+    #: former first length at about the former cost, and the cap is the former longest length, 1,200 (each probe is
+    #: a serial CPU replay). The online curves (``rates``) keep ``num_requests``.
+    search_requests: int = 300
+    max_length_doublings: int = 2
     systems: tuple = ("ft", "orca_max", "orca_pow2", "orca_oracle", "paged")
     #: the systems whose sustainable rate is searched: those of the CPU-scale ratio claims (ours over Orca (Oracle)
     #: and Orca (Max)). FasterTransformer's and Orca (Pow2)'s searches, recorded in the table until 2026-12-01, took
@@ -299,7 +301,7 @@ class RealParams(ServingParams):
     #: the engine gets it (it was the torch reference until 2026-12-02, which took about a third of a step here)
     attention_backend: str = "auto"
 
-    QUICK = dict(num_requests=24, offline_requests=24, search_requests=(24,), rates={"sharegpt": [4, 16]}, rate_resolution=1.0,
+    QUICK = dict(num_requests=24, offline_requests=24, search_requests=12, max_length_doublings=1, rates={"sharegpt": [4, 16]}, rate_resolution=1.0,
                  systems=("orca_max", "orca_oracle", "paged"))
 
     @property
@@ -376,16 +378,16 @@ def _real_sustainable_row(job: tuple, params: RealParams, threshold_s: float) ->
     """One whole bisection of ``real_sustainable`` (its probes one after another): ``(workload, system)``."""
     w, s = job
     rates = params.rates[w]
-    found = sustainable_rate_judged(lambda rate, n: real_serve(s, params.trace(w, n, rate), params),
-                                    params.search_requests, min(rates) / 4, max(rates) * 16, threshold_s,
-                                    params.rate_resolution)
+    found = length_agreed_rate(lambda rate, n: real_serve(s, params.trace(w, n, rate), params),
+                               params.search_requests, min(rates) / 4, max(rates) * 16, threshold_s,
+                               params.rate_resolution, max_doublings=params.max_length_doublings)
     return {"scale": "cpu (real engine)", "trace": w, "system": s, "label": LABELS[s], **found,
             "threshold_s": threshold_s}
 
 
 def real_sustainable(params: RealParams, threshold_s: float, progress: bool = True) -> pd.DataFrame:
-    """Each system's sustainable rate on this machine (``capacity.sustainable_rate`` at ``threshold_s``); the
-    bisections (one per workload and system) run in parallel (``pagedattn.repro.sim.parallel``)."""
+    """Each system's sustainable rate on this machine (``capacity.length_agreed_rate`` at ``threshold_s``, with the
+    knee measure); the bisections (one per workload and system) run in parallel (``pagedattn.repro.sim.parallel``)."""
     jobs = [(w, s) for w in params.rates for s in params.search_systems if s in params.systems]
     return pd.DataFrame(pmap(partial(_real_sustainable_row, params=params, threshold_s=threshold_s), jobs,
                              "sustainable rate (real engine)", progress))

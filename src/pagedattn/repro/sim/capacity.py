@@ -184,6 +184,10 @@ class RateSearch:
     rate_at_half_length: float = math.nan  # the rate on half as many requests
     length_agreed: bool | None = None  # whether the two agreed within their resolution (``lengths_agree``)
     length_reason: str = ""  # why not, where they never did
+    # the knee measure (``knee_rate``; NaN where the search did not take it)
+    knee_rate: float = math.nan  # the highest rate whose normalized latency stays within KNEE_FACTOR x the unloaded
+    knee_threshold_s: float = math.nan  # that threshold: KNEE_FACTOR x the normalized latency at the range's low end
+    knee_bound: str = ""  # what stopped the knee's search (``bound``)
 
     @property
     def judged(self) -> bool:
@@ -194,8 +198,12 @@ class RateSearch:
         """Columns for a results table: ``sustainable_rate``, ``resolution``, ``bound_by``, ``throughput_at_rate``,
         ``nl_at_rate_s``, ``failed_at``, ``probes``, ``offline_rate``, ``trend_se``, ``judged``,
         ``bound`` (``bound``: what stopped the search), the trace-length rule's ``search_requests``,
-        ``rate_at_half_length``, ``length_agreed``, ``length_reason``, ``at_bound``, ``at_upper_bound``."""
+        ``rate_at_half_length``, ``length_agreed``, ``length_reason``, ``at_bound``, ``at_upper_bound``, and the
+        knee measure's ``knee_rate``, ``knee_threshold_s`` and ``knee_bound`` where the search took it."""
         d = asdict(self)
+        if math.isnan(self.knee_rate):
+            for k in ("knee_rate", "knee_threshold_s", "knee_bound"):
+                del d[k]
         return {"sustainable_rate": d.pop("rate"), "resolution": d.pop("resolution"), "bound_by": d.pop("bound_by"),
                 "throughput_at_rate": d.pop("completion_rate"), "nl_at_rate_s": d.pop("normalized_latency_s"),
                 **d, "judged": self.judged, "bound": bound(self.bound_by), "at_bound": self.bound_by in ("upper bound", "lower bound"),
@@ -218,7 +226,7 @@ def sustainable_rate(replay: Callable[[float], pd.DataFrame], lo: float, hi: flo
     answer is rarely far from it), moving it down by 4x while its lower end fails. Only the probes differ from a search
     over the whole range: the rules and the resolution are the same.
 
-    ``bracket``: another first bracket (``sustainable_rate_judged`` passes a shorter trace's ``rate`` and
+    ``bracket``: another first bracket (``length_agreed_search`` passes a shorter trace's ``rate`` and
     ``failed_at``), clipped to the range (ignored where nothing of it is left); it moves by its own width, doubled at
     each move, while its lower end fails or its upper end passes. Again only the probes differ."""
     probes: dict[float, Load] = {}
@@ -238,36 +246,6 @@ def sustainable_rate(replay: Callable[[float], pd.DataFrame], lo: float, hi: flo
         if found.bound_by == "upper bound" and found.rate == cap:
             found = replace(found, bound_by="offline throughput", resolution=0.0)
     return replace(found, offline_rate=cap, probes=found.probes + 1)
-
-
-def sustainable_rate_judged(replay: Callable[[float, int], pd.DataFrame], lengths: Sequence[int], lo: float,
-                            hi: float, threshold_s: float = NL_THRESHOLD_S, resolution: float = RESOLUTION,
-                            bracket: tuple[float, float] | None = None, **kw) -> dict:
-    """``sustainable_rate`` over ``replay(rate, n)``, the run of a trace of ``n`` requests at ``rate``: on the first
-    of the trace lengths ``lengths``, and again on the next while the search is unjudged (``RateSearch.judged``):
-    the longer trace that the capacity rule asks for (module docstring), by a rule fixed before the run. A search
-    again starts from the bracket that the one before found (``sustainable_rate``'s ``bracket``), where it found one:
-    a longer trace moves a rate little, and such a search takes about half the probes of one from the offline
-    throughput's bracket. Its answer is a bracket of a passing and a failing rate within the resolution, as that
-    search's is; the two can differ by up to the resolution, and by more only where passing is not monotone in the
-    rate, which the bisection assumes anyway. Returns the last search's ``RateSearch.row()`` with its trace length
-    (``search_requests``) and the lengths tried (``search_lengths_tried``, space-separated).
-
-    ``bracket``: the first search's first bracket (``sustainable_rate``'s), where the caller knows one: notebook 13
-    reads it off the rate grid it measured before (``online_serving.grid_sustainable``). Again only the probes
-    differ."""
-    if not lengths:
-        raise ValueError("no trace length to search on")
-    tried: list[int] = []
-    for n in lengths:
-        tried.append(n)
-        found = sustainable_rate(lambda rate: replay(rate, n), lo, hi, threshold_s, resolution, bracket=bracket,
-                                 **kw)
-        if found.judged:
-            break
-        if found.rate > 0 and math.isfinite(found.failed_at):
-            bracket = (found.rate, found.failed_at)
-    return {**found.row(), "search_requests": tried[-1], "search_lengths_tried": " ".join(map(str, tried))}
 
 
 def _search(probes: dict, replay, lo: float, hi: float, threshold_s: float, resolution: float, margin: float,
@@ -339,7 +317,7 @@ def describe_ratio(a: dict | pd.Series, b: dict | pd.Series, offline_ratio: floa
         note += f"; offline throughput ratio {offline_ratio:.2f}"
     if "bound" in a and "bound" in b:
         note += f"; bound: {a['bound']} / {b['bound']}"
-    if "knee_rate" in a and "knee_rate" in b and float(b["knee_rate"]) > 0:
+    if "knee_rate" in a and "knee_rate" in b and float(b["knee_rate"]) > 0 and math.isfinite(float(a["knee_rate"])):
         note += (f"; knee ({KNEE_FACTOR:g}x unloaded NL) ratio {float(a['knee_rate']) / float(b['knee_rate']):.2f} "
                  f"({float(a['knee_rate']):.3g} / {float(b['knee_rate']):.3g} req/s)")
     if _length_rule_applied(a) and _length_rule_applied(b):
@@ -429,16 +407,23 @@ def knee_rate(replay: Callable[[float], pd.DataFrame], lo: float, hi: float, fou
 def length_agreed_search(replay: Callable[[float, int], pd.DataFrame], n: int, lo: float, hi: float,
                          threshold_s: float = NL_THRESHOLD_S, resolution: float = RESOLUTION,
                          max_doublings: int = MAX_LENGTH_DOUBLINGS, bracket: tuple[float, float] | None = None,
-                         **kw) -> RateSearch:
+                         knee: bool = False, **kw) -> RateSearch:
     """The one trace-length rule of every notebook's searches (issue 50, item 2; constants above): the sustainable
     rate (``sustainable_rate``) on ``n`` requests and on ``2n``, the longer search starting from the shorter one's
     bracket (so it takes few probes); while the two disagree (``lengths_agree``) or the longer is unjudged
     (``RateSearch.judged``), the trace doubles again, up to ``max_doublings`` doublings. ``replay(rate, n)`` runs
     an ``n``-request trace at ``rate``. Returns the longest search, with ``search_requests`` (the trace length
     judged at), ``rate_at_half_length`` (the rate on half as many requests), ``length_agreed`` and, where it is
-    False, ``length_reason``; ``probes`` counts every search's probes."""
+    False, ``length_reason``; ``probes`` counts every search's probes. ``knee``: the knee measure too
+    (``knee_rate``), on the trace length the rule ended on (its probes are not counted in ``probes``)."""
     rows: list[dict] = []
     length, doublings, probes = n, 0, 0
+
+    def with_knee(found: RateSearch) -> RateSearch:
+        if not knee:
+            return found
+        return replace(found, **knee_rate(lambda rate: replay(rate, found.search_requests), lo, hi, found.row(),
+                                          resolution))
     while True:
         found = sustainable_rate(lambda rate: replay(rate, length), lo, hi, threshold_s, resolution,
                                  bracket=bracket, **kw)
@@ -448,25 +433,20 @@ def length_agreed_search(replay: Callable[[float, int], pd.DataFrame], n: int, l
             bracket = (found.rate, found.failed_at)
         half = rows[-2]["sustainable_rate"] if len(rows) >= 2 else math.nan
         if len(rows) >= 2 and lengths_agree(rows[-2], rows[-1]) and found.judged:
-            return replace(found, probes=probes, search_requests=length, rate_at_half_length=half,
-                           length_agreed=True)
+            return with_knee(replace(found, probes=probes, search_requests=length, rate_at_half_length=half,
+                                     length_agreed=True))
         if doublings == max_doublings:
             before = f"{rows[-2]['bound']}-bound, " if len(rows) >= 2 else ""
             reason = (f"the rates on {length // 2} and {length} requests ({half:.3g} and {found.rate:.3g} req/s, "
                       f"{before}{bound(found.bound_by)}-bound) never agreed within their resolution up to {length} "
                       f"requests" + ("" if found.judged else " (and the longest is unjudged)"))
-            return replace(found, probes=probes, search_requests=length, rate_at_half_length=half,
-                           length_agreed=False, length_reason=reason)
+            return with_knee(replace(found, probes=probes, search_requests=length, rate_at_half_length=half,
+                                     length_agreed=False, length_reason=reason))
         length, doublings = 2 * length, doublings + 1
 
 
 def length_agreed_rate(replay: Callable[[float, int], pd.DataFrame], n: int, lo: float, hi: float,
                        threshold_s: float = NL_THRESHOLD_S, resolution: float = RESOLUTION, knee: bool = True,
                        **kw) -> dict:
-    """``length_agreed_search``'s ``RateSearch.row()``, with (``knee``) the knee measure on the trace length it
-    ended on (``knee_rate``)."""
-    found = length_agreed_search(replay, n, lo, hi, threshold_s, resolution, **kw)
-    row = found.row()
-    if knee:
-        row.update(knee_rate(lambda rate: replay(rate, found.search_requests), lo, hi, row, resolution))
-    return row
+    """``length_agreed_search``'s ``RateSearch.row()``, by default with the knee measure (``knee_rate``)."""
+    return length_agreed_search(replay, n, lo, hi, threshold_s, resolution, knee=knee, **kw).row()
