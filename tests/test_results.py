@@ -201,7 +201,7 @@ def test_write_summary_records_the_real_sources_sorted(tmp_path, monkeypatch):
 def test_fresh_until_a_source_changes_and_then_named(tmp_repo, monkeypatch):
     results = tmp_repo / "results"
     monkeypatch.setitem(scoreboard.PAPER_RESULTS, "01_x", ("Fig. x", ["c"]))
-    assert "| Fig. x | `01_x` | 1 | 0 | 0 | 0 | 0/0 | `c` 1 → 1 (holds) |" in readme.render_scoreboard(results, tmp_repo)
+    assert "| Fig. x | `01_x` | 1 | 0 | 0 | 0 | 0/0 | 0 / 0 | `c` 1 → 1 (holds) |" in readme.render_scoreboard(results, tmp_repo)
     assert check(results, tmp_repo) == [] and "STALE" not in render_summary_md(results, tmp_repo)
     (tmp_repo / "src" / "pagedattn" / "fake_sim.py").write_text("STEP = 2\n")
     (tmp_repo / "requirements.txt").unlink()

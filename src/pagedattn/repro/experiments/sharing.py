@@ -619,7 +619,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     timings: dict[str, float] = {}
     try:
         sim_sav = timed(timings, "sim_savings_s", sim_parallel_savings, params, progress)
-        sim_gain = timed(timings, "sim_gain_s", sim_parallel_gain, params, progress, knee=True)
+        sim_gain = timed(timings, "sim_gain_s", sim_parallel_gain, params, progress, None, True)
         beam = agree = orca = parents = None
         if real:
             load_real_model()  # here first: it trains the model if its folder is missing, before any worker loads it

@@ -110,10 +110,12 @@ def stale_names(docs: dict[str, dict], results_dir: Path = RESULTS_DIR, root: Pa
 
 def result_rows(docs: dict[str, dict], stale: set[str]) -> list[str]:
     """One row per paper result: its notebook (STALE when in ``stale``), the counts of its reproduction claims by
-    verdict, the strict count and its headline claim (paper → ours, verdict)."""
+    verdict, the strict count, the count of its invariants and recorded claims (a result with none judged, such as
+    Fig. 11's trace means or the live servers' CPU timings, shows there what it holds) and its headline claim
+    (paper → ours, verdict)."""
     claims = scored_claims(docs)
-    lines = ["| paper result | notebook | hold | fail | fail at corner | not measured | strict hold | headline: "
-             "paper → ours (verdict) |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| paper result | notebook | hold | fail | fail at corner | not measured | strict hold | invariant / recorded "
+             "| headline: paper → ours (verdict) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, (label, patterns) in PAPER_RESULTS.items():
         if name not in docs:
             continue
@@ -126,7 +128,8 @@ def result_rows(docs: dict[str, dict], stale: set[str]) -> list[str]:
         mark = " (STALE)" if name in stale else ""
         lines.append(_row([label, f"`{name}`{mark}", str(n[HOLDS]), str(n[FAILS]), str(n[CORNER]),
                            str(n[NOT_MEASURED]),
-                           f"{n['strict ' + HOLDS]}/{n['strict ' + HOLDS] + n['strict ' + FAILS]}", headline]))
+                           f"{n['strict ' + HOLDS]}/{n['strict ' + HOLDS] + n['strict ' + FAILS]}",
+                           f"{n[INVARIANT]} / {n[RECORDED]}", headline]))
     return lines
 
 
