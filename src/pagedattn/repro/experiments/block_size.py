@@ -11,7 +11,7 @@ Two scales, both sweeping block sizes 1-256 at a fixed Poisson request rate per 
 - **paper scale, simulated** (``sim.py``: the real scheduler and block manager, OPT-13B / A100-40GB, 15.7K token
   slots) on real ShareGPT (OPT tokens, the default pairing of ``workloads``; the synthetic ShareGPT-like trace as a sensitivity row) and the
   synthetic Alpaca trace (no data set installs). ShareGPT's rate follows a rule fixed in advance: ``KNEE_FRACTION``
-  of the paged system's sustainable rate at block 16 (``throughput.sustainable_rate``), i.e. just below its knee;
+  of the paged system's sustainable rate at block 16 (``capacity.length_agreed_search``), i.e. just below its knee;
   Alpaca keeps 50 req/s (``RATES``).
   The roofline's KV-read term gets a per-block-size multiplier ``kernel_overhead(bs) = g(bs) x p(bs) / p(16)``:
   ``g(bs) = (1 + beta / bs) / (1 + beta / 16)``, a fixed cost of ``beta`` token-equivalents per block; ``p`` is

@@ -328,7 +328,7 @@ def _rate_ratio_rows(job: tuple, thresholds: tuple, params: Params, cost: CostMo
 def sim_rate_ratios(params: Params, cost: CostModel | None = None, thresholds=NL_THRESHOLDS_S,
                     systems=("orca_oracle", "paged_user", "paged_auto"), progress: bool = True) -> pd.DataFrame:
     """Fig. 16 on the paper's metric: each system's sustainable request rate (the highest rate whose normalized
-    latency stays at or below the threshold; bisection over the rate, ``throughput.sustainable_rate``) and its ratio
+    latency stays at or below the threshold; bisection over the rate, ``capacity.length_agreed_rate``) and its ratio
     to Orca (Oracle)'s, per shot and threshold."""
     jobs = [(shot, s) for shot in SHOTS for s in systems]  # each: a bisection per threshold (in parallel)
     found = dict(zip(jobs, pmap(partial(_rate_ratio_rows, thresholds=tuple(thresholds), params=params, cost=cost),
