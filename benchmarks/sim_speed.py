@@ -16,7 +16,7 @@ This tree's replays run compiled where its ``.build/fastsim`` is built and fresh
 compiled; each row records which simulator each tree ran. The other commit is exported with ``git archive`` into a temporary folder, and each round runs each replay of each
 tree in a fresh subprocess (``PYTHONPATH`` pointing at that tree's ``src``), the trees in alternating order, so
 that load on a shared machine hits both alike. Each replay's time is the child's CPU time (``time.process_time``)
-around ``simulate`` (the trace is made before; ``--repeat`` replays per child, the fastest counts); the fastest of
+around ``simulate`` (the trace is made before, once, by this tree, and both trees replay those very requests; ``--repeat`` replays per child, the fastest counts); the fastest of
 the rounds is reported, and the ratio of the fastest times is the speed-up. The two trees must take the same number
 of steps (the golden digests check the results).
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -48,19 +49,19 @@ for sim_mod, trace_mod in [("pagedattn.repro.sim.simulator", "pagedattn.repro.wo
         break
     except ImportError:
         continue
-BeamModel, simulate, make_trace = sim_m.BeamModel, sim_m.simulate, trace_m.make_trace
-kind, n, rate = {kind!r}, {n}, {rate}
-if kind.startswith("online."):
-    args = (make_trace("sharegpt", n, rate, seed=0), kind.removeprefix("online.")), {{}}
+BeamModel, simulate, TraceRequest = sim_m.BeamModel, sim_m.simulate, trace_m.TraceRequest
+kind = {kind!r}
+with open({trace_file!r}) as f:  # the requests, made once by this tree: both trees replay the same ones
+    trace = [TraceRequest(r[0], float(r[1]), int(r[2]), int(r[3])) for r in json.load(f)]
+system = kind.split(".")[1] if "." in kind else "paged"
+if kind.startswith("online.") or kind == "offline.paged":
+    args = (trace, system), {{}}
 elif kind.startswith("search."):
-    args = (make_trace("sharegpt", n, rate, seed=0), kind.removeprefix("search.")), dict(record_steps=False)
-elif kind == "offline.paged":
-    args = (make_trace("sharegpt", n, math.inf, seed=0), "paged"), {{}}
+    args = (trace, system), dict(record_steps=False)
 elif kind == "n4.paged.swap":
-    args = (make_trace("alpaca", n, 7.5, seed=0), "paged"), dict(n=4, preemption_mode="swap", num_cpu_blocks=2000)
+    args = (trace, "paged"), dict(n=4, preemption_mode="swap", num_cpu_blocks=2000)
 elif kind.startswith("beam4."):
-    args = (make_trace("alpaca", n // 2, 3.0, seed=0), kind.split(".")[1]), dict(
-        beam=BeamModel.measured(4), preemption_mode="swap", num_cpu_blocks=2000)
+    args = (trace, system), dict(beam=BeamModel.measured(4), preemption_mode="swap", num_cpu_blocks=2000)
 best = float("inf")
 for _ in range({repeat}):
     t = time.process_time()
@@ -100,9 +101,26 @@ def compile_tree(src: Path) -> None:
             return
 
 
-def replay(src: Path, kind: str, n: int, rate: float, repeat: int) -> dict:
+def trace_for(kind: str, n: int, rate: float) -> list[tuple]:
+    """The requests of a replay kind (module docstring), made by this tree's ``make_trace``: written to a file that
+    each tree's child reads, so that both replay the same requests even where the trees' traces differ (the
+    ShareGPT default changed with issue 50)."""
+    from pagedattn.repro.workloads.traces import make_trace
+
+    if kind.startswith(("online.", "search.")):
+        trace = make_trace("sharegpt", n, rate, seed=0)
+    elif kind == "offline.paged":
+        trace = make_trace("sharegpt", n, math.inf, seed=0)
+    elif kind == "n4.paged.swap":
+        trace = make_trace("alpaca", n, 7.5, seed=0)
+    else:  # beam4.*
+        trace = make_trace("alpaca", n // 2, 3.0, seed=0)
+    return [(r.request_id, r.arrival_time, r.prompt_len, r.output_len) for r in trace]
+
+
+def replay(src: Path, kind: str, trace_file: Path, repeat: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src / "src"), "OMP_NUM_THREADS": "1"}
-    child = CHILD.format(n=n, rate=rate, kind=kind, repeat=repeat)
+    child = CHILD.format(kind=kind, trace_file=str(trace_file), repeat=repeat)
     out = subprocess.run([sys.executable, "-c", child], env=env, check=True, capture_output=True, text=True,
                          cwd=str(REPO)).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -125,12 +143,16 @@ def main(argv: list[str] | None = None) -> int:
         trees = {"baseline": export(args.baseline, Path(tmp)), "this tree": REPO}
         if args.compile_baseline:
             compile_tree(trees["baseline"])
+        files = {}
+        for kind in args.kinds:
+            files[kind] = Path(tmp) / f"{kind}.json"
+            files[kind].write_text(json.dumps(trace_for(kind, args.requests, args.rate)))
         best: dict = {}
         for i in range(args.rounds):
             order = list(trees) if i % 2 == 0 else list(reversed(trees))
             for kind in args.kinds:
                 for name in order:
-                    got = replay(trees[name], kind, args.requests, args.rate, args.repeat)
+                    got = replay(trees[name], kind, files[kind], args.repeat)
                     key = (name, kind)
                     if key not in best or got["cpu_s"] < best[key]["cpu_s"]:
                         best[key] = got
