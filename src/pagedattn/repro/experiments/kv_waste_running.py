@@ -189,7 +189,7 @@ def _paged_rows(model, prompts, out_lens, params: Params) -> list[dict]:
 def measure(params: Params, progress: bool = True) -> pd.DataFrame:
     """Every system's samples over time (bytes), one table. The four systems run in parallel
     (``pagedattn.repro.sim.parallel``): what is sampled is bytes held in cache tensors, not time."""
-    frames = [pd.DataFrame(rows) for rows in pmap(partial(_measure_system, params=params), list(SYSTEMS),
+    frames = [pd.DataFrame(rows) for rows in pmap(partial(measure_system, params=params), list(SYSTEMS),
                                                   "Fig. 2 on running engines", progress)]
     df = pd.concat(frames, ignore_index=True)
     df["label"] = df["system"].map(SYSTEMS)
@@ -197,7 +197,7 @@ def measure(params: Params, progress: bool = True) -> pd.DataFrame:
     return df
 
 
-def _measure_system(system: str, params: Params) -> list[dict]:
+def measure_system(system: str, params: Params) -> list[dict]:
     """One system's samples (``measure``), on ``params.real.threads`` torch threads, with its own model (the same
     seeded weights in every process)."""
     threads = torch.get_num_threads()

@@ -222,12 +222,19 @@ def sim_end_to_end(params: Params, progress: bool = True) -> pd.DataFrame:
     return pd.DataFrame(pmap(_e2e_row, jobs, "preemption (sim)", progress))
 
 
+def e2e_replay(trace, block_size: int, mode: str, record_steps: bool = False):
+    """One paper-scale replay of Fig. 19b: the paged system on the paper's KV budget at ``block_size``, recovering
+    from preemption by ``mode`` (``"swap"``: with vLLM's default ``SWAP_SPACE_BYTES`` of CPU swap space, each moving
+    step paying ``CostModel.swap_time``; ``"recompute"``: the re-admission prefill). Returns the ``SimResult``."""
+    cpu_tokens = SWAP_SPACE_BYTES // CostModel().kv_bytes_per_token
+    return simulate(trace, "paged", paper_slots(), block_size, CostModel(), preemption_mode=mode,
+                    num_cpu_blocks=int(cpu_tokens // block_size) if mode == "swap" else 0, record_steps=record_steps)
+
+
 def _e2e_row(job: tuple) -> dict:
     """One replay of :func:`sim_end_to_end`: ``(trace name, rate, trace, block size, mode)``."""
     name, rate, trace, bs, mode = job
-    cpu_tokens = SWAP_SPACE_BYTES // CostModel().kv_bytes_per_token
-    r = simulate(trace, "paged", paper_slots(), bs, CostModel(), preemption_mode=mode,
-                 num_cpu_blocks=int(cpu_tokens // bs) if mode == "swap" else 0, record_steps=False)
+    r = e2e_replay(trace, bs, mode)
     return {"scale": "paper (sim)", "trace": name, "rate": rate, "block_size": bs, "mode": mode,
             "normalized_latency_s": r.normalized_latency(),
             "preempted_by_swap": r.num_preemptions.get("swap", 0),

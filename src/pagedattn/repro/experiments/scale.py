@@ -243,7 +243,7 @@ def _latency_at_fraction(f: float, cap: float, **kw) -> float:
     return _latency_at(f * cap, **kw)
 
 
-def _curve_rows(model: str, trace_name: str, base, system: str, cost: CostModel, cap: float,
+def curve_rows(model: str, trace_name: str, base, system: str, cost: CostModel, cap: float,
                 params: Params) -> list[dict]:
     """One system's Fig. 12 curve on one setup and trace (``knee_grid``)."""
     latency_at = partial(_latency_at_fraction, cap=cap, base=base, system=system, model=model, params=params,
@@ -282,7 +282,7 @@ def fig12(params: Params, progress: bool = True) -> tuple[pd.DataFrame, pd.DataF
                                "fig12 capacity", progress)))
     bases = {(m, w): make_trace(w, params.num_requests[m][w], 1.0, params.seed) for m, w in jobs}
     tasks = [(fn, (m, w, bases[m, w], s, costs[m], caps[m, w]), {"params": params})
-             for fn in (_curve_rows, _sustainable_row) for m, w in jobs for s in SIM_SYSTEMS]
+             for fn in (curve_rows, _sustainable_row) for m, w in jobs for s in SIM_SYSTEMS]
     out = pmap(call, tasks, "fig12", progress)
     curves = [row for rows in out[:len(out) // 2] for row in rows]
     return pd.DataFrame(curves), pd.DataFrame(out[len(out) // 2:])
