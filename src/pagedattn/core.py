@@ -168,16 +168,27 @@ class EngineCore:
         return plan, finished
 
     def _steady_step(self) -> tuple[None, Sequence_[SequenceGroup]]:
-        """A step within a run: charged, its slots taken when recording, not planned (see the module docstring)."""
-        start = self.clock() if self.record_steps else 0.0
+        """A step within a run: charged, its slots taken when recording, not planned (see the module docstring).
+        Its record is ``_record``'s for a decode step of the run's sequences, written out here: a paper-scale
+        replay takes most of its steps this way."""
         n, context = len(self._run_seqs), self._run_context
-        dt = self._steady_step_time(n, context)
+        if self.record_steps:
+            start = self.clock()
+            dt = self._steady_step_time(n, context)
+            kv, sched = self.kv, self.scheduler
+            kv.advance(self._run_seqs, 1)  # its slots now, for its memory record
+            running, waiting = len(sched.running), sched.waiting
+            memory_bound = bool(waiting) and waiting[0].metrics.arrival_time <= start and \
+                running < sched.config.max_num_seqs  # (``_memory_bound``)
+            self.steps.append(StepMetrics(
+                self.num_steps, "decode", start, dt, dt, n, running, 0, n, kv.num_used_gpu_blocks, context, 0, 0, 0,
+                running, len(waiting), len(sched.swapped), memory_bound,
+                kv.stats(self.final_len) if self.final_len is not None else None))
+        else:
+            self._steady_step_time(n, context)
         self._run_context = context + n
         self._run_left -= 1
         self._run_done += 1
-        if self.record_steps:  # its slots now, for its memory record
-            self.kv.advance(self._run_seqs, 1)
-            self._record_steady(start, dt, n, context)
         self.num_steps += 1
         self.num_steady_steps += 1
         return _IN_A_RUN
@@ -214,10 +225,3 @@ class EngineCore:
             len(sched.swapped), self._memory_bound(start),
             kv.stats(self.final_len) if self.final_len is not None else None))
 
-    def _record_steady(self, start: float, dt: float, n: int, context: int) -> None:
-        sched, kv = self.scheduler, self.kv
-        running = len(sched.running)
-        self.steps.append(StepMetrics(
-            self.num_steps, "decode", start, dt, dt, n, running, 0, n, kv.num_used_gpu_blocks, context, 0, 0, 0,
-            running, len(sched.waiting), len(sched.swapped), self._memory_bound(start),
-            kv.stats(self.final_len) if self.final_len is not None else None))
