@@ -30,9 +30,12 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_l
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``; through oneDNN for fp32 CPU inputs of ``ONEDNN_MIN_ROWS`` rows or more, at
-    inference (oneDNN's op has no backward)."""
+    inference (oneDNN's op has no backward), with a weight stored ``[out, in]`` or ``[in, out]``: a weight that is a
+    strided slice of another (a layer of a :class:`FusedLinear` called alone) stays on ``F.linear``, as oneDNN ran
+    such a layer hundreds of times slower."""
     if (_ONEDNN and x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] >= ONEDNN_MIN_ROWS
-            and x.device.type == "cpu" and weight.dtype == torch.float32 and not torch.is_grad_enabled()):
+            and x.device.type == "cpu" and weight.dtype == torch.float32 and not torch.is_grad_enabled()
+            and (weight.is_contiguous() or weight.t().is_contiguous())):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
