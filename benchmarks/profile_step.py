@@ -35,6 +35,8 @@ SCOPES = {"attention": "paged_attention", "kv write": "reshape_and_cache", "deco
           "forward": "forward", "prepare input": "prepare_input", "rms norm": "rms_norm_cpu", "rope": "rope_cpu",
           "argmax": "argmax_cpu"}
 LAYER_OPS = ("rms_norm_cpu", "rope_cpu", "argmax_cpu")  # the C++ per-layer operations (kernels/cpu.py)
+# the linear layers' ops: torch's GEMMs (MKL in fp32 below fused.ONEDNN_MIN_ROWS rows, oneDNN in bf16) and oneDNN's
+MATMULS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "mkldnn::_linear_pointwise")
 
 
 def scoped(name: str, fn):
@@ -81,7 +83,7 @@ def breakdown(prof, steps: int) -> tuple[dict[str, float], int]:
             else:
                 parts["prepare input (total)"] += e.cpu_time_total
             continue
-        if not e.name.startswith("aten::"):
+        if not e.name.startswith(("aten::", "mkldnn::")):
             continue
         scope = scope_of(e)
         parent = e.cpu_parent
@@ -92,7 +94,7 @@ def breakdown(prof, steps: int) -> tuple[dict[str, float], int]:
             key = {"index_select": "gather K/V (index_select)", "index_fill_": "zero gathered tails (index_fill_)",
                    "_scaled_dot_product_flash_attention_for_cpu": "SDPA"}.get(op, "other attention ops")
             parts[f"attention: {key}"] += e.self_cpu_time_total
-        elif scope == "forward" and e.name in ("aten::addmm", "aten::mm", "aten::bmm"):
+        elif scope == "forward" and e.name in MATMULS:
             parts["matmuls (linear layers, LM head)"] += e.self_cpu_time_total
     return {k: v / 1e3 / steps for k, v in parts.items()}, top_ops // steps
 

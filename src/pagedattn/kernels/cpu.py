@@ -44,7 +44,6 @@ import subprocess
 import tempfile
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
@@ -63,7 +62,7 @@ FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fopenmp-simd", "-fno-math-errno", "-fno
 # float64 with a tolerance). The per-layer operations must round exactly as torch does (no reassociation, no FMA
 # contraction). No -ffinite-math-only anywhere: the kernels must stay correct around NaN-holding slots they do not
 # read.
-SOURCES = {Path(__file__).with_name("cpu_attention.cpp"): ["-fassociative-math", "-fno-signed-zeros"],
+SOURCES = {Path(__file__).with_name("cpu_attention.cpp"): ["-fassociative-math", "-fno-signed-zeros", "-fopenmp"],
            Path(__file__).with_name("cpu_layer_ops.cpp"): ["-ffp-contract=off"]}
 # about 20 % faster where it is accepted (AVX2/AVX-512; 512-bit vectors where the CPU has them); the library is keyed
 # by the CPU
@@ -102,7 +101,7 @@ def _build(cxx: str, native: list[str], out: str) -> None:
             objects.append(f"{tmp}/{i}.o")
             subprocess.run([cxx, *FLAGS, *native, *extra, "-c", str(src), "-o", objects[-1]], check=True,
                            capture_output=True, text=True)
-        subprocess.run([cxx, "-shared", *objects, "-o", out], check=True, capture_output=True, text=True)
+        subprocess.run([cxx, "-shared", "-fopenmp", *objects, "-o", out], check=True, capture_output=True, text=True)
 
 
 @lru_cache(maxsize=1)
@@ -148,11 +147,18 @@ def load_library() -> ctypes.CDLL | None:
     return dll
 
 
+def _shares_name(name: str) -> str:
+    """The exported function that runs ``name`` (``paged_attention_<dtype>``) over shares of the batch at once."""
+    return name.replace("paged_attention_", "paged_attention_shares_")
+
+
 #: The version of the exported signatures below; ``pagedattn_abi_version()`` in ``cpu_attention.cpp`` must return it.
-ABI_VERSION = 3
+ABI_VERSION = 4
 _I64, _PTR, _F64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
 #: name -> (argument types, return type) of every function the library exports
 _SIGNATURES = {**{name: ([_PTR] * 6 + [_I64] * 8 + [_F64], ctypes.c_int) for name in _FUNCTIONS.values()},
+               **{_shares_name(name): ([_PTR] * 6 + [_I64] * 7 + [_F64, _PTR, _I64], ctypes.c_int)
+                  for name in _FUNCTIONS.values()},
                **{name: ([_PTR] * 5 + [_I64] * 5, ctypes.c_int) for name in _WRITES.values()},
                **{f"rms_norm_{s}": ([_PTR] * 4 + [_I64] * 2 + [_F64], None) for s in ("f32", "bf16")},
                **{f"rope_{s}": ([_PTR] * 3 + [_I64] * 4, None) for s in ("f32", "bf16")},
@@ -208,14 +214,15 @@ def available() -> bool:
 
 
 _threads = 1
-_workers: tuple[int, ThreadPoolExecutor] | None = None
 
 
 def set_threads(n: int) -> None:
     """Threads for :func:`paged_attention_cpu` (process-wide, as ``torch.set_num_threads``; default 1, which the
     benchmarks and notebooks keep): with ``n > 1`` a batch's sequences are split into ``n`` shares of about equal
-    context and the shares run at once, each a C++ call on its own thread (ctypes lets go of the GIL during the call).
-    The engine's ``threads`` option sets it."""
+    context and the shares run at once in one C++ call, one OpenMP thread each (torch's intra-op threads, see
+    ``cpu_attention.cpp``; a pool of Python threads, each making its own ctypes call, gained nothing on the 2-core VM
+    at two threads: torch's threads spin between its operations and held the second core). The engine's ``threads``
+    option sets it."""
     global _threads
     if n < 1:
         raise ValueError(f"threads={n}: at least one thread")
@@ -229,17 +236,6 @@ def _shares(lens: Tensor, n: int) -> list[tuple[int, int]]:
     cuts = torch.searchsorted(total, total[-1] * torch.arange(1, n, dtype=torch.int64) // n, right=True).tolist()
     bounds = sorted({0, *cuts, len(lens)})
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
-
-
-def _pool(n: int) -> ThreadPoolExecutor:
-    """The executor of ``n`` worker threads, started on first use; one of another size is shut down (its threads
-    end once idle)."""
-    global _workers
-    if _workers is None or _workers[0] != n:
-        if _workers is not None:
-            _workers[1].shutdown(wait=False)
-        _workers = (n, ThreadPoolExecutor(max_workers=n, thread_name_prefix="paged_attention_cpu"))
-    return _workers[1]
 
 
 def paged_attention_cpu(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
@@ -279,10 +275,13 @@ def paged_attention_cpu(query: Tensor, key_cache: Tensor, value_cache: Tensor, b
                   tables.data_ptr() + first * width * 4, lens.data_ptr() + first * 4,
                   out.data_ptr() + first * num_heads * head_dim * esize, end - first, num_heads, num_kv_heads,
                   head_dim, block_size, num_blocks, width, q.stride(0), float(scale))
-    if _threads > 1 and num_seqs > 1:
-        shares = _shares(lens, min(_threads, num_seqs))
-        done = [_pool(_threads - 1).submit(run, *share) for share in shares[1:]]
-        rc = max([run(*shares[0])] + [f.result() for f in done])
+    shares = _shares(lens, min(_threads, num_seqs)) if _threads > 1 and num_seqs > 1 else []
+    if len(shares) > 1:  # one OpenMP thread per share (torch's intra-op threads: see cpu_attention.cpp)
+        bounds = torch.tensor([a for a, _ in shares] + [num_seqs], dtype=torch.int64)
+        rc = getattr(dll, _shares_name(name))(
+            q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
+            out.data_ptr(), num_heads, num_kv_heads, head_dim, block_size, num_blocks, width, q.stride(0),
+            float(scale), bounds.data_ptr(), len(shares))
     else:
         rc = run(0, num_seqs)
     if rc:

@@ -305,6 +305,29 @@ static int paged_attention(const T *q, const T *key_cache, const T *value_cache,
     return 0;
 }
 
+// paged_attention over `shares` ranges of consecutive sequences (bounds[i] .. bounds[i + 1] - 1), one OpenMP thread
+// each: the result is paged_attention's, bit for bit (each sequence is computed alone); the return value is the
+// largest of the ranges'. Built with -fopenmp, the library takes libgomp.so.1 by its soname, which in a process that
+// has imported torch is torch's own: the threads are torch's intra-op threads, which stay awake (spinning) between
+// torch's parallel operations and so start at once, instead of fighting them for the cores as threads of our own did.
+template <typename T>
+static int paged_attention_shares(const T *q, const T *key_cache, const T *value_cache, const int32_t *block_tables,
+                                  const int32_t *context_lens, T *out, int64_t num_heads, int64_t num_kv_heads,
+                                  int64_t head_dim, int64_t block_size, int64_t num_blocks, int64_t max_blocks,
+                                  int64_t q_stride, double scale, const int64_t *bounds, int64_t shares) {
+    int rc = 0;
+#pragma omp parallel for num_threads(shares) schedule(static, 1) reduction(max : rc)
+    for (int64_t i = 0; i < shares; i++) {
+        const int64_t first = bounds[i];
+        const int r = paged_attention<T>(q + first * q_stride, key_cache, value_cache, block_tables + first * max_blocks,
+                                         context_lens + first, out + first * num_heads * head_dim, bounds[i + 1] - first,
+                                         num_heads, num_kv_heads, head_dim, block_size, num_blocks, max_blocks, q_stride,
+                                         scale);
+        rc = r > rc ? r : rc;
+    }
+    return rc;
+}
+
 // The KV-cache write of §4.1 (Fig. 6): token i's K and V rows go to cache slot slots[i]; a negative slot marks a
 // padding token and is skipped. key/value rows are key_stride/value_stride elements apart (views of a fused q|k|v).
 // S is the rows' type, T the cache's: the same (a copy), or fp32 rows into a bf16 cache (rounded to nearest even).
@@ -331,7 +354,7 @@ static int reshape_and_cache(const S *key, const S *value, T *key_cache, T *valu
 // The exported functions' signatures, as a version: bump it with any change to an exported name, argument or return
 // type, here or in cpu_layer_ops.cpp, and set the same number as ABI_VERSION in cpu.py, which declares the ctypes
 // signatures and refuses a library whose version differs.
-extern "C" int pagedattn_abi_version() { return 3; }
+extern "C" int pagedattn_abi_version() { return 4; }
 
 #define EXPORT(NAME, T)                                                                                            \
     extern "C" int NAME(const T *q, const T *kc, const T *vc, const int32_t *tables, const int32_t *lens, T *out, \
@@ -342,6 +365,17 @@ extern "C" int pagedattn_abi_version() { return 3; }
 EXPORT(paged_attention_f32, float)
 EXPORT(paged_attention_f64, double)
 EXPORT(paged_attention_bf16, bf16)
+
+#define EXPORT_SHARES(NAME, T)                                                                                     \
+    extern "C" int NAME(const T *q, const T *kc, const T *vc, const int32_t *tables, const int32_t *lens, T *out, \
+                        int64_t h, int64_t kvh, int64_t d, int64_t bs, int64_t nb, int64_t mb, int64_t q_stride,   \
+                        double scale, const int64_t *bounds, int64_t shares) {                                     \
+        return paged_attention_shares<T>(q, kc, vc, tables, lens, out, h, kvh, d, bs, nb, mb, q_stride, scale,     \
+                                         bounds, shares);                                                          \
+    }
+EXPORT_SHARES(paged_attention_shares_f32, float)
+EXPORT_SHARES(paged_attention_shares_f64, double)
+EXPORT_SHARES(paged_attention_shares_bf16, bf16)
 
 #define EXPORT_WRITE(NAME, S, T)                                                                                   \
     extern "C" int NAME(const S *k, const S *v, T *kc, T *vc, const int64_t *slots, int64_t n, int64_t row,        \

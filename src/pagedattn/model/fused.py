@@ -18,8 +18,37 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+#: oneDNN's fp32 matmul (torch's ``mkldnn._linear_pointwise``, vLLM-CPU's path for unquantized layers) for inputs of
+#: at least this many rows; fewer go to torch's ``F.linear`` (MKL's sgemm). Measured on the 2-core VM (fp32, every
+#: linear layer of the benchmark's tiny Llama once, [in, out]-stored weights, median of 15; 2026-12-05): one thread,
+#: 1 row 1.08 ms against 0.54 ms (oneDNN's per-call cost), 8 rows 1.38 against 1.55, 64 rows 3.45 against 6.56, 256
+#: rows 10.9 against 24.2, 2,048 rows 113 against 210; two threads, 8 rows 0.87 against 1.38, 64 rows 2.74 against
+#: 4.87. The two round differently (a few fp32 ulps; each is an fp32 dot product summed in its own order).
+ONEDNN_MIN_ROWS = 8
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``; through oneDNN for fp32 CPU inputs of ``ONEDNN_MIN_ROWS`` rows or more, at
+    inference (oneDNN's op has no backward), with a weight stored ``[out, in]`` or ``[in, out]``: a weight that is a
+    strided slice of another (a layer of a :class:`FusedLinear` called alone) stays on ``F.linear``, as oneDNN ran
+    such a layer hundreds of times slower."""
+    if (_ONEDNN and x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] >= ONEDNN_MIN_ROWS
+            and x.device.type == "cpu" and weight.dtype == torch.float32 and not torch.is_grad_enabled()
+            and (weight.is_contiguous() or weight.t().is_contiguous())):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same names) whose forward is :func:`linear`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
+
 class FusedLinear:
-    """``FusedLinear(a, b, c)(x) == torch.cat([a(x), b(x), c(x)], -1)`` in one ``F.linear`` call.
+    """``FusedLinear(a, b, c)(x) == torch.cat([a(x), b(x), c(x)], -1)`` in one :func:`linear` call.
 
     Not a module: the layers stay registered where they are. On a CPU the fused weight is stored ``[in, out]``
     (see :func:`pagedattn.model.loader.store_linear_weights_transposed`), elsewhere ``[out, in]``.
@@ -59,4 +88,4 @@ class FusedLinear:
         if self._source_key() != self._key:
             self._fuse()
         assert self.weight is not None  # (set by _fuse)
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from pagedattn.kernels import cpu
 from pagedattn.model import fused_ops
 from pagedattn.model.attention import AttentionMetadata, PagedAttention
-from pagedattn.model.fused import FusedLinear
+from pagedattn.model.fused import FusedLinear, Linear
 
 
 def rope_parameters(config) -> tuple[str, float]:
@@ -118,10 +118,10 @@ class LlamaAttention(nn.Module):
     def __init__(self, config, head_dim: int) -> None:
         super().__init__()
         h, kvh, bias = config.num_attention_heads, config.num_key_value_heads, getattr(config, "attention_bias", False)
-        self.q_proj = nn.Linear(config.hidden_size, h * head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, kvh * head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, kvh * head_dim, bias=bias)
-        self.o_proj = nn.Linear(h * head_dim, config.hidden_size, bias=bias)
+        self.q_proj = Linear(config.hidden_size, h * head_dim, bias=bias)
+        self.k_proj = Linear(config.hidden_size, kvh * head_dim, bias=bias)
+        self.v_proj = Linear(config.hidden_size, kvh * head_dim, bias=bias)
+        self.o_proj = Linear(h * head_dim, config.hidden_size, bias=bias)
         self.attn = PagedAttention(h, kvh, head_dim, head_dim ** -0.5)
         self.qkv_proj = FusedLinear(self.q_proj, self.k_proj, self.v_proj)
 
@@ -140,9 +140,9 @@ class LlamaMLP(nn.Module):
         from transformers.activations import ACT2FN
 
         bias = getattr(config, "mlp_bias", False)
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.gate_proj = Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.act = ACT2FN[config.hidden_act]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -187,7 +187,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def forward(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata) -> Tensor:
         return self.model(input_ids, positions, meta)

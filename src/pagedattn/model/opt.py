@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from pagedattn.model.attention import AttentionMetadata, PagedAttention
-from pagedattn.model.fused import FusedLinear
+from pagedattn.model.fused import FusedLinear, Linear
 
 POSITION_OFFSET = 2  # OPT reserves the first two rows of its position table
 
@@ -22,10 +22,10 @@ class OPTAttention(nn.Module):
         d, h, bias = config.hidden_size, config.num_attention_heads, config.enable_bias
         self.head_dim = d // h
         self.scaling = self.head_dim ** -0.5
-        self.q_proj = nn.Linear(d, d, bias=bias)
-        self.k_proj = nn.Linear(d, d, bias=bias)
-        self.v_proj = nn.Linear(d, d, bias=bias)
-        self.out_proj = nn.Linear(d, d, bias=bias)
+        self.q_proj = Linear(d, d, bias=bias)
+        self.k_proj = Linear(d, d, bias=bias)
+        self.v_proj = Linear(d, d, bias=bias)
+        self.out_proj = Linear(d, d, bias=bias)
         self.attn = PagedAttention(h, h, self.head_dim, scale=1.0)  # q is pre-scaled
         self.qkv_proj = FusedLinear(self.q_proj, self.k_proj, self.v_proj)
 
@@ -43,8 +43,8 @@ class OPTDecoderLayer(nn.Module):
         self.pre_norm = config.do_layer_norm_before
         self.self_attn = OPTAttention(config)
         self.self_attn_layer_norm = nn.LayerNorm(d, elementwise_affine=affine)
-        self.fc1 = nn.Linear(d, config.ffn_dim, bias=config.enable_bias)
-        self.fc2 = nn.Linear(config.ffn_dim, d, bias=config.enable_bias)
+        self.fc1 = Linear(d, config.ffn_dim, bias=config.enable_bias)
+        self.fc2 = Linear(config.ffn_dim, d, bias=config.enable_bias)
         self.final_layer_norm = nn.LayerNorm(d, elementwise_affine=affine)
         self.act = ACT2FN[config.activation_function]
 
@@ -65,8 +65,8 @@ class OPTDecoder(nn.Module):
         affine = getattr(config, "layer_norm_elementwise_affine", True)
         self.embed_tokens = nn.Embedding(config.vocab_size, e)
         self.embed_positions = nn.Embedding(config.max_position_embeddings + POSITION_OFFSET, d)
-        self.project_in = nn.Linear(e, d, bias=False) if e != d else None
-        self.project_out = nn.Linear(d, e, bias=False) if e != d else None
+        self.project_in = Linear(e, d, bias=False) if e != d else None
+        self.project_out = Linear(d, e, bias=False) if e != d else None
         keep_final = config.do_layer_norm_before and not getattr(config, "_remove_final_layer_norm", False)
         self.final_layer_norm = nn.LayerNorm(d, elementwise_affine=affine) if keep_final else None
         self.layers = nn.ModuleList(OPTDecoderLayer(config) for _ in range(config.num_hidden_layers))
@@ -96,7 +96,7 @@ class OPTForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = OPTModel(config)
-        self.lm_head = nn.Linear(config.word_embed_proj_dim, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.word_embed_proj_dim, config.vocab_size, bias=False)
 
     def forward(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata) -> Tensor:
         return self.model.decoder(input_ids, positions, meta)
