@@ -177,12 +177,10 @@ class EngineCore:
             dt = self._steady_step_time(n, context)
             kv, sched = self.kv, self.scheduler
             kv.advance(self._run_seqs, 1)  # its slots now, for its memory record
-            running, waiting = len(sched.running), sched.waiting
-            memory_bound = bool(waiting) and waiting[0].metrics.arrival_time <= start and \
-                running < sched.config.max_num_seqs  # (``_memory_bound``)
+            running = len(sched.running)
             self.steps.append(StepMetrics(
                 self.num_steps, "decode", start, dt, dt, n, running, 0, n, kv.num_used_gpu_blocks, context, 0, 0, 0,
-                running, len(waiting), len(sched.swapped), memory_bound,
+                running, len(sched.waiting), len(sched.swapped), self._memory_bound(start),
                 kv.stats(self.final_len) if self.final_len is not None else None))
         else:
             self._steady_step_time(n, context)

@@ -50,7 +50,7 @@ from pagedattn.engine import LLMEngine
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams, make_engine, torch_threads
 from pagedattn.repro.experiments.throughput import base_trace
-from pagedattn.repro.sim.capacity import KNEE_FACTOR, MAX_LENGTH_DOUBLINGS, NL_THRESHOLD_S, RESOLUTION, RateSearch, length_agreed_search, \
+from pagedattn.repro.sim.capacity import KNEE_FACTOR, MAX_LENGTH_DOUBLINGS, NL_THRESHOLD_S, knee_note, RESOLUTION, RateSearch, length_agreed_search, \
     length_judged, not_judged, ratio_resolution, sustainable_rate
 from pagedattn.repro.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING, TRACE_MEANS
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, printed_interval, today, write_summary
@@ -183,9 +183,8 @@ def gain_detail(row) -> str:
             f"{float(row['offline_paged']) / float(row['offline_orca_oracle']):.2f}")
     if "bound_paged" in row:
         note += f"; bound: ours {row['bound_paged']}, Orca (Oracle) {row['bound_orca_oracle']}"
-    if math.isfinite(float(row.get("knee_gain", math.nan))):
-        note += (f"; knee ({KNEE_FACTOR:g}x unloaded NL) ratio {float(row['knee_gain']):.2f} "
-                 f"({float(row['knee_rate_paged']):.3g} / {float(row['knee_rate_orca_oracle']):.3g} req/s)")
+    if "knee_rate_paged" in row:
+        note += knee_note(float(row["knee_rate_paged"]), float(row["knee_rate_orca_oracle"]))
     if int(row.get("search_requests_paged", 0) or 0) > 0:
         note += "; n vs 2n: " + ", ".join(
             f"{label} {float(row['rate_at_half_length_' + s]):.3g} vs {float(row['rate_' + s]):.3g} at "

@@ -317,9 +317,8 @@ def describe_ratio(a: dict | pd.Series, b: dict | pd.Series, offline_ratio: floa
         note += f"; offline throughput ratio {offline_ratio:.2f}"
     if "bound" in a and "bound" in b:
         note += f"; bound: {a['bound']} / {b['bound']}"
-    if "knee_rate" in a and "knee_rate" in b and float(b["knee_rate"]) > 0 and math.isfinite(float(a["knee_rate"])):
-        note += (f"; knee ({KNEE_FACTOR:g}x unloaded NL) ratio {float(a['knee_rate']) / float(b['knee_rate']):.2f} "
-                 f"({float(a['knee_rate']):.3g} / {float(b['knee_rate']):.3g} req/s)")
+    if "knee_rate" in a and "knee_rate" in b:
+        note += knee_note(float(a["knee_rate"]), float(b["knee_rate"]))
     if _length_rule_applied(a) and _length_rule_applied(b):
         note += "; n vs 2n: " + " / ".join(
             f"{float(x['rate_at_half_length']):.3g} vs {float(x['sustainable_rate']):.3g} at {int(x['search_requests'])}"
@@ -327,6 +326,14 @@ def describe_ratio(a: dict | pd.Series, b: dict | pd.Series, offline_ratio: floa
                                        if not length_judged(x))
     return note + not_judged([(f"{float(x['sustainable_rate']):.3g} req/s", float(x["trend_se"]))
                               for x in (a, b) if "judged" in x and not bool(x["judged"])])
+
+
+def knee_note(a: float, b: float) -> str:
+    """A ratio note's knee part: the ratio of two knee rates (``knee_rate``) and both rates; empty where either is
+    missing."""
+    if not (b > 0 and math.isfinite(a)):
+        return ""
+    return f"; knee ({KNEE_FACTOR:g}x unloaded NL) ratio {a / b:.2f} ({a:.3g} / {b:.3g} req/s)"
 
 
 def _length_rule_applied(x) -> bool:
@@ -418,12 +425,6 @@ def length_agreed_search(replay: Callable[[float, int], pd.DataFrame], n: int, l
     (``knee_rate``), on the trace length the rule ended on (its probes are not counted in ``probes``)."""
     rows: list[dict] = []
     length, doublings, probes = n, 0, 0
-
-    def with_knee(found: RateSearch) -> RateSearch:
-        if not knee:
-            return found
-        return replace(found, **knee_rate(lambda rate: replay(rate, found.search_requests), lo, hi, found.row(),
-                                          resolution))
     while True:
         found = sustainable_rate(lambda rate: replay(rate, length), lo, hi, threshold_s, resolution,
                                  bracket=bracket, **kw)
@@ -432,16 +433,20 @@ def length_agreed_search(replay: Callable[[float, int], pd.DataFrame], n: int, l
         if found.rate > 0 and math.isfinite(found.failed_at):
             bracket = (found.rate, found.failed_at)
         half = rows[-2]["sustainable_rate"] if len(rows) >= 2 else math.nan
-        if len(rows) >= 2 and lengths_agree(rows[-2], rows[-1]) and found.judged:
-            return with_knee(replace(found, probes=probes, search_requests=length, rate_at_half_length=half,
-                                     length_agreed=True))
-        if doublings == max_doublings:
-            before = f"{rows[-2]['bound']}-bound, " if len(rows) >= 2 else ""
-            reason = (f"the rates on {length // 2} and {length} requests ({half:.3g} and {found.rate:.3g} req/s, "
-                      f"{before}{bound(found.bound_by)}-bound) never agreed within their resolution up to {length} "
-                      f"requests" + ("" if found.judged else " (and the longest is unjudged)"))
-            return with_knee(replace(found, probes=probes, search_requests=length, rate_at_half_length=half,
-                                     length_agreed=False, length_reason=reason))
+        agreed = len(rows) >= 2 and lengths_agree(rows[-2], rows[-1]) and found.judged
+        if agreed or doublings == max_doublings:
+            reason = ""
+            if not agreed:
+                before = f"{rows[-2]['bound']}-bound, " if len(rows) >= 2 else ""
+                reason = (f"the rates on {length // 2} and {length} requests ({half:.3g} and {found.rate:.3g} req/s, "
+                          f"{before}{bound(found.bound_by)}-bound) never agreed within their resolution up to "
+                          f"{length} requests" + ("" if found.judged else " (and the longest is unjudged)"))
+            found = replace(found, probes=probes, search_requests=length, rate_at_half_length=half,
+                            length_agreed=agreed, length_reason=reason)
+            if knee:
+                at = length
+                found = replace(found, **knee_rate(lambda rate: replay(rate, at), lo, hi, found.row(), resolution))
+            return found
         length, doublings = 2 * length, doublings + 1
 
 
