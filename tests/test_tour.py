@@ -262,19 +262,34 @@ _VIEW_STATE = """(async () => {
 })()"""
 
 
-def _view(cdp: CDP, settle: float = 1.0) -> dict:
+def _view(cdp: CDP, frames: list, colors: dict, settle: float = 1.0) -> dict:
     """The view's state once the caption, slider, tables and image agree on one frame and stay for ``settle`` s
-    (the kernel redraws on every slider change, and the browser shows each change as it comes)."""
+    (the kernel redraws on every slider change, and the browser shows each change as it comes: on a loaded machine
+    the image can trail the caption by more than ``settle``, so the image must also be the frame's before it counts
+    as settled). A view that never agrees within 60 s fails with what it last showed."""
     t0, last, since = time.monotonic(), None, time.monotonic()
     while time.monotonic() - t0 < 60:
         v = cdp.eval(_VIEW_STATE)
         if v != last:
             last, since = v, time.monotonic()
         elif v and int(v["caption"].split()[1].split("/")[0]) == int(v["readout"]) == v["frame"] \
-                and time.monotonic() - since >= settle:
+                and time.monotonic() - since >= settle and _image_is_frame(v, frames, colors):
             return v
         time.sleep(0.2)
-    raise TimeoutError(f"the live view did not settle on one frame within 60 s: {last and {**last, 'image': '...'}}")
+    raise TimeoutError(f"the live view did not settle on one frame within 60 s: {last and {**last, 'image': '...'}}"
+                       + (f" (its image is frame {last['frame']}'s: {_image_is_frame(last, frames, colors)})"
+                          if last else ""))
+
+
+def _image_is_frame(v: dict, frames: list, colors: dict) -> bool:
+    """Whether the pool image shown is the trace's frame ``v["frame"]``, pixel for pixel."""
+    from PIL import Image
+
+    if not 0 <= v["frame"] < len(frames):
+        return False
+    shown = Image.open(io.BytesIO(base64.b64decode(v["image"]))).convert("RGB")
+    drawn = Image.open(io.BytesIO(tour.frame_png(frames[v["frame"]], colors, tables=False))).convert("RGB")
+    return shown.size == drawn.size and shown.tobytes() == drawn.tobytes()
 
 
 def _assert_shows(v: dict, frames: list, colors: dict) -> int:
@@ -282,11 +297,7 @@ def _assert_shows(v: dict, frames: list, colors: dict) -> int:
     i = v["frame"]
     assert v["rows"] == [[s.label, " ".join(f"[{b}]" if frames[i].ref_counts[b] > 1 else str(b) for b in s.blocks)]
                          for s in frames[i].seqs], f"frame {i}: the tables shown are not the trace's"
-    from PIL import Image
-
-    shown = Image.open(io.BytesIO(base64.b64decode(v["image"]))).convert("RGB")
-    drawn = Image.open(io.BytesIO(tour.frame_png(frames[i], colors, tables=False))).convert("RGB")
-    assert shown.size == drawn.size and shown.tobytes() == drawn.tobytes(), f"frame {i}: the image is not the trace's"
+    assert _image_is_frame(v, frames, colors), f"frame {i}: the image is not the trace's"
     assert v["disconnected"] == 0 and not v["errors"], "a widget shows the disconnected indicator or an error"
     return i
 
@@ -321,7 +332,7 @@ def test_tour_plays_live_in_jupyterlab(tmp_path):
         colors = tour.request_colors(frames)
         cdp.eval("document.querySelector('.pa-block-tables').closest('.jp-OutputArea-output')"
                  ".scrollIntoView({block: 'center'})")
-        before = _view(cdp)
+        before = _view(cdp, frames, colors)
         start = _assert_shows(before, frames, colors)
         assert start == tour.copy_on_write_frame(frames), "the view opens on the copy-on-write frame"
         shots.append(cdp.screenshot(tmp_path / "jupyterlab_tour_before.png"))
@@ -332,11 +343,11 @@ def test_tour_plays_live_in_jupyterlab(tmp_path):
                          " .noUi-target').getBoundingClientRect(); return [r.left, r.width] })()")
         x, y = cdp.center(handle)
         cdp.drag((x, y), (track[0] - 20, y))
-        dragged = _view(cdp)
+        dragged = _view(cdp, frames, colors)
         assert _assert_shows(dragged, frames, colors) == 0 and dragged["image"] != before["image"]
         # the arrow key on the focused handle: one frame on
         cdp.key("ArrowRight", 39)
-        stepped = _view(cdp)
+        stepped = _view(cdp, frames, colors)
         assert _assert_shows(stepped, frames, colors) == 1 and stepped["image"] != dragged["image"]
         # play: the frames advance by themselves; the same button pauses, past the frame the view opened on
         play, target = ".jp-OutputArea-output .widget-play button:nth-of-type(1)", min(start + 3, len(frames) - 1)
@@ -344,7 +355,7 @@ def test_tour_plays_live_in_jupyterlab(tmp_path):
         cdp.wait("(() => { const r = document.querySelector('.jp-OutputArea-output .widget-readout');"
                  f" return r && Number(r.textContent) >= {target} }})()", 60, "play advanced")
         cdp.click(play)
-        after = _view(cdp, settle=2.0)
+        after = _view(cdp, frames, colors, settle=2.0)
         end = _assert_shows(after, frames, colors)
         assert end >= target and after["image"] != stepped["image"]
         shots.append(cdp.screenshot(tmp_path / "jupyterlab_tour_after.png"))
