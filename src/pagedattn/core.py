@@ -26,8 +26,7 @@ This module imports no torch: it serves the simulator at paper scale on a laptop
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, MutableSequence, Protocol
+from typing import TYPE_CHECKING, Callable, MutableSequence, NamedTuple, Protocol
 from typing import Sequence as Sequence_
 
 from pagedattn.memory.interface import KVManager, num_copied
@@ -42,13 +41,16 @@ if TYPE_CHECKING:
 _IN_A_RUN: tuple[None, tuple] = (None, ())
 
 
-@dataclass
-class StepMetrics:
+class StepMetrics(NamedTuple):
     """One engine step. Queue lengths and memory are as the step ran (after scheduling, before its tokens were
     applied). ``slots_filled`` counts the context tokens of the sequences computed (K/V read from the cache);
     ``blocks_used`` is the device pool's used blocks (slots, for a contiguous manager); ``memory_bound``: a request
     that has arrived waits although the scheduler would admit it but for memory; ``memory``: Fig. 2's breakdown of
-    the device slots (``KVManager.stats``), where the core was asked to record it (the simulator)."""
+    the device slots (``KVManager.stats``), where the core was asked to record it (the simulator).
+
+    A named tuple, not a dataclass: a replay at paper scale writes one per step, and in the compiled simulator a
+    dataclass's generated ``__init__`` still runs as interpreted Python, one attribute store at a time
+    (``benchmarks/sim_speed.py``)."""
 
     step: int
     kind: str  # "prefill" | "decode"

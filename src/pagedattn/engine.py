@@ -307,7 +307,7 @@ class LLMEngine:
 
         rows = []
         for m in self.step_metrics:
-            row = {f: getattr(m, f) for f in StepMetrics.__dataclass_fields__ if f != "memory"}
+            row = {f: getattr(m, f) for f in StepMetrics._fields if f != "memory"}
             rows.append({**row, "overhead_time": m.overhead_time})
         return pd.DataFrame(rows)
 

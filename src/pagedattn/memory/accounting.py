@@ -14,7 +14,7 @@ end: prompt + output tokens). Shared physical blocks (§4.4) are counted once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 KINDS = ("token_states", "reserved", "internal", "external")
 
@@ -27,15 +27,15 @@ class SlotBreakdown:
     external: int
 
 
-@dataclass(frozen=True)
-class KVStats:
+class KVStats(NamedTuple):
     """One snapshot of a KV manager's device memory, what the simulator records every step and the experiments
     read (``KVManager.stats``): Fig. 2's four kinds of slot (§3), the most slots one request wastes (§4.2: under
     one block when paged), and for a paged manager the blocks that Fig. 15's sharing saving compares (§4.4):
     ``physical_blocks`` held by sequences (the pinned prefixes' blocks, held by the manager, excluded) and
     ``logical_blocks``, what the device-resident sequences would hold without sharing. ``prefix_hit_rate``: the
     share of looked-up full prompt blocks found in the prefix cache, None when none was looked up (or the manager
-    has no prefix cache). A contiguous manager has no blocks to share: those fields are None."""
+    has no prefix cache). A contiguous manager has no blocks to share: those fields are None. A named tuple, as
+    ``core.StepMetrics`` is, which holds one per recorded step."""
 
     token_states: int
     reserved: int
