@@ -173,6 +173,29 @@ def test_fused_qkv_follows_its_layers_weights():
         FusedLinear(torch.nn.Linear(4, 4), torch.nn.Linear(5, 4))
 
 
+def test_fp32_linear_takes_mkl_on_intel_and_onednn_elsewhere(monkeypatch):
+    """``fused.linear`` sends fp32 CPU inputs of ``ONEDNN_MIN_ROWS`` rows or more to oneDNN only on a CPU that is not
+    Intel's (where MKL was measured faster), and whichever it takes, each output is the same dot product to a few
+    fp32 ulps."""
+    from pagedattn import cpuinfo
+    from pagedattn.model import fused
+
+    assert cpuinfo.intel_cpu("GenuineIntel") and not cpuinfo.intel_cpu("AuthenticAMD")
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        pytest.skip("no oneDNN in this torch")
+    assert fused._ONEDNN == (not cpuinfo.intel_cpu())
+    torch.manual_seed(4)
+    x, w = torch.randn(fused.ONEDNN_MIN_ROWS, 32), torch.randn(48, 32)
+    with torch.inference_mode():
+        ref = torch.nn.functional.linear(x, w)
+        for onednn in (True, False):
+            monkeypatch.setattr(fused, "_ONEDNN", onednn)
+            got = fused.linear(x, w)
+            if not onednn:
+                assert torch.equal(got, ref)
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("hidden", [7, 64, 256, 1003, 4096, 5120])
 def test_rms_norm_is_bit_identical_to_transformers(hidden, dtype):

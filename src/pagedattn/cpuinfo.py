@@ -1,8 +1,8 @@
 """The host CPU as Linux's ``/proc/cpuinfo`` describes it: its name and its feature flags.
 
-Three readers need them: the C++ kernels' build cache (``-march=native`` code depends on the flags), the results'
-hardware label (machines of one name here differ by their vector extensions, and CPU timings with them), and the
-engine's bf16 warning (``bf16_in_hardware``)."""
+Four readers need them: the C++ kernels' build cache (``-march=native`` code depends on the flags), the results'
+hardware label (machines of one name here differ by their vector extensions, and CPU timings with them), the
+engine's bf16 warning (``bf16_in_hardware``) and the fp32 linear layers' choice of library (``intel_cpu``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,3 +31,9 @@ def bf16_in_hardware(flags: str | None = None) -> bool:
     (``results/benchmarks/engine_vs_vllm_avx2.json``)."""
     have = set((cpu_flags() if flags is None else flags).split())
     return bool(have & {"amx_bf16", "avx512_bf16"})
+
+
+def intel_cpu(vendor: str | None = None) -> bool:
+    """Whether this CPU (or ``vendor``, a ``vendor_id``) is Intel's, where MKL's fp32 GEMM is the faster one at a
+    decode step's sizes (``pagedattn.model.fused``)."""
+    return (cpu_field("vendor_id") if vendor is None else vendor) == "GenuineIntel"

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pagedattn.cpuinfo import intel_cpu
+
 
 #: oneDNN's fp32 matmul (torch's ``mkldnn._linear_pointwise``, vLLM-CPU's path for unquantized layers) for inputs of
 #: at least this many rows; fewer go to torch's ``F.linear`` (MKL's sgemm). Measured on the 2-core VM (fp32, every
@@ -24,15 +26,20 @@ from torch import Tensor, nn
 #: 1 row 1.08 ms against 0.54 ms (oneDNN's per-call cost), 8 rows 1.38 against 1.55, 64 rows 3.45 against 6.56, 256
 #: rows 10.9 against 24.2, 2,048 rows 113 against 210; two threads, 8 rows 0.87 against 1.38, 64 rows 2.74 against
 #: 4.87. The two round differently (a few fp32 ulps; each is an fp32 dot product summed in its own order).
+#: On an Intel CPU MKL is the faster one, so oneDNN is not used there (a 2-core Intel Xeon with AMX, the same layers,
+#: median of 15, 2026-12-05): one thread, 8 rows 0.23 ms oneDNN against 0.13 MKL, 64 rows 0.69 against 0.55, 256
+#: rows 2.33 against 2.10; two threads, 8 rows 0.17 against 0.07, 64 rows 0.45 against 0.37, 256 rows 1.33 against
+#: 1.20; from 512 rows on either won by up to 20 % from one size to the next. A batch-64 generate of 64 tokens on
+#: one thread took 0.66 s of CPU with MKL against 0.78 with oneDNN there.
 ONEDNN_MIN_ROWS = 8
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise") and not intel_cpu()
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``; through oneDNN for fp32 CPU inputs of ``ONEDNN_MIN_ROWS`` rows or more, at
-    inference (oneDNN's op has no backward), with a weight stored ``[out, in]`` or ``[in, out]``: a weight that is a
-    strided slice of another (a layer of a :class:`FusedLinear` called alone) stays on ``F.linear``, as oneDNN ran
-    such a layer hundreds of times slower."""
+    """``F.linear(x, weight, bias)``; through oneDNN for fp32 CPU inputs of ``ONEDNN_MIN_ROWS`` rows or more on a
+    CPU not Intel's, at inference (oneDNN's op has no backward), with a weight stored ``[out, in]`` or ``[in, out]``:
+    a weight that is a strided slice of another (a layer of a :class:`FusedLinear` called alone) stays on
+    ``F.linear``, as oneDNN ran such a layer hundreds of times slower."""
     if (_ONEDNN and x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] >= ONEDNN_MIN_ROWS
             and x.device.type == "cpu" and weight.dtype == torch.float32 and not torch.is_grad_enabled()
             and (weight.is_contiguous() or weight.t().is_contiguous())):
