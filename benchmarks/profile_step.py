@@ -35,7 +35,8 @@ SCOPES = {"attention": "paged_attention", "kv write": "reshape_and_cache", "deco
           "forward": "forward", "prepare input": "prepare_input", "rms norm": "rms_norm_cpu", "rope": "rope_cpu",
           "argmax": "argmax_cpu"}
 LAYER_OPS = ("rms_norm_cpu", "rope_cpu", "argmax_cpu")  # the C++ per-layer operations (kernels/cpu.py)
-# the linear layers' ops: torch's GEMMs (MKL in fp32 below fused.ONEDNN_MIN_ROWS rows, oneDNN in bf16) and oneDNN's
+# the linear layers' ops: torch's GEMMs (fp32: MKL on Intel CPUs, and elsewhere below fused.ONEDNN_MIN_ROWS rows;
+# bf16: oneDNN) and oneDNN's own linear op
 MATMULS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "mkldnn::_linear_pointwise")
 
 
