@@ -414,29 +414,23 @@ class SimExecutor:
         return output
 
 
-_gc_pauses = 0  # replays running with the collector paused (nested ones included)
-_gc_was_on = True  # the collector's state before the outermost of them
-
-
 @contextmanager
 def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a replay runs, and as it was before once the outermost replay
-    ends. A replay's objects stay alive until it returns (every step's record, every request), so collections
-    find nothing: they took about a fifth of a recorded paper-scale replay (the engine core keeps a ``StepMetrics``
-    per step; ``benchmarks/sim_speed.py``). Not for replays in concurrent threads: the switch is the process's."""
-    global _gc_pauses, _gc_was_on
-    if _gc_pauses == 0:
-        _gc_was_on = gc.isenabled()
-        gc.disable()
-    _gc_pauses += 1
+    """Python's cyclic garbage collector off while a replay runs (``simulate``'s decorator), and as it was before
+    afterwards (so a replay within a replay leaves it off). A replay's objects stay alive until it returns (every
+    step's record, every request), so collections find nothing: they took about a fifth of a recorded paper-scale
+    replay (the engine core keeps a ``StepMetrics`` per step; ``benchmarks/sim_speed.py``). Not for replays in
+    concurrent threads: the switch is the process's."""
+    was_on = gc.isenabled()
+    gc.disable()
     try:
         yield
     finally:
-        _gc_pauses -= 1
-        if _gc_pauses == 0 and _gc_was_on:
+        if was_on:
             gc.enable()
 
 
+@gc_paused()
 @compiled_when_built
 def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | None = None, block_size: int = 16,
              cost: CostModel | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096,
@@ -474,43 +468,42 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     groups: list[SequenceGroup] = []
     i = 0
     bar = tqdm(total=len(pending), desc=f"sim {system}", disable=not (progress and interactive()), leave=False)
-    with gc_paused():  # a replay's records and requests are all alive until it ends: nothing for the collector
-        while i < len(pending) or core.has_unfinished():
-            if not core.has_unfinished() and pending[i].arrival_time > ex.now:
-                ex.now = pending[i].arrival_time  # idle until the next arrival
-            while i < len(pending) and pending[i].arrival_time <= ex.now:  # the arrivals, as groups of n sequences
-                r = pending[i]
-                room = max_model_len - r.prompt_len
-                lens = [r.output_len] * n if n == 1 or beam is not None or equal_sample_lengths else \
-                    [r.output_len] + [min(int(x), room) for x in rng.choice(trace_outputs, n - 1)]
-                tokens = prompts[r.request_id] if prompts else [0] * r.prompt_len
-                seqs = [Sequence(len(target) + k, tokens) for k in range(n)]
-                g = SequenceGroup(r.request_id, seqs, SamplingParams(n=n, max_tokens=max(lens), ignore_eos=True),
-                                  arrival_time=r.arrival_time)
-                g.prefix_len = (prefix_lens or {}).get(r.request_id, 0)
-                for s, out_len in zip(seqs, lens):
-                    target[s.seq_id], final_len[s.seq_id] = out_len, r.prompt_len + out_len
-                    ex.stop_len[s.seq_id] = len(tokens) + out_len
-                groups.append(g)
-                core.add(g)
-                i += 1
-            plan, done = core.step()
-            if done or plan is not None and plan.ignored:
-                bar.update(len(done) + (len(plan.ignored) if plan is not None else 0))
-            if plan is not None and plan.is_empty():  # nothing could run: wait for the next arrival
-                if i < len(pending):
-                    ex.now = max(ex.now, pending[i].arrival_time)
-                    continue
-                if core.has_unfinished():
-                    raise RuntimeError("scheduler made no progress with requests left (a request can never fit?)")
-                break
-            if max_steps is not None and core.num_steps >= max_steps:
-                break
-        bar.close()
-        reqs = pd.DataFrame([{"request_id": g.request_id, "arrival_time": g.metrics.arrival_time,
-                              "first_token_time": g.metrics.first_token_time, "finish_time": g.metrics.finish_time,
-                              "prompt_len": g.seqs[0].get_prompt_len(), "output_len": target[g.seqs[0].seq_id],
-                              "total_output_len": sum(target[s.seq_id] for s in g.seqs),
-                              "error": g.error} for g in groups])
-        return SimResult(system, steps_frame(core.steps, system == "paged"), reqs, dict(sched.num_preemptions),
-                         kv.stats().prefix_hit_rate, ex.computed, core.num_steady_steps)
+    while i < len(pending) or core.has_unfinished():
+        if not core.has_unfinished() and pending[i].arrival_time > ex.now:
+            ex.now = pending[i].arrival_time  # idle until the next arrival
+        while i < len(pending) and pending[i].arrival_time <= ex.now:  # the arrivals, as groups of n sequences
+            r = pending[i]
+            room = max_model_len - r.prompt_len
+            lens = [r.output_len] * n if n == 1 or beam is not None or equal_sample_lengths else \
+                [r.output_len] + [min(int(x), room) for x in rng.choice(trace_outputs, n - 1)]
+            tokens = prompts[r.request_id] if prompts else [0] * r.prompt_len
+            seqs = [Sequence(len(target) + k, tokens) for k in range(n)]
+            g = SequenceGroup(r.request_id, seqs, SamplingParams(n=n, max_tokens=max(lens), ignore_eos=True),
+                              arrival_time=r.arrival_time)
+            g.prefix_len = (prefix_lens or {}).get(r.request_id, 0)
+            for s, out_len in zip(seqs, lens):
+                target[s.seq_id], final_len[s.seq_id] = out_len, r.prompt_len + out_len
+                ex.stop_len[s.seq_id] = len(tokens) + out_len
+            groups.append(g)
+            core.add(g)
+            i += 1
+        plan, done = core.step()
+        if done or plan is not None and plan.ignored:
+            bar.update(len(done) + (len(plan.ignored) if plan is not None else 0))
+        if plan is not None and plan.is_empty():  # nothing could run: wait for the next arrival
+            if i < len(pending):
+                ex.now = max(ex.now, pending[i].arrival_time)
+                continue
+            if core.has_unfinished():
+                raise RuntimeError("scheduler made no progress with requests left (a request can never fit?)")
+            break
+        if max_steps is not None and core.num_steps >= max_steps:
+            break
+    bar.close()
+    reqs = pd.DataFrame([{"request_id": g.request_id, "arrival_time": g.metrics.arrival_time,
+                          "first_token_time": g.metrics.first_token_time, "finish_time": g.metrics.finish_time,
+                          "prompt_len": g.seqs[0].get_prompt_len(), "output_len": target[g.seqs[0].seq_id],
+                          "total_output_len": sum(target[s.seq_id] for s in g.seqs),
+                          "error": g.error} for g in groups])
+    return SimResult(system, steps_frame(core.steps, system == "paged"), reqs, dict(sched.num_preemptions),
+                     kv.stats().prefix_hit_rate, ex.computed, core.num_steady_steps)
