@@ -196,6 +196,49 @@ def test_fp32_linear_takes_mkl_on_intel_and_onednn_elsewhere(monkeypatch):
             torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_bf16_linear_packs_its_weight_once_and_equals_f_linear():
+    """On a CPU with bf16 hardware, a bf16 ``Linear`` (and a ``FusedLinear``) multiplies by a oneDNN-packed copy of
+    its weight: outputs equal ``F.linear``'s bit for bit at 1-300 rows, with or without a bias, for a weight stored
+    ``[in, out]``; the copy is made once, remade after the weight changes in place, and a deep copy or pickle of the
+    layer starts without it. Elsewhere (no bf16 hardware, fp32, autograd on) the layer takes ``F.linear``."""
+    import copy
+    import pickle
+
+    import torch.nn.functional as F
+
+    from pagedattn import cpuinfo
+    from pagedattn.model import fused
+
+    if not fused._PACKED_BF16:
+        assert not (cpuinfo.bf16_in_hardware() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+        pytest.skip("no bf16 hardware or no oneDNN reorder op here")
+    torch.manual_seed(5)
+    for bias in (True, False):
+        layer = fused.Linear(96, 80, bias=bias).to(torch.bfloat16)
+        with torch.no_grad():
+            layer.weight.data = layer.weight.t().contiguous().t()  # [in, out] memory, as the loader stores it
+        with torch.inference_mode():
+            for rows in (1, 7, 64, 300):
+                x = torch.randn(rows, 96).to(torch.bfloat16)
+                assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias)), (bias, rows)
+            packed = layer.packed.tensor
+            assert packed is not None and packed.is_mkldnn
+            layer(x)
+            assert layer.packed.tensor is packed  # made once
+        with torch.no_grad():
+            layer.weight.mul_(2)
+        with torch.inference_mode():
+            assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias)) and layer.packed.tensor is not packed
+    for clone in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert clone.packed.tensor is None and torch.equal(clone.weight, layer.weight)
+    a, b = fused.Linear(96, 32).to(torch.bfloat16), fused.Linear(96, 16).to(torch.bfloat16)
+    both = fused.FusedLinear(a, b)
+    with torch.inference_mode():
+        assert torch.equal(both(x), torch.cat([F.linear(x, a.weight, a.bias), F.linear(x, b.weight, b.bias)], -1))
+        assert both.packed.tensor is not None
+    x = torch.randn(4, 96, requires_grad=True)
+    assert fused.Linear(96, 8).to(torch.bfloat16)(x.to(torch.bfloat16)).requires_grad  # autograd: F.linear
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("hidden", [7, 64, 256, 1003, 4096, 5120])
 def test_rms_norm_is_bit_identical_to_transformers(hidden, dtype):
