@@ -321,10 +321,11 @@ def test_cpu_cache_write_bf16_rounds_as_torch(cpu_kernel, monkeypatch):
     assert torch.equal(vc2.view(torch.int16), vc.view(torch.int16))
 
 
-def test_cpu_argmax_is_torch_max_indices(cpu_kernel):
-    """Greedy decoding's C++ argmax equals ``max(dim=-1).indices``: the first maximum on ties (also across its
-    64-float chunks), a NaN counting as the maximum (the first NaN), a row of -inf giving 0, odd widths; an empty
-    vocabulary is a ValueError."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cpu_argmax_is_torch_max_indices(cpu_kernel, dtype):
+    """Greedy decoding's C++ argmax equals ``max(dim=-1).indices``, in fp32 and on bf16 logits as they are (where
+    rounding makes ties common): the first maximum on ties (also across its 64-float chunks), a NaN counting as the
+    maximum (the first NaN), a row of -inf giving 0, odd widths; an empty vocabulary is a ValueError."""
     from pagedattn.kernels.cpu import argmax_cpu
 
     gen = _gen("argmax")
@@ -341,6 +342,7 @@ def test_cpu_argmax_is_torch_max_indices(cpu_kernel):
         x[6] = float("-inf")
         x[7] = 0.0
         x[7, -1] = -0.0
+        x = x.to(dtype)
         assert torch.equal(argmax_cpu(x), x.max(dim=-1).indices), cols
     with pytest.raises(ValueError, match="empty"):
         argmax_cpu(torch.empty(2, 0))

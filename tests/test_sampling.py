@@ -90,6 +90,21 @@ def test_greedy_rows_next_to_sampled_rows_take_their_own_argmax():
     assert logprobs == pytest.approx([math.log(0.4), math.log(0.7), math.log(0.4)], abs=1e-6)
 
 
+
+def test_greedy_on_bf16_logits_equals_greedy_on_their_fp32_copy():
+    """bf16 logits (a bf16 model's) sample greedily as their fp32 copy does: the same tokens (ties, frequent in
+    bf16, to the first maximum) and log-probabilities, also for a row that ``min_tokens`` keeps from its EOS."""
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(6, 300, generator=gen) * 4).to(torch.bfloat16)
+    logits[1, 10] = logits[1, 20] = logits[1].max() + 1  # a tie
+    eos = int(logits[2].float().argmax())
+    seq = Sequence(0, [1, 2, 3])
+    for rows in ([SamplingRow(SamplingParams(temperature=0)) for _ in range(6)],
+                 [SamplingRow(SamplingParams(temperature=0, min_tokens=2), seq=seq) for _ in range(6)]):
+        got, want = sample(logits, rows, eos_token_ids=frozenset({eos})), sample(
+            logits.float(), rows, eos_token_ids=frozenset({eos}))
+        assert got == want and got[0][1] == 10
+    assert got[0][2] != eos  # min_tokens applied on the second pass
 def test_make_generator_is_a_seeded_cpu_generator():
     assert make_generator(None) is None
     g = make_generator(7)

@@ -153,7 +153,7 @@ def _shares_name(name: str) -> str:
 
 
 #: The version of the exported signatures below; ``pagedattn_abi_version()`` in ``cpu_attention.cpp`` must return it.
-ABI_VERSION = 4
+ABI_VERSION = 5
 _I64, _PTR, _F64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
 #: name -> (argument types, return type) of every function the library exports
 _SIGNATURES = {**{name: ([_PTR] * 6 + [_I64] * 8 + [_F64], ctypes.c_int) for name in _FUNCTIONS.values()},
@@ -162,7 +162,7 @@ _SIGNATURES = {**{name: ([_PTR] * 6 + [_I64] * 8 + [_F64], ctypes.c_int) for nam
                **{name: ([_PTR] * 5 + [_I64] * 5, ctypes.c_int) for name in _WRITES.values()},
                **{f"rms_norm_{s}": ([_PTR] * 4 + [_I64] * 2 + [_F64], None) for s in ("f32", "bf16")},
                **{f"rope_{s}": ([_PTR] * 3 + [_I64] * 4, None) for s in ("f32", "bf16")},
-               "argmax_rows_f32": ([_PTR, _I64, _I64, _PTR], None)}
+               **{f"argmax_rows_{s}": ([_PTR, _I64, _I64, _PTR], None) for s in ("f32", "bf16")}}
 
 
 def bind(dll: ctypes.CDLL) -> str | None:
@@ -383,8 +383,9 @@ def rope_cpu(x: Tensor, cos: Tensor, sin_rot: Tensor) -> Tensor:
 
 
 def argmax_cpu(logits: Tensor) -> Tensor:
-    """``logits.max(dim=-1).indices`` for a contiguous ``[rows, vocab]`` fp32 CPU tensor: the first maximum of each
-    row, a NaN counting as the maximum."""
+    """``logits.max(dim=-1).indices`` for a ``[rows, vocab]`` fp32 or bf16 CPU tensor (``LAYER_DTYPES``): the first
+    maximum of each row, a NaN counting as the maximum. bf16 logits are compared as they are (their fp32 values are
+    exact), which saves the step the copy of its logits to fp32."""
     rows, cols = logits.shape
     if cols == 0:
         raise ValueError("argmax_cpu: a row of logits is empty (vocabulary of size 0)")
@@ -394,5 +395,5 @@ def argmax_cpu(logits: Tensor) -> Tensor:
         lib = load_library()
         if lib is None:
             raise RuntimeError("argmax_cpu: the C++ kernel is not built (see the warning above)")
-        lib.argmax_rows_f32(x.data_ptr(), rows, cols, out.data_ptr())
+        layer_function("argmax_rows", x.dtype)(x.data_ptr(), rows, cols, out.data_ptr())
     return out

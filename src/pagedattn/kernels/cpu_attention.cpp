@@ -354,7 +354,7 @@ static int reshape_and_cache(const S *key, const S *value, T *key_cache, T *valu
 // The exported functions' signatures, as a version: bump it with any change to an exported name, argument or return
 // type, here or in cpu_layer_ops.cpp, and set the same number as ABI_VERSION in cpu.py, which declares the ctypes
 // signatures and refuses a library whose version differs.
-extern "C" int pagedattn_abi_version() { return 4; }
+extern "C" int pagedattn_abi_version() { return 5; }
 
 #define EXPORT(NAME, T)                                                                                            \
     extern "C" int NAME(const T *q, const T *kc, const T *vc, const int32_t *tables, const int32_t *lens, T *out, \

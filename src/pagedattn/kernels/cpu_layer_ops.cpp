@@ -107,13 +107,15 @@ static void rope(T *x, const T *cos, const T *sin_rot, int64_t tokens, int64_t h
 EXPORT_LAYER_OPS(f32, float)
 EXPORT_LAYER_OPS(bf16, bf16)
 
-// Greedy decoding's argmax per row of logits [rows, cols] (contiguous): the first maximum, as torch.max(dim).indices;
-// a NaN counts as the maximum (the first NaN wins), as in torch. Vectorised: the maximum of each chunk of 64, then
-// the first index of the maximum within the first chunk that holds it.
-extern "C" void argmax_rows_f32(const float *x, int64_t rows, int64_t cols, int64_t *out) {
+// Greedy decoding's argmax per row of logits [rows, cols] (contiguous, fp32 or bf16, compared as their exact fp32
+// values): the first maximum, as torch.max(dim).indices; a NaN counts as the maximum (the first NaN wins), as in
+// torch. Vectorised: the maximum of each chunk of 64, then the first index of the maximum within the first chunk that
+// holds it.
+template <typename T>
+static void argmax_rows(const T *x, int64_t rows, int64_t cols, int64_t *out) {
     const int64_t chunk = 64;
     for (int64_t r = 0; r < rows; r++) {
-        const float *v = x + r * cols;
+        const T *v = x + r * cols;
         float m = -INFINITY;
         int64_t best = 0, nan_chunk = -1;
         for (int64_t c0 = 0; c0 < cols; c0 += chunk) {
@@ -122,8 +124,9 @@ extern "C" void argmax_rows_f32(const float *x, int64_t rows, int64_t cols, int6
             int nans = 0;
 #pragma omp simd reduction(max : cm) reduction(+ : nans)
             for (int64_t i = 0; i < n; i++) {
-                cm = v[c0 + i] > cm ? v[c0 + i] : cm;
-                nans += v[c0 + i] != v[c0 + i];
+                const float a = widen(v[c0 + i]);
+                cm = a > cm ? a : cm;
+                nans += a != a;
             }
             if (nans) {
                 nan_chunk = c0;
@@ -133,10 +136,17 @@ extern "C" void argmax_rows_f32(const float *x, int64_t rows, int64_t cols, int6
         }
         if (nan_chunk >= 0) {
             best = nan_chunk;
-            while (v[best] == v[best]) best++;
+            while (widen(v[best]) == widen(v[best])) best++;
         } else {
-            while (best < cols - 1 && v[best] != m) best++;
+            while (best < cols - 1 && widen(v[best]) != m) best++;
         }
         out[r] = best;
     }
+}
+
+extern "C" void argmax_rows_f32(const float *x, int64_t rows, int64_t cols, int64_t *out) {
+    argmax_rows<float>(x, rows, cols, out);
+}
+extern "C" void argmax_rows_bf16(const bf16 *x, int64_t rows, int64_t cols, int64_t *out) {
+    argmax_rows<bf16>(x, rows, cols, out);
 }
