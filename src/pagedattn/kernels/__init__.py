@@ -52,7 +52,9 @@ _TRITON_MODULE = "pagedattn.kernels.paged_attention"
 @dataclass(frozen=True)
 class KernelBackend:
     """The four cache operations of one backend (same signatures as the ``*_ref`` functions). ``plan_decode``, where
-    set, builds once per decode step what ``paged_attention(..., plan=...)`` would otherwise rebuild in every layer."""
+    set, builds once per decode step what ``paged_attention(..., plan=...)`` would otherwise rebuild in every layer.
+    ``rope_and_cache``, where set (Triton), applies RoPE to q and k and writes K/V into the cache in one launch
+    (:func:`pagedattn.kernels.fused_layer.rope_and_cache`); a model on a GPU then skips ``reshape_and_cache``."""
 
     name: str
     paged_attention: Callable
@@ -61,6 +63,7 @@ class KernelBackend:
     swap_blocks: Callable
     interpreted: bool = False
     plan_decode: Callable | None = None
+    rope_and_cache: Callable | None = None
 
 
 def _cuda_available() -> bool:
@@ -136,6 +139,8 @@ def get_backend(name: str | None = "auto") -> KernelBackend:
         import importlib
 
         mod = importlib.import_module(_TRITON_MODULE)
+        from pagedattn.kernels import fused_layer
+
         return KernelBackend("triton", mod.paged_attention, mod.reshape_and_cache, mod.copy_blocks, mod.swap_blocks,
-                             interpreted=mod.INTERPRET)
+                             interpreted=mod.INTERPRET, rope_and_cache=fused_layer.rope_and_cache)
     raise ValueError(f"unknown kernel backend {name!r}; choose 'torch', 'cpu', 'triton' or 'auto'")
