@@ -76,7 +76,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Optional[Tensor] =
 @triton.jit
 def _rope_tile(row, offs_d, c, s, mask, D: tl.constexpr):
     """RoPE of the heads at ``row`` (``[BLOCK_H, 1]`` pointers to their rows): ``x * cos + roll(x, D/2) * sin_rot``,
-    each product rounded to the dtype before the sum. The one place of the arithmetic, for both RoPE launches."""
+    each product rounded to the dtype before the sum. The one place of the arithmetic, for both RoPE launches; they
+    are compiled without FMA contraction (``fp_fusion=False``), which in fp32 would round ``x * cos`` into the sum."""
     x = tl.load(row + offs_d[None, :], mask=mask, other=0.0)
     rolled = tl.load(row + ((offs_d + D // 2) % D)[None, :], mask=mask, other=0.0)  # roll by half: cat(x2, x1)
     dt = x.dtype
@@ -108,7 +109,7 @@ def plan_rope(x: Tensor, cos: Tensor, sin_rot: Tensor) -> Launch:
     return Launch(_rope_kernel, (tokens,), (x, cos, sin_rot, x.stride(0), x.stride(1), cos.stride(0),
                                             sin_rot.stride(0)),
                   dict(HEADS=heads, D=d, BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=triton.next_power_of_2(d)),
-                  num_warps=4, num_stages=1)
+                  num_warps=4, num_stages=1, fp_fusion=False)
 
 
 def rope(x: Tensor, cos: Tensor, sin_rot: Tensor) -> Tensor:
@@ -170,7 +171,7 @@ def plan_rope_and_cache(query_key: Tensor, value: Tensor, cos: Tensor, sin_rot: 
                   dict(HEADS=heads_qk - kv_heads, KV_HEADS=kv_heads, D=d, BLOCK_H=block_h,
                        BLOCK_KV=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(d),
                        BLOCK_SIZE=block_size),
-                  num_warps=4, num_stages=1)
+                  num_warps=4, num_stages=1, fp_fusion=False)
 
 
 def rope_and_cache(query_key: Tensor, value: Tensor, cos: Tensor, sin_rot: Tensor, key_cache: Tensor,

@@ -230,7 +230,10 @@ def _paged_attn_reduce_kernel(
 
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch: ``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``."""
+    """One kernel launch: ``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``.
+
+    ``fp_fusion=False`` forbids the compiler to contract ``a * b + c`` into one FMA (Triton's ``enable_fp_fusion``,
+    on by default): a kernel that must round as torch's separate elementwise ops do (RoPE in fp32) sets it."""
 
     kernel: Any  # a Triton JIT function, launched as kernel[grid](...)
     grid: tuple
@@ -238,9 +241,12 @@ class Launch:
     constexprs: dict
     num_warps: int = 4
     num_stages: int = 3
+    fp_fusion: bool = True
 
     def __call__(self) -> None:
-        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
+        extra = {} if self.fp_fusion else {"enable_fp_fusion": False}
+        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages,
+                               **extra)
 
 
 @dataclass(frozen=True)
