@@ -4,6 +4,8 @@ Triton's interpreter on the CPU: NaN-poisoned outputs, a non-power-of-two width,
 them."""
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -128,7 +130,7 @@ def test_rope_and_cache_equals_rope_then_cache_write(fused, dtype, heads, kv_hea
     written = slots[slots >= 0].long()
     assert torch.isfinite(kc.flatten(0, 1)[written]).all() and torch.isfinite(vc.flatten(0, 1)[written]).all()
     assert int(kc.isfinite().all(-1).all(-1).sum()) == len(written)  # nothing else was written
-    exact = dict(rtol=0, atol=0, equal_nan=True)
+    exact: dict[str, Any] = dict(rtol=0, atol=0, equal_nan=True)
     for name in ("two_launches", "torch"):
         if name == "torch" and dtype == torch.bfloat16 and INTERPRETED_BF16:
             break
@@ -144,7 +146,7 @@ def test_rope_and_cache_equals_rope_then_cache_write(fused, dtype, heads, kv_hea
 
 
 def test_rope_and_cache_is_one_launch_and_refuses_odd_shapes(fused):
-    m = dict(device="meta", dtype=torch.float16)
+    m: dict[str, Any] = dict(device="meta", dtype=torch.float16)
     qk, v = torch.empty(4, 10, 64, **m), torch.empty(4, 2, 64, **m)
     cs, cache = torch.empty(4, 1, 64, **m), torch.empty(3, 16, 2, 64, **m)
     launch = fused.plan_rope_and_cache(qk, v, cs, cs, cache, cache, torch.empty(4, dtype=torch.long, device="meta"))

@@ -367,7 +367,7 @@ def plan_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, 
     common = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, BLOCK_G=block_g, NUM_KV_HEADS=num_kv_heads,
                   HEADS=heads, BLOCK_SIZE=block_size, TILE_N=tile, PARTITION=part, USE_DOT=use_dot,
                   DOT_FP32=dot_fp32)
-    shape = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    shape: dict[str, Any] = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (query, key_cache, value_cache, block_tables, context_lens, qk_scale,
             *query.stride(), *key_cache.stride(), *value_cache.stride(), *block_tables.stride(), *out.stride())
     if not split_kv:
