@@ -47,6 +47,7 @@ __all__ = ["KernelBackend", "get_backend", "available_backends", "enable_triton_
            "paged_attention_ref", "reshape_and_cache_ref", "copy_blocks_ref", "swap_blocks_ref"]
 
 _TRITON_MODULE = "pagedattn.kernels.paged_attention"
+_TRITON_LAYER_MODULE = "pagedattn.kernels.fused_layer"
 
 
 @dataclass(frozen=True)
@@ -139,8 +140,7 @@ def get_backend(name: str | None = "auto") -> KernelBackend:
         import importlib
 
         mod = importlib.import_module(_TRITON_MODULE)
-        from pagedattn.kernels import fused_layer
-
+        fused = importlib.import_module(_TRITON_LAYER_MODULE)  # by name, as the kernel module: no import circle
         return KernelBackend("triton", mod.paged_attention, mod.reshape_and_cache, mod.copy_blocks, mod.swap_blocks,
-                             interpreted=mod.INTERPRET, rope_and_cache=fused_layer.rope_and_cache)
+                             interpreted=mod.INTERPRET, rope_and_cache=fused.rope_and_cache)
     raise ValueError(f"unknown kernel backend {name!r}; choose 'torch', 'cpu', 'triton' or 'auto'")
