@@ -1,7 +1,7 @@
-"""The Triton RMSNorm (with the residual add) and RoPE kernels of a decoder layer on a GPU
-(:mod:`pagedattn.kernels.fused_layer`), against transformers' torch lines (``pagedattn.model.fused_ops``), in
-Triton's interpreter on the CPU: NaN-poisoned outputs, a non-power-of-two width, strided views as the model passes
-them."""
+"""The Triton RMSNorm (with the residual add), RoPE, and RoPE fused with the KV-cache write kernels of a decoder
+layer on a GPU (:mod:`pagedattn.kernels.fused_layer`), against transformers' torch lines (``pagedattn.model.fused_ops``)
+and the launches they replace, in Triton's interpreter on the CPU: NaN-poisoned outputs and caches, non-power-of-two
+widths, strided views as the model passes them."""
 from __future__ import annotations
 
 from typing import Any

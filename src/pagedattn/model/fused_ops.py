@@ -1,7 +1,8 @@
 """Where a decoder layer's RMSNorm and RoPE run: on a GPU, one Triton launch each
 (:mod:`pagedattn.kernels.fused_layer`); elsewhere the torch lines below (the CPU's C++ paths are chosen by the
 callers first). RoPE fused with the KV-cache write is the Triton backend's ``rope_and_cache``
-(``PagedAttention.rope_and_cache`` decides); :func:`rope_and_cache_ref` is its torch oracle. ``tests/test_op_budget.py`` counts the launches of a decode step through these names."""
+(``PagedAttention.rope_and_cache`` decides); :func:`rope_and_cache_ref` is its torch oracle.
+``tests/test_op_budget.py`` counts the launches of a decode step through these names."""
 from __future__ import annotations
 
 from typing import Optional
