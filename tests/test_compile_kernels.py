@@ -52,12 +52,40 @@ def test_launch_plans_on_meta_tensors():
 def test_quick_compile_grid():
     rc, df = compile_check.run_subprocess(full=False, timeout=900)
     assert set(df.target) == {"sm_80", "sm_90"}
-    assert set(df.kernel) == {"paged_attn", "paged_attn_reduce", "reshape_and_cache", "copy_blocks", "rms_norm", "rope"}
+    assert set(df.kernel) == {"paged_attn", "paged_attn_reduce", "reshape_and_cache", "copy_blocks", "rms_norm", "rope",
+                              "rope_and_cache"}
     assert (df.error == "").all(), df[df.error != ""].to_string()
     assert (df.problem == "").all(), df[df.problem != ""].to_string()
     engine = df[df.engine.astype(str) == "True"]
     assert len(engine) and (engine.spill_stores == 0).all() and (engine.spill_loads == 0).all()
     assert rc == 0
+
+
+FMA_SCRIPT = """
+import os
+os.environ["TRITON_INTERPRET"] = "0"
+from pagedattn.kernels import compile_check as cc
+from pagedattn.kernels.aot import launch_ptx
+for family in ("rope", "rope_and_cache"):
+    (_, launch), = cc.case_launches(cc.Case(family, "float32", 128, 16))
+    fused = launch_ptx(launch.__class__(**dict(vars(launch), fp_fusion=True)), 90)
+    print(family, launch_ptx(launch, 90).count("fma.rn.f32"), fused.count("fma.rn.f32"))
+"""
+
+
+@pytest.mark.slow  # ~10 s of Triton compiles in a subprocess
+def test_rope_launches_compile_without_fma_contraction():
+    """The RoPE launches round ``x * cos`` and ``roll(x) * sin_rot`` apart before the sum, as torch's elementwise ops
+    do: in fp32 on a GPU the compiler's default contraction into an FMA would round differently. Their plans switch
+    it off (``fp_fusion=False``): no fp32 FMA in the PTX, where the default compile has some."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FMA_SCRIPT], capture_output=True, text=True, timeout=600, check=True)
+    counts = {line.split()[0]: tuple(map(int, line.split()[1:])) for line in out.stdout.splitlines()}
+    assert set(counts) == {"rope", "rope_and_cache"}
+    for family, (planned, default) in counts.items():
+        assert planned == 0 and default > 0, (family, planned, default)
 
 
 def test_summarize_counts_engine_spills_apart():

@@ -117,24 +117,28 @@ def test_batched_prefill_matches_hf(model_and_ref, setup, monkeypatch):
 
 
 def test_gpu_layer_path_in_the_interpreter_matches_hf(llama_and_ref, triton, monkeypatch):
-    """What a GPU runs, on the CPU: the batched prefill, the Triton attention and cache write, and the fused Triton
-    RMSNorm (with the residual add) and RoPE (``model.fused_ops``), all in Triton's interpreter, give HF's greedy
-    tokens in fp32 (a short run: the interpreter is slow)."""
-    from pagedattn.kernels import cpu
+    """What a GPU runs, on the CPU: the batched prefill, the Triton attention, the fused Triton RMSNorm (with the
+    residual add), and RoPE fused with the KV-cache write (``fused_layer.rope_and_cache``, the only cache write of a
+    Llama layer there), all in Triton's interpreter, give HF's greedy tokens in fp32 (a short run: the interpreter
+    is slow)."""
+    from pagedattn.kernels import cpu, fused_layer
+    from pagedattn.kernels import paged_attention as pa
     from pagedattn.model import attention, fused_ops
 
     monkeypatch.setattr(attention, "BATCHED_PREFILL", True)
     monkeypatch.setattr(fused_ops, "on_gpu", lambda x: True)
     monkeypatch.setattr(cpu, "takes", lambda *xs, **kw: False)
     calls = []
-    for name in ("rms_norm_launch", "rope_launch"):
-        fn = getattr(fused_ops, name)
-        monkeypatch.setattr(fused_ops, name, lambda *a, _fn=fn, _n=name, **k: calls.append(_n) or _fn(*a, **k))
+    for mod, name in ((fused_ops, "rms_norm_launch"), (fused_ops, "rope_launch"), (fused_layer, "rope_and_cache"),
+                      (pa, "reshape_and_cache")):
+        fn = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _fn=fn, _n=name, **k: calls.append(_n) or _fn(*a, **k))
     hf, ref = llama_and_ref
     llm = LLM(hf, block_size=4, attention_backend="triton")
     sp = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     assert tokens(llm.generate(PROMPTS[:3], sp, use_tqdm=False)) == [r[:3] for r in ref[:3]]
-    assert {"rms_norm_launch", "rope_launch"} <= set(calls)
+    assert {"rms_norm_launch", "rope_and_cache"} <= set(calls)
+    assert not {"rope_launch", "reshape_and_cache"} & set(calls)  # RoPE and the cache write: one launch, once
     assert_all_blocks_free(llm.engine)
 
 

@@ -1,8 +1,10 @@
-"""The Triton RMSNorm (with the residual add) and RoPE kernels of a decoder layer on a GPU
-(:mod:`pagedattn.kernels.fused_layer`), against transformers' torch lines (``pagedattn.model.fused_ops``), in
-Triton's interpreter on the CPU: NaN-poisoned outputs, a non-power-of-two width, strided views as the model passes
-them."""
+"""The Triton RMSNorm (with the residual add), RoPE, and RoPE fused with the KV-cache write kernels of a decoder
+layer on a GPU (:mod:`pagedattn.kernels.fused_layer`), against transformers' torch lines (``pagedattn.model.fused_ops``)
+and the launches they replace, in Triton's interpreter on the CPU: NaN-poisoned outputs and caches, non-power-of-two
+widths, strided views as the model passes them."""
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
@@ -73,3 +75,81 @@ def test_rope_in_place_on_a_strided_view(fused, dtype, head_dim):
     rolled = view_before.roll(head_dim // 2, -1)
     terms = (view_before.float() * cos.float()).abs() + (rolled.float() * sin.float()).abs()
     assert same_rounding(out, want, terms)  # each product rounded to the dtype, then the sum: torch's elementwise order
+
+
+def _rope_and_cache_case(dtype, heads, kv_heads, head_dim, block_size, seed):
+    """A flat batch of 7 tokens of several sequences (positions, slots anywhere in the cache, two padding slots -1),
+    as the model passes it: q|k heads and v are views of one fused qkv output; NaN-poisoned caches."""
+    from pagedattn.model.llama import RotaryEmbedding
+    from transformers import LlamaConfig
+
+    g = torch.Generator().manual_seed(seed)
+    T, num_blocks = 7, 5
+    qkv = torch.randn(T, (heads + 2 * kv_heads) * head_dim, generator=g).to(DEVICE, dtype)
+    positions = torch.randint(0, 4000, (T,), generator=g).to(DEVICE)
+    cos, sin = RotaryEmbedding(LlamaConfig(hidden_size=heads * head_dim, num_attention_heads=heads), head_dim)(
+        positions, dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:T]
+    slots[[1, 4]] = -1
+    cache = torch.full((num_blocks, block_size, kv_heads, head_dim), float("nan"), dtype=dtype, device=DEVICE)
+    return qkv, cos, sin, slots.to(DEVICE), cache
+
+
+def _split(qkv, heads, kv_heads, head_dim):
+    qk = qkv[:, :(heads + kv_heads) * head_dim].view(-1, heads + kv_heads, head_dim)
+    return qk, qkv[:, (heads + kv_heads) * head_dim:].view(-1, kv_heads, head_dim)
+
+
+@pytest.mark.parametrize("dtype", list(TOL), ids=str)
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("head_dim,block_size", [(64, 8), (128, 16), (80, 32)])
+def test_rope_and_cache_equals_rope_then_cache_write(fused, dtype, heads, kv_heads, head_dim, block_size):
+    """One launch = RoPE on q and k in place + the KV-cache write of the roped k and v: bit-identical to the two
+    Triton launches it replaces in every dtype, and to the torch lines (``rope_ref`` + ``reshape_and_cache_ref``)
+    in fp32 and fp16 (bf16: the interpreter's truncation, see ``same_rounding``); padding slots (-1) and every slot
+    not in the mapping keep their NaN poison; v is read only."""
+    from pagedattn.kernels import paged_attention as pa
+    from pagedattn.kernels.reference import reshape_and_cache_ref
+
+    qkv, cos, sin, slots, cache = _rope_and_cache_case(dtype, heads, kv_heads, head_dim, block_size,
+                                                       seed=heads * head_dim + block_size)
+    runs = {}
+    for name in ("fused", "two_launches", "torch"):
+        x, kc, vc = qkv.clone(), cache.clone(), cache.clone()
+        qk, v = _split(x, heads, kv_heads, head_dim)
+        if name == "fused":
+            fused.rope_and_cache(qk, v, cos, sin, kc, vc, slots)
+        elif name == "two_launches":
+            fused.rope(qk, cos, sin)
+            pa.reshape_and_cache(qk[:, heads:], v, kc, vc, slots)
+        else:
+            fused_ops.rope_and_cache_ref(qk, v, cos, sin, kc, vc, slots)
+        runs[name] = (x, kc, vc)
+    x, kc, vc = runs["fused"]
+    assert torch.equal(x[:, (heads + kv_heads) * head_dim:], qkv[:, (heads + kv_heads) * head_dim:])  # v untouched
+    written = slots[slots >= 0].long()
+    assert torch.isfinite(kc.flatten(0, 1)[written]).all() and torch.isfinite(vc.flatten(0, 1)[written]).all()
+    assert int(kc.isfinite().all(-1).all(-1).sum()) == len(written)  # nothing else was written
+    exact: dict[str, Any] = dict(rtol=0, atol=0, equal_nan=True)
+    for name in ("two_launches", "torch"):
+        if name == "torch" and dtype == torch.bfloat16 and INTERPRETED_BF16:
+            break
+        for got, want in zip(runs["fused"], runs[name]):
+            torch.testing.assert_close(got, want, **exact, msg=lambda m: f"against {name}: {m}")
+    if dtype == torch.bfloat16 and INTERPRETED_BF16:  # against torch: within the interpreter's bf16 truncation
+        rx = runs["torch"][0]
+        qk0, _ = _split(qkv, heads, kv_heads, head_dim)
+        terms = (qk0.float() * cos.float()).abs() + (qk0.roll(head_dim // 2, -1).float() * sin.float()).abs()
+        assert same_rounding(_split(x, heads, kv_heads, head_dim)[0], _split(rx, heads, kv_heads, head_dim)[0], terms)
+        assert torch.equal(vc.isnan(), runs["torch"][2].isnan())
+        torch.testing.assert_close(vc, runs["torch"][2], **exact)  # v is copied, not computed
+
+
+def test_rope_and_cache_is_one_launch_and_refuses_odd_shapes(fused):
+    m: dict[str, Any] = dict(device="meta", dtype=torch.float16)
+    qk, v = torch.empty(4, 10, 64, **m), torch.empty(4, 2, 64, **m)
+    cs, cache = torch.empty(4, 1, 64, **m), torch.empty(3, 16, 2, 64, **m)
+    launch = fused.plan_rope_and_cache(qk, v, cs, cs, cache, cache, torch.empty(4, dtype=torch.long, device="meta"))
+    assert launch.grid == (4,) and launch.constexprs["HEADS"] == 8 and launch.constexprs["KV_HEADS"] == 2
+    with pytest.raises(ValueError, match="power of two"):
+        fused.plan_rope_and_cache(qk, v, cs, cs, torch.empty(3, 12, 2, 64, **m), cache, torch.empty(4))

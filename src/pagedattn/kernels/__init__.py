@@ -47,12 +47,15 @@ __all__ = ["KernelBackend", "get_backend", "available_backends", "enable_triton_
            "paged_attention_ref", "reshape_and_cache_ref", "copy_blocks_ref", "swap_blocks_ref"]
 
 _TRITON_MODULE = "pagedattn.kernels.paged_attention"
+_TRITON_LAYER_MODULE = "pagedattn.kernels.fused_layer"
 
 
 @dataclass(frozen=True)
 class KernelBackend:
     """The four cache operations of one backend (same signatures as the ``*_ref`` functions). ``plan_decode``, where
-    set, builds once per decode step what ``paged_attention(..., plan=...)`` would otherwise rebuild in every layer."""
+    set, builds once per decode step what ``paged_attention(..., plan=...)`` would otherwise rebuild in every layer.
+    ``rope_and_cache``, where set (Triton), applies RoPE to q and k and writes K/V into the cache in one launch
+    (:func:`pagedattn.kernels.fused_layer.rope_and_cache`); a model on a GPU then skips ``reshape_and_cache``."""
 
     name: str
     paged_attention: Callable
@@ -61,6 +64,7 @@ class KernelBackend:
     swap_blocks: Callable
     interpreted: bool = False
     plan_decode: Callable | None = None
+    rope_and_cache: Callable | None = None
 
 
 def _cuda_available() -> bool:
@@ -136,6 +140,7 @@ def get_backend(name: str | None = "auto") -> KernelBackend:
         import importlib
 
         mod = importlib.import_module(_TRITON_MODULE)
+        fused = importlib.import_module(_TRITON_LAYER_MODULE)  # by name, as the kernel module: no import circle
         return KernelBackend("triton", mod.paged_attention, mod.reshape_and_cache, mod.copy_blocks, mod.swap_blocks,
-                             interpreted=mod.INTERPRET)
+                             interpreted=mod.INTERPRET, rope_and_cache=fused.rope_and_cache)
     raise ValueError(f"unknown kernel backend {name!r}; choose 'torch', 'cpu', 'triton' or 'auto'")

@@ -107,9 +107,9 @@ def source(kernel, args: tuple, constexprs: dict):
     return ASTSource(fn, signature, consts, attrs)
 
 
-def compile_launch(kernel, args: tuple, constexprs: dict, num_warps: int, num_stages: int, arch: int
-                   ) -> CompileStats:
-    """Compile one launch for ``sm_<arch>`` and return its resource use. Raises whatever the compiler raises."""
+def _compile(kernel, args: tuple, constexprs: dict, num_warps: int, num_stages: int, arch: int,
+             enable_fp_fusion: bool = True):
+    """``(CompiledKernel, ptxas log, name)`` of one launch compiled for ``sm_<arch>``."""
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
@@ -122,9 +122,23 @@ def compile_launch(kernel, args: tuple, constexprs: dict, num_warps: int, num_st
     try:
         with contextlib.redirect_stdout(log):
             ck = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                options=dict(num_warps=num_warps, num_stages=num_stages))
+                                options=dict(num_warps=num_warps, num_stages=num_stages,
+                                             enable_fp_fusion=enable_fp_fusion))
     finally:
         knobs.nvidia.dump_ptxas_log, knobs.compilation.always_compile = prev
+    return ck, log.getvalue(), src.name
+
+
+def compile_launch(kernel, args: tuple, constexprs: dict, num_warps: int, num_stages: int, arch: int,
+                   enable_fp_fusion: bool = True) -> CompileStats:
+    """Compile one launch for ``sm_<arch>`` and return its resource use. Raises whatever the compiler raises."""
+    ck, log, name = _compile(kernel, args, constexprs, num_warps, num_stages, arch, enable_fp_fusion)
     md = ck.metadata
-    return CompileStats(kernel=src.name, arch=arch, shared=int(md.shared), num_warps=int(md.num_warps),
-                        num_stages=int(md.num_stages), **parse_ptxas_log(log.getvalue()))
+    return CompileStats(kernel=name, arch=arch, shared=int(md.shared), num_warps=int(md.num_warps),
+                        num_stages=int(md.num_stages), **parse_ptxas_log(log))
+
+
+def launch_ptx(launch, arch: int) -> str:
+    """The PTX of a :class:`~pagedattn.kernels.paged_attention.Launch` for ``sm_<arch>`` (its options included)."""
+    return _compile(launch.kernel, launch.args, launch.constexprs, launch.num_warps, launch.num_stages, arch,
+                    launch.fp_fusion)[0].asm["ptx"]

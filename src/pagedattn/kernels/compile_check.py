@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 TARGETS = (80, 90)
-FAMILIES = ("attention", "reshape_and_cache", "copy_blocks", "rms_norm", "rope")
+FAMILIES = ("attention", "reshape_and_cache", "copy_blocks", "rms_norm", "rope", "rope_and_cache")
+#: families with a cache operand, compiled over block sizes 8-32 in the full grid
+CACHE_FAMILIES = ("reshape_and_cache", "copy_blocks", "rope_and_cache")
 #: query heads of the layer-op cases (RMSNorm over 32 x head_dim, RoPE over 32 query + 8 kv heads)
 LAYER_HEADS = 32
 DTYPES = ("float16", "bfloat16", "float32")
@@ -66,19 +68,21 @@ class Case:
 def grid(full: bool) -> list[Case]:
     """The full grid (``make kernels-compile``) or the quick one (CI): the engine's configurations at block 16 in
     both dtypes, MHA and GQA 4, both split modes, head dims 64 and 128; block sizes 8 and 32; one padded head dim
-    (80) and one fp32 case; the cache write and block copy."""
+    (80) and one fp32 case; the cache write, block copy, RMSNorm, RoPE, and RoPE with the cache write (also at head
+    dims 64 / 128 with blocks 8 / 32)."""
     if full:
         att = [Case("attention", dt, hd, bs, g, sp) for dt in DTYPES for hd in (64, 80, 96, 128)
                for bs in (1, 2, 4, 8, 16, 32, 64, 128, 256) for g in (1, 4) for sp in (False, True)]
-        aux = [Case(f, dt, hd, bs) for f in FAMILIES[1:3] for dt in DTYPES for hd in (64, 80, 96, 128)
+        aux = [Case(f, dt, hd, bs) for f in CACHE_FAMILIES for dt in DTYPES for hd in (64, 80, 96, 128)
                for bs in (8, 16, 32)]
-        aux += [Case(f, dt, hd, 16) for f in FAMILIES[3:] for dt in DTYPES for hd in (64, 80, 96, 128)]
+        aux += [Case(f, dt, hd, 16) for f in ("rms_norm", "rope") for dt in DTYPES for hd in (64, 80, 96, 128)]
         return att + aux
     att = [Case("attention", dt, hd, 16, g, sp) for dt in ("float16", "bfloat16") for hd in (64, 128)
            for g in (1, 4) for sp in (False, True)]
     att += [Case("attention", "float16", 128, bs, g, False) for bs in (8, 32) for g in (1, 4)]
     att += [Case("attention", "bfloat16", 80, 16, 4, True), Case("attention", "float32", 128, 16, 4, False)]
     aux = [Case(f, "float16", 128, 16) for f in FAMILIES[1:]]
+    aux += [Case("rope_and_cache", "bfloat16", 64, 8), Case("rope_and_cache", "bfloat16", 128, 32)]
     return att + aux
 
 
@@ -105,7 +109,7 @@ def case_launches(case: Case) -> list:
             k, torch.empty_like(k), cache(), cache(), torch.empty(NUM_SEQS, dtype=torch.long, **meta)))]
     if case.family == "copy_blocks":
         return [("copy_blocks", pa.plan_copy_blocks(cache(), cache(), torch.empty(4, 2, dtype=torch.long, **meta)))]
-    if case.family in ("rms_norm", "rope"):
+    if case.family in ("rms_norm", "rope", "rope_and_cache"):
         from pagedattn.kernels import fused_layer as fl
 
         if case.family == "rms_norm":
@@ -114,7 +118,11 @@ def case_launches(case: Case) -> list:
                                                   residual=torch.empty_like(x)))]
         qk = torch.empty(NUM_SEQS, LAYER_HEADS + kvh, d, dtype=dt, **meta)
         cs = torch.empty(NUM_SEQS, 1, d, dtype=dt, **meta)
-        return [("rope", fl.plan_rope(qk, cs, cs))]
+        if case.family == "rope":
+            return [("rope", fl.plan_rope(qk, cs, cs))]
+        v = torch.empty(NUM_SEQS, kvh, d, dtype=dt, **meta)
+        return [("rope_and_cache", fl.plan_rope_and_cache(qk, v, cs, cs, cache(), cache(),
+                                                          torch.empty(NUM_SEQS, dtype=torch.long, **meta)))]
     raise ValueError(f"unknown kernel family {case.family!r}; choose one of {FAMILIES}")
 
 
@@ -124,7 +132,7 @@ def _variant_key(launch, arch: int) -> str:
 
     src = source(launch.kernel, launch.args, launch.constexprs)
     return repr((src.name, sorted(src.signature.items()), sorted(src.constants.items()), sorted(src.attrs.items()),
-                 launch.num_warps, launch.num_stages, arch))
+                 launch.num_warps, launch.num_stages, launch.fp_fusion, arch))
 
 
 def _compile_one(job: tuple[Case, int, int]) -> dict:
@@ -136,7 +144,7 @@ def _compile_one(job: tuple[Case, int, int]) -> dict:
     t0 = time.perf_counter()
     try:
         stats = compile_launch(launch.kernel, launch.args, launch.constexprs, launch.num_warps, launch.num_stages,
-                               arch)
+                               arch, enable_fp_fusion=launch.fp_fusion)
         row = asdict(stats)
         row.pop("kernel")
         row["error"] = ""

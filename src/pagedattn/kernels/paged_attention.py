@@ -230,7 +230,10 @@ def _paged_attn_reduce_kernel(
 
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch: ``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``."""
+    """One kernel launch: ``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)``.
+
+    ``fp_fusion=False`` forbids the compiler to contract ``a * b + c`` into one FMA (Triton's ``enable_fp_fusion``,
+    on by default): a kernel that must round as torch's separate elementwise ops do (RoPE in fp32) sets it."""
 
     kernel: Any  # a Triton JIT function, launched as kernel[grid](...)
     grid: tuple
@@ -238,9 +241,12 @@ class Launch:
     constexprs: dict
     num_warps: int = 4
     num_stages: int = 3
+    fp_fusion: bool = True
 
     def __call__(self) -> None:
-        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
+        extra = {} if self.fp_fusion else {"enable_fp_fusion": False}
+        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages,
+                               **extra)
 
 
 @dataclass(frozen=True)
@@ -361,7 +367,7 @@ def plan_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, 
     common = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, BLOCK_G=block_g, NUM_KV_HEADS=num_kv_heads,
                   HEADS=heads, BLOCK_SIZE=block_size, TILE_N=tile, PARTITION=part, USE_DOT=use_dot,
                   DOT_FP32=dot_fp32)
-    shape = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    shape: dict[str, Any] = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (query, key_cache, value_cache, block_tables, context_lens, qk_scale,
             *query.stride(), *key_cache.stride(), *value_cache.stride(), *block_tables.stride(), *out.stride())
     if not split_kv:

@@ -5,7 +5,8 @@ sequence's token ``t`` lives in physical block ``block_table[t // block_size]`` 
 A forward pass takes a *flat* batch of ``T`` new tokens from several sequences and an ``AttentionMetadata`` that is
 shared by all layers. Each layer
 
-1. writes the new tokens' K/V into their slots (``reshape_and_cache``, the KV-cache write of §4.1);
+1. writes the new tokens' K/V into their slots (``reshape_and_cache``, the KV-cache write of §4.1; on a GPU a Llama
+   layer has done so already, in the launch that applies RoPE: :meth:`PagedAttention.rope_and_cache`);
 2. attends: a *prefill* (many query tokens per sequence, §4.3) runs, on a GPU, one SDPA call for all the step's
    sequences (:class:`PrefillLayout`), on a CPU one per sequence (``BATCHED_PREFILL``); a *decode* (one query token
    per sequence) runs the backend's ``paged_attention`` kernel over the block tables.
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pagedattn.kernels import KernelBackend
+from pagedattn.model import fused_ops
 
 
 @dataclass
@@ -76,15 +78,30 @@ class PagedAttention(torch.nn.Module):
         self.k_cache: Tensor = torch.empty(0)
         self.v_cache: Tensor = torch.empty(0)
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata) -> Tensor:
-        """``q``: ``[T, num_heads * head_dim]``; ``k``, ``v``: ``[T, num_kv_heads * head_dim]`` -> ``[T, H * D]``."""
+    def rope_and_cache(self, query_key: Tensor, value: Tensor, cos: Tensor, sin_rot: Tensor,
+                       meta: AttentionMetadata) -> bool:
+        """On a GPU whose backend fuses them (Triton): RoPE on ``query_key`` ``[T, num_heads + num_kv_heads,
+        head_dim]`` in place and the new K/V into their slots, in one launch; ``forward(..., kv_cached=True)`` then
+        writes nothing. Returns False, having done nothing, elsewhere (the CPU keeps its own RoPE and write)."""
+        ops = self.backend
+        if ops is None or ops.rope_and_cache is None or not fused_ops.on_gpu(query_key):
+            return False
+        assert self.k_cache.numel(), "the caches are not bound (ModelRunner binds them)"
+        ops.rope_and_cache(query_key, value.view(-1, self.num_kv_heads, self.head_dim), cos, sin_rot, self.k_cache,
+                           self.v_cache, meta.slot_mapping)
+        return True
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, meta: AttentionMetadata, kv_cached: bool = False) -> Tensor:
+        """``q``: ``[T, num_heads * head_dim]``; ``k``, ``v``: ``[T, num_kv_heads * head_dim]`` -> ``[T, H * D]``.
+        ``kv_cached``: ``k`` and ``v`` are in the cache already (:meth:`rope_and_cache`)."""
         T = q.shape[0]
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
         ops = self.backend
         assert ops is not None and self.k_cache.numel(), "the caches are not bound (ModelRunner binds them)"
-        ops.reshape_and_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        if not kv_cached:
+            ops.reshape_and_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         if meta.is_prefill:
             out = self._prefill(q, k, v, meta)
         else:

@@ -1,6 +1,8 @@
 """Where a decoder layer's RMSNorm and RoPE run: on a GPU, one Triton launch each
 (:mod:`pagedattn.kernels.fused_layer`); elsewhere the torch lines below (the CPU's C++ paths are chosen by the
-callers first). ``tests/test_op_budget.py`` counts the launches of a decode step through these names."""
+callers first). RoPE fused with the KV-cache write is the Triton backend's ``rope_and_cache``
+(``PagedAttention.rope_and_cache`` decides); :func:`rope_and_cache_ref` is its torch oracle.
+``tests/test_op_budget.py`` counts the launches of a decode step through these names."""
 from __future__ import annotations
 
 from typing import Optional
@@ -38,3 +40,14 @@ def rope_launch(x: Tensor, cos: Tensor, sin_rot: Tensor) -> Tensor:
     from pagedattn.kernels import fused_layer
 
     return fused_layer.rope(x, cos, sin_rot)
+
+
+def rope_and_cache_ref(query_key: Tensor, value: Tensor, cos: Tensor, sin_rot: Tensor, key_cache: Tensor,
+                       value_cache: Tensor, slot_mapping: Tensor) -> None:
+    """:func:`rope_ref` on the query and key heads in place, then the torch KV-cache write of the key heads (the
+    last ``value.shape[1]``) and ``value`` (the torch path of :func:`pagedattn.kernels.fused_layer.rope_and_cache`)."""
+    from pagedattn.kernels.reference import reshape_and_cache_ref
+
+    query_key.copy_(rope_ref(query_key, cos, sin_rot))
+    reshape_and_cache_ref(query_key[:, query_key.shape[1] - value.shape[1]:], value, key_cache, value_cache,
+                          slot_mapping)

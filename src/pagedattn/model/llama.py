@@ -129,9 +129,12 @@ class LlamaAttention(nn.Module):
         T, a = x.shape[0], self.attn
         qkv = self.qkv_proj(x)
         heads = a.num_heads + a.num_kv_heads
-        # q and k in one call, in place: qkv is this call's own output
-        qk = apply_rope(qkv[:, :heads * a.head_dim].view(T, heads, a.head_dim), cos, sin, in_place=True)
-        return self.o_proj(a(qk[:, :a.num_heads], qk[:, a.num_heads:], qkv[:, heads * a.head_dim:], meta))
+        qk, v = qkv[:, :heads * a.head_dim].view(T, heads, a.head_dim), qkv[:, heads * a.head_dim:]
+        # q and k in one call, in place (qkv is this call's own output); on a GPU the same launch writes K/V
+        cached = a.rope_and_cache(qk, v, cos, sin, meta)
+        if not cached:
+            qk = apply_rope(qk, cos, sin, in_place=True)
+        return self.o_proj(a(qk[:, :a.num_heads], qk[:, a.num_heads:], v, meta, kv_cached=cached))
 
 
 class LlamaMLP(nn.Module):
