@@ -197,17 +197,31 @@ def test_padded_static_buffer_path_gives_the_eager_tokens(name, setup):
         assert any(a < b for a, b in zip(decode_batches, decode_batches[1:]))
 
 
-def test_triton_kernels_with_the_plan_of_max_model_len(triton):
-    """The kernels a graph captures, in the interpreter: a bucket's attention is planned for ``max_model_len``
-    (256 tokens of block 4: the split-KV path with two 128-token partitions, most of them empty), the eager engine's
-    for its batch's widest table (no split), and the tokens agree."""
+def test_gpu_decode_path_with_the_plan_of_max_model_len(triton, monkeypatch):
+    """What a graph captures on a GPU, in the interpreter: the Triton attention and KV-cache write and the fused
+    Triton RMSNorm and RoPE (``model.fused_ops``, forced as in ``test_engine``). A bucket's attention is planned for
+    ``max_model_len`` (256 tokens of block 4: split-KV, two 128-token partitions, mostly empty), the eager engine's
+    for its batch's widest table (no split); the tokens agree and the poison check holds."""
+    from pagedattn.kernels import cpu
     from pagedattn.kernels import paged_attention as pa
+    from pagedattn.model import fused_ops
 
+    monkeypatch.setattr(fused_ops, "on_gpu", lambda x: True)
+    monkeypatch.setattr(cpu, "takes", lambda *xs, **kw: False)
     hf = tiny_models.tiny_llama()  # max_position_embeddings 256
     assert pa.split_partition(4, 2, 256, torch.device("cpu")) == 128  # the bucket's plan: split
     prompts, max_tokens = _prompts(3), [2, 4, 3]
     engine = dict(block_size=4, attention_backend="triton", max_model_len=256)
+    plan, launches = pa.plan_paged_attention, []
+
+    def counted(*args, **kwargs):
+        out = plan(*args, **kwargs)
+        launches.append(len(out))
+        return out
+    monkeypatch.setattr(pa, "plan_paged_attention", counted)
     eager, _, _ = _generate(hf, None, prompts, max_tokens, **engine)
+    assert set(launches) == {1}  # no split
+    launches.clear()
     ours, graphs, _ = _generate(hf, 4, prompts, max_tokens, **engine)
-    assert ours == eager
+    assert ours == eager and set(launches) == {2}  # split, then reduce
     assert graphs is not None and {b for _, b in graphs.steps} == {4, 2, 1}
