@@ -550,7 +550,11 @@ def step_cuda_graphs(ctx: Context) -> dict:
     """The engine with CUDA graphs for decode steps (``pagedattn.cuda_graphs``, the default) against
     ``enforce_eager=True``: the same greedy workload, in fp32 on the engine step's Llama architecture, timed after a
     short warm-up; the engine's start-up time of each (the graphs are captured there); whether the tokens are
-    identical (fp32: they must be). On a CPU no graph is taken, so the identity claim stays null there."""
+    identical (fp32: they must be). On a CPU no graph is taken, so the identity claim stays null there.
+
+    Where the two could round differently, ``first_divergence`` says where: a small bucket's attention is planned for
+    ``max_model_len`` (split-KV) while the eager step of the same batch may not split, and a GEMM over the padded rows
+    may take another cuBLAS kernel than over the unpadded ones; both are fp32 reorderings of the same sums."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
