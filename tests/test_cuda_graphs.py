@@ -161,6 +161,8 @@ def _generate(hf, graphs_for: int | None, prompts, max_tokens, **engine):
             done[o.request_id] = o.outputs[0].token_ids
     c = e.kv.pool_counts()
     assert c.gpu_free == c.gpu_blocks
+    mode = engine.get("preemption_mode")
+    assert (e.scheduler.num_preemptions[mode] > 0) if mode else not sum(e.scheduler.num_preemptions.values())
     return [done[f"r{i}"] for i in range(len(prompts))], graphs, decode_batches
 
 
