@@ -88,9 +88,9 @@ class PoisonCheck(DecodeGraphs):
     slot, and no slot but the real rows' new ones was written, so padded rows wrote nowhere. The cache is then put
     back as the step left it."""
 
-    def __init__(self, runner, max_num_seqs: int, max_model_len: int) -> None:
+    def __init__(self, runner, max_num_seqs: int, max_model_len: int, capture: bool = False) -> None:
         super().__init__(runner.model, max_num_seqs, -(-max_model_len // runner.block_size), runner.device,
-                         capture=False)
+                         capture=capture)
         self.runner = runner
         self.steps: list[tuple[int, int]] = []  # (real rows, bucket)
 
@@ -124,6 +124,35 @@ class PoisonCheck(DecodeGraphs):
         return out
 
 
+class FakeGraph:
+    """A stand-in for ``torch.cuda.CUDAGraph`` on a CPU: ``replay`` reruns what was recorded into its output."""
+
+    def __init__(self, fn, out: torch.Tensor) -> None:
+        self.fn, self.out, self.replays = fn, out, 0
+
+    def replay(self) -> None:
+        self.out.copy_(self.fn())
+        self.replays += 1
+
+    def pool(self):
+        return "pool"
+
+
+class FakeCapture(PoisonCheck):
+    """``PoisonCheck`` with capture on and ``FakeGraph`` for the CUDA graph: the capture path's control flow (warm-up
+    and capture over padding, the shared pool, lazy capture before the step's inputs are loaded, replay of the
+    bucket's graph, its output's first rows) runs on the CPU, every run poison-checked, the capture's too."""
+
+    def __init__(self, runner, max_num_seqs: int, max_model_len: int) -> None:
+        super().__init__(runner, max_num_seqs, max_model_len, capture=True)
+        self.pools: list = []
+
+    def _record(self, fn):
+        self.pools.append(self.pool)
+        out = fn()
+        return FakeGraph(fn, out), out
+
+
 PROMPT_LENS = (5, 33, 12, 1, 27, 40, 9, 18, 3, 22, 14, 30)
 
 
@@ -132,7 +161,7 @@ def _prompts(n: int = len(PROMPT_LENS)) -> list[list[int]]:
     return [torch.randint(3, 256, (k,), generator=g).tolist() for k in PROMPT_LENS[:n]]
 
 
-def _generate(hf, graphs_for: int | None, prompts, max_tokens, **engine):
+def _generate(hf, graphs_for: int | None, prompts, max_tokens, graphs_class=PoisonCheck, **engine):
     """Greedy tokens of an engine; with ``graphs_for``, through ``PoisonCheck`` graphs for that many sequences. The
     first half of the prompts arrives first, the rest once at most two of those still run, so a decode batch shrinks
     and grows again. Returns the tokens, the graphs (or None) and each decode step's batch size."""
@@ -140,7 +169,7 @@ def _generate(hf, graphs_for: int | None, prompts, max_tokens, **engine):
     runner = e.runner
     graphs = None
     if graphs_for is not None:
-        graphs = runner.graphs = PoisonCheck(runner, graphs_for, e.max_model_len)
+        graphs = runner.graphs = graphs_class(runner, graphs_for, e.max_model_len)
     decode_batches: list[int] = []
     forward = runner.forward
     runner.forward = lambda inp: (decode_batches.append(len(inp.rows)) if not inp.meta.is_prefill else None,
@@ -227,3 +256,39 @@ def test_gpu_decode_path_with_the_plan_of_max_model_len(triton, monkeypatch):
     ours, graphs, _ = _generate(hf, 4, prompts, max_tokens, **engine)
     assert ours == eager and set(launches) == {2}  # split, then reduce
     assert graphs is not None and {b for _, b in graphs.steps} == {4, 2, 1}
+
+
+@pytest.mark.parametrize("at_start", [True, False], ids=["captured_at_start", "captured_lazily"])
+def test_capture_and_replay_path_with_a_fake_graph(monkeypatch, at_start):
+    """The capture path itself on a CPU (``FakeCapture``): each bucket is warmed up and captured once, over padding
+    only (the poison check sees no real row then), into one pool shared from the second capture on, at start-up
+    (largest first) or on first use; every fitting decode step replays its bucket's graph, and the tokens are the
+    eager engine's."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    hf = tiny_models.tiny_llama(max_position_embeddings=128)
+    prompts = _prompts()
+    max_tokens = [2 + (7 * i) % 13 for i in range(len(prompts))]
+    engine = dict(max_num_seqs=6, block_size=4, num_gpu_blocks=24, preemption_mode="recompute")
+    eager, _, _ = _generate(hf, None, prompts, max_tokens, **engine)
+    if at_start:
+        made: list[FakeCapture] = []
+
+        class AtStart(FakeCapture):
+            def __init__(self, *args) -> None:
+                super().__init__(*args)
+                self.capture_all()
+                made.append(self)
+        ours, graphs, decode_batches = _generate(hf, 6, prompts, max_tokens, graphs_class=AtStart, **engine)
+        assert made and list(made[0].graphs) == [8, 4, 2, 1]  # every bucket, largest first, before any step
+    else:
+        ours, graphs, decode_batches = _generate(hf, 6, prompts, max_tokens, graphs_class=FakeCapture, **engine)
+    assert ours == eager
+    assert isinstance(graphs, FakeCapture)
+    used = {graph_batch_size(n) for n in decode_batches}
+    assert set(graphs.graphs) == (set(graphs.batch_sizes) if at_start else used)
+    assert graphs.pools == [None] + ["pool"] * (len(graphs.graphs) - 1)  # one pool, shared
+    captures = [s for s in graphs.steps if s[0] == 0]  # runs over padding only: warm-ups and captures
+    assert len(captures) == len(graphs.graphs) * 3 and all(b in graphs.graphs for _, b in captures)
+    replays = [s for s in graphs.steps if s[0] > 0]
+    assert sorted(n for n, _ in replays) == sorted(decode_batches)
+    assert sum(g.replays for g in graphs.graphs.values()) == len(decode_batches)

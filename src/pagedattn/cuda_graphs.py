@@ -47,7 +47,7 @@ eagerly: the tests' way to check on a CPU everything but the capture itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -190,12 +190,18 @@ class DecodeGraphs:
         for _ in range(NUM_WARMUP_ITERS):
             self._run(bucket)
         torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = self._run(bucket)
+        graph, out = self._record(lambda: self._run(bucket))
         torch.cuda.synchronize(self.device)
         self.pool = graph.pool()
         self.graphs[bucket], self.outputs[bucket] = graph, out
+
+    def _record(self, fn: Callable[[], Tensor]) -> tuple[Any, Tensor]:
+        """Capture ``fn``'s launches into a CUDA graph in the shared pool; returns the graph and ``fn``'s output,
+        which each replay rewrites in place."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = fn()
+        return graph, out
 
     def capture_all(self) -> None:
         """Capture every bucket, largest first (vLLM: it may reduce the memory the shared pool needs)."""
