@@ -3,9 +3,10 @@ and the padding as functions; the padded static-buffer path a graph replays, run
 eager engine's greedy tokens on a tiny Llama and a tiny OPT while batches shrink and grow across buckets, sequences
 finish and preemption recomputes or swaps; around every such step the cache is poisoned (NaN in every slot but the
 real sequences' contexts) to show that no row reads anything else and that padded rows write nothing; the Triton
-kernels in the interpreter take the split-KV plan of ``max_model_len`` and still agree; and graphs are never taken
-on a CPU. What only a GPU can check (the capture itself, no host syncs inside it, the speed) is ``make gpu``'s
-``cuda_graphs`` step."""
+kernels in the interpreter take the split-KV plan of ``max_model_len`` and still agree; the capture path's control
+flow (warm-up and capture over padding, one pool, lazy or at start-up, replay) runs with a fake graph object whose
+replay reruns what it recorded; and graphs are never taken on a CPU. What only a GPU can check (a real capture, no
+host syncs inside it, the speed) is ``make gpu``'s ``cuda_graphs`` step."""
 from __future__ import annotations
 
 import pytest
@@ -292,3 +293,39 @@ def test_capture_and_replay_path_with_a_fake_graph(monkeypatch, at_start):
     replays = [s for s in graphs.steps if s[0] > 0]
     assert sorted(n for n, _ in replays) == sorted(decode_batches)
     assert sum(g.replays for g in graphs.graphs.values()) == len(decode_batches)
+
+
+def test_the_engine_captures_at_start_where_graphs_are_taken(monkeypatch):
+    """``LLMEngine``'s wiring, with graphs made takeable on the CPU (``use_cuda_graphs`` forced, ``FakeGraph``):
+    ``enforce_eager=False`` captures every bucket of ``max_num_seqs`` at start-up over block tables of
+    ``max_model_len``, and its tokens equal ``enforce_eager=True``'s, which builds no graphs."""
+    from pagedattn import engine as engine_module
+
+    class Fake(DecodeGraphs):
+        def _record(self, fn):
+            out = fn()
+            return FakeGraph(fn, out), out
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(engine_module, "use_cuda_graphs", lambda device, backend, enforce_eager: not enforce_eager)
+    monkeypatch.setattr(engine_module, "DecodeGraphs", Fake)
+    hf = tiny_models.tiny_opt(max_position_embeddings=128)
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    out = {}
+    for eager in (True, False):
+        e = llm_engine(hf, max_num_seqs=5, block_size=8, max_model_len=100, enforce_eager=eager)
+        g = e.runner.graphs
+        if eager:
+            assert g is None
+        else:
+            assert isinstance(g, Fake) and list(g.graphs) == [8, 4, 2, 1] and g.buffers.max_blocks == 13
+        for i, p in enumerate(_prompts(5)):
+            e.add_request(f"r{i}", p, sp)
+        done = {}
+        while e.has_unfinished_requests():
+            for o in e.step(finished_only=True):
+                done[o.request_id] = o.outputs[0].token_ids
+        out[eager] = done
+        if not eager:
+            assert sum(x.replays for x in g.graphs.values()) == 5  # the decode steps of the batch of 5 (bucket 8)
+    assert out[False] == out[True]
