@@ -113,6 +113,19 @@ def test_issue54_steps_run_their_code_on_the_cpu(tmp_path):
     assert names["gpu_busy_fraction.gpu.decode_b4"].ours is None  # no device activity on a CPU: null, not 0
 
 
+def test_cuda_graphs_step_runs_its_code_on_the_cpu(tmp_path):
+    """``cuda_graphs`` on tiny shapes on the CPU: both engines run the workload and every figure comes out, but no
+    graph is taken on a CPU, so its claims stay null (never an eager-vs-eager identity passed off as a GPU one)."""
+    ctx = gpu_check.Context(tmp_path, "cpu", "cpu: smoke", "cpu-smoke", sizes=gpu_check.Sizes.smoke())
+    out = gpu_check.step_cuda_graphs(ctx)
+    assert out["graphs"]["graphs_captured"] is None and out["eager"]["graphs_captured"] is None
+    assert out["prompts"] == 3 and out["identical_prompts"] == 3 and out["first_divergence"] == [None] * 3
+    assert out["graphs"]["tokens_per_s"] > 0 and out["eager"]["tokens_per_s"] > 0
+    names = {c.name: c for c in ctx.claims["gpu_check"]}
+    assert names["cuda_graphs_match_eager.gpu.float32"].ours is None
+    assert names["cuda_graphs_speedup.gpu.mns2"].ours is None and names["cuda_graphs_speedup.gpu.mns2"].kind == "tracking"
+
+
 def test_a_failing_step_is_reported_not_skipped(monkeypatch, tmp_path, capsys):
     """On a GPU a step that raises is recorded with its error and the exit status is 1; the other steps run."""
     import torch

@@ -30,6 +30,7 @@ from pagedattn.config import SchedulerConfig
 from pagedattn.cpuinfo import bf16_in_hardware
 from pagedattn.config import check_block_size
 from pagedattn.core import EngineCore, StepMetrics
+from pagedattn.cuda_graphs import DecodeGraphs, use_cuda_graphs
 from pagedattn.executor import ModelExecutor, ModelRunner
 from pagedattn.memory import AllocStatus, KVManager
 from pagedattn.memory.systems import SYSTEMS, is_static, make_kv_manager
@@ -71,6 +72,10 @@ class EngineArgs:
     # CPU threads (for the whole process): torch's (``torch.set_num_threads``), which the matmuls use, and the C++
     # decode attention's (``kernels.cpu.set_threads``). None leaves both settings; the benchmarks run with 1
     threads: int | None = None
+    # vLLM's name: True runs every step eagerly; False (default) replays decode steps as CUDA graphs, one per
+    # batch-size bucket (``cuda_graphs``), where they can be taken: a CUDA device with the Triton backend (never on a
+    # CPU, where this is ignored)
+    enforce_eager: bool = False
 
 
 #: ``EngineArgs``' options that size or configure a KV manager: refused with one passed built
@@ -158,12 +163,13 @@ class LLMEngine:
                  preemption_mode: Literal["recompute", "swap"] = "recompute", watermark: float = 0.01,
                  attention_backend: str = "auto", device: str | None = None, dtype: Any = None,
                  enable_prefix_caching: bool = False, max_step_metrics: int | None = 10_000,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, enforce_eager: bool = False) -> None:
         built = None if isinstance(kv_manager, str) else kv_manager
         self.args = args = EngineArgs(
             "paged" if built is not None else cast(str, kv_manager), block_size, num_gpu_blocks, num_slots,
             kv_cache_memory, num_cpu_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, preemption_mode,
-            watermark, attention_backend, device, dtype, enable_prefix_caching, max_step_metrics, threads)
+            watermark, attention_backend, device, dtype, enable_prefix_caching, max_step_metrics, threads,
+            enforce_eager)
         if built is not None:
             given = [f"{k}={getattr(args, k)!r}" for k in KV_OPTIONS if getattr(args, k) is not None
                      and not (k == "block_size" and args.block_size == built.block_size)]
@@ -196,6 +202,10 @@ class LLMEngine:
                                    static_batching=is_static(args.kv_manager))
         self.backend = kernels.get_backend(args.attention_backend)
         self.runner = ModelRunner(self.model, self.kv, self.backend, self.device, self.dtype)
+        if use_cuda_graphs(self.device, self.backend, args.enforce_eager):  # captured at start-up, as vLLM does
+            self.runner.graphs = DecodeGraphs(self.model, args.max_num_seqs,
+                                              -(-self.max_model_len // self.runner.block_size), self.device)
+            self.runner.graphs.capture_all()
         self.sampler = Sampler(eos_token_ids(self.model, self.tokenizer), self.max_model_len, self.tokenizer)
         self.processor = OutputProcessor(self.tokenizer)
         if args.max_step_metrics is not None and (as_int(args.max_step_metrics) is None or args.max_step_metrics < 0):

@@ -21,6 +21,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from pagedattn.cuda_graphs import DecodeGraphs
 from pagedattn.kernels import KernelBackend
 from pagedattn.memory.interface import KVLayout, copy_pairs
 from pagedattn.model.attention import AttentionMetadata, PagedAttention
@@ -73,6 +74,8 @@ class ModelRunner:
         self.k_cpu = [torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) for _ in self.attn_layers]
         self.v_cpu = [torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) for _ in self.attn_layers]
         self._bind_caches()
+        #: decode steps as CUDA graphs (``cuda_graphs``), set by the engine where it takes them; None: all eager
+        self.graphs: DecodeGraphs | None = None
 
     def _bind_caches(self) -> None:
         """Point every attention layer at its K/V cache and the kernel backend: once, and again only when another
@@ -178,7 +181,10 @@ class ModelRunner:
         if first.k_cache is not self.k_caches[0] or first.backend is not self.backend:
             self._bind_caches()
         t0 = time.perf_counter()
-        hidden = self.model(inp.input_ids, inp.positions, inp.meta)
+        if self.graphs is not None and self.graphs.fits(inp.meta):  # a decode step: replay its bucket's graph
+            hidden = self.graphs.forward(inp.input_ids, inp.positions, inp.meta)
+        else:
+            hidden = self.model(inp.input_ids, inp.positions, inp.meta)
         if inp.logits_indices is not None:
             hidden = hidden[inp.logits_indices]
         logits = cast(Any, self.model).compute_logits(hidden)  # (our models' LM head: model.opt / model.llama)

@@ -28,6 +28,9 @@ Steps (each writes files labelled by the GPU's name; at most 8 minutes on one H1
 6. ``engine`` (issue 54): the engine on a random-weight 1.2B Llama in bf16, 256 prompts x 128 tokens: generated
    tokens/s at ``max_num_seqs`` 64 and 256 beside HF ``generate`` at batch 64; at batch 256 the decode step against
    its roofline, the GPU-busy fraction and the kernel launches per decode step (torch profiler).
+7. ``cuda_graphs`` (issue 54): the engine with CUDA graphs for decode steps (the default) and with
+   ``enforce_eager=True``, on the same greedy workload in fp32 on the same 1.2B Llama architecture: tokens/s of each,
+   the start-up time the capture adds, and whether the tokens are identical.
 
 Everything goes to ``results/gpu_check/summary.json`` too (claims, timings, versions). A whole run must take at most
 8 minutes (``make_gpu_seconds``); a step that raises is reported (its error in the summary, exit status 1) and the
@@ -44,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-STEPS = ("kernels", "fig18a", "engine_vs_hf", "swap", "kernel_vs_sdpa", "engine")
+STEPS = ("kernels", "fig18a", "engine_vs_hf", "swap", "kernel_vs_sdpa", "engine", "cuda_graphs")
 #: the CUDA correctness grid (a Triton compile per variant keeps it this small: ~100 variants)
 KERNEL_GRID = {"shapes": [(1, [1, 19, 47]), (16, [40, 17, 3, 64, 700]), (32, [65, 31, 300]), (256, [100, 257])],
                "gqa": [1, 4], "head_dims": [80, 128], "num_heads": 8}
@@ -79,6 +82,12 @@ class Sizes:
     engine_max_num_seqs: tuple = (64, 256)
     hf_batch: int = 64
     profile_new_tokens: int = 32  # decode steps in the profiled window (see :func:`decode_window`)
+    # ``cuda_graphs``: the engine's architecture in fp32, prompts of ``graph_prompt_lens`` tokens; prompt i asks for
+    # ``graph_new_tokens * (i % 4 + 1) // 4`` tokens, so the decode batch shrinks across buckets
+    graph_prompts: int = 64
+    graph_prompt_lens: tuple = (32, 256)
+    graph_new_tokens: int = 32
+    graph_max_num_seqs: int = 64
 
     @classmethod
     def smoke(cls) -> "Sizes":
@@ -89,7 +98,8 @@ class Sizes:
                                   ("num_hidden_layers", 2), ("num_attention_heads", 4), ("num_key_value_heads", 2),
                                   ("max_position_embeddings", 256), ("initializer_range", 0.2)),
                    engine_dtype="float32", engine_prompts=4, engine_prompt_lens=(4, 12), engine_new_tokens=4,
-                   engine_max_num_seqs=(2, 4), hf_batch=2, profile_new_tokens=3)
+                   engine_max_num_seqs=(2, 4), hf_batch=2, profile_new_tokens=3, graph_prompts=3,
+                   graph_prompt_lens=(4, 12), graph_new_tokens=4, graph_max_num_seqs=2)
 #: greedy tokens per prompt of ``../shared/gpu/fp64.py`` (its README: 8 prompts x 48 tokens)
 INDEPENDENT_FP32_TOKENS = 48
 
@@ -536,6 +546,75 @@ def step_engine(ctx: Context) -> dict:
     return out
 
 
+def step_cuda_graphs(ctx: Context) -> dict:
+    """The engine with CUDA graphs for decode steps (``pagedattn.cuda_graphs``, the default) against
+    ``enforce_eager=True``: the same greedy workload, in fp32 on the engine step's Llama architecture, timed after a
+    short warm-up; the engine's start-up time of each (the graphs are captured there); whether the tokens are
+    identical (fp32: they must be). On a CPU no graph is taken, so the identity claim stays null there.
+
+    Where the two could round differently, ``first_divergence`` says where: a small bucket's attention is planned for
+    ``max_model_len`` (split-KV) while the eager step of the same batch may not split, and a GEMM over the padded rows
+    may take another cuBLAS kernel than over the unpadded ones; both are fp32 reorderings of the same sums."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pagedattn.llm import LLM
+    from pagedattn.repro.report.results import Claim
+    from pagedattn.sequence import SamplingParams
+
+    z = ctx.sizes
+    torch.manual_seed(0)
+    with torch.device(ctx.device):
+        hf = LlamaForCausalLM(LlamaConfig(**dict(z.engine_config))).float().eval()
+    g = torch.Generator().manual_seed(2)
+    lo, hi = z.graph_prompt_lens
+    prompts = [torch.randint(3, hf.config.vocab_size, (int(n),), generator=g).tolist()
+               for n in torch.randint(lo, hi, (z.graph_prompts,), generator=g)]
+    sps = [SamplingParams(temperature=0, max_tokens=max(1, z.graph_new_tokens * (i % 4 + 1) // 4), ignore_eos=True)
+           for i in range(len(prompts))]
+    backend = "triton" if ctx.device.startswith("cuda") else "torch"
+    blocks = z.graph_max_num_seqs * -(-(hi + z.graph_new_tokens) // 16) + 16
+    out: dict = {"prompts": len(prompts), "max_num_seqs": z.graph_max_num_seqs, "dtype": "float32"}
+    tokens = {}
+    for mode, eager in (("eager", True), ("graphs", False)):
+        _sync(ctx.device)
+        t0 = time.perf_counter()
+        llm = LLM(hf, block_size=16, attention_backend=backend, max_num_seqs=z.graph_max_num_seqs,
+                  num_gpu_blocks=blocks, enforce_eager=eager)
+        _sync(ctx.device)
+        init_s = time.perf_counter() - t0
+        graphs = llm.engine.runner.graphs
+        llm.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+        _sync(ctx.device)
+        t0 = time.perf_counter()
+        res = llm.generate(prompts, sps, use_tqdm=False)
+        _sync(ctx.device)
+        wall = time.perf_counter() - t0
+        tokens[mode] = [o.outputs[0].token_ids for o in res]
+        out[mode] = {"wall_s": wall, "tokens_per_s": sum(map(len, tokens[mode])) / wall, "engine_init_s": init_s,
+                     "graphs_captured": None if graphs is None else sorted(graphs.graphs)}
+        del llm, graphs
+    taken = out["graphs"]["graphs_captured"] is not None
+    same = sum(a == b for a, b in zip(tokens["graphs"], tokens["eager"]))
+    out.update(identical_prompts=same, first_divergence=first_divergence(tokens["graphs"], tokens["eager"]),
+               speedup=out["graphs"]["tokens_per_s"] / out["eager"]["tokens_per_s"])
+    what = (f"{ctx.hardware}: random-weight Llama ({dict(z.engine_config)['num_hidden_layers']} layers, hidden "
+            f"{dict(z.engine_config)['hidden_size']}) in float32, {len(prompts)} prompts of {lo}-{hi} tokens x "
+            f"{z.graph_new_tokens // 4}-{z.graph_new_tokens} new tokens, max_num_seqs {z.graph_max_num_seqs}")
+    ours = round(same / len(prompts), 4) if taken else None
+    ctx.claims.setdefault("gpu_check", []).extend([
+        Claim("cuda_graphs_match_eager.gpu.float32", None, ours, "of prompts token-identical", "ours == 1",
+              None if ours is None else ours == 1,
+              f"{what}: greedy tokens with CUDA graphs vs enforce_eager=True"
+              + ("" if taken else "; not measured: no CUDA graphs on a CPU"), accept=[1, 1]),
+        Claim(f"cuda_graphs_speedup.gpu.mns{z.graph_max_num_seqs}", None, round(out["speedup"], 3) if taken else None,
+              "x tokens/s (graphs / eager)", "recorded", None,
+              f"{what}: {out['graphs']['tokens_per_s']:.0f} vs {out['eager']['tokens_per_s']:.0f} generated tokens/s"
+              + ("" if taken else "; not measured: no CUDA graphs on a CPU"), kind="tracking"),
+    ])
+    return out
+
+
 def steps() -> list[Step]:
     return [
         Step("kernels", "Triton paged attention on CUDA vs float64: block sizes "
@@ -567,6 +646,10 @@ def steps() -> list[Step]:
               "gpu_busy_fraction.gpu.decode_b256, hf_generate_tokens_per_s.gpu.b64, "
               "launches_per_decode_step.gpu.b256)"],
              step_engine),
+        Step("cuda_graphs", "engine with CUDA graphs for decode steps vs enforce_eager=True: the 1.2B Llama's "
+             "architecture in fp32, tokens/s of each, start-up (capture) time, identical tokens",
+             ["gpu_check/summary.json (cuda_graphs_match_eager.gpu.float32, cuda_graphs_speedup.gpu.mns64)"],
+             step_cuda_graphs),
     ]
 
 
