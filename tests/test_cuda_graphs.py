@@ -82,6 +82,17 @@ def test_no_graphs_on_a_cpu(enforce_eager):
     assert e.args.enforce_eager is enforce_eager and e.runner.graphs is None
 
 
+def test_the_server_passes_enforce_eager():
+    """``python -m pagedattn.serve --enforce-eager`` reaches the engine's ``EngineArgs``."""
+    from pagedattn import serve
+
+    for argv, want in ((["--tiny-opt"], False), (["--tiny-opt", "--enforce-eager"], True)):
+        a = serve.parse_args(argv)
+        assert a.enforce_eager is want
+        e = serve.load_engine(tiny_models.tiny_opt(), num_slots=256, enforce_eager=a.enforce_eager)
+        assert e.args.enforce_eager is want and e.runner.graphs is None
+
+
 # ------------------------------------------------------------------------------- the padded path, run eagerly
 class PoisonCheck(DecodeGraphs):
     """``capture=False`` graphs that check every padded step: before it, every cache slot but the real rows'

@@ -547,6 +547,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-prompt-chars", type=int, default=None,
                    help="longer prompts get a 400 before they are tokenized (default: 32 per token of the context)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs for decode steps (vLLM's flag; a GPU only: a CPU never takes them)")
     p.add_argument("--seed", type=int, default=0, help="the tiny model's weight seed")
     p.add_argument("--log-level", default="info")
     a = p.parse_args(argv)
@@ -566,7 +568,8 @@ def main(argv=None) -> None:
 
         torch.set_num_threads(a.threads)
     engine = load_engine(a.model, a.kv_manager, a.num_slots, a.block_size, a.max_model_len, a.seed,
-                         max_num_seqs=a.max_num_seqs, max_step_metrics=a.max_step_metrics, swap_space=a.swap_space)
+                         max_num_seqs=a.max_num_seqs, max_step_metrics=a.max_step_metrics, swap_space=a.swap_space,
+                         enforce_eager=a.enforce_eager)
     app = build_app(AsyncEngine(engine, a.max_queued), a.served_model_name or a.model, a.max_body_bytes,
                     a.max_prompt_chars)
     print(f"pagedattn: serving {a.model} ({a.kv_manager}, {a.num_slots} slots, {engine.kv.cache_layout()[2]} CPU "
