@@ -126,13 +126,16 @@ class DecodeBuffers:
     def max_blocks(self) -> int:
         return self.block_tables.shape[1]
 
+    def _padded(self) -> tuple[tuple[Tensor, int], ...]:
+        """Each per-row buffer with the value of a padded row: token 0 at position 0, slot ``PAD_SLOT_ID``, context
+        length 0 (block tables are never read for a padded row)."""
+        return ((self.input_ids, 0), (self.positions, 0), (self.slot_mapping, PAD_SLOT_ID), (self.context_lens, 0))
+
     def load(self, input_ids: Tensor, positions: Tensor, meta: AttentionMetadata, bucket: int) -> None:
         """Rows ``[:n]``: the step's ``n`` decode tokens (block tables zero past their width); rows ``[n:bucket]``:
-        padding (token 0 at position 0, slot ``PAD_SLOT_ID``, context length 0)."""
+        padding."""
         n, width = input_ids.shape[0], meta.block_tables.shape[1]
-        for buf, src, pad in ((self.input_ids, input_ids, 0), (self.positions, positions, 0),
-                              (self.slot_mapping, meta.slot_mapping, PAD_SLOT_ID),
-                              (self.context_lens, meta.context_lens, 0)):
+        for (buf, pad), src in zip(self._padded(), (input_ids, positions, meta.slot_mapping, meta.context_lens)):
             buf[:n].copy_(src)
             buf[n:bucket].fill_(pad)
         self.block_tables[:n, :width].copy_(meta.block_tables)
@@ -140,8 +143,7 @@ class DecodeBuffers:
 
     def pad(self, bucket: int) -> None:
         """Every row of ``bucket`` padding (what a capture runs on)."""
-        for buf, pad in ((self.input_ids, 0), (self.positions, 0), (self.slot_mapping, PAD_SLOT_ID),
-                         (self.context_lens, 0)):
+        for buf, pad in self._padded():
             buf[:bucket].fill_(pad)
 
     def metadata(self, bucket: int) -> AttentionMetadata:

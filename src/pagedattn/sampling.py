@@ -35,23 +35,18 @@ class SamplingRow:
     seq: Sequence | None = None  # its tokens, for penalties and min_tokens (None: neither applies)
 
 
-def _penalized_rows(rows: list[SamplingRow]) -> list[int]:
-    """The rows whose logits :func:`apply_penalties` changes."""
-    return [i for i, r in enumerate(rows) if r.params.processes_logits and r.seq is not None and (
-        r.params.has_penalties or r.seq.get_output_len() < r.params.min_tokens)]
-
-
 def apply_penalties(logits: Tensor, rows: list[SamplingRow], eos_token_ids: frozenset[int] = frozenset()) -> Tensor:
-    """``logits`` after ``min_tokens`` and the penalties of the rows that ask for them (a new tensor; ``logits``
+    """``logits`` after ``min_tokens`` and the penalties of the rows that ask for them (a new fp32 tensor; ``logits``
     itself when no row does). vLLM's definitions: a sequence short of ``min_tokens`` output tokens cannot sample EOS
     (unless ``ignore_eos``) or a stop token id; ``repetition_penalty`` divides a positive logit, and multiplies a
     negative one, of every token in the prompt or the output (CTRL, Keskar et al. 2019; Hugging Face's
     ``RepetitionPenaltyLogitsProcessor``); ``frequency_penalty`` is subtracted once per occurrence of a token in the
     output, ``presence_penalty`` once if it occurs at all (OpenAI's definition)."""
-    todo = _penalized_rows(rows)
+    todo = [i for i, r in enumerate(rows) if r.params.processes_logits and r.seq is not None and (
+        r.params.has_penalties or r.seq.get_output_len() < r.params.min_tokens)]
     if not todo:
         return logits
-    logits = logits.clone()
+    logits = logits.to(torch.float32, copy=True)
     vocab = logits.shape[-1]
     for i in todo:
         p, seq = rows[i].params, rows[i].seq
@@ -99,15 +94,15 @@ def sample(logits: Tensor, rows: list[SamplingRow], want_logprobs: bool = True,
     """Pick one token per row; returns the token ids and (when ``want_logprobs``) their log-probabilities under
     the raw logits. Skipping the log-probabilities saves a pass over the vocabulary on the hot path."""
     raw = logits
+    logits = apply_penalties(logits, rows, eos_token_ids)
     greedy = [r.params.temperature == 0 for r in rows]
-    if not all(greedy) or _penalized_rows(rows) or not cpu.takes(logits, dtypes=cpu.LAYER_DTYPES):
-        logits = apply_penalties(logits.float(), rows, eos_token_ids)
     if all(greedy):
         # = argmax (first maximum on ties), in C++ on fp32 logits or the model's bf16 ones as they are: torch's
         # max(dim) takes ~300 us on [64, 8192] fp32 logits on one CPU thread, and bf16's copy to fp32 ~100 us
-        tokens = cpu.argmax_cpu(logits) if cpu.takes(logits, dtypes=cpu.LAYER_DTYPES) else logits.max(dim=-1).indices
+        tokens = (cpu.argmax_cpu(logits) if cpu.takes(logits, dtypes=cpu.LAYER_DTYPES)
+                  else logits.float().max(dim=-1).indices)
     else:
-        tokens = _sample_rows(logits, rows, greedy)
+        tokens = _sample_rows(logits.float(), rows, greedy)
     if not want_logprobs:
         return tokens.tolist(), None
     chosen = raw.float().log_softmax(dim=-1).gather(-1, tokens[:, None])[:, 0]

@@ -250,9 +250,7 @@ def step_engine_vs_hf(ctx: Context) -> dict:
     from pagedattn.llm import LLM
     from pagedattn.sequence import SamplingParams
 
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, 512, (int(n),), generator=g).tolist()
-               for n in torch.randint(1, 100, (ENGINE_PROMPTS,), generator=g)]
+    prompts = _random_prompts(512, ENGINE_PROMPTS, (1, 100), seed=1)
     sp = SamplingParams(temperature=0, max_tokens=ENGINE_NEW_TOKENS, ignore_eos=True)
     lens = [ENGINE_NEW_TOKENS] * len(prompts)
     out: dict = {}
@@ -399,13 +397,24 @@ def step_kernel_vs_sdpa(ctx: Context) -> dict:
     return out
 
 
-def _engine_model(z: Sizes, device: str):
+def _engine_model(z: Sizes, device: str, dtype: str | None = None):
+    """The ``engine`` steps' random-weight Llama, in ``dtype`` (default ``z.engine_dtype``)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     with torch.device(device):
-        return LlamaForCausalLM(LlamaConfig(**dict(z.engine_config))).to(getattr(torch, z.engine_dtype)).eval()
+        model = LlamaForCausalLM(LlamaConfig(**dict(z.engine_config)))
+    return model.to(getattr(torch, dtype or z.engine_dtype)).eval()
+
+
+def _random_prompts(vocab: int, count: int, lens: tuple, seed: int) -> list[list[int]]:
+    """``count`` prompts of random token ids (3 .. vocab - 1), their lengths drawn from ``lens`` (low, high)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (int(n),), generator=g).tolist()
+            for n in torch.randint(lens[0], lens[1], (count,), generator=g)]
 
 
 def _sync(device: str) -> None:
@@ -471,10 +480,8 @@ def step_engine(ctx: Context) -> dict:
     z = ctx.sizes
     hf = _engine_model(z, ctx.device)
     cfg = hf.config
-    g = torch.Generator().manual_seed(1)
     lo, hi = z.engine_prompt_lens
-    prompts = [torch.randint(3, cfg.vocab_size, (int(n),), generator=g).tolist()
-               for n in torch.randint(lo, hi, (z.engine_prompts,), generator=g)]
+    prompts = _random_prompts(cfg.vocab_size, z.engine_prompts, z.engine_prompt_lens, seed=1)
     sp = SamplingParams(temperature=0, max_tokens=z.engine_new_tokens, ignore_eos=True)
     backend = "triton" if ctx.device.startswith("cuda") else "torch"
     blocks = z.engine_prompts * -(-(hi + z.engine_new_tokens) // 16)
@@ -555,21 +562,14 @@ def step_cuda_graphs(ctx: Context) -> dict:
     Where the two could round differently, ``first_divergence`` says where: a small bucket's attention is planned for
     ``max_model_len`` (split-KV) while the eager step of the same batch may not split, and a GEMM over the padded rows
     may take another cuBLAS kernel than over the unpadded ones; both are fp32 reorderings of the same sums."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from pagedattn.llm import LLM
     from pagedattn.repro.report.results import Claim
     from pagedattn.sequence import SamplingParams
 
     z = ctx.sizes
-    torch.manual_seed(0)
-    with torch.device(ctx.device):
-        hf = LlamaForCausalLM(LlamaConfig(**dict(z.engine_config))).float().eval()
-    g = torch.Generator().manual_seed(2)
+    hf = _engine_model(z, ctx.device, "float32")
     lo, hi = z.graph_prompt_lens
-    prompts = [torch.randint(3, hf.config.vocab_size, (int(n),), generator=g).tolist()
-               for n in torch.randint(lo, hi, (z.graph_prompts,), generator=g)]
+    prompts = _random_prompts(hf.config.vocab_size, z.graph_prompts, z.graph_prompt_lens, seed=2)
     sps = [SamplingParams(temperature=0, max_tokens=max(1, z.graph_new_tokens * (i % 4 + 1) // 4), ignore_eos=True)
            for i in range(len(prompts))]
     backend = "triton" if ctx.device.startswith("cuda") else "torch"
