@@ -214,6 +214,15 @@ def claims(breakdowns: pd.DataFrame, batches: pd.DataFrame, block_size: int,
             accept = [96, None] if s == "paged" else [paper - 8, paper + 8]
             out.append(Claim(f"token_states_pct.{s}{suffix}", paper, round(ours, 2), "%", tol, bool(holds),
                              note=f"{where}; {alt_note}", accept=accept, strict=printed_interval(paper)))
+            for part in ("reserved", "internal", "external"):  # the rest of Orca's bar, by the same rule
+                paper_part = FIG2_SHARES[s].get(part)
+                if paper_part is None:  # the paper splits vLLM's bar only into token states and waste
+                    continue
+                v = float(row[part])
+                out.append(Claim(f"{part}_pct.{s}{suffix}", paper_part, round(v, 2), "%", "within 8 points",
+                                 bool(abs(v - paper_part) <= 8), note=f"{where}; {alt_note.split(':')[0]}: "
+                                 f"{_fmt(alt[part])} %", accept=[paper_part - 8, paper_part + 8],
+                                 strict=printed_interval(paper_part)))
     mb = batches.set_index(["trace", "system"])
     for _, row in batches.iterrows():
         name = {"sharegpt": "mean_batch", "sharegpt_synthetic": "mean_batch", "alpaca": "mean_batch_alpaca"}[row.trace]

@@ -420,7 +420,8 @@ def with_bands(claims: list[Claim], table: pd.DataFrame, over: str) -> list[Clai
             note += f"band: holds at all {len(judged)} points"
         if len(judged) < len(d):
             note += f"; not measurable at {len(d) - len(judged)} of {len(d)} points"
-        out.append(replace(c, band={"min": lo, "max": hi, "over": over}, holds=holds, note=note))
+        out.append(replace(c, band={"min": lo, "max": hi, "over": over, "outside": len(fails), "points": len(judged)},
+                               holds=holds, note=note))
     return out
 
 

