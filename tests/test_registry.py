@@ -103,3 +103,32 @@ def test_cross_checks_agree_with_their_owner_or_say_why_they_differ():
             d = difference_pct(mine, owner["ours"])
             assert d is not None and abs(d) <= 100 * x.agree, \
                 f"{pid}: {x.notebook}'s {mine['ours']} and {entry.owner}'s {owner['ours']} differ by {d:.1f} %"
+
+
+# ------------------------------------------------------------------------------------------------ notebook pages
+def test_each_notebook_shows_its_verdicts_first_and_reproduce_fills_them(tmp_path):
+    import nbformat
+
+    from pagedattn.repro.report.results import VERDICT_CELL_TAG, fill_verdicts
+
+    for path in sorted((RESULTS_DIR.parent / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        cells = nbformat.read(path, as_version=4).cells
+        tags = [c.metadata.get("tags", []) for c in cells]
+        params = next(i for i, t in enumerate(tags) if "parameters" in t)
+        assert cells[0].cell_type == "markdown" and cells[0].source.startswith("# "), path.name
+        assert VERDICT_CELL_TAG in tags[params + 1], f"{path.name}: the verdicts do not follow the parameters"
+        assert f'show_verdicts("{path.stem}")' in cells[params + 1].source
+        executed = RESULTS_DIR / path.stem / path.name
+        if executed.exists():  # the page: the first output after the title is the verdict table
+            shown = [c for c in nbformat.read(executed, as_version=4).cells if c.get("outputs")]
+            assert shown and VERDICT_CELL_TAG in shown[0].metadata.get("tags", []), f"{executed.name}: not first"
+            assert "**Verdicts of this run**" in shown[0].outputs[0].data["text/markdown"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 09 · x"),
+                                         nbformat.v4.new_code_cell("show_verdicts('09_chatbot')")])
+    nb.cells[1].metadata["tags"] = [VERDICT_CELL_TAG]
+    nbformat.write(nb, tmp_path / "09_chatbot.ipynb")
+    write_summary(tmp_path / "09_chatbot", "09_chatbot", "sim", "m", False,
+                  [Claim("rate_ratio.chatbot.paged_vs_orca_oracle", 2.0, 1.9, "x", "", True, accept=[1.5, 2.5])])
+    assert fill_verdicts(tmp_path / "09_chatbot.ipynb", tmp_path / "09_chatbot" / "summary.json")
+    out = nbformat.read(tmp_path / "09_chatbot.ipynb", as_version=4).cells[1].outputs[0].data["text/markdown"]
+    assert "| fig17.vs_orca_oracle | rate_ratio.chatbot.paged_vs_orca_oracle | 2 | 1.9 x | -5.0 % | reproduced |" in out

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from pagedattn.repro.report.lab import KERNEL_NAME
 from pagedattn.repro.report.results import (NOTEBOOK_ENV, QUICK_RESULTS_DIR, QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR,
-                                            RUN_FILE, STALE_FILE, hardware_label, today)
+                                            RUN_FILE, STALE_FILE, fill_verdicts, hardware_label, today)
 from pagedattn.repro.report.scoreboard import build_summary_md
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -117,6 +117,7 @@ def run_notebook(path: str | os.PathLike, quick: bool, results_dir: str | os.Pat
             if km.has_kernel:
                 asyncio.run(km.shutdown_kernel(now=True))
     relink(out, path.parent.resolve())
+    fill_verdicts(out, out_dir / "summary.json")  # issue 61: the page opens with this run's verdicts
     return out
 
 

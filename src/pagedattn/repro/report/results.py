@@ -458,6 +458,17 @@ def show_claims(claims: list[Claim | dict]) -> None:
     display(Markdown(verdict_markdown(claims)))
 
 
+def variants_table(claims: list[Claim | dict]):
+    """Each claim beside its sensitivity rows (``variants``: the synthetic trace, a forced preemption mode), one row
+    per variant: the claim, the paper's value, ours and its verdict, the variant, its value and whether it holds."""
+    import pandas as pd
+
+    return pd.DataFrame([{"claim": c["name"], "paper": _fmt(c.get("paper"), missing="-"), "ours": _fmt(c.get("ours")),
+                          "verdict": verdict(c), "variant": v["variant"], "variant's value": _fmt(v.get("ours")),
+                          "variant holds": v.get("holds")}
+                         for c in map(_claim_dict, claims) for v in c.get("variants") or []])
+
+
 VERDICT_CELL_TAG = "verdicts"  #: the tag of each notebook's first code cell, which shows its verdicts
 
 
@@ -469,7 +480,7 @@ def verdicts_markdown(summary: dict) -> str:
     return head + "\n\n" + verdict_markdown(summary["claims"])
 
 
-def show_verdicts(experiment: str, results_dir: str | os.PathLike) -> None:
+def show_verdicts(experiment: str, results_dir: str | os.PathLike = RESULTS_DIR) -> None:
     """The notebook's first output: its verdicts. ``make reproduce`` replaces this cell's output with the verdicts of
     the run that just finished (``reproduce.fill_verdicts``); run by hand, it shows those of the last stored run."""
     from IPython.display import Markdown, display
