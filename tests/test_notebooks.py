@@ -48,6 +48,8 @@ def test_notebook_runs_in_quick_mode(path: Path, tmp_path: Path):
     for stable in STABLE_CLAIMS.get(path.stem[:2], []):
         assert any(n == stable or (stable.endswith(".") and n.startswith(stable)) for n in names), stable
     assert list((tmp_path / path.stem).glob("*.png")), "a result notebook saves its figures"
+    shown = [c for c in json.loads(out.read_text())["cells"] if c.get("outputs")]
+    assert "verdicts" in shown[0]["metadata"].get("tags", []), "the page opens with its verdicts (issue 61)"
     build_summary_md(tmp_path)
     assert doc["experiment"] in (tmp_path / "DETAILS.md").read_text()
 
