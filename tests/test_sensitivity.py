@@ -129,3 +129,27 @@ def test_steady_batch_does_not_depend_on_trace_length():
     assert short.mean_batch() == pytest.approx(long_.mean_batch(), rel=0.1)
     assert abs(short.mean_batch(steady=False) / long_.mean_batch(steady=False) - 1) > \
         abs(short.mean_batch() / long_.mean_batch() - 1)
+
+
+def test_every_band_on_the_a100_profile_has_the_transfer_corner(monkeypatch):
+    """Issue 61: the 80 -> 40 GB card transfer's corner is in every band built on the A100 profile: the shortened
+    grid of a search over rates (notebooks 10 and 11) has it after its three step-time points, except for a setup on
+    the profile's own card (OPT-175B on A100-80GB) and in quick mode."""
+    from pagedattn.repro.experiments import fig14_curves, scale
+
+    fastest, slowest = S.points(rate_axis=False, trace_axis=False)[1:3]
+    assert S.step_extremes() == [S.DEFAULT, fastest, slowest, S.TRANSFER]
+    assert S.step_extremes(transfer=False) == [S.DEFAULT, fastest, slowest]
+    assert S.step_extremes(quick=True) == S.points(quick=True)
+    grids = {}
+
+    def sweep(name, fn, pts, *args, **kw):
+        grids[name] = pts
+        return pd.DataFrame()
+    monkeypatch.setattr(S, "sweep", sweep)
+    monkeypatch.setattr(S, "with_bands", lambda default, t, over: default)
+    scale.bands(scale.Params.make(False), [])
+    assert S.TRANSFER in grids["10_table1_fig12.OPT-13B"] and S.TRANSFER in grids["10_table1_fig12.OPT-66B"]
+    assert S.TRANSFER not in grids["10_table1_fig12.OPT-175B"]
+    fig14_curves.beam_bands(fig14_curves.sharing_params(False), fig14_curves.Params.make(False), [])
+    assert S.TRANSFER in grids["11_fig14_curves.beam"]

@@ -17,7 +17,7 @@ measurement on the real engine, 1.69 / 3.14 / 4.52 of 2 / 4 / 6), and every othe
 through the real ``BlockManager.free`` / ``fork`` (copy-on-write on the next append), while Orca (Oracle) reserves
 each beam's full length contiguously and copies the parent's K/V into a forked beam's reservation. Both systems pay
 their K/V copies at HBM bandwidth (``CostModel.copy_time``). All of this was fixed before the beam gains were seen;
-the band moves the mean distinct parents by one either way and the step time to its corners
+the band moves the mean distinct parents by one either way, and the step time to its corners and the card transfer's
 (``pagedattn.repro.experiments.sensitivity``). The beam model's memory saving at the Fig. 13 rate (30 req/s) is also compared with
 Fig. 15's, as a check of the model.
 
@@ -58,8 +58,9 @@ class Params:
     #: fractions of our sustainable rate at each width (the curves' rate grid)
     load_fractions: tuple = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.5)
     beam_widths: tuple = (2, 4, 6)
-    #: the beam claims' band (``pagedattn.repro.experiments.sensitivity``): the default, the fastest and slowest step-time corners, and
-    #: the beam model's mean distinct parents moved by this much either way
+    #: the beam claims' band (``pagedattn.repro.experiments.sensitivity``): the default, the fastest and slowest
+    #: step-time corners, the card transfer's corner, and the beam model's mean distinct parents moved by this much
+    #: either way
     beam_parents_shift: float = 1.0
 
     @classmethod
@@ -258,11 +259,11 @@ def beam_claims_at(point: sensitivity.Point, sp: sharing.Params, params: Params)
 
 def beam_bands(sp: sharing.Params, params: Params, default: list[Claim],
                progress: bool = True) -> tuple[list[Claim], pd.DataFrame]:
-    """The beam claims' bands: the default, the fastest and slowest step-time corners (a search over rates: no rate
-    axis; Alpaca: no trace axis) and the beam model's distinct parents moved by ``params.beam_parents_shift`` either
+    """The beam claims' bands: the default, the fastest and slowest step-time corners and the card transfer's
+    (``sensitivity.step_extremes``: a search over rates, so no rate axis; Alpaca: no trace axis) and the beam model's distinct parents moved by ``params.beam_parents_shift`` either
     way."""
     x = params.beam_parents_shift
-    pts = sensitivity.points(params.quick, rate_axis=False, trace_axis=False)[:3]
+    pts = sensitivity.step_extremes(params.quick)
     pts += [sensitivity.Point(beam_parents_shift=-x), sensitivity.Point(beam_parents_shift=x)]
     t = sensitivity.sweep(f"{EXPERIMENT}.beam", partial(beam_claims_at, sp=sp, params=params), pts,
                           {"params": asdict(params), "sharing_params": asdict(sp)}, default, progress=progress)

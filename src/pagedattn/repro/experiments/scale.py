@@ -384,10 +384,11 @@ def claims_at(point: sensitivity.Point, params: Params, model: str) -> list[Clai
 def bands(params: Params, default: list[Claim], progress: bool = True) -> tuple[list[Claim], pd.DataFrame]:
     """Step-time bands of each model's ShareGPT rate ratios: the default and the fastest and slowest corners of
     ``sensitivity``'s box (the step time is monotone in each constant, so they hold its extremes; the two
-    decode/prefill splits are left out for time); a search over rates, so no rate axis; real ShareGPT only."""
-    pts = sensitivity.points(params.quick, rate_axis=False, trace_axis=False)[:3]
+    decode/prefill splits are left out for time) and, for a setup on the A100-40GB, the card transfer's corner
+    (``sensitivity.step_extremes``); a search over rates, so no rate axis; real ShareGPT only."""
     tables = []
     for m in params.models:
+        pts = sensitivity.step_extremes(params.quick, transfer=GPUS[m][1] == 40)
         mine = [c for c in default if c.name.startswith(f"rate_ratio.{m}.sharegpt.")]
         t = sensitivity.sweep(f"{EXPERIMENT}.{m}", partial(claims_at, params=params, model=m), pts,
                               {"params": asdict(params)}, mine, progress=progress)
