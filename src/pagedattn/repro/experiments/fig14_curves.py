@@ -40,6 +40,7 @@ from pagedattn.repro.experiments import sensitivity
 from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import gain_sources, sharing, validated
 from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RateSearch, not_judged
+from pagedattn.repro.sim.cost_profile import assumed_reason
 from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, printed_interval
@@ -121,7 +122,7 @@ def _beam_saving_row(k: int, trace, sp: sharing.Params, cost: CostModel | None, 
     return {"trace": "alpaca", "method": "beam", "width": k, "distinct_parents": beam.distinct_parents,
             "rate": sp.sim_rates["alpaca"], "saving_pct": 100 * r.sharing_saving(),
             "mean_batch": r.mean_batch(), "preemptions": sum(r.num_preemptions.values()),
-            "paper_saving_pct": FIG15_SAVING["alpaca"]["beam"][k]}
+            "swaps": r.num_preemptions.get("swap", 0), "paper_saving_pct": FIG15_SAVING["alpaca"]["beam"][k]}
 
 
 def curves(gain: pd.DataFrame, sp: sharing.Params, params: Params, progress: bool = True) -> pd.DataFrame:
@@ -266,6 +267,19 @@ def _grows(name: str, paper: str, gains: pd.Series, note: str) -> Claim:
     return Claim(name, paper, vals, "x", "non-decreasing, last > first", grows, note)
 
 
+#: the claims whose searches swap multi-sequence groups (parallel samples, beams) or, forced, every group: their
+#: rates rest on the assumed PCIe constants (``sim.CostModel.swap_time``)
+SWAPPING = ("gain_at_fixed_latency.parallel_", "gain_grows_with_n.parallel", "gain_at_fixed_latency.beam_",
+            "gain_grows_with_width.beam", "gain_at_fixed_latency.n1.forced_swap")
+
+
+def swap_priced(beam_savings: pd.DataFrame, name: str) -> bool:
+    """Whether claim ``name``'s value rests on the assumed PCIe swap constants: a gain of ``SWAPPING``, or a beam
+    model's saving whose run swapped (``beam_savings``' ``swaps``)."""
+    swapped = beam_savings[beam_savings.get("swaps", pd.Series(0, index=beam_savings.index)).fillna(0) > 0]
+    return name.startswith(SWAPPING) or name in {f"beam_model.saving_pct.alpaca.beam_w{int(w)}" for w in swapped.width}
+
+
 def beam_claims_at(point: sensitivity.Point, sp: sharing.Params, params: Params) -> list[Claim]:
     """The beam claims that carry a band (beam width 6's gain, the beam model's savings) under one point."""
     cost, widths = point.cost(), tuple(w for w in params.beam_widths if w == 6)
@@ -329,6 +343,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
                                       "parallel_equal_lengths")}
     cl, tables["sensitivity"] = beam_bands(sp, params, claims(tables["gain"], tables["beam_savings"], sources),
                                            progress)
+    cl = sensitivity.rests_on(cl, partial(swap_priced, tables["beam_savings"]), assumed_reason("swap"))
     _write(tables, out_dir)
     model = sharing.SIM_MODEL
     write_summary(out_dir, EXPERIMENT, hardware_label("sim"), model, quick, cl,

@@ -230,6 +230,15 @@ def describe(pts: list[Point]) -> str:
         "; the assumed constants (0.7, 0.5, 4 ms) reported apart" if len(band) < len(pts) else "")
 
 
+def rests_on(claims: list[Claim], which: Callable[[str], bool], clause: str) -> list[Claim]:
+    """Each claim whose name ``which`` accepts says in its reason that its value rests on an assumed constant
+    (issue 61; ``clause``, e.g. ``cost_profile.assumed_reason("swap")``): its reason, or the one
+    ``results.measured_reason`` gives it, then the clause. Call it on the claims as written, after their bands."""
+    from pagedattn.repro.report.results import measured_reason
+
+    return [replace(c, reason=f"{c.reason or measured_reason(c)}; {clause}") if which(c.name) else c for c in claims]
+
+
 #: A rate ratio is judged two-sided: within the paper's range, each end moved out by this share (issue 13).
 WIDEN = 0.25
 
