@@ -77,6 +77,7 @@ def test_forced_swap_is_a_tracking_row_beside_the_headline():
     assert got["gain_at_fixed_latency.n1"].ours == 1.48 and got["gain_at_fixed_latency.n1"].holds is True
     forced = got["gain_at_fixed_latency.n1.forced_swap"]
     assert forced.ours == 1.71 and forced.kind == "tracking" and "not the paper's rule" in forced.note
+    assert "not the paper's rule" in forced.reason
     from pagedattn.repro.sim.capacity import RateSearch
 
     def search(rate):

@@ -199,7 +199,8 @@ def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None, sources: dic
         out.append(Claim("gain_at_fixed_latency.n1.forced_swap", FIG14_GAIN["n1"], round(float(forced[1]), 3), "x",
                          f"{a:.3g}-{b:.3g}", None, note.replace(sharing.RULE_WORDS[sharing.HEADLINE_RULE],
                                                                 sharing.RULE_WORDS["forced_swap"]),
-                         kind="tracking", accept=[a, b], strict=printed_interval(FIG14_GAIN["n1"])))
+                         kind="tracking", accept=[a, b], strict=printed_interval(FIG14_GAIN["n1"]),
+                         reason=sharing.FORCED_SWAP_REASON))
     for n in (2, 4, 6):
         if n in par:
             out.append(Claim(f"gain_at_fixed_latency.parallel_n{n}", f"grows from {FIG14_GAIN['n1']}x with n",

@@ -71,8 +71,10 @@ SENSITIVITY = "sharegpt_synthetic"
 #: each rule in a claim's note
 RULE_WORDS = {"vllm": "vLLM's rule (a single-sequence group recomputed, a multi-sequence group swapped, each swap "
                       "charged its PCIe copies)",
-              "forced_swap": "swapping every group, a single-sequence one too (not the paper's rule: a sensitivity "
-                             "row; each swap charged its PCIe copies)"}
+              "forced_swap": "swapping every group, a single-sequence one too (not the paper's rule, a sensitivity "
+                             "row, each swap charged its PCIe copies)"}
+#: the reason of a claim recorded beside the headline under another rule
+FORCED_SWAP_REASON = "recorded beside the claim under vLLM's rule: every group forced to swap, not the paper's rule"
 
 
 def preemption(params: "Params", rule: str = HEADLINE_RULE) -> dict:
@@ -606,6 +608,8 @@ def claims(savings: pd.DataFrame, sim_gain: pd.DataFrame, orca: pd.DataFrame | N
                          None if not headline or ours is None or not length_judged(g1.iloc[0])
                          else bool(abs(ours / FIG14_GAIN["n1"] - 1) <= 0.25), note,
                          kind="reproduction" if headline else "tracking",
+                         reason={".forced_swap": FORCED_SWAP_REASON,
+                                 "_recompute": "recorded: the same run as gain_over_orca_oracle.n1"}.get(suffix, ""),
                          accept=[0.75 * FIG14_GAIN["n1"], 1.25 * FIG14_GAIN["n1"]],
                          strict=printed_interval(FIG14_GAIN["n1"])))
     if orca is not None and len(orca):
