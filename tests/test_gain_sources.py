@@ -101,9 +101,9 @@ def test_n1_batch_split_and_factors():
 
 
 def test_parallel_cap_use_and_notes():
-    gain = pd.DataFrame([{"method": "n=1", "width": 1, "preemption": "swap", "rate_paged": 30.0,
+    gain = pd.DataFrame([{"method": "n=1", "width": 1, "preemption": "vllm", "rate_paged": 30.0,
                           "rate_orca_oracle": 20.0},
-                         {"method": "parallel", "width": 2, "preemption": "swap", "rate_paged": 15.0,
+                         {"method": "parallel", "width": 2, "preemption": "vllm", "rate_paged": 15.0,
                           "rate_orca_oracle": 10.0}])
     use = gain_sources.parallel_cap_use(tiny(), gain, progress=False)
     assert len(use) == 8 and set(use.max_num_seqs) == {256, gain_sources.LIFTED_SEQ_CAP}
@@ -127,3 +127,30 @@ def test_equal_sample_lengths_gains_stretch_and_note():
     assert "most of the rise" in gain_sources.equal_lengths_note(flat, pd.Series({1: 1.7, 4: 2.2, 6: 2.0}))
     assert "most of the rise" not in gain_sources.equal_lengths_note(flat.assign(gain=[1.7, 2.1, 2.0]),
                                                                       pd.Series({1: 1.7, 4: 2.2, 6: 2.0}))
+
+
+def test_fig14_headline_preempts_by_vllms_rule(monkeypatch, tmp_path):
+    """Issue 61: Fig. 14's headline gains preempt as the paper's vLLM did, which is the scheduler's default: a
+    single-sequence group recomputed, a multi-sequence group swapped; forced swapping is only n = 1's sensitivity row."""
+    from pagedattn.config import SchedulerConfig
+    from pagedattn.repro.sim.simulator import HEADLINE_RULE, PREEMPTION_RULES
+
+    assert PREEMPTION_RULES[HEADLINE_RULE] == SchedulerConfig().preemption_mode
+    p = tiny()
+    tight = make_trace("alpaca", 30, 200.0, 0)  # all at once into room for a few requests: preemption is certain
+    for n, rule, only in ((1, HEADLINE_RULE, "recompute"), (1, "forced_swap", "swap")):
+        r = simulate(tight, "paged", 16 * 60, 16, n=n, seed=0, **sharing.preemption(p, rule))
+        assert r.num_preemptions[only] > 0 and sum(r.num_preemptions.values()) == r.num_preemptions[only], rule
+    # two samples: swapped while both run (a group left with one running sample is a single-sequence group)
+    assert simulate(tight, "paged", 16 * 60, 16, n=2, seed=0, **sharing.preemption(p)).num_preemptions["swap"] > 0
+    # the searches behind the headline rows pass exactly those arguments to every replay
+    monkeypatch.setenv("PAGEDATTN_SENSITIVITY_CACHE", str(tmp_path))
+    seen = []
+
+    def spy(*args, **kw):
+        seen.append((kw["preemption_mode"], kw["num_cpu_blocks"]))
+        return simulate(*args, **kw)
+    monkeypatch.setattr(sharing, "simulate", spy)
+    sharing.sim_rate(p, "paged", 1, make_trace("alpaca", p.gain_requests_n1, 1.0, p.seed), sharing.CostModel())
+    assert seen and set(seen) == {("recompute", p.sim_cpu_blocks)}
+    assert sharing._rules(1) == (HEADLINE_RULE, "forced_swap") and sharing._rules(4) == (HEADLINE_RULE,)

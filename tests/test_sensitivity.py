@@ -129,3 +129,63 @@ def test_steady_batch_does_not_depend_on_trace_length():
     assert short.mean_batch() == pytest.approx(long_.mean_batch(), rel=0.1)
     assert abs(short.mean_batch(steady=False) / long_.mean_batch(steady=False) - 1) > \
         abs(short.mean_batch() / long_.mean_batch() - 1)
+
+
+def test_every_band_on_the_a100_profile_has_the_transfer_corner(monkeypatch):
+    """Issue 61: the 80 -> 40 GB card transfer's corner is in every band built on the A100 profile: the shortened
+    grid of a search over rates (notebooks 10 and 11) has it after its three step-time points, except for a setup on
+    the profile's own card (OPT-175B on A100-80GB) and in quick mode."""
+    from pagedattn.repro.experiments import fig14_curves, scale
+
+    fastest, slowest = S.points(rate_axis=False, trace_axis=False)[1:3]
+    assert S.step_extremes() == [S.DEFAULT, fastest, slowest, S.TRANSFER]
+    assert S.step_extremes(transfer=False) == [S.DEFAULT, fastest, slowest]
+    assert S.step_extremes(quick=True) == S.points(quick=True)
+    grids = {}
+
+    def sweep(name, fn, pts, *args, **kw):
+        grids[name] = pts
+        return pd.DataFrame()
+    monkeypatch.setattr(S, "sweep", sweep)
+    monkeypatch.setattr(S, "with_bands", lambda default, t, over: default)
+    scale.bands(scale.Params.make(False), [])
+    assert S.TRANSFER in grids["10_table1_fig12.OPT-13B"] and S.TRANSFER in grids["10_table1_fig12.OPT-66B"]
+    assert S.TRANSFER not in grids["10_table1_fig12.OPT-175B"]
+    fig14_curves.beam_bands(fig14_curves.sharing_params(False), fig14_curves.Params.make(False), [])
+    assert S.TRANSFER in grids["11_fig14_curves.beam"]
+
+
+def test_claims_on_assumed_constants_say_so_in_their_reason():
+    """Issue 61: a claim whose value rests on an assumed constant names it, with its value, in its reason: Fig. 14's
+    swapping gains (04, 11), Fig. 19's modelled ratio (06), the tensor-parallel rate ratios and Table 1's KV at the
+    assumed memory utilisation (10); a claim that does not rest on one keeps its reason."""
+    from pagedattn.repro.experiments import fig14_curves, scale, sharing
+    from pagedattn.repro.sim.cost_profile import assumed_reason
+
+    swap = assumed_reason("swap")
+    assert "32 GB/s x 0.8" in swap and "5 us per copy" in swap and "150 GB/s" in assumed_reason("nvlink")
+    claims = [Claim(n, 1.3, 1.5, "x", "", True, "note", accept=[1.0, 2.0], reason=r) for n, r in
+              (("gain_at_fixed_latency.n1", ""), ("gain_at_fixed_latency.n1.forced_swap", ""),
+               ("gain_grows_with_width.beam", "grows x1.1"), ("beam_model.saving_pct.alpaca.beam_w6", ""),
+               ("beam_model.saving_pct.alpaca.beam_w2", ""))]
+    beam_savings = pd.DataFrame({"width": [2, 6], "swaps": [0, 3]})
+    got = {c.name: c.reason for c in S.rests_on(claims, lambda n: fig14_curves.swap_priced(beam_savings, n), swap)}
+    assert got["gain_at_fixed_latency.n1"] == ""  # n = 1 under vLLM's rule never swaps
+    assert got["gain_at_fixed_latency.n1.forced_swap"].endswith(swap) and got["gain_at_fixed_latency.n1.forced_swap"]
+    assert got["gain_grows_with_width.beam"] == f"grows x1.1; {swap}"
+    assert got["beam_model.saving_pct.alpaca.beam_w6"].endswith(swap)
+    assert got["beam_model.saving_pct.alpaca.beam_w2"] == ""
+    savings = pd.DataFrame({"trace": ["alpaca", "sharegpt_synthetic", "sharegpt"], "method": "parallel",
+                            "width": [2, 4, 4], "swaps": [1, 2, 0]})
+    assert sharing.swap_priced(savings, "saving_pct.alpaca.parallel_n2")
+    assert sharing.swap_priced(savings, "saving_pct.sharegpt.parallel_n4.synthetic")
+    assert not sharing.swap_priced(savings, "saving_pct.sharegpt.parallel_n4")
+    assert sharing.swap_priced(savings, "gain_over_orca_oracle.n1.forced_swap")
+    assert not sharing.swap_priced(savings, "gain_over_orca_oracle.n1")
+    t10 = [Claim(n, 1.0, 1.0, "x") for n in ("rate_ratio.OPT-13B.sharegpt.paged_vs_orca_max",
+                                             "rate_ratio.OPT-66B.sharegpt.paged_vs_orca_max",
+                                             "table1.kv_gb_at_utilisation.OPT-13B")]
+    got = {c.name: c.reason for c in scale.assumptions_in_reasons(t10)}
+    assert got["rate_ratio.OPT-13B.sharegpt.paged_vs_orca_max"] == ""  # one GPU: no all-reduce
+    assert got["rate_ratio.OPT-66B.sharegpt.paged_vs_orca_max"].endswith(assumed_reason("nvlink"))
+    assert "memory utilisation of 0.9" in got["table1.kv_gb_at_utilisation.OPT-13B"]

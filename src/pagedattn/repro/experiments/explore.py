@@ -68,12 +68,11 @@ def lengths_figure(trace: list[TraceRequest], title: str = ""):
 def replay(trace: list[TraceRequest], system: str = "paged", block_size: int = DEFAULT_BLOCK_SIZE, n: int = 1,
            beam_width: int = 1, cost: CostModel | None = None) -> SimResult:
     """One replay of ``trace`` through ``system`` on the paper's KV budget (OPT-13B / A100-40GB, ``sim.simulate``).
-    ``n > 1``: parallel sampling; ``beam_width > 1``: beam search with the measured beam model (§4.4); both swap
-    when preempted, as vLLM does for multi-sequence groups (§4.5)."""
-    multi = n > 1 or beam_width > 1
+    ``n > 1``: parallel sampling; ``beam_width > 1``: beam search with the measured beam model (§4.4). Preemption
+    follows vLLM's rule, the scheduler's default (§4.5): a single-sequence group is recomputed, a multi-sequence group
+    swapped to ``CPU_BLOCKS`` of CPU memory."""
     return simulate(trace, system, paper_slots(), block_size, cost or CostModel(), n=n,
-                    beam=BeamModel.measured(beam_width) if beam_width > 1 else None,
-                    preemption_mode="swap" if multi else "recompute", num_cpu_blocks=CPU_BLOCKS if multi else 0)
+                    beam=BeamModel.measured(beam_width) if beam_width > 1 else None, num_cpu_blocks=CPU_BLOCKS)
 
 
 def _steady_span(ax, r: SimResult) -> None:

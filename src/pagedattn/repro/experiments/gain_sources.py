@@ -69,7 +69,7 @@ def decode_terms(r: SimResult) -> dict:
 def n1_gain_sources(sp: sharing.Params, rate_paged: float, rate_orca: float, cost: CostModel | None = None,
                     progress: bool = True) -> pd.DataFrame:
     """Fig. 14a at n = 1 (§6.3): ours and Orca (Oracle) each at its own sustainable rate, and ours at Orca's, on
-    the n = 1 Alpaca trace with swap preemption (as ``sharing.sim_rate``); one row of ``decode_terms`` each."""
+    the n = 1 Alpaca trace with vLLM's preemption rule (as ``sharing.sim_rate``); one row of ``decode_terms`` each."""
     jobs = [("paged", rate_paged, "own"), ("orca_oracle", rate_orca, "own"), ("paged", rate_orca, "orca_oracle's")]
     rows = pmap(partial(_n1_row, sp=sp, cost=cost or CostModel()), jobs, "n=1 gain sources", progress)
     return pd.DataFrame(rows)
@@ -78,8 +78,7 @@ def n1_gain_sources(sp: sharing.Params, rate_paged: float, rate_orca: float, cos
 def _n1_row(job: tuple, sp: sharing.Params, cost: CostModel) -> dict:
     system, rate, which = job
     trace = with_rate(make_trace("alpaca", sp.gain_requests_n1, 1.0, sp.seed), rate, sp.seed)
-    r = simulate(trace, system, paper_slots(), sp.block_size, cost, seed=sp.seed, preemption_mode="swap",
-                 num_cpu_blocks=sp.sim_cpu_blocks)
+    r = simulate(trace, system, paper_slots(), sp.block_size, cost, seed=sp.seed, **sharing.preemption(sp))
     return {"system": system, "at_rate": which, "rate": rate, **decode_terms(r)}
 
 
@@ -137,7 +136,7 @@ def n1_batch_split(sp: sharing.Params, rate_paged: float, rate_orca: float, cost
                    progress: bool = True) -> pd.DataFrame:
     """Fig. 14a at n = 1 (§6.3): the replays that split the batch ratio at capacity (ours over Orca (Oracle), each
     at its own sustainable rate) into memory and scheduling, one row of ``batch_split_terms`` per (system, run of
-    ``BATCH_SPLIT_RUNS``) on the n = 1 Alpaca trace with swap preemption (as ``sharing.sim_rate``): each system at
+    ``BATCH_SPLIT_RUNS``) on the n = 1 Alpaca trace with vLLM's preemption rule (as ``sharing.sim_rate``): each system at
     its own sustainable rate, at the paper's Fig. 13 rate (where the paper's batches are), offline with the
     scheduler's cap on running sequences (vLLM's 256), and offline with the cap lifted. Factors:
     ``batch_split_factors``."""
@@ -153,12 +152,12 @@ def n1_batch_split(sp: sharing.Params, rate_paged: float, rate_orca: float, cost
 
 def _split_row(job: tuple, sp: sharing.Params, cost: CostModel) -> dict:
     """One replay of ``n1_batch_split`` or ``parallel_cap_use``: ``(system, run label, rate, max_num_seqs, n)`` on
-    the Alpaca trace of Fig. 14's searches (``sharing.sim_rate``'s trace, swap preemption)."""
+    the Alpaca trace of Fig. 14's searches (``sharing.sim_rate``'s trace, vLLM's preemption rule)."""
     system, label, rate, cap, n = job
     trace = with_rate(make_trace("alpaca", sp.gain_requests_n1 if n == 1 else sp.gain_requests, 1.0, sp.seed), rate,
                       sp.seed)
-    r = simulate(trace, system, paper_slots(), sp.block_size, cost, n=n, seed=sp.seed, preemption_mode="swap",
-                 num_cpu_blocks=sp.sim_cpu_blocks, max_num_seqs=cap)
+    r = simulate(trace, system, paper_slots(), sp.block_size, cost, n=n, seed=sp.seed, max_num_seqs=cap,
+                 **sharing.preemption(sp))
     return {"system": system, "run": label, "width": n, "rate": rate, "max_num_seqs": cap,
             **batch_split_terms(r, cap, n)}
 
@@ -167,12 +166,12 @@ def parallel_cap_use(sp: sharing.Params, gain: pd.DataFrame, progress: bool = Tr
                      cost: CostModel | None = None) -> pd.DataFrame:
     """Fig. 14a (§6.3): does the scheduler's cap on running sequences bind where parallel sampling's gain is
     measured? Both systems replayed at their sustainable rates of each row of ``gain`` (``sharing.sim_parallel_gain``'s
-    rows, swap preemption) with vLLM's cap and with ``LIFTED_SEQ_CAP``, one row of ``batch_split_terms`` each: where
+    headline rows) with vLLM's cap and with ``LIFTED_SEQ_CAP``, one row of ``batch_split_terms`` each: where
     the two replays agree the cap does not bind at that rate; ``memory_bound_share`` and ``waiting_share`` tell
     whether memory does."""
     from pagedattn.config import SchedulerConfig
 
-    g = gain[gain.preemption == "swap"]
+    g = gain[gain.preemption == sharing.HEADLINE_RULE]
     jobs = [(s, "own rate", float(getattr(r, f"rate_{s}")), cap, int(r.width)) for r in g.itertuples()
             for s in ("paged", "orca_oracle") for cap in (SchedulerConfig.max_num_seqs, LIFTED_SEQ_CAP)]
     return pd.DataFrame(pmap(partial(_split_row, sp=sp, cost=cost or CostModel()), jobs, "parallel cap use",
@@ -315,8 +314,8 @@ def _saving_row(job: tuple, sp: sharing.Params, cost: CostModel) -> dict:
     w, n, equal = job
     like = "sharegpt" if w.startswith("sharegpt") else w
     trace = make_trace(w, sp.sim_requests[like], sp.sim_rates[like], sp.seed)
-    r = simulate(trace, "paged", paper_slots(), sp.block_size, cost, n=n, seed=sp.seed, preemption_mode="swap",
-                 num_cpu_blocks=sp.sim_cpu_blocks, equal_sample_lengths=equal)
+    r = simulate(trace, "paged", paper_slots(), sp.block_size, cost, n=n, seed=sp.seed, equal_sample_lengths=equal,
+                 **sharing.preemption(sp))
     d = r._steps(True)
     return {"trace": w, "width": n, "sample_lengths": "equal" if equal else "independent",
             "saving_time_weighted_pct": 100 * r.sharing_saving(),
@@ -335,8 +334,8 @@ def beam_saving_vs_parents(sp: sharing.Params, width: int, parents: tuple, progr
 
 def _beam_row(m: float, sp: sharing.Params, width: int, cost: CostModel) -> dict:
     trace = make_trace("alpaca", sp.sim_requests["alpaca"], sp.sim_rates["alpaca"], sp.seed)
-    r = simulate(trace, "paged", paper_slots(), sp.block_size, cost, seed=sp.seed, preemption_mode="swap",
-                 num_cpu_blocks=sp.sim_cpu_blocks, beam=BeamModel(width, float(m)))
+    r = simulate(trace, "paged", paper_slots(), sp.block_size, cost, seed=sp.seed, beam=BeamModel(width, float(m)),
+                 **sharing.preemption(sp))
     return {"width": width, "distinct_parents": float(m), "saving_pct": 100 * r.sharing_saving()}
 
 
@@ -357,7 +356,7 @@ def seq_cap_gains(sp: sharing.Params, widths: tuple, max_num_seqs: int, progress
     """Fig. 14's gains (§6.3) with the scheduler's cap on running sequences at ``max_num_seqs``: n = 1 (its longer
     trace) and each width in ``widths`` of ``method``, ``"beam"`` (beam search, the measured beam model; Fig. 14b) or
     ``"parallel"`` (parallel sampling of n samples; Fig. 14a), both systems, by notebook 11's rule
-    (``sharing.sim_rate``, swap preemption). The cap counts sequences, so n samples or beams take n of its places.
+    (``sharing.sim_rate``, vLLM's preemption rule). The cap counts sequences, so n samples or beams take n of its places.
     ``equal_sample_lengths``: every parallel sample as long as the trace's output (``sim.simulate``'s ablation of the
     independent per-sample lengths) instead of drawn. One bisection per (width, system), parallel."""
     if method not in ("beam", "parallel"):
@@ -379,5 +378,5 @@ def _cap_rate(job: tuple, sp: sharing.Params, cap: int, cost: CostModel, method:
     k, system = job
     base = make_trace("alpaca", sp.gain_requests_n1 if k == 1 else sp.gain_requests, 1.0, sp.seed)
     beam = BeamModel.measured(k) if k > 1 and method == "beam" else None
-    return sharing.sim_rate(replace(sp), system, k, "swap", base, cost, beam, max_num_seqs=cap,
+    return sharing.sim_rate(replace(sp), system, k, base, cost, beam, max_num_seqs=cap,
                             equal_sample_lengths=equal_sample_lengths)

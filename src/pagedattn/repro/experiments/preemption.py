@@ -52,7 +52,7 @@ from pagedattn.repro.experiments.block_size import BLOCK_SIZES, ENGINE_SHAPE, en
 from pagedattn.repro.experiments.common import Clock, ExperimentParams, fastest, scaled_trace, tiny_opt
 from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG19_COMPARABLE_BLOCK_SIZES, FIG19_RECOMPUTE_OVER_SWAP_MAX
-from pagedattn.repro.sim.cost_profile import assumed_note
+from pagedattn.repro.sim.cost_profile import assumed_note, assumed_reason
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.scheduler import SchedulerOutputs
 from pagedattn.repro.sim.simulator import CostModel, simulate
@@ -391,8 +391,10 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     band = sensitivity.sweep(EXPERIMENT, partial(claims_at, params=params), pts, {"params": asdict(params)}, default)
     band.to_csv(out_dir / "sensitivity.csv", index=False)
     tables["sensitivity"] = band
+    banded = sensitivity.with_bands(default, band, sensitivity.describe(pts))
     write_summary(out_dir, EXPERIMENT, f"{hw} + {hardware_label('sim')}", model, quick,
-                  sensitivity.with_bands(default, band, sensitivity.describe(pts)),
+                  sensitivity.rests_on(banded, lambda name: name.startswith("recompute_over_swap_latency.sim_a100."),
+                                       assumed_reason("swap")),
                   extra={"params": asdict(params), "swap_cost_model": asdict(CostModel()),
                          "swap_space_bytes": SWAP_SPACE_BYTES,
                          "gpu": "not run: no GPU was lent to this task",

@@ -51,7 +51,7 @@ from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ra
 from pagedattn.repro.experiments.throughput import SIM_SYSTEMS
 from pagedattn.repro.sim.parallel import call, pmap
 from pagedattn.repro.paper import FIG12_RATE_RATIO, GPUS, KV_GB, KV_SLOTS, PARAM_GB
-from pagedattn.repro.sim.cost_profile import assumed_note
+from pagedattn.repro.sim.cost_profile import assumed_note, assumed_reason
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, printed_interval
 from pagedattn.repro.experiments.sensitivity import widened
 from pagedattn.repro.sim.simulator import LABELS, CostModel, simulate
@@ -381,13 +381,24 @@ def claims_at(point: sensitivity.Point, params: Params, model: str) -> list[Clai
     return [c for c in rate_claims(pd.DataFrame(rows)) if c.kind == "reproduction"]
 
 
+def assumptions_in_reasons(claims: list[Claim]) -> list[Claim]:
+    """Issue 61: a tensor-parallel setup's rate ratios rest on the assumed NVLink constants, and Table 1's KV at
+    ``MEMORY_UTILISATION`` on that assumed share; each such claim's reason says so."""
+    tp = tuple(f"rate_ratio.{m}." for m, (gpus, _) in GPUS.items() if gpus > 1)
+    claims = sensitivity.rests_on(claims, lambda name: name.startswith(tp), assumed_reason("nvlink"))
+    return sensitivity.rests_on(claims, lambda name: name.startswith("table1.kv_gb_at_utilisation."),
+                                f"rests on an assumed memory utilisation of {MEMORY_UTILISATION} (vLLM's default "
+                                "gpu_memory_utilization)")
+
+
 def bands(params: Params, default: list[Claim], progress: bool = True) -> tuple[list[Claim], pd.DataFrame]:
     """Step-time bands of each model's ShareGPT rate ratios: the default and the fastest and slowest corners of
     ``sensitivity``'s box (the step time is monotone in each constant, so they hold its extremes; the two
-    decode/prefill splits are left out for time); a search over rates, so no rate axis; real ShareGPT only."""
-    pts = sensitivity.points(params.quick, rate_axis=False, trace_axis=False)[:3]
+    decode/prefill splits are left out for time) and, for a setup on the A100-40GB, the card transfer's corner
+    (``sensitivity.step_extremes``); a search over rates, so no rate axis; real ShareGPT only."""
     tables = []
     for m in params.models:
+        pts = sensitivity.step_extremes(params.quick, transfer=GPUS[m][1] == 40)
         mine = [c for c in default if c.name.startswith(f"rate_ratio.{m}.sharegpt.")]
         t = sensitivity.sweep(f"{EXPERIMENT}.{m}", partial(claims_at, params=params, model=m), pts,
                               {"params": asdict(params)}, mine, progress=progress)
@@ -412,6 +423,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     claims = table1_claims(tables["table1"]) + rate_claims(tables["fig12_sustainable"])
     if params.bands:
         claims, tables["sensitivity"] = bands(params, claims, progress)
+    claims = assumptions_in_reasons(claims)
     tables["cost_models"] = pd.DataFrame([{"model": m, **asdict(cost_model(m))} for m in params.models])
     for name, df in tables.items():
         df.to_csv(out_dir / f"{name}.csv", index=False)

@@ -185,7 +185,7 @@ def points(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True,
         corners = [replace(DEFAULT, bandwidth_efficiency=b, flops_efficiency=f, step_overhead_s=o,
                            step_overhead_per_seq_s=sl)
                    for b in (b0, b1) for f in (f0, f1) for o, sl in ((o0, s0), (o1, s1))]
-    corners.append(TRANSFER)  # the card transfer's corner, after the others (a claim that takes ``[:3]`` skips it)
+    corners.append(TRANSFER)  # the card transfer's corner, after the others
     rates = ("experiment", "equal_load") if rate_axis else ("experiment",)
     out = [DEFAULT] + [replace(p, rate=r) for r in rates for p in corners]
     if trace_axis:
@@ -193,6 +193,16 @@ def points(quick: bool = False, rate_axis: bool = True, trace_axis: bool = True,
     out += [replace(DEFAULT, rate_scale=x) for x in rate_scales]
     out += [replace(DEFAULT, copy_latency_s=x) for x in copy_latencies]
     return out + ([ASSUMED] if assumed else [])
+
+
+def step_extremes(quick: bool = False, transfer: bool = True) -> list[Point]:
+    """The grid of a claim found by a search over rates whose full grid would take too long (no rate or trace axis):
+    the default, the step time's fastest and slowest corners (the step time is monotone in each constant, so they
+    hold its extremes) and ``TRANSFER``, the card transfer's corner (issue 61: every band built on the A100 profile
+    has it; ``transfer=False`` for a setup on the profile's own card, the A100-80GB). ``quick``: the default and the
+    fastest corner, as ``points``."""
+    pts = points(quick, rate_axis=False, trace_axis=False, assumed=False)[:3]
+    return pts + ([TRANSFER] if transfer and not quick else [])
 
 
 def describe(pts: list[Point]) -> str:
@@ -218,6 +228,15 @@ def describe(pts: list[Point]) -> str:
         parts.append(f"beam model's distinct parents {'/'.join(f'{x:+g}' for x in shifts)}")
     return "; ".join(parts) + f"; {len(band)} points" + (
         "; the assumed constants (0.7, 0.5, 4 ms) reported apart" if len(band) < len(pts) else "")
+
+
+def rests_on(claims: list[Claim], which: Callable[[str], bool], clause: str) -> list[Claim]:
+    """Each claim whose name ``which`` accepts says in its reason that its value rests on an assumed constant
+    (issue 61; ``clause``, e.g. ``cost_profile.assumed_reason("swap")``): its reason, or the one
+    ``results.measured_reason`` gives it, then the clause. Call it on the claims as written, after their bands."""
+    from pagedattn.repro.report.results import measured_reason
+
+    return [replace(c, reason=f"{c.reason or measured_reason(c)}; {clause}") if which(c.name) else c for c in claims]
 
 
 #: A rate ratio is judged two-sided: within the paper's range, each end moved out by this share (issue 13).

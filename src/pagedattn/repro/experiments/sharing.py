@@ -25,7 +25,8 @@ Three parts:
    it again with two random-weight OPTs and on random prompts, to tell whether the model or the prompts decide it.
 3. **Throughput against Orca (Oracle)** (Fig. 14, gain at the same KV memory): parallel sampling at paper scale by
    the sustainable request rate (normalized latency <= ``throughput.NL_THRESHOLD_S``; bisection over the rate) in
-   the simulator; beam search on the real engine, offline (all requests at t = 0), requests/s of the paged engine
+   the simulator, preempting by vLLM's rule (``sim.PREEMPTION_RULES``; n = 1 with every group forced to swap as a
+   sensitivity row); beam search on the real engine, offline (all requests at t = 0), requests/s of the paged engine
    vs the same engine with ``ContiguousKVManager(slots, "oracle", max_model_len)``, which reserves the true length
    (prompt + max_tokens, exact here since outputs ignore EOS) for *each* beam, and must copy a parent beam's
    whole K/V into the child's reservation at every fork, as HF's ``_reorder_cache``.
@@ -45,6 +46,7 @@ import torch
 
 from pagedattn.repro.experiments import sensitivity
 from pagedattn.repro.paper import paper_slots
+from pagedattn.repro.sim.cost_profile import assumed_reason
 from pagedattn.repro.sim.parallel import pmap
 from pagedattn.engine import LLMEngine
 from pagedattn.repro.experiments import validated
@@ -56,7 +58,7 @@ from pagedattn.repro.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING, TR
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, printed_interval, today, write_summary
 from pagedattn.sequence import SamplingParams
 from pagedattn.repro.experiments.sensitivity import widened
-from pagedattn.repro.sim.simulator import CostModel, simulate
+from pagedattn.repro.sim.simulator import HEADLINE_RULE, PREEMPTION_RULES, CostModel, simulate
 from pagedattn.repro.workloads.traces import (TraceRequest, describe_trace, make_trace, synthetic_prompt, trace_stats,
                                       with_rate)
 
@@ -66,6 +68,19 @@ REAL_MODEL = "opt-stdlib (4.3M-param OPT trained on the Python stdlib, fp32, CPU
 WORKLOADS = ("alpaca", "sharegpt")
 #: the synthetic ShareGPT-like trace: a sensitivity row of the paper-scale parallel savings (same size and rate)
 SENSITIVITY = "sharegpt_synthetic"
+#: each rule in a claim's note
+RULE_WORDS = {"vllm": "vLLM's rule (a single-sequence group recomputed, a multi-sequence group swapped, each swap "
+                      "charged its PCIe copies)",
+              "forced_swap": "swapping every group, a single-sequence one too (not the paper's rule, a sensitivity "
+                             "row, each swap charged its PCIe copies)"}
+#: the reason of a claim recorded beside the headline under another rule
+FORCED_SWAP_REASON = "recorded beside the claim under vLLM's rule: every group forced to swap, not the paper's rule"
+
+
+def preemption(params: "Params", rule: str = HEADLINE_RULE) -> dict:
+    """``sim.simulate``'s preemption arguments under ``rule`` (``PREEMPTION_RULES``), with ``params.sim_cpu_blocks``
+    of CPU swap space under either (a multi-sequence group is swapped under both)."""
+    return {"preemption_mode": PREEMPTION_RULES[rule], "num_cpu_blocks": params.sim_cpu_blocks}
 
 
 @dataclass
@@ -120,27 +135,28 @@ def sim_parallel_savings(params: Params, progress: bool = True,
 def _saving_row(job: tuple, params: Params, cost: CostModel) -> dict:
     """One row of :func:`sim_parallel_savings`: ``(trace name, rate, trace, n)``."""
     w, rate, trace, n = job
-    r = simulate(trace, "paged", paper_slots(), params.block_size, cost, n=n, seed=params.seed,
-                 preemption_mode="swap", num_cpu_blocks=params.sim_cpu_blocks)
+    r = simulate(trace, "paged", paper_slots(), params.block_size, cost, n=n, seed=params.seed, **preemption(params))
     d = r.steps
     return {"scale": "paper (sim)", "trace": w, "method": "parallel", "width": n,
             "rate": rate, "saving_pct": 100 * r.sharing_saving(),
             "saving_step_weighted_pct": 100 * (1 - d["physical_blocks"].sum() / d["logical_blocks"].sum()),
-            "mean_batch": r.mean_batch(), "preemptions": sum(r.num_preemptions.values())}
+            "mean_batch": r.mean_batch(), "preemptions": sum(r.num_preemptions.values()),
+            "swaps": r.num_preemptions.get("swap", 0)}
 
 
 def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | None = None,
                       knee: bool = False) -> pd.DataFrame:
     """Fig. 14 parallel rows: sustainable request rate of paged vs Orca (Oracle) at the same KV memory (Alpaca).
 
-    Preemption swaps (vLLM's choice for multi-sequence groups), and the simulator charges every swap its PCIe
-    copies (``CostModel.swap_time``). For n = 1 the paged system's rate is also measured with recomputation, the
-    other recovery (§4.5), since how a preempted request comes back sets part of the gain. Orca (Oracle) reserves
-    each request's whole length up front and never preempts, so its rate is measured once."""
+    Preemption follows vLLM's rule (``HEADLINE_RULE``: a single-sequence group recomputed, a multi-sequence group
+    swapped), and the simulator charges every swap its PCIe copies (``CostModel.swap_time``). For n = 1 the paged
+    system's rate is also measured with every group forced to swap (``"forced_swap"``, a sensitivity row), since how
+    a preempted request comes back sets part of the gain. Orca (Oracle) reserves each request's whole length up
+    front and never preempts, so its rate is measured once."""
     cost = cost or CostModel()
-    # one bisection per task (Orca once per n; paged per recovery mode), longest first (n = 1: the longer trace)
-    jobs = [(n, "orca_oracle", "swap") for n in params.gain_ns]
-    jobs += [(n, "paged", mode) for n in params.gain_ns for mode in (("swap", "recompute") if n == 1 else ("swap",))]
+    # one bisection per task (Orca once per n; paged per rule), longest first (n = 1: the longer trace)
+    jobs = [(n, "orca_oracle", HEADLINE_RULE) for n in params.gain_ns]
+    jobs += [(n, "paged", rule) for n in params.gain_ns for rule in _rules(n)]
     order = sorted(range(len(jobs)), key=lambda i: jobs[i][0] != 1)
     got = pmap(partial(_gain_rate, params=params, cost=cost, knee=knee), [jobs[i] for i in order], "sim gain",
                progress)
@@ -148,13 +164,19 @@ def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | N
     rows = []
     for n in params.gain_ns:
         num = params.gain_requests_n1 if n == 1 else params.gain_requests
-        orca = rate[(n, "orca_oracle", "swap")]
-        for mode in ("swap", "recompute") if n == 1 else ("swap",):
-            paged = rate[(n, "paged", mode)]
+        orca = rate[(n, "orca_oracle", HEADLINE_RULE)]
+        for rule in _rules(n):
+            paged = rate[(n, "paged", rule)]
             rows.append({"scale": "paper (sim)", "trace": "alpaca", "method": "parallel" if n > 1 else "n=1",
-                         "width": n, "preemption": mode, **gain_columns(paged, orca),
+                         "width": n, "preemption": rule, **gain_columns(paged, orca),
                          "threshold_s": NL_THRESHOLD_S, "num_requests": num})
     return pd.DataFrame(rows)
+
+
+def _rules(n: int) -> tuple[str, ...]:
+    """The preemption rules of :func:`sim_parallel_gain` at ``n`` samples: the headline, and at n = 1 (where the two
+    rules differ for every group) forced swapping too."""
+    return (HEADLINE_RULE, "forced_swap") if n == 1 else (HEADLINE_RULE,)
 
 
 def gain_columns(paged: RateSearch, orca: RateSearch) -> dict:
@@ -199,33 +221,35 @@ def gain_detail(row) -> str:
 
 
 def _gain_rate(job: tuple, params: Params, cost: CostModel, knee: bool = False) -> RateSearch:
-    """One bisection of :func:`sim_parallel_gain`: ``(n, system, preemption mode)`` on its Alpaca trace."""
-    n, system, mode = job
+    """One bisection of :func:`sim_parallel_gain`: ``(n, system, preemption rule)`` on its Alpaca trace."""
+    n, system, rule = job
     num = params.gain_requests_n1 if n == 1 else params.gain_requests
-    return sim_rate(params, system, n, mode, make_trace("alpaca", num, 1.0, params.seed), cost, knee=knee)
+    return sim_rate(params, system, n, make_trace("alpaca", num, 1.0, params.seed), cost, knee=knee, rule=rule)
 
 
-def sim_rate(params: Params, system: str, n: int, mode: str, base: list[TraceRequest], cost: CostModel,
-             beam=None, max_num_seqs: int = 256, equal_sample_lengths: bool = False, knee: bool = False) -> RateSearch:
+def sim_rate(params: Params, system: str, n: int, base: list[TraceRequest], cost: CostModel,
+             beam=None, max_num_seqs: int = 256, equal_sample_lengths: bool = False, knee: bool = False,
+             rule: str = HEADLINE_RULE) -> RateSearch:
     """A system's sustainable Alpaca rate with ``n`` samples (or ``beam``, a ``sim.BeamModel`` of width ``n``) per
     request (``capacity.sustainable_rate``: latency threshold and capacity rule), by bisection between the Fig. 13
     rate / (8 n) and 16 x it (Fig. 14's rule). ``max_num_seqs``: the scheduler's cap on running sequences (vLLM's
     default 256; ``gain_sources.seq_cap_gains`` raises it); ``equal_sample_lengths``: ``sim.simulate``'s ablation,
     every sample the trace's output length; ``knee``: the knee measure too (``capacity.knee_rate``, issue 50: the
-    paper's own reading of a curve, beside the fixed threshold)."""
+    paper's own reading of a curve, beside the fixed threshold); ``rule``: how preempted groups come back
+    (``PREEMPTION_RULES``; the paper's by default)."""
     rate0 = params.sim_rates["alpaca"]
-    cpu_blocks = params.sim_cpu_blocks if mode == "swap" else 0
+    kw = preemption(params, rule)
 
     def requests(rate, length):
         # the trace-length rule (``capacity.length_agreed_search``, issue 50) grows ``base`` to 2x, 4x, ... its length
         trace = base if length == len(base) else base_trace("alpaca", length, params.seed)
         return simulate(with_rate(trace, rate, params.seed), system, paper_slots(), params.block_size, cost,
-                        n=n, seed=params.seed, preemption_mode=mode, num_cpu_blocks=cpu_blocks, record_steps=False,
-                        beam=beam, max_num_seqs=max_num_seqs, equal_sample_lengths=equal_sample_lengths).requests
+                        n=n, seed=params.seed, record_steps=False, beam=beam, **kw, max_num_seqs=max_num_seqs, equal_sample_lengths=equal_sample_lengths).requests
     # cached (``sensitivity.cached_search``): notebooks 04 and 11 run the same Fig. 14 searches
-    key = {"trace": sensitivity.trace_digest(base), "system": system, "n": n, "mode": mode, "cost": asdict(cost),
+    key = {"trace": sensitivity.trace_digest(base), "system": system, "n": n, "mode": kw["preemption_mode"],
+           "cost": asdict(cost),
            "beam": None if beam is None else asdict(beam), "max_num_seqs": max_num_seqs, "seed": params.seed,
-           "block_size": params.block_size, "cpu_blocks": cpu_blocks, "rate0": rate0,
+           "block_size": params.block_size, "cpu_blocks": kw["num_cpu_blocks"], "rate0": rate0,
            "resolution": params.rate_resolution, "slots": paper_slots(), "length_rule": MAX_LENGTH_DOUBLINGS,
            **({"equal_sample_lengths": True} if equal_sample_lengths else {}), **({"knee": KNEE_FACTOR} if knee else {})}
     return sensitivity.cached_search(key, lambda: length_agreed_search(requests, len(base), rate0 / (8 * n),
@@ -331,7 +355,7 @@ def engine_for(model, tokenizer, params: Params, **kw) -> LLMEngine:
     kw.setdefault("num_cpu_blocks", params.engine_blocks)
     kw.setdefault("max_step_metrics", None)  # the savings are summed over every step
     return LLMEngine(model, tokenizer, block_size=params.block_size, max_model_len=params.max_model_len,
-                     max_num_seqs=params.max_num_seqs, preemption_mode="swap", **kw)
+                     max_num_seqs=params.max_num_seqs, **kw)
 
 
 # Each real-engine run below is one task of a sweep (``pagedattn.repro.sim.parallel.pmap``), run in its worker on the model
@@ -476,8 +500,7 @@ def _agreement_sim(n: int, trace: list[TraceRequest], params: Params) -> tuple[f
     """The simulator's side of :func:`parallel_agreement` for ``n`` samples: step-weighted saving (%), steps."""
     sim = simulate(trace, "paged", params.engine_blocks * params.block_size, params.block_size, CostModel(),
                    max_num_seqs=params.max_num_seqs, max_num_batched_tokens=max(params.max_model_len, 2048),
-                   max_model_len=params.max_model_len, n=n, seed=params.seed, preemption_mode="swap",
-                   num_cpu_blocks=params.engine_blocks)
+                   max_model_len=params.max_model_len, n=n, seed=params.seed, num_cpu_blocks=params.engine_blocks)
     d = sim.steps
     return 100 * (1 - d["physical_blocks"].sum() / d["logical_blocks"].sum()), len(d)
 
@@ -487,7 +510,7 @@ def _orca_row(job: tuple, params: Params) -> dict:
     process's CPU time (``cpu_s``; ``wall_s`` beside it)."""
     method, k, system, trace, prompts = job
     model, tokenizer = load_real_model()
-    swap = {"num_cpu_blocks": params.orca_slots // params.block_size, "preemption_mode": "swap"}
+    swap = {"num_cpu_blocks": params.orca_slots // params.block_size}  # the scheduler's default rule (vLLM's)
     with torch_threads(params.threads):
         e = make_engine(model, system, params.orca_slots, params.block_size, params.max_model_len,
                         tokenizer=tokenizer, max_num_seqs=params.max_num_seqs, **(swap if system == "paged" else {}))
@@ -572,16 +595,21 @@ def claims(savings: pd.DataFrame, sim_gain: pd.DataFrame, orca: pd.DataFrame | N
                 strict = [lo, hi] if lo != hi else printed_interval(lo)
                 out.append(Claim(name, p, ours, "%", tol, holds, note, accept=[a, b], strict=strict,
                                  reason="" if holds is not False else saving_reason(w, method)))
-    for mode, suffix in (("swap", ""), ("recompute", "_recompute")):
-        g1 = sim_gain[(sim_gain.width == 1) & (sim_gain.preemption == mode)]
+    for rule, suffix in ((HEADLINE_RULE, ""), ("forced_swap", ".forced_swap"), (HEADLINE_RULE, "_recompute")):
+        g1 = sim_gain[(sim_gain.width == 1) & (sim_gain.preemption == rule)]
         ours = round(float(g1["gain"].iloc[0]), 3) if len(g1) else None
+        headline = not suffix
+        note = (f"paper-scale sim, sustainable Alpaca rate at {NL_THRESHOLD_S} s/token and the capacity rule, "
+                f"preemption by {RULE_WORDS[rule]}" + (f"; {gain_detail(g1.iloc[0])}" if len(g1) else ""))
+        if suffix == "_recompute":
+            note = ("the same run as gain_over_orca_oracle.n1 (vLLM's rule recomputes every single-sequence group), "
+                    "kept until the claims are folded; " + note)
         out.append(Claim(f"gain_over_orca_oracle.n1{suffix}", FIG14_GAIN["n1"], ours, "x", "within 25%",
-                         None if ours is None or not length_judged(g1.iloc[0])
-                         else bool(abs(ours / FIG14_GAIN["n1"] - 1) <= 0.25),
-                         f"paper-scale sim, sustainable Alpaca rate at {NL_THRESHOLD_S} s/token and the capacity "
-                         f"rule, preemption by {mode}" + (" (each swap charged its PCIe copies)" if mode == "swap"
-                                                          else "") + (f"; {gain_detail(g1.iloc[0])}" if len(g1)
-                                                                      else ""),
+                         None if not headline or ours is None or not length_judged(g1.iloc[0])
+                         else bool(abs(ours / FIG14_GAIN["n1"] - 1) <= 0.25), note,
+                         kind="reproduction" if headline else "tracking",
+                         reason={".forced_swap": FORCED_SWAP_REASON,
+                                 "_recompute": "recorded: the same run as gain_over_orca_oracle.n1"}.get(suffix, ""),
                          accept=[0.75 * FIG14_GAIN["n1"], 1.25 * FIG14_GAIN["n1"]],
                          strict=printed_interval(FIG14_GAIN["n1"])))
     if orca is not None and len(orca):
@@ -597,6 +625,18 @@ def claims(savings: pd.DataFrame, sim_gain: pd.DataFrame, orca: pd.DataFrame | N
         out.append(Claim("gain_over_orca_oracle.beam_w6", FIG14_GAIN["beam_w6"], None, "x", "", None,
                          "beam search needs a model: the real-engine comparison was not run"))
     return out
+
+
+def swap_priced(savings: pd.DataFrame, name: str) -> bool:
+    """Whether claim ``name``'s value rests on the assumed PCIe swap constants (``sim.CostModel.swap_time``): the n = 1
+    gain with swapping forced, and a simulated saving whose run swapped (``savings``' ``swaps``; a time-weighted
+    saving weighs each step by its time, a swap's included)."""
+    if name.startswith("gain_over_orca_oracle.n1.forced_swap"):
+        return True
+    swapped = savings[savings.get("swaps", pd.Series(0, index=savings.index)).fillna(0) > 0]
+    return name in {f"saving_pct.sharegpt.parallel_n{int(r.width)}.synthetic" if r.trace == SENSITIVITY
+                    else f"saving_pct.{r.trace}.parallel_n{int(r.width)}"
+                    for r in swapped[swapped.method == "parallel"].itertuples()}
 
 
 def timed(timings: dict[str, float], key: str, fn, *args):
@@ -631,6 +671,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     savings = pd.concat([sim_sav, beam] if beam is not None else [sim_sav], ignore_index=True)
     summary_claims, bands = timed(timings, "sensitivity_s", sim_bands, params, claims(savings, sim_gain, orca),
                                   progress)
+    summary_claims = sensitivity.rests_on(summary_claims, partial(swap_priced, savings), assumed_reason("swap"))
     paper_rows = []
     for w in (*WORKLOADS, SENSITIVITY):
         for method in ("parallel", "beam"):

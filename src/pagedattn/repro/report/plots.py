@@ -303,15 +303,17 @@ def fig14_panels(curves: pd.DataFrame, gain: pd.DataFrame, paper_gain: dict, thr
 
     The paper's gains (``paper.FIG14_GAIN``: ``"n1"`` for basic sampling, ``"beam_w6"`` for beam width 6) are marked
     on their panels as a star on the threshold line at the paper's gain times Orca (Oracle)'s measured sustainable rate
-    there (``gain``'s ``rate_orca_oracle``; the swap rows where preemption was varied): where ours would cross the
+    there (``gain``'s ``rate_orca_oracle``; the headline rows where preemption was varied, ``sim.HEADLINE_RULE``): where ours would cross the
     threshold if it gained what the paper reports. ``setup`` (the model, GPU and trace) is the figure's title."""
+    from pagedattn.repro.sim.simulator import HEADLINE_RULE
+
     rows = [("parallel", sorted(curves[curves.method != "beam"].width.unique())),
             ("beam", sorted(curves[curves.method == "beam"].width.unique()))]
     rows = [(m, ws) for m, ws in rows if ws]
     ncols = max(len(ws) for _, ws in rows)
     sns.set_theme(style="whitegrid", context="notebook")
     fig, axes = plt.subplots(len(rows), ncols, figsize=(3.9 * ncols, 3.4 * len(rows) + 1.2), squeeze=False)
-    g = gain[gain.preemption.fillna("swap") == "swap"] if "preemption" in gain else gain
+    g = gain[gain.preemption.fillna(HEADLINE_RULE) == HEADLINE_RULE] if "preemption" in gain else gain
     marks = {("n=1", 1): paper_gain.get("n1"), ("beam", 6): paper_gain.get("beam_w6")}
     handles = {}
     for i, (method, ws) in enumerate(rows):

@@ -59,6 +59,13 @@ from pagedattn.repro.workloads.traces import TraceRequest
 System = Literal["paged", "orca_max", "orca_pow2", "orca_oracle", "ft"]
 Placement = Literal["buddy", "exact"]  # ``ContiguousKVManager``'s
 PreemptionMode = Literal["recompute", "swap"]  # ``SchedulerConfig``'s
+#: How a preempted group comes back (§4.5), by rule name: ``simulate``'s ``preemption_mode`` under each. ``"vllm"`` is
+#: the paper's vLLM's rule (vLLM v0's ``Scheduler._preempt``) and our scheduler's default
+#: (``SchedulerConfig.preemption_mode``): a single-sequence group is recomputed, a multi-sequence group swapped (given
+#: CPU swap space). Every headline runs under it. ``"forced_swap"`` swaps every group, single-sequence ones too: a
+#: sensitivity row, not the paper's setup.
+PREEMPTION_RULES: dict[str, PreemptionMode] = {"vllm": SchedulerConfig.preemption_mode, "forced_swap": "swap"}
+HEADLINE_RULE = "vllm"
 SYSTEMS: tuple[str, ...] = ("orca_max", "orca_pow2", "orca_oracle", "paged")
 LABELS = {"orca_max": "Orca (Max)", "orca_pow2": "Orca (Pow2)", "orca_oracle": "Orca (Oracle)", "paged": "vLLM (ours)",
           "ft": "FasterTransformer"}
