@@ -595,21 +595,17 @@ def claims(savings: pd.DataFrame, sim_gain: pd.DataFrame, orca: pd.DataFrame | N
                 strict = [lo, hi] if lo != hi else printed_interval(lo)
                 out.append(Claim(name, p, ours, "%", tol, holds, note, accept=[a, b], strict=strict,
                                  reason="" if holds is not False else saving_reason(w, method)))
-    for rule, suffix in ((HEADLINE_RULE, ""), ("forced_swap", ".forced_swap"), (HEADLINE_RULE, "_recompute")):
+    for rule, suffix in ((HEADLINE_RULE, ""), ("forced_swap", ".forced_swap")):
         g1 = sim_gain[(sim_gain.width == 1) & (sim_gain.preemption == rule)]
         ours = round(float(g1["gain"].iloc[0]), 3) if len(g1) else None
         headline = not suffix
         note = (f"paper-scale sim, sustainable Alpaca rate at {NL_THRESHOLD_S} s/token and the capacity rule, "
                 f"preemption by {RULE_WORDS[rule]}" + (f"; {gain_detail(g1.iloc[0])}" if len(g1) else ""))
-        if suffix == "_recompute":
-            note = ("the same run as gain_over_orca_oracle.n1 (vLLM's rule recomputes every single-sequence group), "
-                    "kept until the claims are folded; " + note)
         out.append(Claim(f"gain_over_orca_oracle.n1{suffix}", FIG14_GAIN["n1"], ours, "x", "within 25%",
                          None if not headline or ours is None or not length_judged(g1.iloc[0])
                          else bool(abs(ours / FIG14_GAIN["n1"] - 1) <= 0.25), note,
                          kind="reproduction" if headline else "tracking",
-                         reason={".forced_swap": FORCED_SWAP_REASON,
-                                 "_recompute": "recorded: the same run as gain_over_orca_oracle.n1"}.get(suffix, ""),
+                         reason=FORCED_SWAP_REASON if suffix else "",
                          accept=[0.75 * FIG14_GAIN["n1"], 1.25 * FIG14_GAIN["n1"]],
                          strict=printed_interval(FIG14_GAIN["n1"])))
     if orca is not None and len(orca):

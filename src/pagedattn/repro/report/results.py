@@ -283,7 +283,8 @@ WITHIN_PCT = 10  #: the tally also counts the numbers whose difference from the 
 
 #: The sensitivity rows that :func:`apply_registry` folds under their claim: ``<claim>.<suffix>`` -> what differs.
 VARIANT_SUFFIXES = {"synthetic": "synthetic ShareGPT-like trace", "forced_swap": "preemption forced to swapping",
-                    "forced_recompute": "preemption forced to recomputation"}
+                    "forced_recompute": "preemption forced to recomputation",
+                    "knee": "judged at the knee's latency threshold instead"}
 
 
 def _claim_dict(c: Claim | dict) -> dict:
