@@ -303,9 +303,39 @@ def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebook
     md = (out / "SUMMARY.md").read_text()
     assert "the last full `make reproduce`" in md and "| `03_c` |" in md and "| total (wall) |" in md
     assert "took" in readme.render_timing(out)
+    full = json.loads((out / reproduce.FULL_RUN_RECORD).read_text())
+    assert full["notebooks"] == 3 and full["failed"] == [] and full["started"] == record["started"]
     assert reproduce.main(["--results-dir", str(out), "--only", "02"]) == 0  # a partial run: no longer one full run
     assert "not one full" in (out / "SUMMARY.md").read_text()
-    assert "No full `make reproduce` is recorded yet" in readme.render_timing(out)
+    timing = readme.render_timing(out)  # issue 61: the full run is still named, and the rerun listed after it
+    assert json.loads((out / reproduce.FULL_RUN_RECORD).read_text()) == full
+    assert f"took {full['seconds'] / 60:.1f} minutes" in timing and "its 3 notebooks" in timing
+    assert timing.count("`02_b`") == 1 and "Rerun alone since: `02_b` (" in timing
+    rerun = json.loads((out / "02_b" / "run.json").read_text())
+    (out / "02_b" / "run.json").write_text(json.dumps({**rerun, "machine": "cpu: another"}))
+    assert "| total (wall) | not added: 2 machines |" in render_summary_md(out)
+
+
+def test_a_full_run_removes_from_each_folder_the_files_it_did_not_write(tmp_path, fake_notebooks):
+    """Issue 61: a figure an older run left (05's and 06's empty sensitivity.png) does not pass for this run's; the
+    inputs other commands write there (``reproduce.KEPT_INPUTS``) stay, and a quick or failed run removes nothing."""
+    ran, fake_run = fake_notebooks
+    out = tmp_path / "results"
+    old = {name: out / "01_a" / name for name in ("sensitivity.png", "sub/old.csv", "micro_cuda-nvidia-h200.csv",
+                                                  "compile_table.csv", "bench_cpu-other.json")}
+    failed_old = out / "02_b" / "sensitivity.png"
+    for path in [*old.values(), failed_old]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("an older run's")
+        os.utime(path, ns=(10**18, 10**18))
+    assert reproduce.main(["--quick", "--results-dir", str(out)]) == 1
+    assert all(p.exists() for p in old.values())  # a quick run removes nothing
+    assert reproduce.main(["--results-dir", str(out)]) == 1  # 02_b fails
+    assert not old["sensitivity.png"].exists() and not old["sub/old.csv"].exists()
+    assert all(old[n].exists() for n in ("micro_cuda-nvidia-h200.csv", "compile_table.csv", "bench_cpu-other.json"))
+    assert {p.name for p in (out / "01_a").iterdir() if p.is_file()} == {
+        "summary.json", "run.json", "micro_cuda-nvidia-h200.csv", "compile_table.csv", "bench_cpu-other.json"}
+    assert failed_old.exists()  # a failed run is marked stale, its folder left as it was
 
 
 def test_vllm_reaches_only_the_notebooks_that_declare_it():

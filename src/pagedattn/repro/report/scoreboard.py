@@ -108,6 +108,17 @@ def stale_names(docs: dict[str, dict], results_dir: Path = RESULTS_DIR, root: Pa
     return {name for name, doc in docs.items() if stale_reasons(Path(results_dir) / name, doc, root)}
 
 
+def stale_mark(name: str, claim: dict, docs: dict[str, dict], stale: set[str]) -> str:
+    """" (STALE ...)" for a row whose value comes from a stale source, else "": the claim's notebook is stale, or the
+    claim was measured on a GPU (a ``gpu`` part in its name: ``make gpu`` wrote it, or the benchmark its notebook read)
+    and the GPU run (``results/gpu_check``) is stale (issue 61: 02's and 06's GPU rows did not say so)."""
+    if name in stale:
+        return " (STALE)"
+    if GPU_CHECK in stale and "gpu" in claim["name"].split("."):
+        return f" (STALE: from the GPU run of {docs.get(GPU_CHECK, {}).get('date', '?')})"
+    return ""
+
+
 def result_rows(docs: dict[str, dict], stale: set[str]) -> list[str]:
     """One row per paper result: its notebook (STALE when in ``stale``), the counts of its reproduction claims by
     verdict, the strict count, the count of its invariants and recorded claims (a result with none judged, such as
@@ -124,7 +135,7 @@ def result_rows(docs: dict[str, dict], stale: set[str]) -> list[str]:
         matches = [c for c in mine if any(fnmatch.fnmatchcase(c["name"], p) for p in patterns)]
         head = sorted(matches, key=lambda c: c.get("kind", "reproduction") != "reproduction")[:1]
         headline = "; ".join(f"`{c['name']}` {_fmt(c.get('paper'), missing='-')} → {_ours(c)} ({verdict(c)})"
-                             for c in head)
+                             f"{'' if name in stale else stale_mark(name, c, docs, stale)}" for c in head)
         mark = " (STALE)" if name in stale else ""
         lines.append(_row([label, f"`{name}`{mark}", str(n[HOLDS]), str(n[FAILS]), str(n[CORNER]),
                            str(n[NOT_MEASURED]),
@@ -133,15 +144,16 @@ def result_rows(docs: dict[str, dict], stale: set[str]) -> list[str]:
     return lines
 
 
-def claim_rows(docs: dict[str, dict]) -> list[str]:
-    """One row per reproduction claim: result, claim, paper, ours, accepted interval, verdict, strict, reason."""
+def claim_rows(docs: dict[str, dict], stale: set[str] = frozenset()) -> list[str]:
+    """One row per reproduction claim: result, claim (marked when its source is stale, ``stale_mark``), paper, ours,
+    accepted interval, verdict, strict, reason."""
     lines = ["| result | claim | paper | ours | accepted | verdict | strict | reason |",
              "|---|---|---|---|---|---|---|---|"]
     for name, c in scored_claims(docs):
         if c.get("kind", "reproduction") != "reproduction":
             continue
         label = PAPER_RESULTS.get(name, (name, []))[0]
-        lines.append(_row([label, f"`{c['name']}`", _fmt(c.get("paper"), missing="-"), _ours(c),
+        lines.append(_row([label, f"`{c['name']}`{stale_mark(name, c, docs, stale)}", _fmt(c.get("paper"), missing="-"), _ours(c),
                            fmt_interval(c.get("accept")) or "-", verdict(c), strict_verdict(c),
                            c.get("reason") or measured_reason(c)]))
     return lines
@@ -164,7 +176,7 @@ def render_summary_md(results_dir: str | os.PathLike = RESULTS_DIR, root: Path =
               "across the band of swept assumptions; *fails only at a band corner*: the measured value passes, an "
               "end of the band does not; *strict*: the measured value against the paper's own value and tolerance.",
               "", "## By paper result", ""] + result_rows(docs, stale)
-    lines += ["", "## Every reproduction claim", ""] + claim_rows(docs)
+    lines += ["", "## Every reproduction claim", ""] + claim_rows(docs, stale)
     return "\n".join(lines + _timing_table(read_runs(results_dir)))
 
 
@@ -236,7 +248,9 @@ def _timing_table(runs: list[dict]) -> list[str]:
         lines.append(f"| `{r['notebook']}` | {r['seconds'] / 60:.1f} | {r.get('at_once', 1)} | {_cores_busy(r)} | "
                      f"{r['jobs']} | {r.get('simulator', 'interpreted').split(' (')[0]} | {r['machine']} | "
                      f"{r['date']} |")
-    lines += [f"| total (wall) | {wall_seconds(runs) / 60:.1f} | | | | | | |", "",
+    machines = {r["machine"] for r in runs}  # issue 61: no total adds the minutes of two machines
+    total = f"{wall_seconds(runs) / 60:.1f}" if len(machines) == 1 else f"not added: {len(machines)} machines"
+    lines += [f"| total (wall) | {total} | | | | | | |", "",
               "Notebooks side by side (at once > 1) time nothing on the CPU (`reproduce.SHARE_THE_MACHINE`); their "
               "minutes overlap. Cores busy: the whole machine's, on average, while the notebook ran.", ""]
     return lines
