@@ -67,8 +67,25 @@ def test_nan_rendered_from_a_hand_written_summary(tmp_path):
         "claims": [{"name": "a", "paper": 1, "ours": math.nan, "holds": None}]}))  # json writes NaN
     row = next(line for line in render_details_md(tmp_path).splitlines() if line.startswith("| `a`"))
     assert row.split("|")[3].strip() == "not measured"
-    row = next(line for line in render_summary_md(tmp_path).splitlines() if "| `a` |" in line)
-    assert "| not measured |" in row
+    row = next(line for line in render_summary_md(tmp_path).splitlines() if "| `a` (STALE) |" in line)
+    assert "| not measured |" in row  # and the row says its source is stale: a summary with no provenance
+
+
+def test_a_gpu_claim_says_when_the_gpu_run_is_stale(tmp_path):
+    """Issue 61: 02's and 06's GPU values come from make gpu's run; when results/gpu_check is stale, so are they."""
+    def summary(name, claims, extra=None):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({
+            "experiment": name, "hardware": "h", "model": "m", "date": "2026-12-04", "quick": False,
+            "claims": [{"name": c, "paper": 1, "ours": 1, "holds": True} for c in claims]}))
+    summary("gpu_check", ["engine_matches_hf_greedy.gpu.float32"])
+    summary("06_x", ["ratio.gpu.block16", "ratio.block16"])
+    docs = scoreboard.summaries(tmp_path)
+    stale = {"gpu_check"}
+    marks = {c["name"]: scoreboard.stale_mark("06_x", c, docs, stale) for c in docs["06_x"]["claims"]}
+    assert marks == {"ratio.gpu.block16": " (STALE: from the GPU run of 2026-12-04)", "ratio.block16": ""}
+    assert scoreboard.stale_mark("06_x", docs["06_x"]["claims"][0], docs, set()) == ""
+    assert scoreboard.stale_mark("06_x", docs["06_x"]["claims"][1], docs, {"06_x"}) == " (STALE)"
 
 
 @pytest.mark.parametrize("bad,match", [(dict(kind="reproductive"), "kind must be one of"),
