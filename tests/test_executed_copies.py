@@ -46,6 +46,33 @@ def test_committed_executed_copies_are_quiet():
     assert not bad, bad
 
 
+def test_no_executed_copy_records_an_absolute_path():
+    """Issue 61: papermill's metadata names the notebook and its copy from the repository root (``reproduce.relink``)."""
+    bad = {}
+    for p in sorted(RESULTS.glob("[0-9][0-9]_*/*.ipynb")):
+        meta = json.loads(p.read_text())["metadata"]
+        found = [m.group(0) for m in re.finditer(r'"(/[^"]*)"', json.dumps(meta))]
+        if found:
+            bad[str(p.relative_to(RESULTS))] = found
+    assert not bad, bad
+
+
+def test_relink_makes_papermill_paths_relative_to_the_repository(tmp_path, monkeypatch):
+    import nbformat
+
+    from pagedattn.repro.report import reproduce
+    monkeypatch.setattr(reproduce, "REPO_ROOT", tmp_path)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["papermill"] = {"input_path": str(tmp_path / "notebooks" / "01_a.ipynb"),
+                                "output_path": str(tmp_path / "results" / "01_a" / "01_a.ipynb")}
+    executed = tmp_path / "results" / "01_a" / "01_a.ipynb"
+    executed.parent.mkdir(parents=True)
+    nbformat.write(nb, str(executed))
+    reproduce.relink(executed, tmp_path / "notebooks")
+    assert nbformat.read(str(executed), as_version=4).metadata["papermill"] == {
+        "input_path": "notebooks/01_a.ipynb", "output_path": "results/01_a/01_a.ipynb"}
+
+
 def test_no_progress_bar_when_stderr_is_not_a_terminal(monkeypatch):
     """The one helper every tqdm bar in src/ asks: off when stderr is not a tty (a papermill kernel, a pipe)."""
     import io

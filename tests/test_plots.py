@@ -37,6 +37,26 @@ def test_fig12_panels_keep_every_system_and_mark_the_paper():
     assert any(label.startswith("above 1 s/token") for label in legend)
 
 
+def test_sustainable_rates_beyond_the_swept_curves_are_marked_on_the_threshold():
+    """Issue 61: a latency curve swept to 2 req/s whose systems sustain 5 and 9 req/s still shows where each ratio is
+    read: a diamond per system on the threshold, the x axis widened to take them in, and a legend entry."""
+    curves = pd.DataFrame([{"trace": "sharegpt", "rate": r, "system": s, "label": LABELS[s],
+                            "normalized_latency_s": 0.01 * r} for s in ("orca_oracle", "paged") for r in (1.0, 2.0)])
+    sus = pd.DataFrame([{"trace": "sharegpt", "system": s, "label": LABELS[s], "sustainable_rate": r}
+                        for s, r in (("orca_oracle", 5.0), ("paged", 9.0))])
+    fig = plots.fig12_panels(curves, sus, 0.1, None, ymax=0.5, mark_rates=True)
+    ax = next(ax for ax in fig.axes if ax.get_title())
+    diamonds = [line for line in ax.get_lines() if line.get_marker() == "D"]
+    assert sorted((float(d.get_xdata()[0]), float(d.get_ydata()[0])) for d in diamonds) == [(5.0, 0.1), (9.0, 0.1)]
+    assert ax.get_xlim()[1] >= 9.0 and plots.sustainable_handle().get_label() in _legend_labels(fig)
+    unmarked = plots.fig12_panels(curves, sus, 0.1, None, ymax=0.5)
+    assert not [line for ax in unmarked.axes for line in ax.get_lines() if line.get_marker() == "D"]
+    live = curves.rename(columns={"normalized_latency_s": "nl_measured_s"}).assign(nl_predicted_s=float("nan"))
+    fig = plots.online_curves(live, 0.1, sustainable=sus.assign(which=["measured", "predicted"]))
+    open_ = [d.get_markerfacecolor() for d in fig.axes[0].get_lines() if d.get_marker() == "D"]
+    assert open_[1] == "white" != open_[0]  # the simulator's rate is an open diamond
+
+
 def test_fig14_panels_mark_the_papers_gains():
     rows = [("n=1", 1), ("parallel", 2), ("beam", 2), ("beam", 6)]
     curves = pd.DataFrame([{"method": m, "width": n, "rate": r, "system": s, "label": LABELS[s],
@@ -158,3 +178,21 @@ def test_sensitivity_plot_draws_no_empty_chart(capsys):
     claims = [{"name": "best_block_size.sharegpt", "paper": [16, 32, 64, 128]}]
     assert sensitivity.plot(table, claims) is None
     assert "no claim here has a numeric paper value" in capsys.readouterr().out
+
+
+def test_fig18a_legend_tells_block_sizes_from_batches_and_fig2_names_the_papers_bars():
+    """Issue 61: latency_ratio.png's legend gave batch 8 and 32 the colours of block sizes 8 and 32 (same labels); the
+    paper's Fig. 2 bars were labelled "vLLM (ours) · paper"."""
+    from pagedattn.repro.experiments import attention_kernel as ak
+    from pagedattn.repro.experiments import kv_waste
+
+    rows = [{"block_size": bs, "batch": b, "context": c, "ratio_vs_sdpa": 2.0, "ratio_same_code": 1.0}
+            for bs in (8, 16, 32) for b in (8, 32) for c in (64, 128)]
+    meta = {"hardware": "cpu: x", "quick": False, "labels": {"paged": "paged", "sdpa": "sdpa"}}
+    fig = ak.plot_ratios({"cpu-x": {"df": pd.DataFrame(rows), "meta": meta}})
+    legend = _legend_labels(fig)
+    assert legend[:5] == ["block 8", "block 16", "block 32", "batch 8", "batch 32"]
+    handles = fig.legends[0].legend_handles
+    assert len({h.get_color() for h in handles[:3]}) == 3 and {h.get_linestyle() for h in handles[3:5]} == {"-", "--"}
+    assert fig.axes[0].get_yscale() == "log" and fig.axes[0].get_ylim()[0] < 1.2  # the paper's band on the axis
+    assert kv_waste.paper_label("paged") == "vLLM" and kv_waste.paper_label("orca_max") == "Orca (Max)"

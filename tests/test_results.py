@@ -70,6 +70,23 @@ def test_nan_rendered_from_a_hand_written_summary(tmp_path):
     assert row.split("|")[4].strip() == "not measured"
 
 
+def test_a_gpu_row_says_when_the_gpu_run_it_came_from_is_stale(tmp_path):
+    """Issue 61: 02's and 06's GPU values come from make gpu's run; when results/gpu_check is stale, their rows say so."""
+    def summary(name, claims, extra=None):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({
+            "experiment": name, "hardware": "h", "model": "m", "date": "2026-12-04", "quick": False,
+            "claims": claims, **({"extra": extra} if extra else {})}))
+    gpu = {"name": "recompute_over_swap_latency.gpu.block64", "paper": "comparable", "ours": 0.9, "holds": True,
+           "paper_id": "fig19.comparable.block64"}
+    summary("gpu_check", [{"name": "engine_matches_hf_greedy.gpu.float32", "paper": None, "ours": 1, "holds": True}])
+    summary("06_preemption", [gpu], {"gpu_check": {"hardware": "cuda: H200", "date": "2026-12-04",
+                                                   "claims": [gpu["name"]]}})
+    rows = {r.entry.paper_id: r for r in scoreboard.rows(scoreboard.summaries(tmp_path), tmp_path, tmp_path)}
+    assert rows["fig19.comparable.block64"].reason.startswith("stale source: the GPU run of 2026-12-04 (cuda: H200)")
+    assert rows["fig19.comparable.block16"].reason.startswith("not measured")
+
+
 @pytest.mark.parametrize("bad,match", [(dict(kind="reproductive"), "kind must be one of"),
                                        (dict(band={"min": 1, "max": 2}), "missing \\['over'\\]")])
 def test_bad_claims_name_the_field(bad, match):
@@ -292,9 +309,39 @@ def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebook
     md = (out / "SUMMARY.md").read_text()
     assert "the last full `make reproduce`" in md and "| `03_c` |" in md and "| total (wall) |" in md
     assert "took" in readme.render_timing(out)
+    full = json.loads((out / reproduce.FULL_RUN_RECORD).read_text())
+    assert full["notebooks"] == 3 and full["failed"] == [] and full["started"] == record["started"]
     assert reproduce.main(["--results-dir", str(out), "--only", "02"]) == 0  # a partial run: no longer one full run
     assert "not one full" in (out / "SUMMARY.md").read_text()
-    assert "No full `make reproduce` is recorded yet" in readme.render_timing(out)
+    timing = readme.render_timing(out)  # issue 61: the full run is still named, and the rerun listed after it
+    assert json.loads((out / reproduce.FULL_RUN_RECORD).read_text()) == full
+    assert f"took {full['seconds'] / 60:.1f} minutes" in timing and "its 3 notebooks" in timing
+    assert timing.count("`02_b`") == 1 and "Rerun alone since: `02_b` (" in timing
+    rerun = json.loads((out / "02_b" / "run.json").read_text())
+    (out / "02_b" / "run.json").write_text(json.dumps({**rerun, "machine": "cpu: another"}))
+    assert "| total (wall) | not added: 2 machines |" in render_summary_md(out)
+
+
+def test_a_full_run_removes_from_each_folder_the_files_it_did_not_write(tmp_path, fake_notebooks):
+    """Issue 61: a figure an older run left (05's and 06's empty sensitivity.png) does not pass for this run's; the
+    inputs other commands write there (``reproduce.KEPT_INPUTS``) stay, and a quick or failed run removes nothing."""
+    ran, fake_run = fake_notebooks
+    out = tmp_path / "results"
+    old = {name: out / "01_a" / name for name in ("sensitivity.png", "sub/old.csv", "micro_cuda-nvidia-h200.csv",
+                                                  "compile_table.csv", "bench_cpu-other.json")}
+    failed_old = out / "02_b" / "sensitivity.png"
+    for path in [*old.values(), failed_old]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("an older run's")
+        os.utime(path, ns=(10**18, 10**18))
+    assert reproduce.main(["--quick", "--results-dir", str(out)]) == 1
+    assert all(p.exists() for p in old.values())  # a quick run removes nothing
+    assert reproduce.main(["--results-dir", str(out)]) == 1  # 02_b fails
+    assert not old["sensitivity.png"].exists() and not old["sub/old.csv"].exists()
+    assert all(old[n].exists() for n in ("micro_cuda-nvidia-h200.csv", "compile_table.csv", "bench_cpu-other.json"))
+    assert {p.name for p in (out / "01_a").iterdir() if p.is_file()} == {
+        "summary.json", "run.json", "micro_cuda-nvidia-h200.csv", "compile_table.csv", "bench_cpu-other.json"}
+    assert failed_old.exists()  # a failed run is marked stale, its folder left as it was
 
 
 def test_vllm_reaches_only_the_notebooks_that_declare_it():

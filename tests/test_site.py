@@ -2,7 +2,8 @@
 docs/*.md, built by Sphinx + myst-nb from ``site/conf.py`` into a temporary folder, then every page opened in
 headless Chromium: it renders (an article with a heading), every image loads, and every internal link points to a
 file of the build and, with an ``#anchor``, to an element with that id in the target page (the glossary links
-included). A broken link also fails the build itself (``-W --keep-going``), so both are reported.
+included); at a 1,280 px window the README's and SUMMARY.md's tables fit the article's full width, their last column
+(the verdict) in view (issue 61). A broken link also fails the build itself (``-W --keep-going``), so both are reported.
 
 The site has a venv of its own (``.venv-site``, made by ``make site-venv``, which ``make test`` runs first). Without it
 (or without Chromium) the browser test skips, except under ``CI=true``, where it fails.
@@ -75,6 +76,63 @@ def visit(cdp, url: str, timeout: float = 60) -> dict:
     return cdp.eval(PAGE_REPORT)
 
 
+#: Issue 61: at a 1,280 px window, every Markdown table of the scoreboard's pages (the README's and SUMMARY.md's) fits
+#: the article's width, so that its last column (the verdict) is in view without scrolling, and takes its full width.
+TABLE_WINDOW_PX = 1280
+TABLE_PAGES = ("README.html", "results/SUMMARY.html")
+TABLE_REPORT = """(() => {
+  const article = document.querySelector('main#main-content article.bd-article');
+  const style = getComputedStyle(article);
+  const inner = article.getBoundingClientRect().width - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  return {viewport: document.documentElement.clientWidth, article: inner,
+          tables: [...article.querySelectorAll('table.table')].map(t => {
+            const last = t.querySelector('tr').lastElementChild.getBoundingClientRect();
+            const box = t.parentElement;
+            return {head: t.querySelector('tr').lastElementChild.textContent.trim(), width: t.getBoundingClientRect().width,
+                    lastRight: last.right, boxRight: box.getBoundingClientRect().right,
+                    overflow: box.scrollWidth - box.clientWidth};
+          })};
+})()"""
+
+
+def visit_at_width(cdp, url: str, width: int) -> dict:
+    """``TABLE_REPORT`` of ``url`` in a window ``width`` px wide."""
+    cdp.call("Emulation.setDeviceMetricsOverride", width=width, height=900, deviceScaleFactor=1, mobile=False)
+    try:
+        cdp.call("Page.navigate", url=url)
+        cdp.wait(f"location.href === {json.dumps(url)} && document.readyState === 'complete'", 60, f"{url} loaded")
+        return cdp.eval(TABLE_REPORT)
+    finally:
+        cdp.call("Emulation.clearDeviceMetricsOverride")
+
+
+def table_problems(reports: dict[str, dict]) -> list[str]:
+    """Each table of ``reports`` (``visit_at_width``) that scrolls sideways, whose last column ends outside the window
+    or its box, or that is narrower than its article (1 px of rounding allowed)."""
+    problems = []
+    for page, r in reports.items():
+        if not r["tables"]:
+            problems.append(f"{page}: no Markdown table")
+        for i, t in enumerate(r["tables"]):
+            where = f"{page} at {TABLE_WINDOW_PX} px, table {i + 1} (last column {t['head'][:40]!r})"
+            if t["overflow"] > 0 or t["lastRight"] > min(r["viewport"], t["boxRight"]) + 1:
+                problems.append(f"{where}: its last column is out of view (ends at {t['lastRight']:.0f} px, the box at "
+                                f"{t['boxRight']:.0f}, the window at {r['viewport']}; {t['overflow']} px to scroll)")
+            if t["width"] < r["article"] - 1:
+                problems.append(f"{where}: {t['width']:.0f} px wide in an article of {r['article']:.0f}")
+    return problems
+
+
+def test_table_problems_sees_a_verdict_column_out_of_view_and_a_narrow_table():
+    fits = {"head": "verdict", "width": 700, "lastRight": 900, "boxRight": 900, "overflow": 0}
+    assert table_problems({"S": {"viewport": 1265, "article": 700, "tables": [fits]}}) == []
+    scrolls = {**fits, "width": 1200, "lastRight": 1400, "overflow": 500}
+    narrow = {**fits, "width": 400}
+    found = table_problems({"S": {"viewport": 1265, "article": 700, "tables": [scrolls, narrow]}})
+    assert len(found) == 2 and "out of view" in found[0] and "400 px wide" in found[1]
+    assert table_problems({"S": {"viewport": 1265, "article": 700, "tables": []}}) == ["S: no Markdown table"]
+
+
 @pytest.mark.slow
 def test_site_builds_and_every_page_image_and_internal_link_resolves(tmp_path):
     """The whole site, built fresh (-E: every page, so that every warning shows) in about 10 s and browsed in about
@@ -108,7 +166,9 @@ def test_site_builds_and_every_page_image_and_internal_link_resolves(tmp_path):
                  "index.html redirected to README.html")
         for page in pages:
             reports[page] = visit(cdp, page.as_uri())
+        wide = {page: visit_at_width(cdp, (out / page).as_uri(), TABLE_WINDOW_PX) for page in TABLE_PAGES}
     browse_s = time.monotonic() - t0
+    problems += table_problems(wide)
 
     ids = {page: set(r["ids"]) for page, r in reports.items()}
     n_links = 0

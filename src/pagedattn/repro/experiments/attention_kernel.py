@@ -597,46 +597,58 @@ def with_gpu_claims(claims_: list[Claim], benchmarks: dict[str, dict]) -> list[C
     return out
 
 
+#: plot_ratios' line style per batch size (the paper's Fig. 18a has batch 8 and 32)
+BATCH_STYLES = {8: "-", 32: "--"}
+
+
 def plot_ratios(benchmarks: dict[str, dict], path=None):
     """Fig. 18a-style plot in a 2-column grid, one row per hardware: left, paged / torch SDPA on a contiguous cache
-    (GPU: the Triton kernel; CPU: the torch reference) with the paper's 1.20-1.26 band; right, the same code on a
-    shuffled vs an identity block table. Lines per block size, solid batch 8, dashed batch 32; one legend for the
-    figure (below the panels), so that each panel keeps its room for the curves."""
+    (GPU: the Triton kernel; CPU: the torch reference) with the paper's 1.20-1.26 band, on a log2 axis so that the
+    band stays visible beside ratios up to 16; right, the same code on a shuffled vs an identity block table. A colour
+    per block size, a line style per batch (``BATCH_STYLES``); one legend for the figure (below the panels), whose
+    block sizes and batches are separate entries (issue 61: they shared labels and colours)."""
     import matplotlib.pyplot as plt
-    import seaborn as sns
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
 
     from pagedattn.repro.report import plots
 
     n = max(len(benchmarks), 1)
-    fig, axes = plt.subplots(n, 2, figsize=(12, 3.1 * n + 1.0), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(n, 2, figsize=(12, 3.1 * n + 1.2), squeeze=False, sharex=True)
     lo, hi = FIG18A_PAGED_OVER_CONTIGUOUS
-    handles = {}
+    block_sizes = sorted({int(x) for b in benchmarks.values() for x in b["df"].block_size.unique()})
+    colours = {bs: plt.get_cmap("viridis")(0.9 * i / max(len(block_sizes) - 1, 1)) for i, bs in enumerate(block_sizes)}
+    batches = sorted({int(x) for b in benchmarks.values() for x in b["df"].batch.unique()})
     for row, (slug, b) in zip(axes, sorted(benchmarks.items())):
-        df, meta = b["df"].copy(), b["meta"]
-        df["block size"] = df.block_size.astype(str)
-        order = [str(x) for x in sorted(df.block_size.unique())]
+        df, meta = b["df"], b["meta"]
         for ax, col in [(row[0], "ratio_vs_sdpa"), (row[1], "ratio_same_code")]:
-            sns.lineplot(data=df, x="context", y=col, hue="block size", hue_order=order, style="batch", markers=True,
-                         ax=ax, palette="viridis")
+            for (bs, batch), d in df.groupby(["block_size", "batch"]):
+                d = d.sort_values("context")
+                ax.plot(d.context, d[col], color=colours[int(bs)], ls=BATCH_STYLES.get(int(batch), ":"), marker="o",
+                        ms=3, lw=1.2)
             if col == "ratio_vs_sdpa":
-                plots.mark_paper(ax, (lo, hi), color="tab:red", alpha=0.2,
-                                 label=f"paper Fig. 18a ({lo:.2f}-{hi:.2f}, A100)")
+                plots.mark_paper(ax, (lo, hi), color="tab:red", alpha=0.45, label=None)
+                ax.set_yscale("log", base=2)
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             ax.axhline(1.0, color="grey", lw=0.8)
             ax.set_xscale("log", base=2)
-            ax.set_xlabel("context length (tokens)")
             ax.set_ylabel("latency ratio")
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                handles.setdefault(lab, h)
-            if ax.get_legend() is not None:
-                ax.get_legend().remove()
         hw = f"{meta['hardware']}{' (quick)' if meta['quick'] else ''}"
-        row[0].set_title(f"{hw}\n{meta['labels']['paged']} / {meta['labels']['sdpa']}", fontsize=8)
+        row[0].set_title(f"{hw}\n{meta['labels']['paged']} / {meta['labels']['sdpa']} (log scale)", fontsize=8)
         row[1].set_title(f"{hw}\nsame code, shuffled / identity block table", fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("context length (tokens)")
     fig.suptitle("Paged vs contiguous decode attention (cf. Fig. 18a)")
-    legend_rows = -(-len(handles) // 8)
+    handles = ([Line2D([], [], color=colours[bs], lw=2, label=f"block {bs}") for bs in block_sizes]
+               + [Line2D([], [], color="black", ls=BATCH_STYLES.get(batch, ":"), label=f"batch {batch}")
+                  for batch in batches]
+               + [Patch(color="tab:red", alpha=0.45, label=f"paper Fig. 18a: {lo:.2f}-{hi:.2f} (A100)")])
+    legend_rows = -(-len(handles) // 6)
     h = fig.get_figheight()
-    fig.tight_layout(rect=(0, (0.18 * legend_rows + 0.1) / h, 1, 1 - 0.3 / h))
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=8, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, (0.2 * legend_rows + 0.15) / h, 1, 1 - 0.3 / h))
+    fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=8, frameon=False,
+               title="colour: block size (tokens) · line: batch size (solid 8, dashed 32)", title_fontsize=8)
     if path is not None:
         plots.savefig(fig, path, figure="Fig. 18a")
     return fig

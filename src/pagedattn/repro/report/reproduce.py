@@ -7,7 +7,8 @@ under which it writes ``<notebook name>/``). The executed copy is saved beside i
 Full runs write the committed ``results/``; quick runs (``--quick``) write to ``results/quick/``, which git
 ignores, so a first try never overwrites the committed results. A notebook that fails does not stop the others; its
 folder gets a ``STALE`` file, so that SUMMARY.md marks whatever ``summary.json`` it holds as stale, and the command
-exits 1.
+exits 1. After a notebook's successful full run, every file of its folder that the run did not write is removed
+(``clear_unwritten``; inputs other commands write there stay, ``KEPT_INPUTS``).
 
 ``--jobs N`` (default: one per core, divided among the notebooks side by side in a quick run, ``default_jobs``) and
 ``--scheduler tcp://HOST:PORT`` (a Dask scheduler) reach each notebook as the papermill parameters ``jobs`` and
@@ -37,6 +38,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as _dt
+import fnmatch
 import json
 import math
 import os
@@ -60,6 +62,9 @@ NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 #: sweeps use). Every other notebook times kernels (02, 05), engines (03, 04, 06, 07) or live servers (13) and runs
 #: alone. A notebook added to this list must hold no CPU timing.
 SHARE_THE_MACHINE = ("00_", "01_", "08_", "09_", "10_", "11_", "12_")
+#: Under the results root: the last full run (every notebook, not quick), its wall time, machine and start, which the
+#: notebooks' ``run.json`` cannot keep once one of them is rerun alone (README's timing block, ``readme.render_timing``).
+FULL_RUN_RECORD = "full_run.json"
 
 
 def kernel_name() -> str:
@@ -121,13 +126,40 @@ def run_notebook(path: str | os.PathLike, quick: bool, results_dir: str | os.Pat
     return out
 
 
+#: Files in a notebook's result folder that other commands write and the notebook reads, which a full run keeps
+#: though it did not write them (``clear_unwritten``): ``make gpu``'s (``<what>_cuda-<gpu>.*``), ``make
+#: kernels-compile``'s ``compile_table.csv``, notebook 02's benchmarks of every machine it ran on (``bench_*``: it plots
+#: the newest of each) and the tour's JupyterLab screenshots (``tests/test_tour.py``).
+KEPT_INPUTS = ("*_cuda-*", "compile_table.csv", "bench_*", "jupyterlab_tour_*.png")
+
+
+def folder_files(folder: Path) -> dict[Path, int]:
+    """Every file under ``folder`` with its modification time in ns (none when there is no folder)."""
+    return {p: p.stat().st_mtime_ns for p in Path(folder).rglob("*") if p.is_file()}
+
+
+def clear_unwritten(folder: Path, before: dict[Path, int]) -> list[Path]:
+    """Remove every file of ``before`` (``folder_files`` taken before a notebook's run) that the run did not write:
+    its modification time is unchanged (Linux 6.13 on gives a file stat'ed by ``folder_files`` a distinct time at its
+    next write). ``KEPT_INPUTS`` stay. A figure an older run left would otherwise pass for this run's (issue 61: the
+    empty ``sensitivity.png`` of 05 and 06, which their runs no longer draw). Returns the removed paths."""
+    removed = []
+    for path, mtime in sorted(before.items()):
+        if (path.exists() and path.stat().st_mtime_ns == mtime
+                and not any(fnmatch.fnmatch(path.name, pattern) for pattern in KEPT_INPUTS)):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
 _LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")
 
 
 def relink(executed: Path, source_dir: Path) -> None:
     """Rewrite the relative Markdown links of an executed copy (cells and Markdown outputs) so that they resolve
     from its folder as they did from the notebook's: ``../docs/GLOSSARY.md#band`` in ``notebooks/`` becomes
-    ``../../docs/GLOSSARY.md#band`` in ``results/<name>/`` (issue 51: no dead link in an executed copy)."""
+    ``../../docs/GLOSSARY.md#band`` in ``results/<name>/`` (issue 51: no dead link in an executed copy); papermill's
+    ``input_path`` and ``output_path`` become relative to the repository (``in_repo``)."""
     here = executed.parent.resolve()
 
     def fix(m: re.Match) -> str:
@@ -142,6 +174,10 @@ def relink(executed: Path, source_dir: Path) -> None:
     if not executed.exists():  # papermill writes it even when a cell fails; a test's fake runner may not
         return
     nb = nbformat.read(str(executed), as_version=4)
+    papermill = nb.metadata.get("papermill", {})
+    for key in ("input_path", "output_path"):  # papermill records them absolute (issue 61: no machine's folders)
+        if papermill.get(key):
+            papermill[key] = in_repo(papermill[key], REPO_ROOT)
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             cell.source = _LINK.sub(fix, cell.source)
@@ -420,10 +456,11 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     started = _dt.datetime.now().isoformat(timespec="seconds")
     t_start = time.perf_counter()
-    before = {}
+    before, files_before = {}, {}
     for nb in notebooks:
         summary = results_dir / nb.stem / "summary.json"
         before[nb] = summary.stat().st_mtime_ns if summary.exists() else None
+        files_before[nb] = folder_files(results_dir / nb.stem)
 
     def done(nb: Path, timing: dict | None, error: Exception | None, together: int = 1) -> None:
         if error is not None:  # keep going: one broken notebook must not hide the others' results
@@ -435,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
         write_run_record(results_dir / nb.stem, nb.stem, timing, args.jobs, args.scheduler, started,
                          all_notebooks=args.only is None, at_once=together,
                          parameters=notebook_parameters(nb, args.vllm))
+        if not args.quick:
+            for path in clear_unwritten(results_dir / nb.stem, files_before[nb]):
+                print(f"[reproduce]   removed {path.name}: not written by this run", flush=True)
         busy = timing.get("machine_cores_busy")
         out = results_dir / nb.stem / nb.name
         print(f"[reproduce]   -> {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out} "
@@ -452,11 +492,13 @@ def main(argv: list[str] | None = None) -> int:
                     done(nb, timing, None, together)
     wall = time.perf_counter() - t_start
     print(f"[reproduce] {len(notebooks)} notebooks in {wall:.0f} s of wall time", flush=True)
+    whole = {"seconds": round(wall, 1), "notebooks": len(notebooks), "notebooks_at_once": at_once, "jobs": args.jobs,
+             "failed": failed, "machine": hardware_label("cpu"), "date": today(), "started": started,
+             "simulator": simulator()}
     if args.quick and args.only is None and args.results_dir is None:  # the README's quick-run sentence
-        write_json(RESULTS_DIR / QUICK_RUN_RECORD,
-                   {"seconds": round(wall, 1), "notebooks": len(notebooks), "notebooks_at_once": at_once,
-                    "jobs": args.jobs, "failed": failed, "machine": hardware_label("cpu"), "date": today(),
-                    "started": started, "simulator": simulator()})
+        write_json(RESULTS_DIR / QUICK_RUN_RECORD, whole)
+    if not args.quick and args.only is None:  # the README's full-run sentence
+        write_json(results_dir / FULL_RUN_RECORD, whole)
     print(f"[reproduce] wrote {build_summary_md(results_dir)}")
     if failed:
         print(f"[reproduce] failed notebooks: {', '.join(failed)}", file=sys.stderr)

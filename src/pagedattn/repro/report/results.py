@@ -498,9 +498,11 @@ def fill_verdicts(notebook: str | os.PathLike, summary_path: str | os.PathLike) 
     ``summary_path``, the run that just wrote it; False when the notebook has no such cell."""
     import nbformat
 
+    if not Path(notebook).exists() or not Path(summary_path).exists():
+        return False
     nb = nbformat.read(notebook, as_version=4)
     cells = [c for c in nb.cells if VERDICT_CELL_TAG in c.get("metadata", {}).get("tags", [])]
-    if not cells or not Path(summary_path).exists():
+    if not cells:
         return False
     text = verdicts_markdown(json.loads(Path(summary_path).read_text()))
     cells[0].outputs = [nbformat.v4.new_output("display_data", data={"text/markdown": text,

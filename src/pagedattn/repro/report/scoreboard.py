@@ -324,7 +324,9 @@ def _timing_table(runs: list[dict]) -> list[str]:
         lines.append(f"| `{r['notebook']}` | {r['seconds'] / 60:.1f} | {r.get('at_once', 1)} | {_cores_busy(r)} | "
                      f"{r['jobs']} | {r.get('simulator', 'interpreted').split(' (')[0]} | {r['machine']} | "
                      f"{r['date']} |")
-    lines += [f"| total (wall) | {wall_seconds(runs) / 60:.1f} | | | | | | |", "",
+    machines = {r["machine"] for r in runs}  # issue 61: no total adds the minutes of two machines
+    total = f"{wall_seconds(runs) / 60:.1f}" if len(machines) == 1 else f"not added: {len(machines)} machines"
+    lines += [f"| total (wall) | {total} | | | | | | |", "",
               "Notebooks side by side (at once > 1) time nothing on the CPU (`reproduce.SHARE_THE_MACHINE`); their "
               "minutes overlap. Cores busy: the whole machine's, on average, while the notebook ran.", ""]
     return lines
