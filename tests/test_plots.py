@@ -62,7 +62,7 @@ def test_fig14_panels_mark_the_papers_gains():
     curves = pd.DataFrame([{"method": m, "width": n, "rate": r, "system": s, "label": LABELS[s],
                             "normalized_latency_s": 0.1 * r} for m, n in rows
                            for s in ("orca_oracle", "paged") for r in (1.0, 2.0, 3.0)])
-    gain = pd.DataFrame([{"method": m, "width": n, "preemption": "swap", "rate_orca_oracle": 1.0, "rate_paged": 2.0}
+    gain = pd.DataFrame([{"method": m, "width": n, "preemption": "vllm", "rate_orca_oracle": 1.0, "rate_paged": 2.0}
                          for m, n in rows])
     fig = plots.fig14_panels(curves, gain, FIG14_GAIN, 0.2, "OPT-13B, Alpaca")
     legend = _legend_labels(fig)

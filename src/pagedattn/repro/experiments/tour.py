@@ -260,4 +260,4 @@ def tour_engine(model, tokenizer, block_size: int = 8, num_gpu_blocks: int = 40)
     from pagedattn.engine import LLMEngine
 
     return LLMEngine(model, tokenizer, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                     num_cpu_blocks=num_gpu_blocks, preemption_mode="swap", watermark=0.0)
+                     num_cpu_blocks=num_gpu_blocks, watermark=0.0)  # the scheduler's default preemption (vLLM's)
