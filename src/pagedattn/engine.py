@@ -282,9 +282,9 @@ class LLMEngine:
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Stop requests wherever they are (waiting, running or swapped) and free their blocks."""
-        for rid in [request_id] if isinstance(request_id, str) else list(request_id):
-            if self.scheduler.abort(rid) is not None:
-                self._forget(rid)
+        ids = {request_id} if isinstance(request_id, str) else set(request_id)
+        for g in self.scheduler.abort_many(ids):
+            self._forget(g.request_id)
 
     abort = abort_request
 

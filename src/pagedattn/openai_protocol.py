@@ -46,10 +46,11 @@ class RequestError(ValueError):
         self.param, self.status = param, status
 
 
-def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
-    """OpenAI's error object (text that cannot be UTF-8, a lone surrogate, is escaped: the body must encode)."""
+def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error", code: int = 400) -> dict:
+    """OpenAI's error object; its ``code`` is the HTTP status, as vLLM's ``ErrorResponse`` gives it (text that
+    cannot be UTF-8, a lone surrogate, is escaped: the body must encode)."""
     message = message.encode("utf-8", "backslashreplace").decode("utf-8")
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def field_of(message: str) -> str:

@@ -51,7 +51,7 @@ __all__ = ["build_app", "field_of", "load_engine", "serve_in_thread", "RequestEr
 
 def _error(e: Exception, status: int = 400, kind: str = "invalid_request_error",
            param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(str(e), param, kind), status_code=status)
+    return JSONResponse(error_body(str(e), param, kind, status), status_code=status)
 
 
 async def read_json(request: Request, limit: int):
@@ -203,47 +203,51 @@ def failure(out: RequestOutput) -> JSONResponse:
     ran = any(c.token_ids for c in out.outputs)
     message = engine_message(out.error or "the engine failed this request")
     if ran:
-        return JSONResponse(error_body(message, None, "server_error"), status_code=503)
+        return JSONResponse(error_body(message, None, "server_error", 503), status_code=503)
     return JSONResponse(error_body(message, field_of(message)), status_code=400)
 
 
-async def merged(firsts: list[RequestOutput], gens: list):
-    """The outputs of several prompts' generators as ``(prompt index, output)``, the latest of each as they come
-    (outputs are cumulative). An engine failure is raised; leaving early closes (aborts) every generator."""
-    latest: dict[int, RequestOutput] = dict(enumerate(firsts))
-    done: set[int] = {i for i, o in enumerate(firsts) if o.finished}
-    errors: list[BaseException] = []
-    wake = asyncio.Event()
-    wake.set()
+async def until_disconnected(request: Request) -> None:
+    """Return when the client of ``request`` (its body already read) goes away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
-    async def pump(i: int, gen) -> None:
-        try:
-            async for o in gen:
-                latest[i] = o
-                wake.set()
-        except Exception as e:  # the engine failed: the consumer raises it
-            errors.append(e)
-        finally:
-            done.add(i)
-            wake.set()
 
-    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens) if i not in done]
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def unless_disconnected(request: Request, work):
+    """Await the coroutine ``work``; cancel it and raise ``ClientGone`` if the client disconnects first (a request
+    waiting for its prompts to be added, or for its whole answer, is cancelled at once, as vLLM cancels it)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(until_disconnected(request))
     try:
-        while True:
-            await wake.wait()
-            wake.clear()
-            ready, latest = latest, {}
-            for i in sorted(ready):
-                yield i, ready[i]
-            if errors:
-                raise errors[0]
-            if len(done) == len(gens) and not latest:
-                return
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for t in tasks:
-            t.cancel()
-        for g in gens:
-            await g.aclose()
+        for t in (gone, task):
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+    if not task.done() or task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+class EventStream(StreamingResponse):
+    """A ``StreamingResponse`` of server-sent events that runs ``on_close`` however the stream ends (finished, or
+    cancelled by Starlette when the client disconnects, perhaps before its first event)."""
+
+    def __init__(self, content, on_close) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[union-attr]
+            self.on_close()
 
 
 async def stream_events(source, choices: Choices, include_usage: bool):
@@ -257,13 +261,13 @@ async def stream_events(source, choices: Choices, include_usage: bool):
             if out.error is not None:
                 ran = any(c.token_ids for c in out.outputs)
                 yield _sse(error_body(engine_message(out.error), None if ran else field_of(out.error),
-                                      "server_error"))
+                                      "server_error", 503 if ran else 400))
                 break
             pieces = choices.delta(i, out)
             if pieces:
                 yield _sse({**choices.head, "choices": pieces})
     except RuntimeError as e:  # the engine failed
-        yield _sse(error_body(str(e), None, "server_error"))
+        yield _sse(error_body(str(e), None, "server_error", 500))
     if include_usage and last:
         yield _sse({**choices.head, "choices": [], "usage": usage(list(last.values()))})
     yield _sse("[DONE]")
@@ -293,11 +297,11 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        return JSONResponse(error_body(str(exc.detail), None), status_code=exc.status_code)
+        return JSONResponse(error_body(str(exc.detail), None, code=exc.status_code), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, exc: Exception):  # a bug: OpenAI's shape; uvicorn logs the traceback
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", None, "server_error"),
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", None, "server_error", 500),
                             status_code=500)
 
     @app.get("/health")
@@ -349,37 +353,43 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
         return out
 
     async def generate(request: Request, chat: bool):
-        gens: list = []
+        rids: list[str] = []
         try:
             body = await read_json(request, max_body_bytes)
             req = (parse_chat if chat else parse_completion)(body, model_name, max_chars)
-            prompts = await token_ids(req)
-            params = [fit_max_tokens(req, len(ids), llm.max_model_len) for ids in prompts]
             rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-            gens = [engine.generate(f"{rid}-{i}", ids, p) for i, (ids, p) in enumerate(zip(prompts, params))]
-            firsts = [await anext(g) for g in gens]  # admission errors surface here, before any byte is sent
-        except RequestError as e:
-            return await _closing(gens, _error(e, e.status, param=e.param))
-        except EngineOverloaded as e:
-            return await _closing(gens, _error(e, 503, "overloaded_error"))
-        except ValueError as e:  # refused by the engine: the message names the limit
-            return await _closing(gens, _error(e, param=field_of(str(e))))
-        except RuntimeError as e:
-            return await _closing(gens, _error(e, 500, "server_error"))
+            prompt_ids = [f"{rid}-{i}" for i in range(len(req.prompts))]
+            engine.reserve(prompt_ids)  # counted against --max-queued before any work: a 503 costs nothing
+            rids = prompt_ids
+
+            async def add() -> None:
+                prompts = await token_ids(req)
+                params = [fit_max_tokens(req, len(ids), llm.max_model_len) for ids in prompts]
+                await engine.add(rids, prompts, params)
+
+            await unless_disconnected(request, add())
+        except (RequestError, EngineOverloaded, ValueError, RuntimeError, ClientGone) as e:
+            engine.release(rids)
+            return refused(e)
         head = {"id": rid, "object": "chat.completion.chunk" if chat and req.stream else
                 "chat.completion" if chat else "text_completion", "created": int(time.time()), "model": model_name}
         choices = Choices(req, llm.tokenizer, head)
         if req.stream:
-            return StreamingResponse(stream_events(merged(firsts, gens), choices, req.include_usage),
-                                     media_type="text/event-stream")
-        final = list(firsts)
-        try:
-            async for i, out in merged(firsts, gens):
+            return EventStream(stream_events(engine.outputs(rids), choices, req.include_usage),
+                               on_close=lambda: engine.release(rids))
+
+        async def collect() -> list[RequestOutput]:
+            final: dict[int, RequestOutput] = {}
+            async for i, out in engine.outputs(rids):
                 final[i] = out
-                if await request.is_disconnected():
-                    break
-        except RuntimeError as e:
-            return _error(e, 500, "server_error")
+            return [final[i] for i in range(len(rids))]
+
+        try:
+            final = await unless_disconnected(request, collect())
+        except (RuntimeError, ClientGone) as e:
+            return refused(e)
+        finally:
+            engine.release(rids)
         failed = next((o for o in final if o.error is not None), None)
         if failed is not None:
             return failure(failed)
@@ -435,11 +445,19 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
     return app
 
 
-async def _closing(gens: list, response: JSONResponse) -> JSONResponse:
-    """Close (abort) the generators of a request refused part-way, then answer ``response``."""
-    for g in gens:
-        await g.aclose()
-    return response
+def refused(e: Exception) -> Response:
+    """The HTTP error for a request refused before its answer: a bad request (its field named), an engine over
+    ``--max-queued`` (503), a prompt the engine refuses (400 naming the limit), an engine failure (500), or a client
+    already gone (499, nginx's code; nobody reads it)."""
+    if isinstance(e, RequestError):
+        return _error(e, e.status, param=e.param)
+    if isinstance(e, EngineOverloaded):
+        return _error(e, 503, "overloaded_error")
+    if isinstance(e, ClientGone):
+        return Response(status_code=499)
+    if isinstance(e, ValueError):
+        return _error(e, param=field_of(str(e)))
+    return _error(e, 500, "server_error")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,144 @@
+"""The server's requests end to end (issue 62): every choice comes back whole when a request's prompts must queue
+(streamed or not, completions and chat); a client that goes away cancels all its request queued, prompts not yet
+added included; ``--max-queued`` counts a request's prompts up front. A live server per module, serving the tiny
+random OPT with a small tokenizer that has a chat template, with few sequences at once so that prompts queue."""
+import asyncio
+
+import httpx
+import pytest
+from test_engine import assert_all_blocks_free
+from test_serve import complete, streamed_tokens, wait_idle
+from test_serve_openai import TEMPLATE, TEXTS
+from tiny_models import tiny_opt
+
+from pagedattn.async_engine import AsyncEngine
+from pagedattn.repro.experiments.zoo import train_tokenizer
+from pagedattn.serve import build_app, load_engine, serve_in_thread
+
+MODEL = "tiny-chat"
+MAX_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def tok():
+    t = train_tokenizer(TEXTS * 30, vocab_size=300)
+    t.chat_template = TEMPLATE
+    return t
+
+
+@pytest.fixture(scope="module")
+def live(one_thread, tok):
+    """(base URL, AsyncEngine): 4 sequences at most run at once, so a request's later prompts wait for its first."""
+    engine = load_engine(tiny_opt(vocab_size=len(tok)), "paged", num_slots=1024, max_model_len=128, tokenizer=tok,
+                         max_num_seqs=4)
+    async_engine = AsyncEngine(engine, max_queued=200_000)
+    with serve_in_thread(build_app(async_engine, MODEL)) as url:
+        yield url, async_engine
+    assert_all_blocks_free(engine)
+
+
+def whole(choice: dict) -> bool:
+    return choice["finish_reason"] == "length" and len(choice["token_ids"]) == MAX_TOKENS
+
+
+def body(n_prompts: int, stream: bool) -> dict:
+    return {"model": MODEL, "prompt": [[5 + i % 50, 7, 9] for i in range(n_prompts)], "max_tokens": MAX_TOKENS,
+            "ignore_eos": True, "stream": stream}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_choice_of_a_many_prompt_completion_comes_back_whole(live, stream):
+    """40 prompts on a server that runs 4 at once: the first finish long before the last start, and each still has
+    its final output (all its tokens and its finish reason)."""
+    url, async_engine = live
+
+    async def run():
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            return await complete(client, body(40, stream))
+
+    status, got = asyncio.run(run())
+    assert status == 200
+    if not stream:
+        assert [c["index"] for c in got["choices"]] == list(range(40))
+        assert all(whole(c) for c in got["choices"]), [c["finish_reason"] for c in got["choices"]]
+        assert got["usage"]["completion_tokens"] == 40 * MAX_TOKENS
+    else:
+        tokens = streamed_tokens(got)
+        assert sorted(tokens) == list(range(40)) and all(len(t) == MAX_TOKENS for t in tokens.values())
+        reasons = {ch["index"]: ch["finish_reason"] for c in got[:-1] for ch in c["choices"] if ch["finish_reason"]}
+        assert reasons == {i: "length" for i in range(40)}
+    wait_idle(async_engine)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_requests_that_must_queue_come_back_whole(live, stream):
+    """12 chat requests (n=2) sent while a 40-prompt completion runs: each waits for room, and each choice ends."""
+    url, async_engine = live
+
+    async def chat(client):
+        b = {"model": MODEL, "messages": [{"role": "user", "content": "the cat"}], "max_tokens": MAX_TOKENS, "n": 2,
+             "ignore_eos": True, "stream": stream}
+        if not stream:
+            r = await client.post("/v1/chat/completions", json=b)
+            return r.status_code, {c["index"]: c["finish_reason"] for c in r.json()["choices"]}
+        reasons = {}
+        async with client.stream("POST", "/v1/chat/completions", json=b) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    for ch in httpx.Response(200, content=line[6:]).json()["choices"]:
+                        if ch["finish_reason"]:
+                            reasons[ch["index"]] = ch["finish_reason"]
+        return r.status_code, reasons
+
+    async def run():
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            load = asyncio.create_task(complete(client, body(40, False)))
+            chats = await asyncio.gather(*(chat(client) for _ in range(12)))
+            return await load, chats
+
+    (status, load), chats = asyncio.run(run())
+    assert status == 200 and all(whole(c) for c in load["choices"])
+    assert chats == [(200, {0: "length", 1: "length"})] * 12
+    wait_idle(async_engine)
+
+
+def test_an_abandoned_100000_prompt_request_is_cancelled_and_a_small_one_is_served(live):
+    """A 1 MB body of 100,000 prompts whose client goes away once its first prompts are in the engine: the prompts
+    not yet added are never added, the ones added are aborted, and a 4-token request sent next is served; nothing
+    is left in the engine."""
+    url, async_engine = live
+    before = async_engine.num_added
+
+    async def run():
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            big = asyncio.create_task(client.post("/v1/completions", json=body(100_000, False)))
+            while async_engine.num_added == before:  # the body is read, checked and its first prompts added
+                await asyncio.sleep(0.05)
+                assert not big.done(), big.result().text
+            big.cancel()  # the client goes away: httpx closes the connection
+            await asyncio.gather(big, return_exceptions=True)
+            return await client.post("/v1/completions", json={"model": MODEL, "prompt": [5, 6], "max_tokens": 4,
+                                                               "ignore_eos": True})
+
+    small = asyncio.run(run())
+    assert small.status_code == 200 and small.json()["choices"][0]["finish_reason"] == "length"
+    wait_idle(async_engine, timeout=120)
+    assert async_engine.num_added - before < 100_000  # the abandoned request's later prompts were never added
+    assert not async_engine.engine.requests and async_engine.num_queued == 0
+
+
+def test_max_queued_counts_a_requests_prompts_before_any_work(live):
+    """A request of more prompts than ``--max-queued`` admits gets a 503 at once: none of its prompts is added."""
+    url, async_engine = live
+    before = async_engine.num_added
+    async_engine.max_queued = 50
+    try:
+        r = httpx.post(f"{url}/v1/completions", json=body(100_000, False), timeout=120)
+        assert r.status_code == 503 and "max_queued" in r.json()["error"]["message"]
+        assert r.json()["error"]["code"] == 503
+        assert async_engine.num_added == before and async_engine.num_queued == 0
+        r = httpx.post(f"{url}/v1/completions", json=body(50, False), timeout=120)  # exactly the limit: served
+        assert r.status_code == 200 and all(whole(c) for c in r.json()["choices"])
+    finally:
+        async_engine.max_queued = 200_000
+    wait_idle(async_engine)
