@@ -13,6 +13,7 @@ from tiny_models import tiny_opt
 
 from pagedattn.async_engine import AsyncEngine
 from pagedattn.repro.experiments.zoo import train_tokenizer
+from pagedattn.sequence import MIN_TEMPERATURE, SamplingParams
 from pagedattn.serve import build_app, load_engine, serve_in_thread
 
 MODEL = "tiny-chat"
@@ -141,4 +142,24 @@ def test_max_queued_counts_a_requests_prompts_before_any_work(live):
         assert r.status_code == 200 and all(whole(c) for c in r.json()["choices"])
     finally:
         async_engine.max_queued = 200_000
+    wait_idle(async_engine)
+
+
+def test_a_tiny_temperature_is_raised_to_001_with_a_warning(live, caplog):
+    """vLLM's rule: 0 < temperature < 0.01 is sampled at 0.01 (logits / 1e-40 overflow: token 0 every time)."""
+    url, async_engine = live
+    with caplog.at_level("WARNING", logger="pagedattn.sequence"):
+        assert SamplingParams(temperature=1e-40).temperature == MIN_TEMPERATURE == 0.01
+    assert "raised to 0.01" in caplog.text
+    assert SamplingParams(temperature=0).temperature == 0 and SamplingParams(temperature=0.5).temperature == 0.5
+
+    def ids(temperature: float) -> list[int]:
+        r = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 8,
+                                                      "temperature": temperature, "seed": 1, "ignore_eos": True},
+                       timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"]
+
+    tiny = ids(1e-40)
+    assert tiny == ids(0.01) and set(tiny) != {0}
     wait_idle(async_engine)
