@@ -175,10 +175,10 @@ def test_tokenize_detokenize_version_and_metrics(live, tok):
     client.completions.create(model=MODEL, prompt="the cat", max_tokens=3, extra_body={"ignore_eos": True})
     wait_idle(async_engine)
     text = httpx.get(f"{url}/metrics").text
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_requests_swapped",
-                 "vllm:gpu_cache_usage_perc", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "pagedattn:num_requests_swapped",
+                 "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
                  "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
-                 "vllm:time_per_output_token_seconds_bucket", "vllm:e2e_request_latency_seconds_count",
+                 "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_count",
                  "vllm:request_success_total"):
         assert f"{name}{{" in text, name
     line = next(x for x in text.splitlines() if x.startswith("vllm:request_success_total{") and "length" in x)

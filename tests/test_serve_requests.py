@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from test_engine import assert_all_blocks_free
 from test_serve import complete, streamed_tokens, wait_idle
 from test_serve_openai import TEMPLATE, TEXTS
@@ -163,3 +164,45 @@ def test_a_tiny_temperature_is_raised_to_001_with_a_warning(live, caplog):
     tiny = ids(1e-40)
     assert tiny == ids(0.01) and set(tiny) != {0}
     wait_idle(async_engine)
+
+
+#: the metric families of vLLM 0.32's PrometheusStatLogger (vllm/v1/metrics/loggers.py) that our engine can measure
+VLLM_032_METRICS = {
+    "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge", "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:num_preemptions": "counter", "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter",
+    "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter", "vllm:request_success": "counter",
+    "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:request_time_per_output_token_seconds": "histogram", "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram", "vllm:request_inference_time_seconds": "histogram",
+    "vllm:request_prefill_time_seconds": "histogram", "vllm:request_decode_time_seconds": "histogram",
+    "vllm:request_prompt_tokens": "histogram", "vllm:request_generation_tokens": "histogram",
+    "vllm:request_max_num_generation_tokens": "histogram", "vllm:request_params_n": "histogram",
+    "vllm:request_params_max_tokens": "histogram"}
+#: vLLM v0's names that 0.32 no longer has
+V0_ONLY = ("vllm:gpu_cache_usage_perc", "vllm:cpu_cache_usage_perc", "vllm:num_requests_swapped",
+           "vllm:time_per_output_token_seconds")
+
+
+def test_metrics_have_vllm_032_names_and_labels(live):
+    url, async_engine = live
+    r = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": [[5, 6, 7], [8, 9]], "n": 2,
+                                                  "max_tokens": 5, "ignore_eos": True}, timeout=60)
+    assert r.status_code == 200
+    wait_idle(async_engine)
+    text = httpx.get(f"{url}/metrics").text
+    families = {f.name: f.type for f in text_string_to_metric_families(text)
+                if not f.name.endswith("_created")}  # prometheus_client's creation times, vLLM's /metrics has them too
+    assert {k: v for k, v in families.items() if k.startswith("vllm:")} == VLLM_032_METRICS
+    assert set(families) - set(VLLM_032_METRICS) == {"pagedattn:num_requests_swapped", "pagedattn:cpu_cache_usage_perc"}
+    assert not any(name in families for name in V0_ONLY)
+    samples = {}
+    for f in text_string_to_metric_families(text):
+        for sample in f.samples:
+            assert sample.labels["model_name"] == MODEL and sample.labels["engine"] == "0", sample
+            samples.setdefault(sample.name, sample.value)
+    value = samples.__getitem__
+    assert value("vllm:kv_cache_usage_perc") == 0.0  # idle: every block free
+    assert value("vllm:inter_token_latency_seconds_count") > 0
+    assert value("vllm:request_prompt_tokens_sum") >= 5 and value("vllm:request_params_n_sum") >= 4
+    for phase in ("queue", "prefill", "decode", "inference"):
+        assert value(f"vllm:request_{phase}_time_seconds_count") >= 2

@@ -272,6 +272,8 @@ class Scheduler:
             for s in seqs:
                 s.num_computed_tokens = cached
             g.set_status("waiting", "running")
+            if g.metrics.first_scheduled_time is None:  # its queueing time ends (the server's metrics)
+                g.metrics.first_scheduled_time = self._now
             self.running.append(g)
             out.prefill_groups.append(g)
             num_tokens += tokens

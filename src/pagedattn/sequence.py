@@ -270,6 +270,7 @@ class RequestMetrics:
     arrival_time: float
     first_token_time: float | None = None
     finish_time: float | None = None
+    first_scheduled_time: float | None = None  # the start of its first prefill step (vLLM's scheduled_ts)
 
     @property
     def latency(self) -> float | None:

@@ -366,6 +366,8 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
                 prompts = await token_ids(req)
                 params = [fit_max_tokens(req, len(ids), llm.max_model_len) for ids in prompts]
                 await engine.add(rids, prompts, params)
+                for p in params:
+                    metrics.observe_params(p.n, p.max_tokens)
 
             await unless_disconnected(request, add())
         except (RequestError, EngineOverloaded, ValueError, RuntimeError, ClientGone) as e:
