@@ -3,6 +3,7 @@
 added included; ``--max-queued`` counts a request's prompts up front. A live server per module, serving the tiny
 random OPT with a small tokenizer that has a chat template, with few sequences at once so that prompts queue."""
 import asyncio
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,9 +14,11 @@ from test_serve_openai import TEMPLATE, TEXTS
 from tiny_models import tiny_opt
 
 from pagedattn.async_engine import AsyncEngine
+from pagedattn.openai_protocol import (NO_EFFECT, SUPPORTED, UNSUPPORTED, VLLM_CHAT_FIELDS, VLLM_COMPLETION_FIELDS,
+                                       field_table)
 from pagedattn.repro.experiments.zoo import train_tokenizer
 from pagedattn.sequence import MIN_TEMPERATURE, SamplingParams
-from pagedattn.serve import build_app, load_engine, serve_in_thread
+from pagedattn.serve import build_app, chat_template_arg, load_engine, serve_in_thread
 
 MODEL = "tiny-chat"
 MAX_TOKENS = 6
@@ -206,3 +209,107 @@ def test_metrics_have_vllm_032_names_and_labels(live):
     assert value("vllm:request_prompt_tokens_sum") >= 5 and value("vllm:request_params_n_sum") >= 4
     for phase in ("queue", "prefill", "decode", "inference"):
         assert value(f"vllm:request_{phase}_time_seconds_count") >= 2
+
+
+def test_every_vllm_032_request_field_is_supported_or_refused(live):
+    """No request field of vLLM 0.32 is silently ignored: each is implemented, documented as without effect (with
+    the reason), or refused with a 400 naming it when set to anything but its off value; and docs/SERVING.md's
+    table is the one generated from the two field lists."""
+    url, async_engine = live
+    fields = dict.fromkeys(VLLM_COMPLETION_FIELDS + VLLM_CHAT_FIELDS)
+    for name in fields:
+        assert (name in SUPPORTED) + (name in NO_EFFECT) + (name in UNSUPPORTED) == 1, name
+    base = {"completions": {"model": MODEL, "prompt": [5, 6], "max_tokens": 2},
+            "chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}
+    refused = 0
+    for endpoint, names in (("completions", VLLM_COMPLETION_FIELDS), ("chat/completions", VLLM_CHAT_FIELDS)):
+        for name in names:
+            if name not in UNSUPPORTED:
+                continue
+            r = httpx.post(f"{url}/v1/{endpoint}", json={**base[endpoint], name: {"on": 1}}, timeout=60)
+            assert r.status_code == 400 and r.json()["error"]["param"] == name, (endpoint, name, r.text)
+            refused += 1
+            off = UNSUPPORTED[name][-1]
+            r = httpx.post(f"{url}/v1/{endpoint}", json={**base[endpoint], name: off}, timeout=60)
+            assert r.status_code == 200, (endpoint, name, off, r.text)
+    assert refused > 40
+    docs = (Path(__file__).parents[1] / "docs" / "SERVING.md").read_text()
+    assert field_table() in docs, "regenerate the table: python -m pagedattn.openai_protocol"
+    wait_idle(async_engine)
+
+
+def test_vllm_extras_change_the_request(live, tok):
+    """add_special_tokens, truncate_prompt_tokens, request_id, return_tokens_as_token_ids, return_token_ids,
+    stream_interval, chat_template, continue_final_message and a message's name each do what vLLM does."""
+    url, async_engine = live
+
+    def post(endpoint: str, **kw) -> dict:
+        b = {"model": MODEL, "max_tokens": 4, "temperature": 0, "ignore_eos": True, **kw}
+        r = httpx.post(f"{url}/v1/{endpoint}", json=b, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    with_bos = post("completions", prompt="the cat")["usage"]["prompt_tokens"]
+    assert with_bos == len(tok("the cat")["input_ids"])
+    assert post("completions", prompt="the cat", add_special_tokens=False)["usage"]["prompt_tokens"] == with_bos - 1
+    r = post("completions", prompt=list(range(5, 25)), truncate_prompt_tokens=6, request_id="mine-1",
+             logprobs=1, return_tokens_as_token_ids=True, return_token_ids=True)
+    assert r["id"] == "cmpl-mine-1" and r["usage"]["prompt_tokens"] == 6
+    choice = r["choices"][0]
+    assert choice["prompt_token_ids"] == list(range(19, 25))
+    assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert post("completions", prompt=list(range(5, 25)), truncate_prompt_tokens=6,
+                truncation_side="right")["usage"]["prompt_tokens"] == 6
+
+    chunks = []
+    with httpx.stream("POST", f"{url}/v1/completions", json={"model": MODEL, "prompt": [5, 6], "max_tokens": 10,
+                                                            "ignore_eos": True, "stream": True,
+                                                            "stream_interval": 4}, timeout=60) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(len(httpx.Response(200, content=line[6:]).json()["choices"][0]["token_ids"]))
+    assert sum(chunks) == 10 and chunks[0] == 1 and all(n >= 4 for n in chunks[1:-1]), chunks
+
+    messages = [{"role": "user", "content": "hi", "name": "ann"}, {"role": "assistant", "content": "the"}]
+    template = "{% for m in messages %}[{{ m['name'] or m['role'] }}]{{ m['content'] }}{% endfor %}"
+    r = httpx.post(f"{url}/tokenize", json={"messages": messages, "chat_template": template,
+                                            "add_generation_prompt": False, "continue_final_message": True})
+    assert tok.decode(r.json()["tokens"]) == "[ann]hi[assistant]the"
+    r = post("chat/completions", messages=messages, chat_template=template, add_generation_prompt=False,
+             continue_final_message=True, return_token_ids=True)
+    assert r["usage"]["prompt_tokens"] == len(tok("[ann]hi[assistant]the", add_special_tokens=False)["input_ids"])
+    assert len(r["choices"][0]["token_ids"]) == 4 and r["choices"][0]["prompt_token_ids"]
+    wait_idle(async_engine)
+
+
+@pytest.mark.parametrize("kw, param", [
+    ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream: true (vLLM's 400)
+    ({"priority": 1}, "priority"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"stream_interval": 0}, "stream_interval"),
+    ({"add_special_tokens": "no"}, "add_special_tokens"),
+])
+def test_vllm_extras_bad_values_get_a_400_naming_them(live, kw, param):
+    url, _ = live
+    r = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": [5, 6], "max_tokens": 2, **kw}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param and r.json()["error"]["code"] == 400, r.text
+
+
+def test_chat_template_flag_serves_a_tokenizer_without_one(one_thread, tmp_path):
+    """``--chat-template FILE`` gives chat to a tokenizer that has no template (without it: a 400 naming messages)."""
+    plain = train_tokenizer(TEXTS * 30, vocab_size=300)
+    assert not plain.chat_template
+    (tmp_path / "t.jinja").write_text(TEMPLATE)
+    engine = load_engine(tiny_opt(vocab_size=len(plain)), "paged", num_slots=256, max_model_len=64, tokenizer=plain)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with serve_in_thread(build_app(AsyncEngine(engine), MODEL,
+                                   chat_template=chat_template_arg(str(tmp_path / "t.jinja")))) as url:
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+        t = httpx.post(f"{url}/tokenize", json={"messages": body["messages"]}).json()
+        assert plain.decode(t["tokens"]) == "<user>hi\n<assistant>"
+    with serve_in_thread(build_app(AsyncEngine(engine), MODEL)) as url:
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+        body["chat_template"] = TEMPLATE
+        assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).status_code == 200

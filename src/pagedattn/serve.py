@@ -140,23 +140,32 @@ class Choices:
         if self.req.logprobs is None or c.logprobs is None:
             return None
         ids, lps = c.token_ids[start:], c.logprobs[start:]
+        tokenizer = None if self.req.token_ids_as_text else self.tokenizer  # None: tokens as "token_id:N"
         if self.req.chat:
-            return chat_logprobs(self.tokenizer, ids, lps, self.req.logprobs)
-        return completion_logprobs(self.tokenizer, ids, lps, self.req.logprobs, text_offset)
+            return chat_logprobs(tokenizer, ids, lps, self.req.logprobs)
+        return completion_logprobs(tokenizer, ids, lps, self.req.logprobs, text_offset)
 
-    def _choice(self, index: int, c, text: str, start: int, first: bool, text_offset: int) -> dict:
+    def _choice(self, index: int, c, text: str, start: int, first: bool, text_offset: int,
+                prompt_ids: list[int]) -> dict:
         logprobs = self._logprobs(c, start, text_offset)
         if self.req.chat:
             delta = {"role": "assistant", "content": text} if first else {"content": text}
-            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason}
-        return {"index": index, "text": text, "token_ids": c.token_ids[start:], "logprobs": logprobs,
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                      "stop_reason": c.stop_reason}
+            if self.req.return_token_ids:
+                choice["token_ids"] = c.token_ids[start:]
+        else:
+            choice = {"index": index, "text": text, "token_ids": c.token_ids[start:], "logprobs": logprobs,
+                      "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        if self.req.return_token_ids and first:  # vLLM's return_token_ids: the prompt's ids with the first piece
+            choice["prompt_token_ids"] = prompt_ids
+        return choice
 
     def delta(self, prompt_index: int, out: RequestOutput) -> list[dict]:
         """The new pieces of one prompt's choices since the last call: a choice's first piece (with the role, for
-        chat), then its new tokens and text; its last piece has its finish reason. A choice still running keeps back
-        any text that may be the start of a stop string."""
+        chat), then its new tokens and text, every ``stream_interval`` tokens; its last piece has its finish reason.
+        A choice still running keeps back any text that may be the start of a stop string."""
+        interval = self.req.stream_interval
         choices = []
         for c in out.outputs:
             index = prompt_index * self.n + c.index
@@ -166,8 +175,8 @@ class Choices:
             n_tok, n_chr = self.sent.get(index, (0, 0))
             text = c.text or ""
             end = len(text) if c.finish_reason else max(n_chr, len(text) - self.hold)
-            if first or len(c.token_ids) > n_tok or end > n_chr or c.finish_reason:
-                choices.append(self._choice(index, c, text[n_chr:end], n_tok, first, n_chr))
+            if first or c.finish_reason or len(c.token_ids) - n_tok >= interval or interval == 1 and end > n_chr:
+                choices.append(self._choice(index, c, text[n_chr:end], n_tok, first, n_chr, out.prompt_token_ids))
                 self.sent[index] = (len(c.token_ids), end)
                 if c.finish_reason:
                     self.ended.add(index)
@@ -178,7 +187,7 @@ class Choices:
         choices = []
         for i, out in enumerate(outs):
             for c in out.outputs:
-                ch = self._choice(i * self.n + c.index, c, c.text or "", 0, True, 0)
+                ch = self._choice(i * self.n + c.index, c, c.text or "", 0, True, 0, out.prompt_token_ids)
                 if self.req.chat:
                     ch["message"] = ch.pop("delta")
                 choices.append(ch)
@@ -275,9 +284,10 @@ async def stream_events(source, choices: Choices, include_usage: bool):
 
 # ------------------------------------------------------------------------------------------------ the app
 def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BODY_BYTES,
-              max_prompt_chars: int | None = None):
+              max_prompt_chars: int | None = None, chat_template: str | None = None):
     """The FastAPI application serving ``engine`` under ``model_name``; the engine loop runs for its lifetime.
-    ``max_prompt_chars`` defaults to 32 characters per token of the context, ``max_model_len``."""
+    ``max_prompt_chars`` defaults to 32 characters per token of the context, ``max_model_len``; ``chat_template``
+    (a Jinja template) replaces the tokenizer's."""
     from pagedattn.serve_metrics import ServerMetrics
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -322,34 +332,45 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
                 "max_model_len": llm.max_model_len, "vocab_size": llm.vocab_size}
         return {"object": "list", "data": [card]}
 
-    async def chat_ids(messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    async def chat_ids(messages: list[dict], req: ParsedRequest) -> list[int]:
+        """The token ids of ``messages`` rendered with the request's ``chat_template``, else ``--chat-template``,
+        else the tokenizer's, with the request's template options."""
         tok = tokenizer
-        if tok is None or not getattr(tok, "chat_template", None):
-            raise RequestError(f"the model {model_name!r} has no chat template (its tokenizer defines none), so it "
-                               "cannot serve chat; use /v1/completions", "messages")
+        template = req.chat_template or chat_template
+        if tok is None or not (template or getattr(tok, "chat_template", None)):
+            raise RequestError(f"the model {model_name!r} has no chat template (its tokenizer defines none, and "
+                               "neither --chat-template nor the request's chat_template gives one), so it cannot "
+                               "serve chat; use /v1/completions", "messages")
+        options = {"add_generation_prompt": req.add_generation_prompt, **req.template_kwargs,
+                   **({"continue_final_message": True} if req.continue_final_message else {})}
 
         def render() -> list[int]:
-            text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
-            return list(tok(text, add_special_tokens=False)["input_ids"])  # the template holds the special tokens
+            text = tok.apply_chat_template(messages, chat_template=template, tokenize=False, **options)
+            # the template holds the special tokens: none added unless asked (vLLM's default for chat)
+            return list(tok(text, add_special_tokens=req.add_special_tokens)["input_ids"])
 
         try:
             return await engine.run_tokenizer(render)
-        except Exception as e:  # a template that refuses the conversation (jinja's raise_exception)
+        except Exception as e:  # a template that refuses the conversation (jinja's raise_exception) or fails
             raise RequestError(f"the chat template refused these messages: {type(e).__name__}: {e}",
-                               "messages") from None
+                               "chat_template" if req.chat_template else "messages") from None
 
     async def token_ids(req: ParsedRequest) -> list[list[int]]:
         out = []
         for p in req.prompts:
             if req.chat:
-                out.append(await chat_ids(p, req.add_generation_prompt))
+                ids = await chat_ids(p, req)
             elif isinstance(p, str):
                 try:
-                    out.append(await engine.tokenize(p))
+                    ids = await engine.tokenize(p, req.add_special_tokens)
                 except (ValueError, TypeError) as e:  # no tokenizer; text a tokenizer refuses
                     raise RequestError(f"the prompt could not be tokenized: {e}", "prompt") from None
             else:
-                out.append(p)
+                ids = p
+            if req.truncate is not None:  # vLLM's truncate_prompt_tokens: keep the last (left) or first tokens
+                keep = llm.max_model_len if req.truncate == -1 else req.truncate
+                ids = ids[-keep:] if req.truncation_side == "left" else ids[:keep]
+            out.append(ids)
         return out
 
     async def generate(request: Request, chat: bool):
@@ -357,7 +378,7 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
         try:
             body = await read_json(request, max_body_bytes)
             req = (parse_chat if chat else parse_completion)(body, model_name, max_chars)
-            rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+            rid = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id or uuid.uuid4().hex}"
             prompt_ids = [f"{rid}-{i}" for i in range(len(req.prompts))]
             engine.reserve(prompt_ids)  # counted against --max-queued before any work: a 503 costs nothing
             rids = prompt_ids
@@ -411,8 +432,10 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
         try:
             body = await read_json(request, max_body_bytes)
             if isinstance(body, dict) and "messages" in body:
-                req = parse_chat({k: v for k, v in body.items() if k in ("messages", "model")}, model_name, max_chars)
-                ids = await chat_ids(req.prompts[0], body.get("add_generation_prompt", True) is True)
+                keys = ("messages", "model", "add_generation_prompt", "continue_final_message", "add_special_tokens",
+                        "chat_template", "chat_template_kwargs", "documents")
+                req = parse_chat({k: v for k, v in body.items() if k in keys}, model_name, max_chars)
+                ids = await chat_ids(req.prompts[0], req)
             else:
                 if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
                     raise RequestError("send {\"prompt\": text} or {\"messages\": [...]}", "prompt")
@@ -545,6 +568,14 @@ def load_engine(model, kv_manager: str = "paged", num_slots: int = 8192, block_s
                      enable_prefix_caching=caching, max_step_metrics=max_step_metrics, **engine_kw)
 
 
+def chat_template_arg(value: str | None) -> str | None:
+    """``--chat-template``: a file's text when ``value`` names a file, else ``value`` itself (vLLM's rule)."""
+    if value is None:
+        return None
+    path = Path(value)
+    return path.read_text() if len(value) < 4096 and path.is_file() else value
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pagedattn.serve", description=__doc__.split("\n\n")[0])
     p.add_argument("model", nargs="?", help=f"a local checkpoint folder (save_pretrained), or {TINY_SPEC}")
@@ -557,6 +588,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, or a file holding one, replacing the tokenizer's (vLLM's flag)")
     p.add_argument("--max-queued", type=int, default=1000,
                    help="requests waiting for their first token beyond which new ones get a 503")
     p.add_argument("--max-step-metrics", type=int, default=10_000, help="engine steps whose metrics are kept")
@@ -591,7 +624,7 @@ def main(argv=None) -> None:
                          max_num_seqs=a.max_num_seqs, max_step_metrics=a.max_step_metrics, swap_space=a.swap_space,
                          enforce_eager=a.enforce_eager)
     app = build_app(AsyncEngine(engine, a.max_queued), a.served_model_name or a.model, a.max_body_bytes,
-                    a.max_prompt_chars)
+                    a.max_prompt_chars, chat_template_arg(a.chat_template))
     print(f"pagedattn: serving {a.model} ({a.kv_manager}, {a.num_slots} slots, {engine.kv.cache_layout()[2]} CPU "
           f"swap blocks, max_model_len {engine.max_model_len}) on http://{a.host}:{a.port}/v1", flush=True)
     uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
