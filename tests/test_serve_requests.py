@@ -3,6 +3,7 @@
 added included; ``--max-queued`` counts a request's prompts up front. A live server per module, serving the tiny
 random OPT with a small tokenizer that has a chat template, with few sequences at once so that prompts queue."""
 import asyncio
+import gc
 from pathlib import Path
 
 import httpx
@@ -313,3 +314,33 @@ def test_chat_template_flag_serves_a_tokenizer_without_one(one_thread, tmp_path)
         assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
         body["chat_template"] = TEMPLATE
         assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+
+
+def test_dropped_streams_log_no_traceback(live, caplog):
+    """Clients that drop their streams mid-way (and one before its first event) leave no error in the log (the old
+    server logged "Task exception was never retrieved ... aclose(): asynchronous generator is already running") and
+    no request behind."""
+    url, async_engine = live
+
+    async def drop(client, after: int) -> None:
+        b = {**body(3, True), "max_tokens": 60}
+        async with client.stream("POST", "/v1/completions", json=b) as r:
+            seen = 0
+            async for line in r.aiter_lines():
+                seen += line.startswith("data: ")
+                if seen >= after:
+                    break
+
+    async def run():
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            await asyncio.gather(*(drop(client, after) for after in (0, 1, 2, 5, 1, 3)))
+
+    with caplog.at_level("WARNING"):
+        asyncio.run(run())
+        wait_idle(async_engine)
+        gc.collect()
+        r = httpx.post(f"{url}/v1/completions", json=body(2, False), timeout=60)  # the loop runs on
+        assert r.status_code == 200
+    assert not [rec for rec in caplog.records if rec.levelno >= 30 and "temperature" not in rec.getMessage()], \
+        caplog.text
+    assert not async_engine.engine.requests and async_engine.num_queued == 0

@@ -43,6 +43,10 @@ from pagedattn.sequence import RequestOutput
 
 TINY_SPEC = "tiny:opt"
 KV_MANAGERS = ("paged", "orca_max", "orca_pow2", "orca_oracle")
+#: seconds an idle keep-alive connection stays open: longer than the clients' own idle limits (httpx 5 s, aiohttp
+#: 15 s), so that a client never sends a request on a connection the server is closing at that moment (the race
+#: that uvicorn's 5 s default, equal to httpx's, loses now and then: a ReadError on a request never received)
+KEEP_ALIVE_S = 20
 MAX_BODY_BYTES = 16 << 20  # a 2,048-token prompt is at most ~100 KB of JSON; vLLM users rarely send 1 MB
 GIB = 1 << 30
 
@@ -496,7 +500,8 @@ def serve_in_thread(app, host: str = "127.0.0.1"):
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((host, 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
+                                           timeout_keep_alive=KEEP_ALIVE_S))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
     thread.start()
     try:
@@ -604,6 +609,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="no CUDA graphs for decode steps (vLLM's flag; a GPU only: a CPU never takes them)")
     p.add_argument("--seed", type=int, default=0, help="the tiny model's weight seed")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--timeout-keep-alive", type=float, default=KEEP_ALIVE_S,
+                   help="seconds an idle keep-alive connection stays open (longer than the clients' idle limits)")
     a = p.parse_args(argv)
     if a.tiny_opt:
         a.model = TINY_SPEC
@@ -627,7 +634,7 @@ def main(argv=None) -> None:
                     a.max_prompt_chars, chat_template_arg(a.chat_template))
     print(f"pagedattn: serving {a.model} ({a.kv_manager}, {a.num_slots} slots, {engine.kv.cache_layout()[2]} CPU "
           f"swap blocks, max_model_len {engine.max_model_len}) on http://{a.host}:{a.port}/v1", flush=True)
-    uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
+    uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level, timeout_keep_alive=a.timeout_keep_alive)
 
 
 if __name__ == "__main__":
