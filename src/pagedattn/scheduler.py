@@ -100,6 +100,9 @@ class Scheduler:
         self.num_preemptions = {"recompute": 0, "swap": 0}
         self.pending_copies: BlockCopies = []  # decided between steps (beam search forks), run with the next step
         self._now = 0.0  # the start of the step being planned (a refused request's finish time)
+        # parallel samples that cannot be swapped are split and recomputed one by one (``_split_samples``), as the
+        # engine serves them; off: they are refused, as the simulator replays (its beams are plain sample groups)
+        self.split_samples = False
 
     # ----------------------------------------------------------------------------------------------- queues
     def add(self, group: SequenceGroup) -> None:
@@ -239,7 +242,10 @@ class Scheduler:
         self.pending_copies = []
         while self.swapped and self.kv.swap_in_status(self.swapped[0]) is AllocStatus.NEVER:
             g = self.swapped.popleft()  # it could not come back even into an empty pool: refused now, not left waiting
-            self._refuse(g, self.kv.never_reason(g), out)
+            if self._can_split(g):  # ... unless its samples can be served one by one
+                self._split_samples(g, out)
+            else:
+                self._refuse(g, self.kv.never_reason(g), out)
         if not self.swapped and not (self.static_batching and self.running):
             self._schedule_prefills(out)
             if out.prefill_groups:
@@ -324,7 +330,10 @@ class Scheduler:
         if mode == "recompute" and len(g.get_seqs("running")) > 1:
             mode = "swap"  # forked sequences would lose their sharing if recomputed separately
         if mode == "swap" and not self.kv.can_swap_out(g):
-            if len(g.get_seqs("running")) > 1:  # cannot be preempted: fail this request alone, free its blocks
+            if self._can_split(g):  # parallel samples: each is recomputed on its own
+                self._split_samples(g, out)
+                return
+            if len(g.get_seqs("running")) > 1:  # beams cannot be preempted: fail this request alone, free its blocks
                 self._refuse(g, f"request {g.request_id!r} had to be preempted, but its "
                                 f"{len(g.get_seqs('running'))} sequences share blocks and do not fit in the CPU swap "
                                 "space (raise num_cpu_blocks)", out)
@@ -343,8 +352,39 @@ class Scheduler:
             self.waiting.appendleft(g)
         out.preempted.append(g)
 
+    def _can_split(self, g: SequenceGroup) -> bool:
+        """Whether ``split_samples`` is on and a group is parallel samples (not beams, §4.4) of which more than one
+        is unfinished."""
+        return self.split_samples and g.beam_state is None and sum(not s.is_finished() for s in g.seqs) > 1
+
+    def _split_samples(self, g: SequenceGroup, out: SchedulerOutputs) -> None:
+        """Preempt a group of parallel samples by recomputation, where the paper's rule would swap it (§4.5) but
+        the CPU swap space cannot take it, or where it could never come back in whole: its blocks are freed and each
+        unfinished sample becomes a one-sequence group of its own (``parent``: ``g``), queued at the front, to be
+        recomputed from its prompt and its own tokens like any preempted single sequence; with prefix caching their
+        prompt blocks are shared again. From then on they are scheduled, and preempted, one by one (as vLLM 0.32
+        serves each sample), and the request's outputs still gather them (``SequenceGroup.root``)."""
+        self.num_preemptions["recompute"] += 1
+        samples = []
+        for s in g.seqs:
+            self.kv.free_seq(s)
+            if s.is_finished():
+                continue
+            s.num_computed_tokens = 0
+            s.status = "waiting"
+            child = SequenceGroup(g.request_id, [s], g.sampling_params, g.metrics.arrival_time, g.prompt)
+            child.metrics, child.prefix_len, child.parent = g.metrics, g.prefix_len, g.root
+            samples.append(child)
+        self.waiting.extendleft(reversed(samples))
+        out.preempted.append(g)
+
     def _refuse(self, g: SequenceGroup, message: str, out: SchedulerOutputs) -> None:
-        """Fail one request that can never be served: free its blocks, finish its sequences with an error."""
+        """Fail one request that can never be served: free its blocks, finish its sequences with an error (a sample
+        split off a request fails the request, its other samples included)."""
+        if g.parent is not None:
+            self.abort_many({g.request_id})
+            out.prefill_groups = [x for x in out.prefill_groups if x.request_id != g.request_id]
+            g = g.parent
         g.error = message
         for s in g.seqs:
             self.kv.free_seq(s)

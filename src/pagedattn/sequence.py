@@ -294,6 +294,13 @@ class SequenceGroup:
         # requests only; typed loosely: beam search imports this module (and torch), not the other way
         self.beam_state: object | None = None
         self.prompt_token_ids: list[int] = seqs[0].prompt_token_ids  # copied once, for the request's outputs
+        # the request a sample was split off from (``Scheduler._split_samples``), which its outputs report
+        self.parent: SequenceGroup | None = None
+
+    @property
+    def root(self) -> SequenceGroup:
+        """The request's own group: ``parent`` for a sample split off from it, else this group."""
+        return self.parent or self
 
     @property
     def max_total_len(self) -> int:

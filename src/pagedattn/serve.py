@@ -11,10 +11,11 @@ has empty text). Request bodies are checked by ``openai_protocol``.
 Bad input gets a 4xx in OpenAI's shape, ``{"error": {"message", "type": "invalid_request_error", "param"}}``, naming
 the field or the limit: a body over ``--max-body-bytes`` gets a 413 before it is parsed, a prompt over
 ``--max-prompt-chars`` a 400 before it is tokenized, and text is tokenized off the engine's thread, so that no input
-stalls the streams in flight. More than ``--max-queued`` requests waiting for their first token get a 503. A client
-that disconnects has its request aborted and its KV blocks freed. A request the engine fails (it could not be
-preempted for want of CPU swap space, ``--swap-space``) gets an HTTP error or a streamed error event with the
-engine's message, never a 200. ``--kv-manager orca_max|orca_pow2|orca_oracle`` serves the same model under Orca's
+stalls the streams in flight. A request whose prompts would take more than ``--max-queued`` places among those
+waiting for their first token gets a 503 before any work. A client that disconnects has its request cancelled (the
+prompts not yet added included) and its KV blocks freed. A request the engine fails (a beam search that could not be
+preempted for want of CPU swap space, ``--swap-space``; parallel samples are then recomputed one by one) gets an
+HTTP error or a streamed error event with the engine's message, never a 200. ``--kv-manager orca_max|orca_pow2|orca_oracle`` serves the same model under Orca's
 contiguous reservation (§2.3, §6.1), so the paper's comparison runs on live servers.
 
 MODEL is a local checkpoint folder (``save_pretrained``) or ``tiny:opt``, the random-weight tiny OPT of the CPU-scale
@@ -538,7 +539,8 @@ def load_engine(model, kv_manager: str = "paged", num_slots: int = 8192, block_s
     ``kv_manager`` over ``num_slots`` token slots (``EngineArgs.kv_manager``, the systems the simulator replays;
     ``paged_auto``: paged with automatic prefix caching; ``ft``: ``static``), keeping the metrics of the last ``max_step_metrics`` steps (a server runs for days). ``swap_space``
     GiB of CPU blocks (``cpu_blocks_for``) let a paged engine preempt a request of several sequences by swapping
-    (the scheduler swaps such groups, §4.4-§4.5; without swap space it must fail them). The server's engine:
+    (the scheduler swaps such groups, §4.4-§4.5; without swap space it recomputes parallel samples one by one and
+    fails beam searches). The server's engine:
     ``repro.experiments.online_serving`` builds its in-process engine here too."""
     from pagedattn.engine import LLMEngine
     from pagedattn.memory.systems import engine_system
