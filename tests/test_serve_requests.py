@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_engine import assert_all_blocks_free
 from test_serve import complete, streamed_tokens, wait_idle
-from test_serve_openai import TEMPLATE, TEXTS
+from test_serve_openai import TEMPLATE, TEXTS, tok  # noqa: F401 (tok: the tokenizer fixture, with a template)
 from tiny_models import tiny_opt
 
 from pagedattn.async_engine import AsyncEngine
@@ -23,13 +23,6 @@ from pagedattn.serve import build_app, chat_template_arg, load_engine, serve_in_
 
 MODEL = "tiny-chat"
 MAX_TOKENS = 6
-
-
-@pytest.fixture(scope="module")
-def tok():
-    t = train_tokenizer(TEXTS * 30, vocab_size=300)
-    t.chat_template = TEMPLATE
-    return t
 
 
 @pytest.fixture(scope="module")

@@ -260,7 +260,7 @@ class EventStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self.body_iterator.aclose()  # type: ignore[union-attr]
+            await self.body_iterator.aclose()  # type: ignore[attr-defined,union-attr]
             self.on_close()
 
 

@@ -57,7 +57,8 @@ METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_ca
 
 def request_tokens_buckets(max_model_len: int) -> list[int]:
     """vLLM's ``request_tokens`` family: 1, 2, 5, 10, 20, 50, ... up to ``max_model_len``."""
-    out, scale = [], 1
+    out: list[int] = []
+    scale = 1
     while True:
         for m in (1, 2, 5):
             if m * scale > max_model_len:
