@@ -365,6 +365,7 @@ class Scheduler:
         prompt blocks are shared again. From then on they are scheduled, and preempted, one by one (as vLLM 0.32
         serves each sample), and the request's outputs still gather them (``SequenceGroup.root``)."""
         self.num_preemptions["recompute"] += 1
+        g.metrics.samples_split = True
         samples = []
         for s in g.seqs:
             self.kv.free_seq(s)

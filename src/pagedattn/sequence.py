@@ -271,6 +271,9 @@ class RequestMetrics:
     first_token_time: float | None = None
     finish_time: float | None = None
     first_scheduled_time: float | None = None  # the start of its first prefill step (vLLM's scheduled_ts)
+    # its samples were split and recomputed one by one (``Scheduler._split_samples``): their seeded draws then differ
+    # from a run in which they stayed together (one generator serves the request's samples in turn)
+    samples_split: bool = False
 
     @property
     def latency(self) -> float | None:
