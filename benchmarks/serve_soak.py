@@ -14,9 +14,14 @@ no request got a 5xx, no choice was truncated, the server is idle at the end and
 warm-up: allocator pools, compiled kernels) grew by at most ``--max-growth-mib``. ``--time-limit`` bounds the run: the soak then stops at the end of the tenth under way
 and records how many requests it sent (``num_requests_sent``), never the number asked for.
 Writes ``results/benchmarks/serve_soak.json`` (hardware, date and commit labelled) unless ``--out`` says otherwise.
-Measured on the 2-core VM (2026-12-04, 09fe837, load average 4-5 from other jobs): all 20,000 requests in 64 s, no
-5xx; the server's RSS 785.0 MiB at start, 798.5 after the first tenth, 798.7 at the end. Its RSS at start includes the
-CPU swap pool the server zero-fills (``--swap-space``, default 4 GiB, capped at the batch limit's full length).
+Measured on the 2-core VM (2026-12-04, 09fe837, load average 4-5 from other jobs, the earlier mix of n = 1 or 2 and
+single prompts): all 20,000 requests in 64 s, no 5xx; the server's RSS 785.0 MiB at start, 798.5 after the first
+tenth, 798.7 at the end. On 2026-12-07 (a5b11da, this mix, load average 2.4-3.6): 20,000 in 98 s, no 5xx, no
+truncated choice, but RSS +190 MiB after the first tenth (5.6 KiB per request over the second half, slowing): it
+fails the 32 MiB bound. The growth predates issue 62's server changes: the earlier mix grows +111 MiB on the base
+6dfe786 and +117 MiB on a5b11da; tracemalloc finds no Python object growing and ``MALLOC_ARENA_MAX=2`` does not
+change it (+216 MiB), so it is native memory, not yet found. Its RSS at start includes the CPU swap pool the server
+zero-fills (``--swap-space``, default 4 GiB, capped at the batch limit's full length).
 """
 from __future__ import annotations
 
