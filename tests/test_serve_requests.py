@@ -337,3 +337,22 @@ def test_dropped_streams_log_no_traceback(live, caplog):
     assert not [rec for rec in caplog.records if rec.levelno >= 30 and "temperature" not in rec.getMessage()], \
         caplog.text
     assert not async_engine.engine.requests and async_engine.num_queued == 0
+
+
+def test_a_300_prompt_request_and_an_8_prompt_one_under_load_come_back_whole(live):
+    """The issue's acceptance check: 300 prompts (the old server returned 256 of them with one token and no finish
+    reason) and an 8-prompt request sent while 20 others run, on a server that runs 4 sequences at once."""
+    url, async_engine = live
+
+    async def run():
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            big = asyncio.create_task(complete(client, body(300, False)))
+            load = [asyncio.create_task(complete(client, body(2, i % 2 == 0))) for i in range(20)]
+            eight = await complete(client, body(8, False))
+            return await big, eight, await asyncio.gather(*load)
+
+    (s300, r300), (s8, r8), load = asyncio.run(run())
+    assert s300 == s8 == 200 and all(status == 200 for status, _ in load)
+    assert len(r300["choices"]) == 300 and all(whole(c) for c in r300["choices"])
+    assert len(r8["choices"]) == 8 and all(whole(c) for c in r8["choices"])
+    wait_idle(async_engine)
