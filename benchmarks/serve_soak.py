@@ -5,17 +5,23 @@ of its own (``python -m pagedattn.serve tiny:opt``), recording that process's re
     PYTHONPATH=src python benchmarks/serve_soak.py                              # the full soak, 20,000 requests
     PYTHONPATH=src python benchmarks/serve_soak.py --num-requests 500 --out /tmp/soak.json   # a quick look
 
-A closed loop of ``--concurrency`` clients sends the tiny OPT short requests: streaming and not, n = 1 or 2, a
-malformed one (400) and a client that disconnects after its first chunk every 50 requests. At every tenth of the run,
-once the server reports nothing in flight (``/health``), it records the server's RSS and what ``/health`` reports
-(and, where the server has ``/metrics``, its KV-cache usage and request gauges). It passes when no request got a 5xx,
-the server is idle at the end and its RSS after the first tenth (the warm-up: allocator pools, compiled kernels) grew
-by at most ``--max-growth-mib``. ``--time-limit`` bounds the run: the soak then stops at the end of the tenth under way
+A closed loop of ``--concurrency`` clients sends the tiny OPT short requests: streaming and not, n = 1 to 4, a request
+of 8 prompts every 25, a malformed one (400) and a client that disconnects after its first chunk every 50 requests;
+every choice of a 200 must end with ``length`` after all its tokens (``truncated`` counts those that do not). At every
+tenth of the run, once the server reports nothing in flight (``/health``), it records the server's RSS and what
+``/health`` reports (and, where the server has ``/metrics``, its KV-cache usage and request gauges). It passes when
+no request got a 5xx, no choice was truncated, the server is idle at the end and its RSS after the first tenth (the
+warm-up: allocator pools, compiled kernels) grew by at most ``--max-growth-mib``. ``--time-limit`` bounds the run: the soak then stops at the end of the tenth under way
 and records how many requests it sent (``num_requests_sent``), never the number asked for.
 Writes ``results/benchmarks/serve_soak.json`` (hardware, date and commit labelled) unless ``--out`` says otherwise.
-Measured on the 2-core VM (2026-12-04, 09fe837, load average 4-5 from other jobs): all 20,000 requests in 64 s, no
-5xx; the server's RSS 785.0 MiB at start, 798.5 after the first tenth, 798.7 at the end. Its RSS at start includes the
-CPU swap pool the server zero-fills (``--swap-space``, default 4 GiB, capped at the batch limit's full length).
+Measured on the 2-core VM (2026-12-04, 09fe837, load average 4-5 from other jobs, the earlier mix of n = 1 or 2 and
+single prompts): all 20,000 requests in 64 s, no 5xx; the server's RSS 785.0 MiB at start, 798.5 after the first
+tenth, 798.7 at the end. On 2026-12-07 (a5b11da, this mix, load average 2.4-3.6): 20,000 in 98 s, no 5xx, no
+truncated choice, but RSS +190 MiB after the first tenth (5.6 KiB per request over the second half, slowing): it
+fails the 32 MiB bound. The growth predates issue 62's server changes: the earlier mix grows +111 MiB on the base
+6dfe786 and +117 MiB on a5b11da; tracemalloc finds no Python object growing and ``MALLOC_ARENA_MAX=2`` does not
+change it (+216 MiB), so it is native memory, not yet found. Its RSS at start includes the CPU swap pool the server
+zero-fills (``--swap-space``, default 4 GiB, capped at the batch limit's full length).
 """
 from __future__ import annotations
 
@@ -88,10 +94,18 @@ class ServerProcess:
             self.proc.wait()
 
 
+def whole(choices: dict[int, tuple[str | None, int]], expected: int, max_tokens: int) -> bool:
+    """Whether every one of the ``expected`` choices ended with ``length`` after ``max_tokens`` tokens."""
+    return len(choices) == expected and all(c == ("length", max_tokens) for c in choices.values())
+
+
 async def client_loop(client: httpx.AsyncClient, i0: int, stride: int, total: int, counts: dict) -> None:
     for i in range(i0, total, stride):
-        body = {"prompt": [3 + (i * 7 + k) % 500 for k in range(4 + i % 12)], "max_tokens": 2 + i % 7,
-                "temperature": 0 if i % 3 else 0.8, "seed": i, "n": 1 + (i % 5 == 0), "ignore_eos": True}
+        num_prompts = 8 if i % 25 == 7 else 1  # a many-prompt request every 25
+        prompts = [[3 + (i * 7 + j * 13 + k) % 500 for k in range(4 + (i + j) % 12)] for j in range(num_prompts)]
+        n = 1 + i % 4
+        body = {"prompt": prompts if num_prompts > 1 else prompts[0], "max_tokens": 2 + i % 7,
+                "temperature": 0 if i % 3 else 0.8, "seed": i, "n": n, "ignore_eos": True}
         if i % 50 == 17:  # malformed
             body["top_p"] = 5
         if i % 50 == 33:  # disconnects after the first chunk
@@ -102,15 +116,24 @@ async def client_loop(client: httpx.AsyncClient, i0: int, stride: int, total: in
                         break
             counts["disconnected"] += 1
             continue
+        choices: dict[int, tuple[str | None, int]] = {}
         if i % 2:
             body["stream"] = True
             async with client.stream("POST", "/v1/completions", json=body) as r:
-                async for _ in r.aiter_lines():
-                    pass
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        for c in json.loads(line[6:]).get("choices", []):
+                            reason, tokens = choices.get(c["index"], (None, 0))
+                            choices[c["index"]] = (c["finish_reason"] or reason, tokens + len(c["token_ids"]))
                 status = r.status_code
         else:
-            status = (await client.post("/v1/completions", json=body)).status_code
+            r = await client.post("/v1/completions", json=body)
+            status = r.status_code
+            if status == 200:
+                choices = {c["index"]: (c["finish_reason"], len(c["token_ids"])) for c in r.json()["choices"]}
         counts[str(status)] = counts.get(str(status), 0) + 1
+        if status == 200 and not whole(choices, num_prompts * n, body["max_tokens"]):
+            counts["truncated"] += 1
 
 
 async def server_state(client: httpx.AsyncClient) -> dict:
@@ -140,7 +163,7 @@ async def wait_idle(client: httpx.AsyncClient, timeout: float = 60.0) -> dict:
 async def drive(url: str, pid: int, total: int, concurrency: int, time_limit: float | None, samples: list) -> dict:
     """Send up to ``total`` requests from ``concurrency`` clients (one connection pool each, kept for the whole run),
     sampling the server's RSS at every tenth; stop early after the tenth under way when ``time_limit`` has passed."""
-    counts: dict = {"disconnected": 0}
+    counts: dict = {"disconnected": 0, "truncated": 0}
     chunk = max(1, total // 10)
     done, t0 = 0, time.perf_counter()
     clients = [httpx.AsyncClient(base_url=url, timeout=120) for _ in range(concurrency)]
@@ -195,7 +218,8 @@ def main(argv=None) -> int:
     half = samples[len(samples) // 2]
     slope = 1024 * (last["rss_mib"] - half["rss_mib"]) / max(1, last["requests"] - half["requests"])
     server_errors = sum(v for k, v in counts.items() if k.startswith("5"))
-    ok = alive and growth <= a.max_growth_mib and server_errors == 0 and not last.get("in_flight")
+    ok = (alive and growth <= a.max_growth_mib and server_errors == 0 and not counts["truncated"]
+          and not last.get("in_flight"))
     report = {"benchmark": "serve_soak", "hardware": hardware_label(), "date": today(),
               "load_average": os.getloadavg(), "commit": commit(),
               "server": " ".join(["python -m pagedattn.serve", *server_args]),

@@ -176,6 +176,9 @@ class EngineMachine(RuleBasedStateMachine):
             event("a request failed at run time" if o.error else "a request finished")
             if o.error is not None:
                 self._check_runtime_error(o.error, prompt, params)
+            elif o.metrics.samples_split and not params.greedy:  # seeded draws taken in another order (issue 62)
+                event("samples split and recomputed one by one")
+                assert len(o.outputs) == params.n and all(c.finish_reason for c in o.outputs)
             elif params.greedy or params.seed is not None:
                 event("compared with its standalone run")
                 assert [c.token_ids for c in o.outputs] == standalone(prompt, params), (rid, prompt, params)

@@ -33,7 +33,7 @@ def synthetic() -> list[RequestRecord]:
 def test_summary_counts_tokens_and_throughputs_over_completed_requests():
     s = summarize(synthetic())
     assert (s["completed"], s["failed"], s["cancelled"], s["requests"]) == (3, 1, 1, 5)
-    assert s["duration_s"] == pytest.approx(2.2)  # first sent (0.0) to the last completed token (2.2)
+    assert s["duration"] == pytest.approx(2.2)  # first sent (0.0) to the last completed token (2.2)
     assert (s["total_input_tokens"], s["total_output_tokens"]) == (60, 10)
     assert s["request_throughput"] == pytest.approx(3 / 2.2)
     assert s["output_throughput"] == pytest.approx(10 / 2.2)
@@ -44,15 +44,22 @@ def test_summary_counts_tokens_and_throughputs_over_completed_requests():
 def test_latency_distributions_have_exact_mean_median_std_and_percentiles():
     s = summarize(synthetic(), percentiles=(50, 90, 99.9))
     ttft = [100, 300, 200]
-    assert s["ttft"] == pytest.approx({"mean": 200, "median": 200, "std": np.std(ttft), "p50": 200,
-                                       "p90": 280, "p99_9": 299.8})
-    assert s["tpot"] == pytest.approx({"mean": 150, "median": 150, "std": 50, "p50": 150, "p90": 190,
-                                       "p99_9": 199.9})
+    def stats(name: str) -> dict:  # benchmark_serving's flat keys: mean_ttft_ms, p99.9_ttft_ms, ...
+        return {k: s[f"{k}_{name}_ms"] for k in ("mean", "median", "std", "p50", "p90", "p99.9")}
+
+    assert stats("ttft") == pytest.approx({"mean": 200, "median": 200, "std": np.std(ttft), "p50": 200,
+                                           "p90": 280, "p99.9": 299.8})
+    assert stats("tpot") == pytest.approx({"mean": 150, "median": 150, "std": 50, "p50": 150, "p90": 190,
+                                           "p99.9": 199.9})
     itl = [100] * 4 + [200] * 3  # every gap of every completed request, the one-token request adds none
-    assert s["itl"]["mean"] == pytest.approx(np.mean(itl)) and s["itl"]["median"] == pytest.approx(100)
-    assert s["itl"]["std"] == pytest.approx(np.std(itl)) and s["itl"]["p90"] == pytest.approx(200)
-    assert s["e2el"]["mean"] == pytest.approx(1600 / 3) and s["e2el"]["median"] == pytest.approx(500)
-    assert s["nl"]["mean"] == pytest.approx((100 + 225 + 200) / 3)
+    assert s["mean_itl_ms"] == pytest.approx(np.mean(itl)) and s["median_itl_ms"] == pytest.approx(100)
+    assert s["std_itl_ms"] == pytest.approx(np.std(itl)) and s["p90_itl_ms"] == pytest.approx(200)
+    assert s["mean_e2el_ms"] == pytest.approx(1600 / 3) and s["median_e2el_ms"] == pytest.approx(500)
+    assert s["mean_nl_ms"] == pytest.approx((100 + 225 + 200) / 3)
+    # per request, in trace order (seconds, as benchmark_serving writes them)
+    assert s["input_lens"] == [10, 20, 30, 40, 50] and s["output_lens"] == [5, 4, 1, 0, 0]
+    assert s["ttfts"][:3] == pytest.approx([0.1, 0.3, 0.2]) and s["ttfts"][3] is None
+    assert s["itls"][1] == [0.2, 0.2, 0.2] and s["errors"] == [""] * 5
 
 
 def test_goodput_counts_requests_meeting_every_target():
@@ -66,8 +73,8 @@ def test_goodput_counts_requests_meeting_every_target():
 
 def test_a_replay_without_a_completed_request_reports_none_not_zero():
     s = summarize([rec(0, 0.0, None, None, 0, 5, [], status="error")], percentiles=(90,))
-    assert s["completed"] == 0 and s["request_throughput"] is None and s["duration_s"] is None
-    assert s["ttft"] == {"mean": None, "median": None, "std": None, "p90": None}
+    assert s["completed"] == 0 and s["request_throughput"] is None and s["duration"] is None
+    assert [s[f"{k}_ttft_ms"] for k in ("mean", "median", "std", "p90")] == [None] * 4
     assert "-" in replay.format_summary(s)
 
 
@@ -196,9 +203,9 @@ def test_time_limit_cancels_a_stream_that_the_server_holds(scripted):
     held, waits, late = asyncio.run(replay.replay(url, trace, "m", 100, time_limit=0.3, max_concurrency=1))
     assert held.status == "cancelled" and held.sent is not None and held.tokens == 1
     assert waits.status == "cancelled" and waits.sent is None
-    assert late.status == "cancelled" and late.sent is None
+    assert late.status == "not_sent" and late.sent is None  # apart from the cancelled ones
     s = summarize([held, waits, late])
-    assert s["cancelled"] == 3 and s["completed"] == 0
+    assert s["cancelled"] == 2 and s["not_sent"] == 1 and s["completed"] == 0
 
 
 # ------------------------------------------------------------------------------------------------ a live server
@@ -246,7 +253,15 @@ def test_sharegpt_text_end_to_end_with_max_concurrency_and_a_json_result(opt_ser
     assert summary["request_goodput"] == summary["request_throughput"]  # a target every request meets
     saved = json.loads(result.read_text())
     assert saved["completed"] == 6 and saved["max_concurrency"] == 2 and saved["rate"] == "inf"
-    assert set(saved["itl"]) == {"mean", "median", "std", "p50", "p90"} and saved["itl"]["p90"] >= saved["itl"]["p50"]
+    assert saved["model_id"] == saved["model"] == OPT_STDLIB and saved["num_prompts"] == 6
+    # read with the field names of vLLM's benchmark_serving (vllm/benchmarks/serve.py's result JSON)
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        assert {f"mean_{metric}_ms", f"median_{metric}_ms", f"std_{metric}_ms", f"p50_{metric}_ms",
+                f"p90_{metric}_ms"} <= set(saved)
+    assert saved["p90_itl_ms"] >= saved["p50_itl_ms"] and saved["duration"] > 0
+    assert saved["input_lens"] == list(df["prompt_len"]) and saved["output_lens"] == list(df["tokens"])
+    assert len(saved["ttfts"]) == len(saved["itls"]) == len(saved["errors"]) == 6
+    assert [len(gaps) for gaps in saved["itls"]] == [t - 1 for t in df["tokens"]]
     assert (df["max_itl"].notna() == (df["tokens"] > 1)).all()  # one gap per token after the first
 
 
@@ -327,3 +342,19 @@ def test_replay_module_imports_no_research_code():
     code = "import sys, pagedattn.replay; print(sorted(m for m in sys.modules if m.startswith('pagedattn.repro')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_chat_replay_leaves_out_prompts_longer_than_the_models_context(opt_server, tmp_path):
+    """ShareGPT text without a character cap: the prompts that the server's /tokenize (after its chat template)
+    finds longer than max_model_len (512) with their output are left out before sending, as benchmark_serving keeps
+    only requests that fit, so none fails."""
+    url, async_engine, tokenizer = opt_server
+    out = tmp_path / "chat.csv"
+    summary = cli.main(["--url", url, "--endpoint", "chat", "--prompts", "sharegpt", "--num-requests", "30",
+                        "--rate", "inf", "--scale", "16", "--max-tokens", "4", "--out", str(out)])
+    import pandas as pd
+
+    df = pd.read_csv(out)
+    assert summary["failed"] == 0 and summary["too_long"] >= 1
+    assert summary["completed"] + summary["too_long"] == 30 == len(df) + summary["too_long"]
+    assert (df["prompt_len"] + df["tokens"] <= 512).all()

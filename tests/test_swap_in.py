@@ -43,8 +43,9 @@ def swap_out_grown(kv: BlockManager, g, lengths: list[int]) -> None:
 def test_swap_in_is_refused_only_when_it_really_cannot_fit(caching, n, num_gpu_blocks, num_tokens):
     """Our counterpart of vLLM's ``test_swap_in_infeasible``: blocks of 8; a group swapped out with ``num_tokens``
     tokens per sample comes back into an empty pool iff its tokens plus each sample's next token fit (the samples
-    share their full blocks; each writes its own tail). Otherwise it is refused for good, with an error naming the
-    limit, and its blocks are freed."""
+    share their full blocks; each writes its own tail). Otherwise a single sequence is refused for good, with an
+    error naming the limit, and its blocks are freed; parallel samples are split and recomputed one by one
+    (``Scheduler._split_samples``), refused only when one sample alone cannot fit."""
     bs = 8
     kv = block_manager(block_size=bs, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=4, watermark=0.0,
                        enable_prefix_caching=caching)
@@ -52,10 +53,20 @@ def test_swap_in_is_refused_only_when_it_really_cannot_fit(caching, n, num_gpu_b
     swap_out_grown(kv, g, [0] * n)
     need = num_tokens // bs + n * -(-(num_tokens % bs + 1) // bs)  # shared full blocks + each sample's own tail
     s = scheduler(kv, preemption_mode="swap")
+    s.split_samples = True  # as the engine's
     s.swapped.append(g)
     out = s.schedule()
+    one = -(-(num_tokens + 1) // bs)  # one sample alone: its tokens and the last one sampled
     if need <= num_gpu_blocks:
         assert out.decode_groups == [g] and not out.ignored
+    elif n > 1:
+        assert s.num_preemptions == {"recompute": 1, "swap": 0} and out.preempted == [g]
+        if one <= num_gpu_blocks:  # the first sample is recomputed at once, the other waits
+            assert not out.ignored and [c.parent for c in out.prefill_groups + list(s.waiting)] == [g] * n
+            assert out.prefill_groups[0].seqs == [g.seqs[0]] and kv.pool_counts().cpu_free == 4
+        else:
+            assert out.ignored == [g] and f"num_gpu_blocks={num_gpu_blocks}" in g.error and not s.waiting
+            assert not kv.seq_ids()
     else:
         assert out.ignored == [g] and f"num_gpu_blocks={num_gpu_blocks}" in g.error
         assert f"grew to {-(-num_tokens // bs)} distinct blocks" in g.error  # the samples' shared blocks once
@@ -98,12 +109,19 @@ def test_swapped_group_that_fits_the_empty_pool_always_comes_back(bs, num_gpu_bl
     unbounded.append_slots(twin)
     fits = unbounded.num_used_gpu_blocks <= num_gpu_blocks - kv.watermark_blocks
     s = scheduler(kv, preemption_mode="swap")
+    s.split_samples = True  # as the engine's
     s.swapped.append(g)
     out = s.schedule()  # runs the swap-in and the next token's append_slots, or refuses
     if fits:
         assert out.decode_groups == [g] and kv.num_used_gpu_blocks == unbounded.num_used_gpu_blocks
-    else:
+    elif len(lengths) > 1 and not out.ignored:  # parallel samples split, each to be recomputed alone
+        assert [c.parent for c in out.prefill_groups + list(s.waiting)] == [g] * len(lengths)
+        assert kv.pool_counts().cpu_free == 64 and s.num_preemptions["recompute"] == 1
+    elif len(lengths) == 1:
         assert out.ignored == [g] and f"num_gpu_blocks={num_gpu_blocks}" in g.error and not kv.seq_ids()
+    else:  # samples refused because one alone can never fit (the watermark's blocks are never given)
+        assert out.ignored == [g] and not kv.seq_ids() and not s.waiting and not out.prefill_groups
+        assert max(-(-q.get_len() // bs) for q in g.seqs) > num_gpu_blocks - kv.watermark_blocks, g.error
     assert not s.swapped
     kv.check_invariants()
 

@@ -7,8 +7,10 @@ exactly one thread ever touches the engine and the event loop stays free to acce
 a step computes. The loop sleeps when no request is in flight.
 
 Each request's outputs reach its consumer through a ``_Stream`` that keeps only the latest ``RequestOutput`` (outputs
-are cumulative, so a slow consumer skips intermediate ones and memory stays bounded). A consumer that stops early (a
-client that disconnected) has its request aborted, which frees its blocks before the next step.
+are cumulative, so a slow consumer skips intermediate ones and memory stays bounded); the last one, with every
+sequence finished, always reaches it. The prompts of one HTTP request are counted against ``max_queued`` before any
+work, added in chunks between steps, and released together: a consumer that stops early (a client that disconnected)
+has every prompt aborted, the ones not yet added included, which frees their blocks before the next step.
 
 Text is tokenized (``tokenize``, ``run_tokenizer``) on a second worker thread, never the engine's: a long prompt
 costs its own request time, while the steps of the requests in flight go on. Requests reach the engine as token ids.
@@ -39,13 +41,14 @@ class EngineOverloaded(Exception):
 
 
 class _Stream:
-    """The latest output of one request and an event set when a newer one (or the end) arrives."""
+    """The latest output of one request. ``event`` is set when a newer one (or the end) arrives; the prompts of one
+    HTTP request share it, so that one consumer waits for all of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, event: asyncio.Event) -> None:
         self.latest: RequestOutput | None = None
         self.error: str | None = None  # set when the engine failed; the request ends
         self.done = False
-        self.event = asyncio.Event()
+        self.event = event
 
     def put(self, output: RequestOutput) -> None:
         self.latest = output
@@ -57,21 +60,28 @@ class _Stream:
         self.event.set()
 
 
-class AsyncEngine:
-    """Serve an ``LLMEngine`` from asyncio: ``generate`` adds a request and yields its outputs as steps produce them.
+#: prompts of one request added per call on the engine's thread: steps run and a disconnect stops the rest in between
+ADD_CHUNK = 256
 
-    ``max_queued`` bounds the requests admitted but not yet given a first token (waiting in the scheduler's queue or
-    about to be added); beyond it ``generate`` raises ``EngineOverloaded`` instead of queueing without limit.
-    Call ``start()`` inside the running event loop and ``await stop()`` at shutdown."""
+
+class AsyncEngine:
+    """Serve an ``LLMEngine`` from asyncio. A request of several prompts is ``reserve``d (counted against
+    ``max_queued`` before any work), ``add``ed, and read with ``outputs``, which releases it at the end; ``generate``
+    does all three for one prompt.
+
+    ``max_queued`` bounds the requests (prompts) admitted but not yet given a first token (reserved, waiting in the
+    scheduler's queue or about to be added); beyond it ``reserve`` raises ``EngineOverloaded`` instead of queueing
+    without limit. Call ``start()`` inside the running event loop and ``await stop()`` at shutdown."""
 
     def __init__(self, engine: LLMEngine, max_queued: int = 1000, observer: OutputObserver | None = None) -> None:
         self.engine = engine
         self.max_queued = max_queued
         self.observer = observer
+        self.num_added = 0  # requests given to the engine since the start
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._tokenizer_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
         self._streams: dict[str, _Stream] = {}
-        self._queued: set[str] = set()  # admitted, no output yet
+        self._queued: set[str] = set()  # reserved, no output yet
         self._aborts: set[str] = set()  # to abort on the worker before the next step
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -119,54 +129,94 @@ class AsyncEngine:
     def num_queued(self) -> int:
         return len(self._queued)
 
-    async def generate(self, request_id: str, prompt, params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Add the request and yield its outputs (cumulative: each holds every token so far) until it finishes.
-        Raises ``ValueError`` (naming the limit) for a request the engine refuses, ``EngineOverloaded`` when
-        ``max_queued`` requests already wait. Closing the iterator early aborts the request and frees its blocks."""
-        if len(self._queued) >= self.max_queued:
-            raise EngineOverloaded(f"{len(self._queued)} requests are waiting for their first token "
-                                   f"(max_queued={self.max_queued}); retry later")
-        if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        stream = self._streams[request_id] = _Stream()
-        self._queued.add(request_id)
-        try:
-            await self._call(self.engine.add_request, request_id, prompt, params)
-        except ValueError:  # refused: never reached the engine
-            self._forget(request_id)
-            raise
-        except BaseException:  # cancelled while the worker adds it: take it out again
-            self._forget(request_id)
-            self.abort(request_id)
-            raise
+    def reserve(self, request_ids: list[str]) -> None:
+        """Count ``request_ids`` (the prompts of one HTTP request) against ``max_queued`` up front, before any
+        tokenizing or adding: ``EngineOverloaded`` when they do not all fit, ``ValueError`` for an id in use. The
+        caller must ``release`` them (``outputs`` does) however the request ends."""
+        if len(self._queued) + len(request_ids) > self.max_queued:
+            raise EngineOverloaded(f"{len(self._queued)} requests are waiting for their first token and this one "
+                                   f"adds {len(request_ids)} (max_queued={self.max_queued}); retry later")
+        used = next((r for r in request_ids if r in self._streams), None)
+        if used is not None:
+            raise ValueError(f"request id {used!r} is already in use")
+        event = asyncio.Event()
+        for rid in request_ids:
+            self._streams[rid] = _Stream(event)
+        self._queued.update(request_ids)
+
+    async def add(self, request_ids: list[str], prompts: list, params: list[SamplingParams]) -> None:
+        """Give reserved requests to the engine, ``ADD_CHUNK`` per call on its thread, so that steps run between
+        chunks. Raises the engine's ``ValueError`` (naming the limit) for a prompt it refuses. Cancelled (the client
+        went away), it adds no more; ``release`` aborts the ones added."""
         assert self._wake is not None  # (made when the loop starts)
-        self._wake.set()
+        for start in range(0, len(request_ids), ADD_CHUNK):
+            end = start + ADD_CHUNK
+            await self._call(self._add_chunk, request_ids[start:end], prompts[start:end], params[start:end])
+            self._wake.set()
+
+    def _add_chunk(self, request_ids: list[str], prompts: list, params: list[SamplingParams]) -> None:
+        for rid, prompt, p in zip(request_ids, prompts, params):
+            self.engine.add_request(rid, prompt, p)
+            self.num_added += 1
+
+    async def outputs(self, request_ids: list[str]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """``(index in request_ids, output)`` for each new output of the requests (cumulative: each holds every
+        token so far; a slow consumer skips intermediate ones), every request's final output included, until all
+        are finished. An engine failure is raised as ``RuntimeError``. However it ends (closed early: the client
+        disconnected), the requests are released: the unfinished ones are aborted and their blocks freed."""
+        streams = [self._streams[r] for r in request_ids]
+        event = streams[0].event if streams else asyncio.Event()
+        sent: list[RequestOutput | None] = [None] * len(streams)
         try:
-            while True:
-                await stream.event.wait()
-                stream.event.clear()
-                if stream.error is not None:
-                    raise RuntimeError(stream.error)
-                if stream.latest is not None:
-                    yield stream.latest
-                if stream.done:
+            while streams:
+                await event.wait()
+                event.clear()
+                # read each stream's output and end together: one that finishes while we yield is read next round
+                now = [(s.latest, s.done, s.error) for s in streams]
+                for i, (latest, _, error) in enumerate(now):
+                    if error is not None:
+                        raise RuntimeError(error)
+                    if latest is not None and latest is not sent[i]:
+                        sent[i] = latest
+                        yield i, latest
+                if all(done for _, done, _ in now):
                     return
         finally:
-            if not stream.done:  # the consumer left early (client disconnected): free its blocks
-                self.abort(request_id)
-            self._forget(request_id)
+            self.release(request_ids)
+
+    async def generate(self, request_id: str, prompt, params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """One prompt: reserve, add, and yield its outputs until it finishes (its final output last). Raises
+        ``ValueError`` (naming the limit) for a request the engine refuses, ``EngineOverloaded`` when ``max_queued``
+        requests already wait. Closing the iterator early aborts the request and frees its blocks."""
+        self.reserve([request_id])
+        try:
+            await self.add([request_id], [prompt], [params])
+        except BaseException:  # refused, or cancelled while the worker adds it: take it out again
+            self.release([request_id])
+            raise
+        async for _, out in self.outputs([request_id]):
+            yield out
+
+    def release(self, request_ids: list[str]) -> None:
+        """Forget reserved requests; the unfinished ones are aborted at the next step (blocks freed on the worker).
+        Aborting a request that never reached the engine is harmless."""
+        for rid in request_ids:
+            stream = self._streams.pop(rid, None)
+            if stream is None:
+                continue
+            if not stream.done:
+                self._aborts.add(rid)
+            self._queued.discard(rid)
+            if self.observer is not None:
+                self.observer.forget(rid)
+        if self._aborts and self._wake is not None:
+            self._wake.set()
 
     def abort(self, request_id: str) -> None:
         """Abort a request at the next step (its blocks are freed on the worker thread)."""
         self._aborts.add(request_id)
         if self._wake is not None:
             self._wake.set()
-
-    def _forget(self, request_id: str) -> None:
-        self._streams.pop(request_id, None)
-        self._queued.discard(request_id)
-        if self.observer is not None:
-            self.observer.forget(request_id)
 
     # ---------------------------------------------------------------------------------------- engine loop
     def _step(self, aborts: list[str]) -> tuple[list[RequestOutput], bool]:
@@ -196,9 +246,10 @@ class AsyncEngine:
                 continue
             for o in outputs:
                 stream = self._streams.get(o.request_id)
+                if stream is None:  # released (its client went away): its abort is on its way
+                    continue
                 self._queued.discard(o.request_id)
-                if stream is not None:
-                    stream.put(o)
+                stream.put(o)
                 if self.observer is not None:
                     self.observer.observe(o)
             await asyncio.sleep(0)  # let handlers stream and new requests arrive between steps

@@ -200,6 +200,7 @@ class LLMEngine:
         self.scheduler = Scheduler(SchedulerConfig(args.max_num_seqs, max_tokens, self.max_model_len,
                                                    args.preemption_mode), self.kv,
                                    static_batching=is_static(args.kv_manager))
+        self.scheduler.split_samples = True  # samples that cannot be swapped are recomputed one by one
         self.backend = kernels.get_backend(args.attention_backend)
         self.runner = ModelRunner(self.model, self.kv, self.backend, self.device, self.dtype)
         if use_cuda_graphs(self.device, self.backend, args.enforce_eager):  # captured at start-up, as vLLM does
@@ -282,9 +283,9 @@ class LLMEngine:
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Stop requests wherever they are (waiting, running or swapped) and free their blocks."""
-        for rid in [request_id] if isinstance(request_id, str) else list(request_id):
-            if self.scheduler.abort(rid) is not None:
-                self._forget(rid)
+        ids = {request_id} if isinstance(request_id, str) else set(request_id)
+        for g in self.scheduler.abort_many(ids):
+            self._forget(g.request_id)
 
     abort = abort_request
 
@@ -309,7 +310,8 @@ class LLMEngine:
             outputs.append(self.processor.output(g))
             self._forget(g.request_id)
         for g in finished:
-            self._forget(g.request_id)
+            if g.root.is_finished():  # (a sample split off a request: when its last sample is done)
+                self._forget(g.request_id)
         return outputs + self.processor.outputs(plan.scheduled_groups, finished_only)
 
     def step_metrics_frame(self):
@@ -331,11 +333,12 @@ class LLMEngine:
         s = self.scheduler
         self.kv.check_invariants()
         queued = [(g, q) for q in ("waiting", "running", "swapped") for g in getattr(s, q)]
-        ids = [g.request_id for g, _ in queued]
+        roots = {id(g.root): g.root for g, _ in queued}  # a request split into samples is queued once per sample
+        ids = [g.request_id for g in roots.values()]
         assert len(ids) == len(set(ids)) and set(ids) == set(self.requests), "requests and scheduler queues disagree"
         assert s.num_running_seqs() <= self.args.max_num_seqs, "more running sequences than max_num_seqs"
         for g, status in queued:
-            assert self.requests[g.request_id] is g and not g.is_finished(), f"{g} is finished but queued"
+            assert self.requests[g.request_id] is g.root and not g.is_finished(), f"{g} is finished but queued"
             for q in g.seqs:
                 where = self.kv.location(q.seq_id)
                 if q.is_finished():

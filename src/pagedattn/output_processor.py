@@ -33,10 +33,13 @@ class OutputProcessor:
                 self.detokenizer.forget(s.seq_id)
 
     def outputs(self, groups: list[SequenceGroup], finished_only: bool = False) -> list[RequestOutput]:
-        """The outputs of a step's scheduled ``groups`` (``finished_only``: of those that finished)."""
-        return [self.output(g) for g in groups if not finished_only or g.is_finished()]
+        """The outputs of a step's scheduled ``groups`` (``finished_only``: of those that finished); samples split
+        off one request (``SequenceGroup.root``) give one output, the request's."""
+        roots = {id(g.root): g.root for g in groups}
+        return [self.output(g) for g in roots.values() if not finished_only or g.is_finished()]
 
     def output(self, g: SequenceGroup) -> RequestOutput:
+        g = g.root
         if beam_search.is_beam_group(g):  # the best beams, best first
             return RequestOutput(g.request_id, g.prompt, g.prompt_token_ids, beam_search.outputs(g, self.tokenizer),
                                  g.is_finished(), g.metrics, g.error)

@@ -80,7 +80,9 @@ class RequestRecord:
     first_token: float | None = None
     last_token: float | None = None
     tokens: int = 0
-    status: str = "cancelled"  # "ok" | "error" | "cancelled" (never finished: still in flight at the time limit)
+    # "ok" | "error" | "cancelled" (due before the time limit, unfinished at it: in flight or waiting for a slot) |
+    # "not_sent" (due after the time limit)
+    status: str = "not_sent"
     error: str | None = None
     itl: list[float] = field(default_factory=list)  # the gaps between streamed chunks that carried tokens
 
@@ -221,7 +223,8 @@ async def replay(url: str, trace: Sequence[TraceLike], model: str, vocab_size: i
     """Send ``trace``'s requests at their arrival times (seconds from now) to ``url``; return one record each.
     A request without a ``prompt`` gets random token ids (request ``i``: seed ``seed * 1_000_003 + i``). With
     ``max_concurrency``, a request due while that many are in flight waits for one to finish. Requests due after
-    ``time_limit`` are not sent; those still in flight (or waiting for a slot) at ``time_limit`` are cancelled."""
+    ``time_limit`` are not sent (status ``not_sent``); those still in flight (or waiting for a slot) at ``time_limit``
+    are cancelled (``cancelled``)."""
     import httpx
 
     if endpoint not in ENDPOINTS:
@@ -248,6 +251,7 @@ async def replay(url: str, trace: Sequence[TraceLike], model: str, vocab_size: i
             if time_limit is not None and r.arrival_time >= time_limit:
                 break
             await asyncio.sleep(max(0.0, r.arrival_time - (time.perf_counter() - t0)))
+            rec.status = "cancelled"  # until it finishes
             tasks.append(asyncio.create_task(one(client, rec, body, t0)))
         if tasks:
             left = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - t0))
@@ -287,7 +291,8 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
 
 
 def _pct_key(p: float) -> str:
-    return f"p{p:g}".replace(".", "_")
+    """``benchmark_serving``'s name of a percentile: ``p99``, ``p99.9``."""
+    return f"p{int(p) if int(p) == p else p}"
 
 
 def distribution(values_s: Sequence[float], percentiles: Sequence[float]) -> dict[str, float | None]:
@@ -310,11 +315,16 @@ def meets_slo(rec: RequestRecord, slo: dict[str, float]) -> bool:
 
 def summarize(records: Sequence[RequestRecord], percentiles: Sequence[float] = (99,),
               slo: dict[str, float] | None = None) -> dict:
-    """``benchmark_serving``'s result over the completed requests. The duration runs from the first request sent to
-    the last token of a completed one. Per metric (``METRICS``) a ``distribution`` in ms (``nl``: ms per output
-    token): TTFT, TPOT (requests of two tokens or more), ITL (every gap between token-carrying chunks of every
-    completed request), E2EL and the paper's normalised latency. Goodput (req/s) counts completed requests meeting
-    every ``slo`` target (None without targets)."""
+    """``benchmark_serving``'s result, in the layout of its JSON (``vllm/benchmarks/serve.py``, ``--save-result``):
+    flat keys. Over the completed requests: ``duration`` (s, from the first request sent to the last token of a
+    completed one), ``completed``, ``total_input_tokens``, ``total_output_tokens``, ``request_throughput``,
+    ``output_throughput``, ``total_token_throughput``, ``request_goodput`` (req/s of completed requests meeting
+    every ``slo`` target; None without targets), and per metric of ``METRICS`` ``mean_X_ms``, ``median_X_ms``,
+    ``std_X_ms`` and ``pP_X_ms`` (TTFT; TPOT of requests of two tokens or more; ITL, every gap between
+    token-carrying chunks; E2EL; and the paper's normalised latency ``nl``, ms per output token, §6.1). Per request,
+    in trace order: ``input_lens``, ``output_lens`` (0 unless completed), ``ttfts``, ``itls``, ``latencies`` (s;
+    None unless they happened), ``start_times`` (s from the start), ``errors`` (``""`` for none). Beside vLLM's
+    ``failed``: ``cancelled`` (due before the time limit, unfinished at it) and ``not_sent`` (due after it)."""
     ok = [r for r in records if r.status == "ok"]
     sent = [r.sent for r in records if r.sent is not None]
     end = max((r.last_token for r in ok if r.last_token is not None), default=None)
@@ -324,16 +334,20 @@ def summarize(records: Sequence[RequestRecord], percentiles: Sequence[float] = (
     values = {"ttft": [r.ttft for r in ok if r.ttft is not None], "tpot": [r.tpot for r in ok if r.tpot is not None],
               "itl": [g for r in ok for g in r.itl], "e2el": [r.latency for r in ok if r.latency is not None],
               "nl": [r.normalized_latency for r in ok if r.normalized_latency is not None]}
-    out = {"completed": len(ok), "failed": sum(r.status == "error" for r in records),
-           "cancelled": sum(r.status == "cancelled" for r in records), "requests": len(records),
-           "duration_s": duration, "total_input_tokens": total_in, "total_output_tokens": total_out,
-           "request_throughput": rate(len(ok)), "output_throughput": rate(total_out),
-           "total_token_throughput": rate(total_in + total_out),
-           "slo_ms": dict(slo or {}),
-           "request_goodput": rate(sum(meets_slo(r, slo) for r in ok)) if slo else None,
-           "percentiles": list(percentiles)}
+    count = lambda status: sum(r.status == status for r in records)  # noqa: E731
+    out = {"duration": duration, "completed": len(ok), "failed": count("error"), "cancelled": count("cancelled"),
+           "not_sent": count("not_sent"), "requests": len(records),
+           "total_input_tokens": total_in, "total_output_tokens": total_out,
+           "request_throughput": rate(len(ok)), "request_goodput": rate(sum(meets_slo(r, slo) for r in ok)) if slo
+           else None, "output_throughput": rate(total_out), "total_token_throughput": rate(total_in + total_out),
+           "slo_ms": dict(slo or {}), "percentiles": list(percentiles)}
     for name in METRICS:
-        out[name] = distribution(values[name], percentiles)
+        out.update({f"{k}_{name}_ms": v for k, v in distribution(values[name], percentiles).items()})
+    out.update({"input_lens": [r.prompt_len for r in records],
+                "output_lens": [r.tokens if r.status == "ok" else 0 for r in records],
+                "ttfts": [r.ttft for r in records], "itls": [list(r.itl) for r in records],
+                "latencies": [r.latency for r in records], "start_times": [r.sent for r in records],
+                "errors": [r.error or "" for r in records]})
     return out
 
 
@@ -345,8 +359,8 @@ def format_summary(s: dict) -> str:
     titles = {"ttft": "Time to first token", "tpot": "Time per output token (excl. 1st)", "itl": "Inter-token latency",
               "e2el": "End-to-end latency", "nl": "Normalised latency (§6.1, ms per output token)"}
     lines = [f"{'Successful requests:':<40}{s['completed']} (failed {s['failed']}, cancelled {s['cancelled']}, "
-             f"of {s['requests']})",
-             f"{'Duration (s):':<40}{num(s['duration_s'])}",
+             f"not sent {s['not_sent']}, of {s['requests']})",
+             f"{'Benchmark duration (s):':<40}{num(s['duration'])}",
              f"{'Total input tokens:':<40}{s['total_input_tokens']}",
              f"{'Total generated tokens:':<40}{s['total_output_tokens']}",
              f"{'Request throughput (req/s):':<40}{num(s['request_throughput'])}",
@@ -357,8 +371,28 @@ def format_summary(s: dict) -> str:
         lines.append(f"{'Request goodput (req/s):':<40}{num(s['request_goodput'])} (SLO: {targets})")
     for name in METRICS:
         lines.append(f"--- {titles[name]} ---")
-        lines += [f"{k.capitalize().replace('_', '.')} (ms):".ljust(40) + num(v) for k, v in s[name].items()]
+        for k in ["mean", "median", "std", *map(_pct_key, s["percentiles"])]:
+            lines.append(f"{k.capitalize()} (ms):".ljust(40) + num(s[f"{k}_{name}_ms"]))
     return "\n".join(lines)
+
+
+async def fit_context(url: str, requests: Sequence[TraceLike], endpoint: str, max_model_len: int) -> list:
+    """The requests whose prompt, counted by the server's ``/tokenize`` (after its chat template for ``chat``), and
+    output fit in ``max_model_len``, as ``benchmark_serving`` keeps only requests that fit its model: a text prompt's
+    length on the client's tokenizer is not the server's. Token-id prompts are counted as they are."""
+    import httpx
+
+    async def fits(client, r) -> bool:
+        prompt = getattr(r, "prompt", None)
+        if not isinstance(prompt, str):
+            return r.prompt_len + r.output_len <= max_model_len
+        body = {"messages": [{"role": "user", "content": prompt}]} if endpoint == "chat" else {"prompt": prompt}
+        resp = await client.post("/tokenize", json=body)
+        return resp.status_code == 200 and resp.json()["count"] + r.output_len <= max_model_len
+
+    async with httpx.AsyncClient(base_url=base_url(url), timeout=60) as client:
+        keep = [await fits(client, r) for r in requests]
+    return [r for r, k in zip(requests, keep) if k]
 
 
 # ------------------------------------------------------------------------------------------------ command line
@@ -416,7 +450,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="goodput targets in ms, such as ttft:500 tpot:50 e2el:2000 (vLLM's --goodput)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the per-request CSV here")
-    p.add_argument("--result-file", default=None, help="write the JSON result (summary and settings) here")
+    p.add_argument("--result-file", "--json", default=None,
+                   help="write the JSON result (benchmark_serving's layout, and the settings) here")
 
 
 def check_arguments(p: argparse.ArgumentParser, a: argparse.Namespace) -> argparse.Namespace:
@@ -443,24 +478,29 @@ def run(a: argparse.Namespace, requests: Sequence[TraceLike], described: str) ->
     """Replay ``requests`` with ``add_arguments``' options ``a``; print the summary (``described`` says what was
     sent), write the CSV (``--out``) and the JSON result (``--result-file``: the summary and every option); return
     the summary."""
-    card = asyncio.run(fetch_model_card(a.url)) if a.model is None or a.vocab_size is None else {}
+    card = asyncio.run(fetch_model_card(a.url))
     model = a.model or card["id"]
     vocab = a.vocab_size or card.get("vocab_size") or 512
+    asked = len(requests)
+    if card.get("max_model_len") and any(isinstance(getattr(r, "prompt", None), str) for r in requests):
+        requests = asyncio.run(fit_context(a.url, requests, a.endpoint, card["max_model_len"]))
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     records = asyncio.run(replay(a.url, requests, model, vocab, a.ignore_eos, a.time_limit, a.seed,
                                  endpoint=a.endpoint, max_concurrency=a.max_concurrency))
-    summary = summarize(records, a.percentiles, a.slo)
+    summary = {**summarize(records, a.percentiles, a.slo), "too_long": asked - len(requests)}
     print(f"{described}, burstiness {a.burstiness or '-'}, max concurrency {a.max_concurrency or '-'}, to "
-          f"{base_url(a.url)}{ENDPOINTS[a.endpoint]} ({model})")
+          f"{base_url(a.url)}{ENDPOINTS[a.endpoint]} ({model}); {summary['too_long']} left out as longer than the "
+          "model's context")
     print(format_summary(summary))
     if a.out:
         pd.DataFrame([r.row() for r in records]).to_csv(a.out, index=False)
         print(f"per-request CSV: {a.out}")
     if a.result_file:
-        settings = {k: v for k, v in vars(a).items() if k not in summary and k not in ("percentiles", "slo")}
+        settings = {k: v for k, v in vars(a).items() if k not in summary and k not in ("percentiles", "slo", "model")}
         settings = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in settings.items()}
         with open(a.result_file, "w") as f:  # JSON has no infinity: a rate of inf is written "inf"
-            json.dump({"date": started, "url": base_url(a.url), "model": model, **settings, **summary}, f, indent=1)
+            json.dump({"date": started, "url": base_url(a.url), "model": model, "model_id": model,
+                       "num_prompts": len(requests), **settings, **summary}, f, indent=1)
         print(f"JSON result: {a.result_file}")
     return summary
 

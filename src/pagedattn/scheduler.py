@@ -100,6 +100,9 @@ class Scheduler:
         self.num_preemptions = {"recompute": 0, "swap": 0}
         self.pending_copies: BlockCopies = []  # decided between steps (beam search forks), run with the next step
         self._now = 0.0  # the start of the step being planned (a refused request's finish time)
+        # parallel samples that cannot be swapped are split and recomputed one by one (``_split_samples``), as the
+        # engine serves them; off: they are refused, as the simulator replays (its beams are plain sample groups)
+        self.split_samples = False
 
     # ----------------------------------------------------------------------------------------------- queues
     def add(self, group: SequenceGroup) -> None:
@@ -113,16 +116,27 @@ class Scheduler:
 
     def abort(self, request_id: str) -> SequenceGroup | None:
         """Remove a request wherever it is and free its blocks."""
+        found = self.abort_many({request_id})
+        return found[0] if found else None
+
+    def abort_many(self, request_ids: set[str]) -> list[SequenceGroup]:
+        """``abort`` for many requests in one pass over each queue (a client gone with 100,000 prompts queued would
+        take 100,000 passes one by one); returns the groups found."""
+        found = []
         for queue in (self.waiting, self.running, self.swapped):
-            for g in list(queue):
-                if g.request_id == request_id:
-                    queue.remove(g)
-                    for s in g.seqs:
-                        self.kv.free_seq(s)
-                        if not s.is_finished():
-                            s.finish("abort")
-                    return g
-        return None
+            gone = [g for g in queue if g.request_id in request_ids]
+            if not gone:
+                continue
+            kept = [g for g in queue if g.request_id not in request_ids]
+            queue.clear()
+            queue.extend(kept)
+            for g in gone:
+                for s in g.seqs:
+                    self.kv.free_seq(s)
+                    if not s.is_finished():
+                        s.finish("abort")
+            found += gone
+        return found
 
     def fork(self, parent, child) -> None:
         """Make ``child`` a copy of ``parent`` in the KV manager (a beam taking over a dead beam's sequence, §4.4);
@@ -228,7 +242,10 @@ class Scheduler:
         self.pending_copies = []
         while self.swapped and self.kv.swap_in_status(self.swapped[0]) is AllocStatus.NEVER:
             g = self.swapped.popleft()  # it could not come back even into an empty pool: refused now, not left waiting
-            self._refuse(g, self.kv.never_reason(g), out)
+            if self._can_split(g):  # ... unless its samples can be served one by one
+                self._split_samples(g, out)
+            else:
+                self._refuse(g, self.kv.never_reason(g), out)
         if not self.swapped and not (self.static_batching and self.running):
             self._schedule_prefills(out)
             if out.prefill_groups:
@@ -261,6 +278,8 @@ class Scheduler:
             for s in seqs:
                 s.num_computed_tokens = cached
             g.set_status("waiting", "running")
+            if g.metrics.first_scheduled_time is None:  # its queueing time ends (the server's metrics)
+                g.metrics.first_scheduled_time = self._now
             self.running.append(g)
             out.prefill_groups.append(g)
             num_tokens += tokens
@@ -311,7 +330,10 @@ class Scheduler:
         if mode == "recompute" and len(g.get_seqs("running")) > 1:
             mode = "swap"  # forked sequences would lose their sharing if recomputed separately
         if mode == "swap" and not self.kv.can_swap_out(g):
-            if len(g.get_seqs("running")) > 1:  # cannot be preempted: fail this request alone, free its blocks
+            if self._can_split(g):  # parallel samples: each is recomputed on its own
+                self._split_samples(g, out)
+                return
+            if len(g.get_seqs("running")) > 1:  # beams cannot be preempted: fail this request alone, free its blocks
                 self._refuse(g, f"request {g.request_id!r} had to be preempted, but its "
                                 f"{len(g.get_seqs('running'))} sequences share blocks and do not fit in the CPU swap "
                                 "space (raise num_cpu_blocks)", out)
@@ -330,8 +352,40 @@ class Scheduler:
             self.waiting.appendleft(g)
         out.preempted.append(g)
 
+    def _can_split(self, g: SequenceGroup) -> bool:
+        """Whether ``split_samples`` is on and a group is parallel samples (not beams, §4.4) of which more than one
+        is unfinished."""
+        return self.split_samples and g.beam_state is None and sum(not s.is_finished() for s in g.seqs) > 1
+
+    def _split_samples(self, g: SequenceGroup, out: SchedulerOutputs) -> None:
+        """Preempt a group of parallel samples by recomputation, where the paper's rule would swap it (§4.5) but
+        the CPU swap space cannot take it, or where it could never come back in whole: its blocks are freed and each
+        unfinished sample becomes a one-sequence group of its own (``parent``: ``g``), queued at the front, to be
+        recomputed from its prompt and its own tokens like any preempted single sequence; with prefix caching their
+        prompt blocks are shared again. From then on they are scheduled, and preempted, one by one (as vLLM 0.32
+        serves each sample), and the request's outputs still gather them (``SequenceGroup.root``)."""
+        self.num_preemptions["recompute"] += 1
+        g.metrics.samples_split = True
+        samples = []
+        for s in g.seqs:
+            self.kv.free_seq(s)
+            if s.is_finished():
+                continue
+            s.num_computed_tokens = 0
+            s.status = "waiting"
+            child = SequenceGroup(g.request_id, [s], g.sampling_params, g.metrics.arrival_time, g.prompt)
+            child.metrics, child.prefix_len, child.parent = g.metrics, g.prefix_len, g.root
+            samples.append(child)
+        self.waiting.extendleft(reversed(samples))
+        out.preempted.append(g)
+
     def _refuse(self, g: SequenceGroup, message: str, out: SchedulerOutputs) -> None:
-        """Fail one request that can never be served: free its blocks, finish its sequences with an error."""
+        """Fail one request that can never be served: free its blocks, finish its sequences with an error (a sample
+        split off a request fails the request, its other samples included)."""
+        if g.parent is not None:
+            self.abort_many({g.request_id})
+            out.prefill_groups = [x for x in out.prefill_groups if x.request_id != g.request_id]
+            g = g.parent
         g.error = message
         for s in g.seqs:
             self.kv.free_seq(s)

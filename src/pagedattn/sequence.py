@@ -5,6 +5,7 @@ No torch here: the simulated executor (``sim.py``) uses the same classes as the 
 """
 from __future__ import annotations
 
+import logging
 import math
 import operator
 from dataclasses import dataclass, field
@@ -59,6 +60,11 @@ def as_token_ids(prompt) -> list[int]:
 
 #: the most top log-probabilities a request may ask for per token (vLLM's default ``max_logprobs``)
 MAX_LOGPROBS = 20
+#: the smallest positive temperature (vLLM's ``_MAX_TEMP``): a smaller one is raised to it, with a warning, since
+#: logits divided by 1e-40 overflow to infinity and sampling returns token 0 every time
+MIN_TEMPERATURE = 1e-2
+
+log = logging.getLogger(__name__)
 
 
 def _in_range(name: str, value, low: float, high: float, low_open: bool = False) -> float:
@@ -118,6 +124,10 @@ class SamplingParams:
         self.length_penalty = _finite("length_penalty", self.length_penalty)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:  # vLLM's SamplingParams raises it too
+            log.warning("temperature %s is less than %s, which would overflow the logits; raised to %s",
+                        self.temperature, MIN_TEMPERATURE, MIN_TEMPERATURE)
+            self.temperature = MIN_TEMPERATURE
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         self.top_k = _integer("top_k", self.top_k, -1)
@@ -260,6 +270,10 @@ class RequestMetrics:
     arrival_time: float
     first_token_time: float | None = None
     finish_time: float | None = None
+    first_scheduled_time: float | None = None  # the start of its first prefill step (vLLM's scheduled_ts)
+    # its samples were split and recomputed one by one (``Scheduler._split_samples``): their seeded draws then differ
+    # from a run in which they stayed together (one generator serves the request's samples in turn)
+    samples_split: bool = False
 
     @property
     def latency(self) -> float | None:
@@ -283,6 +297,13 @@ class SequenceGroup:
         # requests only; typed loosely: beam search imports this module (and torch), not the other way
         self.beam_state: object | None = None
         self.prompt_token_ids: list[int] = seqs[0].prompt_token_ids  # copied once, for the request's outputs
+        # the request a sample was split off from (``Scheduler._split_samples``), which its outputs report
+        self.parent: SequenceGroup | None = None
+
+    @property
+    def root(self) -> SequenceGroup:
+        """The request's own group: ``parent`` for a sample split off from it, else this group."""
+        return self.parent or self
 
     @property
     def max_total_len(self) -> int:

@@ -11,10 +11,11 @@ has empty text). Request bodies are checked by ``openai_protocol``.
 Bad input gets a 4xx in OpenAI's shape, ``{"error": {"message", "type": "invalid_request_error", "param"}}``, naming
 the field or the limit: a body over ``--max-body-bytes`` gets a 413 before it is parsed, a prompt over
 ``--max-prompt-chars`` a 400 before it is tokenized, and text is tokenized off the engine's thread, so that no input
-stalls the streams in flight. More than ``--max-queued`` requests waiting for their first token get a 503. A client
-that disconnects has its request aborted and its KV blocks freed. A request the engine fails (it could not be
-preempted for want of CPU swap space, ``--swap-space``) gets an HTTP error or a streamed error event with the
-engine's message, never a 200. ``--kv-manager orca_max|orca_pow2|orca_oracle`` serves the same model under Orca's
+stalls the streams in flight. A request whose prompts would take more than ``--max-queued`` places among those
+waiting for their first token gets a 503 before any work. A client that disconnects has its request cancelled (the
+prompts not yet added included) and its KV blocks freed. A request the engine fails (a beam search that could not be
+preempted for want of CPU swap space, ``--swap-space``; parallel samples are then recomputed one by one) gets an
+HTTP error or a streamed error event with the engine's message, never a 200. ``--kv-manager orca_max|orca_pow2|orca_oracle`` serves the same model under Orca's
 contiguous reservation (§2.3, §6.1), so the paper's comparison runs on live servers.
 
 MODEL is a local checkpoint folder (``save_pretrained``) or ``tiny:opt``, the random-weight tiny OPT of the CPU-scale
@@ -43,6 +44,10 @@ from pagedattn.sequence import RequestOutput
 
 TINY_SPEC = "tiny:opt"
 KV_MANAGERS = ("paged", "orca_max", "orca_pow2", "orca_oracle")
+#: seconds an idle keep-alive connection stays open: longer than the clients' own idle limits (httpx 5 s, aiohttp
+#: 15 s), so that a client never sends a request on a connection the server is closing at that moment (the race
+#: that uvicorn's 5 s default, equal to httpx's, loses now and then: a ReadError on a request never received)
+KEEP_ALIVE_S = 20
 MAX_BODY_BYTES = 16 << 20  # a 2,048-token prompt is at most ~100 KB of JSON; vLLM users rarely send 1 MB
 GIB = 1 << 30
 
@@ -51,7 +56,7 @@ __all__ = ["build_app", "field_of", "load_engine", "serve_in_thread", "RequestEr
 
 def _error(e: Exception, status: int = 400, kind: str = "invalid_request_error",
            param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(str(e), param, kind), status_code=status)
+    return JSONResponse(error_body(str(e), param, kind, status), status_code=status)
 
 
 async def read_json(request: Request, limit: int):
@@ -140,23 +145,32 @@ class Choices:
         if self.req.logprobs is None or c.logprobs is None:
             return None
         ids, lps = c.token_ids[start:], c.logprobs[start:]
+        tokenizer = None if self.req.token_ids_as_text else self.tokenizer  # None: tokens as "token_id:N"
         if self.req.chat:
-            return chat_logprobs(self.tokenizer, ids, lps, self.req.logprobs)
-        return completion_logprobs(self.tokenizer, ids, lps, self.req.logprobs, text_offset)
+            return chat_logprobs(tokenizer, ids, lps, self.req.logprobs)
+        return completion_logprobs(tokenizer, ids, lps, self.req.logprobs, text_offset)
 
-    def _choice(self, index: int, c, text: str, start: int, first: bool, text_offset: int) -> dict:
+    def _choice(self, index: int, c, text: str, start: int, first: bool, text_offset: int,
+                prompt_ids: list[int]) -> dict:
         logprobs = self._logprobs(c, start, text_offset)
         if self.req.chat:
             delta = {"role": "assistant", "content": text} if first else {"content": text}
-            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason}
-        return {"index": index, "text": text, "token_ids": c.token_ids[start:], "logprobs": logprobs,
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                      "stop_reason": c.stop_reason}
+            if self.req.return_token_ids:
+                choice["token_ids"] = c.token_ids[start:]
+        else:
+            choice = {"index": index, "text": text, "token_ids": c.token_ids[start:], "logprobs": logprobs,
+                      "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        if self.req.return_token_ids and first:  # vLLM's return_token_ids: the prompt's ids with the first piece
+            choice["prompt_token_ids"] = prompt_ids
+        return choice
 
     def delta(self, prompt_index: int, out: RequestOutput) -> list[dict]:
         """The new pieces of one prompt's choices since the last call: a choice's first piece (with the role, for
-        chat), then its new tokens and text; its last piece has its finish reason. A choice still running keeps back
-        any text that may be the start of a stop string."""
+        chat), then its new tokens and text, every ``stream_interval`` tokens; its last piece has its finish reason.
+        A choice still running keeps back any text that may be the start of a stop string."""
+        interval = self.req.stream_interval
         choices = []
         for c in out.outputs:
             index = prompt_index * self.n + c.index
@@ -166,8 +180,8 @@ class Choices:
             n_tok, n_chr = self.sent.get(index, (0, 0))
             text = c.text or ""
             end = len(text) if c.finish_reason else max(n_chr, len(text) - self.hold)
-            if first or len(c.token_ids) > n_tok or end > n_chr or c.finish_reason:
-                choices.append(self._choice(index, c, text[n_chr:end], n_tok, first, n_chr))
+            if first or c.finish_reason or len(c.token_ids) - n_tok >= interval or interval == 1 and end > n_chr:
+                choices.append(self._choice(index, c, text[n_chr:end], n_tok, first, n_chr, out.prompt_token_ids))
                 self.sent[index] = (len(c.token_ids), end)
                 if c.finish_reason:
                     self.ended.add(index)
@@ -178,7 +192,7 @@ class Choices:
         choices = []
         for i, out in enumerate(outs):
             for c in out.outputs:
-                ch = self._choice(i * self.n + c.index, c, c.text or "", 0, True, 0)
+                ch = self._choice(i * self.n + c.index, c, c.text or "", 0, True, 0, out.prompt_token_ids)
                 if self.req.chat:
                     ch["message"] = ch.pop("delta")
                 choices.append(ch)
@@ -203,47 +217,51 @@ def failure(out: RequestOutput) -> JSONResponse:
     ran = any(c.token_ids for c in out.outputs)
     message = engine_message(out.error or "the engine failed this request")
     if ran:
-        return JSONResponse(error_body(message, None, "server_error"), status_code=503)
+        return JSONResponse(error_body(message, None, "server_error", 503), status_code=503)
     return JSONResponse(error_body(message, field_of(message)), status_code=400)
 
 
-async def merged(firsts: list[RequestOutput], gens: list):
-    """The outputs of several prompts' generators as ``(prompt index, output)``, the latest of each as they come
-    (outputs are cumulative). An engine failure is raised; leaving early closes (aborts) every generator."""
-    latest: dict[int, RequestOutput] = dict(enumerate(firsts))
-    done: set[int] = {i for i, o in enumerate(firsts) if o.finished}
-    errors: list[BaseException] = []
-    wake = asyncio.Event()
-    wake.set()
+async def until_disconnected(request: Request) -> None:
+    """Return when the client of ``request`` (its body already read) goes away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
-    async def pump(i: int, gen) -> None:
-        try:
-            async for o in gen:
-                latest[i] = o
-                wake.set()
-        except Exception as e:  # the engine failed: the consumer raises it
-            errors.append(e)
-        finally:
-            done.add(i)
-            wake.set()
 
-    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens) if i not in done]
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def unless_disconnected(request: Request, work):
+    """Await the coroutine ``work``; cancel it and raise ``ClientGone`` if the client disconnects first (a request
+    waiting for its prompts to be added, or for its whole answer, is cancelled at once, as vLLM cancels it)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(until_disconnected(request))
     try:
-        while True:
-            await wake.wait()
-            wake.clear()
-            ready, latest = latest, {}
-            for i in sorted(ready):
-                yield i, ready[i]
-            if errors:
-                raise errors[0]
-            if len(done) == len(gens) and not latest:
-                return
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for t in tasks:
-            t.cancel()
-        for g in gens:
-            await g.aclose()
+        for t in (gone, task):
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+    if not task.done() or task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+class EventStream(StreamingResponse):
+    """A ``StreamingResponse`` of server-sent events that runs ``on_close`` however the stream ends (finished, or
+    cancelled by Starlette when the client disconnects, perhaps before its first event)."""
+
+    def __init__(self, content, on_close) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined,union-attr]
+            self.on_close()
 
 
 async def stream_events(source, choices: Choices, include_usage: bool):
@@ -257,13 +275,13 @@ async def stream_events(source, choices: Choices, include_usage: bool):
             if out.error is not None:
                 ran = any(c.token_ids for c in out.outputs)
                 yield _sse(error_body(engine_message(out.error), None if ran else field_of(out.error),
-                                      "server_error"))
+                                      "server_error", 503 if ran else 400))
                 break
             pieces = choices.delta(i, out)
             if pieces:
                 yield _sse({**choices.head, "choices": pieces})
     except RuntimeError as e:  # the engine failed
-        yield _sse(error_body(str(e), None, "server_error"))
+        yield _sse(error_body(str(e), None, "server_error", 500))
     if include_usage and last:
         yield _sse({**choices.head, "choices": [], "usage": usage(list(last.values()))})
     yield _sse("[DONE]")
@@ -271,9 +289,10 @@ async def stream_events(source, choices: Choices, include_usage: bool):
 
 # ------------------------------------------------------------------------------------------------ the app
 def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BODY_BYTES,
-              max_prompt_chars: int | None = None):
+              max_prompt_chars: int | None = None, chat_template: str | None = None):
     """The FastAPI application serving ``engine`` under ``model_name``; the engine loop runs for its lifetime.
-    ``max_prompt_chars`` defaults to 32 characters per token of the context, ``max_model_len``."""
+    ``max_prompt_chars`` defaults to 32 characters per token of the context, ``max_model_len``; ``chat_template``
+    (a Jinja template) replaces the tokenizer's."""
     from pagedattn.serve_metrics import ServerMetrics
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -293,11 +312,11 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        return JSONResponse(error_body(str(exc.detail), None), status_code=exc.status_code)
+        return JSONResponse(error_body(str(exc.detail), None, code=exc.status_code), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, exc: Exception):  # a bug: OpenAI's shape; uvicorn logs the traceback
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", None, "server_error"),
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", None, "server_error", 500),
                             status_code=500)
 
     @app.get("/health")
@@ -318,68 +337,87 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
                 "max_model_len": llm.max_model_len, "vocab_size": llm.vocab_size}
         return {"object": "list", "data": [card]}
 
-    async def chat_ids(messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    async def chat_ids(messages: list[dict], req: ParsedRequest) -> list[int]:
+        """The token ids of ``messages`` rendered with the request's ``chat_template``, else ``--chat-template``,
+        else the tokenizer's, with the request's template options."""
         tok = tokenizer
-        if tok is None or not getattr(tok, "chat_template", None):
-            raise RequestError(f"the model {model_name!r} has no chat template (its tokenizer defines none), so it "
-                               "cannot serve chat; use /v1/completions", "messages")
+        template = req.chat_template or chat_template
+        if tok is None or not (template or getattr(tok, "chat_template", None)):
+            raise RequestError(f"the model {model_name!r} has no chat template (its tokenizer defines none, and "
+                               "neither --chat-template nor the request's chat_template gives one), so it cannot "
+                               "serve chat; use /v1/completions", "messages")
+        options = {"add_generation_prompt": req.add_generation_prompt, **req.template_kwargs,
+                   **({"continue_final_message": True} if req.continue_final_message else {})}
 
         def render() -> list[int]:
-            text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
-            return list(tok(text, add_special_tokens=False)["input_ids"])  # the template holds the special tokens
+            text = tok.apply_chat_template(messages, chat_template=template, tokenize=False, **options)
+            # the template holds the special tokens: none added unless asked (vLLM's default for chat)
+            return list(tok(text, add_special_tokens=req.add_special_tokens)["input_ids"])
 
         try:
             return await engine.run_tokenizer(render)
-        except Exception as e:  # a template that refuses the conversation (jinja's raise_exception)
+        except Exception as e:  # a template that refuses the conversation (jinja's raise_exception) or fails
             raise RequestError(f"the chat template refused these messages: {type(e).__name__}: {e}",
-                               "messages") from None
+                               "chat_template" if req.chat_template else "messages") from None
 
     async def token_ids(req: ParsedRequest) -> list[list[int]]:
         out = []
         for p in req.prompts:
             if req.chat:
-                out.append(await chat_ids(p, req.add_generation_prompt))
+                ids = await chat_ids(p, req)
             elif isinstance(p, str):
                 try:
-                    out.append(await engine.tokenize(p))
+                    ids = await engine.tokenize(p, req.add_special_tokens)
                 except (ValueError, TypeError) as e:  # no tokenizer; text a tokenizer refuses
                     raise RequestError(f"the prompt could not be tokenized: {e}", "prompt") from None
             else:
-                out.append(p)
+                ids = p
+            if req.truncate is not None:  # vLLM's truncate_prompt_tokens: keep the last (left) or first tokens
+                keep = llm.max_model_len if req.truncate == -1 else req.truncate
+                ids = ids[-keep:] if req.truncation_side == "left" else ids[:keep]
+            out.append(ids)
         return out
 
     async def generate(request: Request, chat: bool):
-        gens: list = []
+        rids: list[str] = []
         try:
             body = await read_json(request, max_body_bytes)
             req = (parse_chat if chat else parse_completion)(body, model_name, max_chars)
-            prompts = await token_ids(req)
-            params = [fit_max_tokens(req, len(ids), llm.max_model_len) for ids in prompts]
-            rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-            gens = [engine.generate(f"{rid}-{i}", ids, p) for i, (ids, p) in enumerate(zip(prompts, params))]
-            firsts = [await anext(g) for g in gens]  # admission errors surface here, before any byte is sent
-        except RequestError as e:
-            return await _closing(gens, _error(e, e.status, param=e.param))
-        except EngineOverloaded as e:
-            return await _closing(gens, _error(e, 503, "overloaded_error"))
-        except ValueError as e:  # refused by the engine: the message names the limit
-            return await _closing(gens, _error(e, param=field_of(str(e))))
-        except RuntimeError as e:
-            return await _closing(gens, _error(e, 500, "server_error"))
+            rid = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id or uuid.uuid4().hex}"
+            prompt_ids = [f"{rid}-{i}" for i in range(len(req.prompts))]
+            engine.reserve(prompt_ids)  # counted against --max-queued before any work: a 503 costs nothing
+            rids = prompt_ids
+
+            async def add() -> None:
+                prompts = await token_ids(req)
+                params = [fit_max_tokens(req, len(ids), llm.max_model_len) for ids in prompts]
+                await engine.add(rids, prompts, params)
+                for p in params:
+                    metrics.observe_params(p.n, p.max_tokens)
+
+            await unless_disconnected(request, add())
+        except (RequestError, EngineOverloaded, ValueError, RuntimeError, ClientGone) as e:
+            engine.release(rids)
+            return refused(e)
         head = {"id": rid, "object": "chat.completion.chunk" if chat and req.stream else
                 "chat.completion" if chat else "text_completion", "created": int(time.time()), "model": model_name}
         choices = Choices(req, llm.tokenizer, head)
         if req.stream:
-            return StreamingResponse(stream_events(merged(firsts, gens), choices, req.include_usage),
-                                     media_type="text/event-stream")
-        final = list(firsts)
-        try:
-            async for i, out in merged(firsts, gens):
+            return EventStream(stream_events(engine.outputs(rids), choices, req.include_usage),
+                               on_close=lambda: engine.release(rids))
+
+        async def collect() -> list[RequestOutput]:
+            final: dict[int, RequestOutput] = {}
+            async for i, out in engine.outputs(rids):
                 final[i] = out
-                if await request.is_disconnected():
-                    break
-        except RuntimeError as e:
-            return _error(e, 500, "server_error")
+            return [final[i] for i in range(len(rids))]
+
+        try:
+            final = await unless_disconnected(request, collect())
+        except (RuntimeError, ClientGone) as e:
+            return refused(e)
+        finally:
+            engine.release(rids)
         failed = next((o for o in final if o.error is not None), None)
         if failed is not None:
             return failure(failed)
@@ -399,8 +437,10 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
         try:
             body = await read_json(request, max_body_bytes)
             if isinstance(body, dict) and "messages" in body:
-                req = parse_chat({k: v for k, v in body.items() if k in ("messages", "model")}, model_name, max_chars)
-                ids = await chat_ids(req.prompts[0], body.get("add_generation_prompt", True) is True)
+                keys = ("messages", "model", "add_generation_prompt", "continue_final_message", "add_special_tokens",
+                        "chat_template", "chat_template_kwargs", "documents")
+                req = parse_chat({k: v for k, v in body.items() if k in keys}, model_name, max_chars)
+                ids = await chat_ids(req.prompts[0], req)
             else:
                 if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
                     raise RequestError("send {\"prompt\": text} or {\"messages\": [...]}", "prompt")
@@ -435,11 +475,19 @@ def build_app(engine: AsyncEngine, model_name: str, max_body_bytes: int = MAX_BO
     return app
 
 
-async def _closing(gens: list, response: JSONResponse) -> JSONResponse:
-    """Close (abort) the generators of a request refused part-way, then answer ``response``."""
-    for g in gens:
-        await g.aclose()
-    return response
+def refused(e: Exception) -> Response:
+    """The HTTP error for a request refused before its answer: a bad request (its field named), an engine over
+    ``--max-queued`` (503), a prompt the engine refuses (400 naming the limit), an engine failure (500), or a client
+    already gone (499, nginx's code; nobody reads it)."""
+    if isinstance(e, RequestError):
+        return _error(e, e.status, param=e.param)
+    if isinstance(e, EngineOverloaded):
+        return _error(e, 503, "overloaded_error")
+    if isinstance(e, ClientGone):
+        return Response(status_code=499)
+    if isinstance(e, ValueError):
+        return _error(e, param=field_of(str(e)))
+    return _error(e, 500, "server_error")
 
 
 @contextlib.contextmanager
@@ -453,7 +501,8 @@ def serve_in_thread(app, host: str = "127.0.0.1"):
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((host, 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
+                                           timeout_keep_alive=KEEP_ALIVE_S))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
     thread.start()
     try:
@@ -490,7 +539,8 @@ def load_engine(model, kv_manager: str = "paged", num_slots: int = 8192, block_s
     ``kv_manager`` over ``num_slots`` token slots (``EngineArgs.kv_manager``, the systems the simulator replays;
     ``paged_auto``: paged with automatic prefix caching; ``ft``: ``static``), keeping the metrics of the last ``max_step_metrics`` steps (a server runs for days). ``swap_space``
     GiB of CPU blocks (``cpu_blocks_for``) let a paged engine preempt a request of several sequences by swapping
-    (the scheduler swaps such groups, §4.4-§4.5; without swap space it must fail them). The server's engine:
+    (the scheduler swaps such groups, §4.4-§4.5; without swap space it recomputes parallel samples one by one and
+    fails beam searches). The server's engine:
     ``repro.experiments.online_serving`` builds its in-process engine here too."""
     from pagedattn.engine import LLMEngine
     from pagedattn.memory.systems import engine_system
@@ -525,6 +575,14 @@ def load_engine(model, kv_manager: str = "paged", num_slots: int = 8192, block_s
                      enable_prefix_caching=caching, max_step_metrics=max_step_metrics, **engine_kw)
 
 
+def chat_template_arg(value: str | None) -> str | None:
+    """``--chat-template``: a file's text when ``value`` names a file, else ``value`` itself (vLLM's rule)."""
+    if value is None:
+        return None
+    path = Path(value)
+    return path.read_text() if len(value) < 4096 and path.is_file() else value
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pagedattn.serve", description=__doc__.split("\n\n")[0])
     p.add_argument("model", nargs="?", help=f"a local checkpoint folder (save_pretrained), or {TINY_SPEC}")
@@ -537,6 +595,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, or a file holding one, replacing the tokenizer's (vLLM's flag)")
     p.add_argument("--max-queued", type=int, default=1000,
                    help="requests waiting for their first token beyond which new ones get a 503")
     p.add_argument("--max-step-metrics", type=int, default=10_000, help="engine steps whose metrics are kept")
@@ -551,6 +611,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="no CUDA graphs for decode steps (vLLM's flag; a GPU only: a CPU never takes them)")
     p.add_argument("--seed", type=int, default=0, help="the tiny model's weight seed")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--timeout-keep-alive", type=float, default=KEEP_ALIVE_S,
+                   help="seconds an idle keep-alive connection stays open (longer than the clients' idle limits)")
     a = p.parse_args(argv)
     if a.tiny_opt:
         a.model = TINY_SPEC
@@ -571,10 +633,10 @@ def main(argv=None) -> None:
                          max_num_seqs=a.max_num_seqs, max_step_metrics=a.max_step_metrics, swap_space=a.swap_space,
                          enforce_eager=a.enforce_eager)
     app = build_app(AsyncEngine(engine, a.max_queued), a.served_model_name or a.model, a.max_body_bytes,
-                    a.max_prompt_chars)
+                    a.max_prompt_chars, chat_template_arg(a.chat_template))
     print(f"pagedattn: serving {a.model} ({a.kv_manager}, {a.num_slots} slots, {engine.kv.cache_layout()[2]} CPU "
           f"swap blocks, max_model_len {engine.max_model_len}) on http://{a.host}:{a.port}/v1", flush=True)
-    uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
+    uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level, timeout_keep_alive=a.timeout_keep_alive)
 
 
 if __name__ == "__main__":
