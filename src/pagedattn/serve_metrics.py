@@ -15,11 +15,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
 from pagedattn.engine import LLMEngine
+from pagedattn.extras import missing_extra
 from pagedattn.sequence import RequestOutput
+
+try:
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+except ImportError as e:  # the server's extra
+    missing_extra("serve", "pagedattn.serve_metrics", e)
 
 #: vLLM's buckets (seconds)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
