@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from pagedattn.memory.accounting import breakdown
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs, _add_moves
 from pagedattn.repro.experiments.online_serving import FittedStepTime
-from pagedattn.repro.sim.simulator import SYSTEMS, CostModel, make_kv_manager, simulate
+from pagedattn.repro.sim.simulator import ITERATION_LEVEL, CostModel, make_kv_manager, simulate
 from pagedattn.repro.workloads.traces import TraceRequest, make_trace
 from factories import block_manager, contiguous_manager, scheduler
 from seq_groups import admit, make_group
@@ -139,7 +139,7 @@ def test_preemption_leaves_finished_samples_finished(mode):
     kv.check_invariants()
 
 
-@pytest.mark.parametrize("system", SYSTEMS)
+@pytest.mark.parametrize("system", ITERATION_LEVEL)
 def test_simulation_finishes_every_request_and_returns_every_block(system):
     trace = make_trace("sharegpt", 60, rate=4.0, seed=1)
     r = simulate(trace, system, num_slots=6000)
@@ -205,6 +205,20 @@ def test_paper_scale_paged_keeps_96pct_token_states_and_wastes_under_a_block():
 def test_unknown_system():
     with pytest.raises(ValueError, match="unknown system"):
         make_kv_manager("tgi", 100)
+
+
+def test_one_registry_gives_each_system_its_label_manager_and_batching():
+    """``memory.systems.SYSTEMS`` is the one registry (the engine's ``kv_manager``, the simulator and the notebooks'
+    labels): Orca's three reserve contiguously (block size 1), ours pages, FasterTransformer batches statically over
+    Orca (Max)'s reservation; the simulator compares the systems that batch at the iteration level."""
+    from pagedattn.memory.systems import LABELS, SYSTEMS
+
+    assert ITERATION_LEVEL == ("orca_max", "orca_pow2", "orca_oracle", "paged")
+    assert {n for n, s in SYSTEMS.items() if s.static_batching} == {"static", "ft"}
+    assert LABELS == {n: s.label for n, s in SYSTEMS.items()} and LABELS["paged"] == "vLLM (ours)"
+    for name in SYSTEMS:
+        kv = make_kv_manager(name, 256, block_size=16)
+        assert kv.block_size == (16 if name == "paged" else 1), name
 
 
 def test_group_that_cannot_be_swapped_fails_alone_and_frees_its_blocks():

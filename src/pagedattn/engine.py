@@ -33,7 +33,7 @@ from pagedattn.core import EngineCore, StepMetrics
 from pagedattn.cuda_graphs import DecodeGraphs, use_cuda_graphs
 from pagedattn.executor import ModelExecutor, ModelRunner
 from pagedattn.memory import AllocStatus, KVManager
-from pagedattn.memory.systems import SYSTEMS, is_static, make_kv_manager
+from pagedattn.memory.systems import SYSTEMS, make_kv_manager
 from pagedattn.model.loader import eos_token_ids, load_for_engine
 from pagedattn.output_processor import OutputProcessor
 from pagedattn.sampling import Sampler, make_generator
@@ -199,7 +199,7 @@ class LLMEngine:
         max_tokens = args.max_num_batched_tokens or max(self.max_model_len, 2048)
         self.scheduler = Scheduler(SchedulerConfig(args.max_num_seqs, max_tokens, self.max_model_len,
                                                    args.preemption_mode), self.kv,
-                                   static_batching=is_static(args.kv_manager))
+                                   static_batching=built is None and SYSTEMS[args.kv_manager].static_batching)
         self.backend = kernels.get_backend(args.attention_backend)
         self.runner = ModelRunner(self.model, self.kv, self.backend, self.device, self.dtype)
         if use_cuda_graphs(self.device, self.backend, args.enforce_eager):  # captured at start-up, as vLLM does

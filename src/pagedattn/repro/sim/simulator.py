@@ -47,11 +47,11 @@ from pagedattn.repro.sim.capacity import Load, normalized_latency, steady_window
 from pagedattn.repro.sim.cost_profile import measured as _measured_a100
 from pagedattn.repro.sim.fastsim import compiled_when_built
 from pagedattn.config import SchedulerConfig
-from pagedattn.repro.paper import OPT_13B, paper_slots
+from pagedattn.repro.paper import OPT_13B, PARAM_GB, paper_slots
 from pagedattn.core import EngineCore, StepMetrics
 from pagedattn.memory.accounting import KVStats
 from pagedattn.memory.interface import num_copied
-from pagedattn.memory.systems import is_static, make_kv_manager
+from pagedattn.memory.systems import ITERATION_LEVEL, LABELS, SYSTEMS, make_kv_manager  # noqa: F401
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
 from pagedattn.sequence import FinishReason, SamplingParams, Sequence, SequenceGroup
 from pagedattn.repro.workloads.traces import TraceRequest
@@ -59,9 +59,8 @@ from pagedattn.repro.workloads.traces import TraceRequest
 System = Literal["paged", "orca_max", "orca_pow2", "orca_oracle", "ft"]
 Placement = Literal["buddy", "exact"]  # ``ContiguousKVManager``'s
 PreemptionMode = Literal["recompute", "swap"]  # ``SchedulerConfig``'s
-SYSTEMS: tuple[str, ...] = ("orca_max", "orca_pow2", "orca_oracle", "paged")
-LABELS = {"orca_max": "Orca (Max)", "orca_pow2": "Orca (Pow2)", "orca_oracle": "Orca (Oracle)", "paged": "vLLM (ours)",
-          "ft": "FasterTransformer"}
+# The systems replayed, their labels and managers: ``memory.systems``' registry (``SYSTEMS``, ``LABELS``; the
+# experiments compare Orca's three and ours, ``ITERATION_LEVEL``, unless they say otherwise), imported from here.
 
 
 _A100 = _measured_a100()
@@ -83,7 +82,7 @@ class CostModel:
     0.65, prefill FLOP efficiency 0.64, overhead 0.79 ms + 0.043 ms per sequence. ``assumed()`` names the constants
     chosen before any was measured (0.7, 0.5, a flat 4 ms), kept so that the change in each verdict is visible."""
 
-    weight_bytes: float = 26e9  # paper Table 1: 26 GB of OPT-13B weights
+    weight_bytes: float = PARAM_GB[OPT_13B.name] * 1e9  # paper Table 1: 26 GB of OPT-13B weights
     params: float = 13e9
     kv_bytes_per_token: float = OPT_13B.kv_bytes_per_token
     num_layers: int = OPT_13B.num_layers
@@ -456,7 +455,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                          max_model_len, num_cpu_blocks, placement=placement,
                          enable_prefix_caching=enable_prefix_caching)
     sched = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
-                                      cast(PreemptionMode, preemption_mode)), kv, static_batching=is_static(system))
+                                      cast(PreemptionMode, preemption_mode)), kv, static_batching=SYSTEMS[system].static_batching)
     ex = SimExecutor(cost or CostModel(), block_size, kv, beam, seed, charge_cached)
     final_len: dict[int, int] = {}  # seq_id -> prompt + output (its final KV length)
     target: dict[int, int] = {}  # seq_id -> output length from the trace
