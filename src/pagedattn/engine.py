@@ -303,7 +303,7 @@ class LLMEngine:
         """One iteration (``core.EngineCore.step``: schedule, execute, update), then the outputs: of the scheduled
         requests (``finished_only``: of those that finished this step) and of the requests refused this step."""
         plan, finished = self.core.step()
-        assert plan is not None  # (a model executor takes no runs of steady steps)
+        assert plan is not None  # (None only within the simulator's runs of steady decode steps)
         outputs = []
         for g in plan.ignored:  # refused by the scheduler: they can never be served
             outputs.append(self.processor.output(g))

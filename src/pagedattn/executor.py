@@ -195,10 +195,7 @@ class ModelRunner:
 
 class ModelExecutor:
     """The real engine's executor (``core.Executor``): the ``ModelRunner``'s block moves and forward pass through
-    the paged KV cache (§4.1), then the ``Sampler``'s tokens (§4.4), on the engine's clock. A model's tokens are
-    known only once computed, so it takes no runs of steady decode steps (``steps_left`` is 0)."""
-
-    fill_token = 0  # (never used: no runs)
+    the paged KV cache (§4.1), then the ``Sampler``'s tokens (§4.4), on the engine's clock."""
 
     def __init__(self, runner: ModelRunner, sampler, clock=time.perf_counter) -> None:
         self.runner, self.sampler, self.clock = runner, sampler, clock
@@ -214,9 +211,3 @@ class ModelExecutor:
         ctx = result.inp.meta.context_lens_list
         output.num_seqs, output.context_tokens = len(ctx), sum(ctx)
         return output
-
-    def steps_left(self, seqs: list[Sequence]) -> int:
-        return 0
-
-    def steady_step(self, num_seqs: int, context_tokens: int) -> float:
-        raise NotImplementedError("a model executor takes no runs of steady decode steps")

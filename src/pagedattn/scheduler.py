@@ -162,47 +162,6 @@ class Scheduler:
                     g.metrics.finish_time = now
         return done
 
-    def running_seqs(self) -> list[Sequence]:
-        """The running sequences, in the order a decode step appends to them (FCFS over the groups)."""
-        return [s for g in self.running for s in g.get_seqs("running")]
-
-    def steady_decode_steps(self, limit: int, seqs: list[Sequence]) -> int:
-        """How many of the next steps (at most ``limit``) are sure to be decode steps of the running sequences
-        ``seqs`` (``running_seqs()``) as they stand, with no admission, swap, preemption or copy, provided that no
-        sequence finishes before the last of them and, while none waits, no request arrives (the caller's bounds):
-        the waiting queue's head cannot be admitted before memory is freed (its blocks do not fit, and the running
-        sequences' growth only takes more) or a sequence finishes (``max_num_seqs``). 0 where that is not sure. The
-        simulator takes such steps at once (``advance``, then ``schedule_steady`` for the last); the engine, whose
-        tokens come from a model, never does."""
-        if limit <= 0 or self.swapped or self.pending_copies or not self.running:
-            return 0
-        if self.waiting and not self.static_batching:
-            head = self.waiting[0]
-            status = self.kv.can_allocate(head)
-            if status is AllocStatus.NEVER or status is AllocStatus.OK and \
-                    len(seqs) + len(head.get_seqs("waiting")) <= self.config.max_num_seqs:
-                return 0
-        if any(g.metrics.first_token_time is None for g in self.running):
-            return 0
-        return self.kv.decode_room(seqs, limit)
-
-    def advance(self, steps: int, fill_token: int, seqs: list[Sequence]) -> None:
-        """``steps`` decode steps at once, as ``steady_decode_steps`` allowed: each running sequence (``seqs``, as
-        given to it) gains ``steps`` copies of ``fill_token``, and the K/V of all its tokens but the last is cached;
-        what ``steps`` rounds of ``schedule`` and ``update_from_output`` would have done, no sequence finishing,
-        once the caller has taken the slots for those steps (``KVManager.advance``: the simulator takes them all at
-        once, or step by step where it records each step's memory)."""
-        for s in seqs:
-            s.extend(fill_token, steps)
-            s.num_computed_tokens = len(s.token_ids) - 1
-
-    def schedule_steady(self) -> SchedulerOutputs:
-        """The plan of a step that ``steady_decode_steps`` vouched for (the last of a run, after ``advance``): every
-        running group decodes and nothing else happens; what ``schedule`` would plan then, without its checks. As
-        for ``advance``, the caller has taken the step's slots (``KVManager.advance``). Its ``update_from_output``
-        follows as usual, finishing the sequences that are done."""
-        return SchedulerOutputs(decode_groups=list(self.running))
-
     def _free_finished(self) -> list[SequenceGroup]:
         """Free the blocks of finished sequences; drop and return the groups that are done."""
         done = []

@@ -21,8 +21,8 @@ step, with a mean number of distinct parents measured on the real engine (notebo
 
 A replay takes the decode steps that are sure to change nothing but lengths, slots and the clock (no arrival
 admitted, no preemption or copy, no finish before the last of them) as a run, without scheduling each
-(``Scheduler.steady_decode_steps``, ``Scheduler.advance``, ``Scheduler.schedule_steady`` for the last): most of a
-replay's steps, with the same results step for step (``tests/test_sim_golden.py``).
+(``runs.RunCore``, the engine core with its step chosen once; the scheduler and the engine know nothing of runs): most
+of a replay's steps, with the same results step for step (``tests/test_sim_golden.py``).
 
 ``simulate`` runs this module's replay compiled with mypyc when a build of it is present and up to date
 (``pagedattn.repro.sim.fastsim``, ``make fastsim``): the same source and results, about twice as fast.
@@ -46,6 +46,7 @@ from pagedattn.repro.progress import interactive
 from pagedattn.repro.sim.capacity import Load, normalized_latency, steady_window
 from pagedattn.repro.sim.cost_profile import measured as _measured_a100
 from pagedattn.repro.sim.fastsim import compiled_when_built
+from pagedattn.repro.sim.runs import RunCore
 from pagedattn.config import SchedulerConfig
 from pagedattn.repro.paper import OPT_13B, PARAM_GB, paper_slots
 from pagedattn.core import EngineCore, StepMetrics
@@ -239,7 +240,7 @@ class SimResult:
     num_preemptions: dict = field(default_factory=dict)
     prefix_hit_rate: float | None = None  # share of looked-up prompt blocks found cached (paged, when looked up)
     prefill_tokens_computed: int = 0  # prompt tokens charged as computed (a cached prefix is not, but by ablation)
-    steps_in_runs: int = 0  # steps taken within runs of steady decode steps (``core.EngineCore``'s fast path)
+    steps_in_runs: int = 0  # steps taken within runs of steady decode steps (``runs.RunCore``)
 
     @property
     def duration(self) -> float:
@@ -341,7 +342,8 @@ def steps_frame(steps: Sequence_[StepMetrics], paged: bool) -> pd.DataFrame:
 
 
 class SimExecutor:
-    """The simulator's executor (``core.Executor``): a step-time model on a simulated clock, no tensors.
+    """The simulator's executor (``core.Executor``, and ``runs.RunExecutor``: it knows each sequence's length from
+    the trace): a step-time model on a simulated clock, no tensors.
 
     A step is charged ``CostModel.step_time`` (plus, with beams, its K/V copies: the copy-on-write blocks and Orca's
     context copies, ``CostModel.copy_time``; a prefill only for its uncached prompt tokens, or all of them with
@@ -449,7 +451,7 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     every request is a beam-search group of ``beam.width`` beams, all as long as the trace's output (``n`` is
     ignored). Shared prefixes (§4.4, Fig. 16): ``prompts`` gives requests real token ids (otherwise every prompt is
     zeros), so that prefix hashes match; ``prefix_lens`` marks user-shared prefixes; ``enable_prefix_caching``
-    finds them automatically. Runs of steady decode steps are taken at once (``EngineCore``'s fast path) where
+    finds them automatically. Runs of steady decode steps are taken at once (``runs.RunCore``) where
     neither beams nor prefixes are replayed."""
     kv = make_kv_manager(system, num_slots or paper_slots(), block_size,
                          max_model_len, num_cpu_blocks, placement=placement,
@@ -459,8 +461,13 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     ex = SimExecutor(cost or CostModel(), block_size, kv, beam, seed, charge_cached)
     final_len: dict[int, int] = {}  # seq_id -> prompt + output (its final KV length)
     target: dict[int, int] = {}  # seq_id -> output length from the trace
-    core = EngineCore(sched, ex, kv, ex.clock, record_steps, final_len=final_len if record_steps else None,
-                      fast_forward=beam is None and not enable_prefix_caching and not prefix_lens, max_steps=max_steps)
+    recorded = final_len if record_steps else None
+    runs: RunCore | None = None  # the core's step, chosen once: with runs of steady decode steps where they apply
+    if beam is None and not enable_prefix_caching and not prefix_lens:
+        runs = RunCore(sched, ex, kv, ex.clock, record_steps, final_len=recorded, max_steps=max_steps)
+        core: EngineCore = runs
+    else:
+        core = EngineCore(sched, ex, kv, ex.clock, record_steps, final_len=recorded)
     pending = sorted(trace, key=lambda r: r.arrival_time)
     n = beam.width if beam is not None else n
     rng, trace_outputs = np.random.default_rng(seed), np.array([r.output_len for r in trace])
@@ -505,4 +512,4 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                           "total_output_len": sum(target[s.seq_id] for s in g.seqs),
                           "error": g.error} for g in groups])
     return SimResult(system, steps_frame(core.steps, system == "paged"), reqs, dict(sched.num_preemptions),
-                     kv.stats().prefix_hit_rate, ex.computed, core.num_steady_steps)
+                     kv.stats().prefix_hit_rate, ex.computed, runs.num_steady_steps if runs is not None else 0)
