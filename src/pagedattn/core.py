@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, MutableSequence, NamedTuple, Protocol
 from typing import Sequence as Sequence_
 
-from pagedattn.memory.interface import KVManager, num_copied
+from pagedattn.memory.interface import num_copied
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
 from pagedattn.sequence import SequenceGroup
 
@@ -81,19 +81,18 @@ class Executor(Protocol):
 
 
 class EngineCore:
-    """``schedule`` -> ``execute`` -> ``update_from_output``, over one scheduler and one executor (``kv``: the
-    scheduler's KV manager, read for the records).
+    """``schedule`` -> ``execute`` -> ``update_from_output``, over one scheduler and one executor; the scheduler owns
+    the KV manager (the records read its memory through it).
 
     ``clock`` reads the time a step starts (the engine's ``time.perf_counter``; the simulator's clock, which its
     executor moves). ``record_steps``: append each step's ``StepMetrics`` to ``steps`` (a list, or the container
     given: the engine's bounded ring), with the memory breakdown when ``final_len`` is given (``{seq_id: final KV
     length}``, the simulator's; ``KVManager.stats``)."""
 
-    def __init__(self, scheduler: Scheduler, executor: Executor, kv: KVManager, clock: Callable[[], float],
+    def __init__(self, scheduler: Scheduler, executor: Executor, clock: Callable[[], float],
                  record_steps: bool = True, steps: MutableSequence[StepMetrics] | None = None,
                  final_len: dict[int, int] | None = None) -> None:
         self.scheduler, self.executor, self.clock = scheduler, executor, clock
-        self.kv = kv  # the scheduler's (its allocator view), read here for the records
         self.record_steps, self.final_len = record_steps, final_len
         self.steps: MutableSequence[StepMetrics] = [] if steps is None else steps
         self.num_steps = 0  # steps run since the start (``steps`` keeps the last ones)
@@ -131,16 +130,16 @@ class EngineCore:
             len(sched.running) < sched.config.max_num_seqs
 
     def _record(self, plan: SchedulerOutputs, start: float, output: ModelOutput) -> None:
-        sched, kv = self.scheduler, self.kv
+        sched = self.scheduler
         prefill = plan.is_prefill
         tokens = plan.num_batched_tokens if prefill else output.num_seqs  # (a decode step: one per sequence)
         duration = output.duration if output.duration is not None else self.clock() - start
         self.steps.append(StepMetrics(
             self.num_steps, "prefill" if prefill else "decode", start, duration,
             duration if output.forward_time is None else output.forward_time, output.num_seqs,
-            len(plan.scheduled_groups), tokens if prefill else 0, tokens, kv.num_used_gpu_blocks,
+            len(plan.scheduled_groups), tokens if prefill else 0, tokens, sched.num_used_blocks(),
             output.context_tokens, len(plan.preempted), len(plan.blocks_to_swap_in) + len(plan.blocks_to_swap_out),
             num_copied(plan.blocks_to_copy) if plan.blocks_to_copy else 0, len(sched.running), len(sched.waiting),
             len(sched.swapped), self._memory_bound(start),
-            kv.stats(self.final_len) if self.final_len is not None else None))
+            sched.kv_stats(self.final_len) if self.final_len is not None else None))
 

@@ -199,9 +199,10 @@ class LLMEngine:
         max_tokens = args.max_num_batched_tokens or max(self.max_model_len, 2048)
         self.scheduler = Scheduler(SchedulerConfig(args.max_num_seqs, max_tokens, self.max_model_len,
                                                    args.preemption_mode), self.kv,
-                                   static_batching=built is None and SYSTEMS[args.kv_manager].static_batching)
+                                   static_batching=built is None and SYSTEMS[args.kv_manager].static_batching,
+                                   lay_out_plans=True)
         self.backend = kernels.get_backend(args.attention_backend)
-        self.runner = ModelRunner(self.model, self.kv, self.backend, self.device, self.dtype)
+        self.runner = ModelRunner(self.model, self.kv.cache_layout(), self.backend, self.device, self.dtype)
         if use_cuda_graphs(self.device, self.backend, args.enforce_eager):  # captured at start-up, as vLLM does
             self.runner.graphs = DecodeGraphs(self.model, args.max_num_seqs,
                                               -(-self.max_model_len // self.runner.block_size), self.device)
@@ -210,7 +211,7 @@ class LLMEngine:
         self.processor = OutputProcessor(self.tokenizer)
         if args.max_step_metrics is not None and (as_int(args.max_step_metrics) is None or args.max_step_metrics < 0):
             raise ValueError(f"max_step_metrics must be None or an integer >= 0, got {args.max_step_metrics!r}")
-        self.core = EngineCore(self.scheduler, ModelExecutor(self.runner, self.sampler, self.now), self.kv, self.now,
+        self.core = EngineCore(self.scheduler, ModelExecutor(self.runner, self.sampler, self.now), self.now,
                                record_steps=args.max_step_metrics != 0,
                                steps=StepMetricsRing(maxlen=args.max_step_metrics))
         self._seq_ids = itertools.count()

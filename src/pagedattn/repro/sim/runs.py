@@ -20,7 +20,7 @@ from typing import Callable, MutableSequence, Protocol
 from typing import Sequence as Sequence_
 
 from pagedattn.core import EngineCore, Executor, StepMetrics
-from pagedattn.memory.interface import AllocStatus, KVDecodeRuns, KVManager
+from pagedattn.memory.interface import AllocStatus, KVDecodeRuns
 from pagedattn.scheduler import Scheduler, SchedulerOutputs
 from pagedattn.sequence import Sequence, SequenceGroup
 
@@ -91,14 +91,14 @@ def steady_plan(sched: Scheduler) -> SchedulerOutputs:
 
 class RunCore(EngineCore):
     """The engine core of a replay that takes runs of steady decode steps (see the module docstring), at most
-    ``max_steps`` steps in all. ``kv`` is the scheduler's KV manager, which implements the runs' extension
-    (``KVDecodeRuns``); ``executor`` knows how long each sequence runs (``RunExecutor``)."""
+    ``max_steps`` steps in all. The scheduler's KV manager implements the runs' extension (``KVDecodeRuns``);
+    ``executor`` knows how long each sequence runs (``RunExecutor``)."""
 
-    def __init__(self, scheduler: Scheduler, executor: RunExecutor, kv: KVManager, clock: Callable[[], float],
+    def __init__(self, scheduler: Scheduler, executor: RunExecutor, clock: Callable[[], float],
                  record_steps: bool = True, steps: MutableSequence[StepMetrics] | None = None,
                  final_len: dict[int, int] | None = None, max_steps: int | None = None) -> None:
-        super().__init__(scheduler, executor, kv, clock, record_steps, steps, final_len)
-        self.runs_kv: KVDecodeRuns = kv  # type: ignore[assignment]  # (both managers implement the extension)
+        super().__init__(scheduler, executor, clock, record_steps, steps, final_len)
+        self.runs_kv: KVDecodeRuns = scheduler.kv  # type: ignore[assignment]  # (both managers implement it)
         self.run_executor = executor
         self._steady_step_time = executor.steady_step  # (bound once: a run calls it every step)
         self.max_steps = max_steps
@@ -150,13 +150,13 @@ class RunCore(EngineCore):
         if self.record_steps:
             start = self.clock()
             dt = self._steady_step_time(n, context)
-            kv, sched = self.kv, self.scheduler
+            sched = self.scheduler
             self.runs_kv.advance(self._run_seqs, 1)  # its slots now, for its memory record
             running = len(sched.running)
             self.steps.append(StepMetrics(
-                self.num_steps, "decode", start, dt, dt, n, running, 0, n, kv.num_used_gpu_blocks, context, 0, 0, 0,
-                running, len(sched.waiting), len(sched.swapped), self._memory_bound(start),
-                kv.stats(self.final_len) if self.final_len is not None else None))
+                self.num_steps, "decode", start, dt, dt, n, running, 0, n, sched.num_used_blocks(), context, 0, 0,
+                0, running, len(sched.waiting), len(sched.swapped), self._memory_bound(start),
+                sched.kv_stats(self.final_len) if self.final_len is not None else None))
         else:
             self._steady_step_time(n, context)
         self._run_context = context + n

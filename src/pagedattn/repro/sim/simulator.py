@@ -349,13 +349,14 @@ class SimExecutor:
     context copies, ``CostModel.copy_time``; a prefill only for its uncached prompt tokens, or all of them with
     ``charge_cached``), and the clock moves by it. Each running sequence's next token is a dummy token, and a
     sequence stops at its trace's length (``stop_len``, set by the driver as requests arrive). With ``beam``
-    (``BeamModel``, §4.4) each beam group that goes on is re-forked after every step by the beam model."""
+    (``BeamModel``, §4.4) each beam group that goes on is re-forked after every step by the beam model. It holds no
+    KV manager: ``copy_unit`` is its block size (tokens per copied block: 1 for a contiguous manager's slots)."""
 
     fill_token = 0
 
-    def __init__(self, cost: CostModel, block_size: int, kv, beam: BeamModel | None = None, seed: int = 0,
+    def __init__(self, cost: CostModel, block_size: int, copy_unit: int, beam: BeamModel | None = None, seed: int = 0,
                  charge_cached: bool = False) -> None:
-        self.cost, self.block_size, self.kv, self.beam = cost, block_size, kv, beam
+        self.cost, self.block_size, self.copy_unit, self.beam = cost, block_size, copy_unit, beam
         self.beam_rng, self.charge_cached = random.Random(seed), charge_cached
         self.now = 0.0
         self.stop_len: dict[int, int] = {}  # seq_id -> its token count once its output is done
@@ -398,7 +399,7 @@ class SimExecutor:
             num_seqs = len(tokens)
             dt = cost.decode_step_time(num_seqs, context, nswap, self.block_size)
         if self.beam is not None:  # this step's copy-on-write blocks and the previous step's forks (slots, on Orca)
-            dt += cost.copy_time(num_copied(plan.blocks_to_copy) * self.kv.block_size)
+            dt += cost.copy_time(num_copied(plan.blocks_to_copy) * self.copy_unit)
         if plan.is_prefill:  # prompt tokens charged (computed): the uncached ones, or all of them in the ablation
             charged = context if self.charge_cached else plan.num_batched_tokens
             self.computed += charged
@@ -458,16 +459,16 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                          enable_prefix_caching=enable_prefix_caching)
     sched = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
                                       cast(PreemptionMode, preemption_mode)), kv, static_batching=SYSTEMS[system].static_batching)
-    ex = SimExecutor(cost or CostModel(), block_size, kv, beam, seed, charge_cached)
+    ex = SimExecutor(cost or CostModel(), block_size, kv.block_size, beam, seed, charge_cached)
     final_len: dict[int, int] = {}  # seq_id -> prompt + output (its final KV length)
     target: dict[int, int] = {}  # seq_id -> output length from the trace
     recorded = final_len if record_steps else None
     runs: RunCore | None = None  # the core's step, chosen once: with runs of steady decode steps where they apply
     if beam is None and not enable_prefix_caching and not prefix_lens:
-        runs = RunCore(sched, ex, kv, ex.clock, record_steps, final_len=recorded, max_steps=max_steps)
+        runs = RunCore(sched, ex, ex.clock, record_steps, final_len=recorded, max_steps=max_steps)
         core: EngineCore = runs
     else:
-        core = EngineCore(sched, ex, kv, ex.clock, record_steps, final_len=recorded)
+        core = EngineCore(sched, ex, ex.clock, record_steps, final_len=recorded)
     pending = sorted(trace, key=lambda r: r.arrival_time)
     n = beam.width if beam is not None else n
     rng, trace_outputs = np.random.default_rng(seed), np.array([r.output_len for r in trace])
