@@ -108,9 +108,12 @@ class EngineCore:
         request could run, or those left were refused (the plan's ``ignored``, which the scheduler has finished).
         Raises when requests are left that nothing will ever run. (The plan is None only for the simulator's steps
         within a run, ``repro.sim.runs.RunCore``.)"""
-        sched = self.scheduler
         start = self.clock()
-        plan = sched.schedule(start)
+        return self._carry_out(self.scheduler.schedule(start), start)
+
+    def _carry_out(self, plan: SchedulerOutputs, start: float) -> tuple[SchedulerOutputs, Sequence_[SequenceGroup]]:
+        """A planned step from ``start`` on: ``execute``, its record, ``update_from_output``."""
+        sched = self.scheduler
         output = self.executor.execute(plan)
         if output is None:
             if not (plan.preempted or plan.ignored) and sched.has_unfinished():

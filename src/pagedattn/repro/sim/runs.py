@@ -129,18 +129,11 @@ class RunCore(EngineCore):
             plan = steady_plan(sched)
         else:
             plan = sched.schedule(start)
-        output = self.executor.execute(plan)
-        if output is None:
-            if not (plan.preempted or plan.ignored) and sched.has_unfinished():
-                raise RuntimeError("the scheduler made no progress with requests left (a request can never fit?)")
-            return plan, ()
-        if self.record_steps:
-            self._record(plan, start, output)
-        finished = sched.update_from_output(plan, output)
-        self.num_steps += 1
-        if sched.running and not sched.swapped:  # (``steady_decode_steps``' cheapest checks)
-            self._start_run()
-        return plan, finished
+        ran = self.num_steps
+        done = self._carry_out(plan, start)
+        if self.num_steps > ran and sched.running and not sched.swapped:  # a step ran (``steady_decode_steps``'
+            self._start_run()  # cheapest checks)
+        return done
 
     def _steady_step(self) -> tuple[None, Sequence_[SequenceGroup]]:
         """A step within a run: charged, its slots taken when recording, not planned. Its record is ``_record``'s
