@@ -35,7 +35,7 @@ import pagedattn
 from pagedattn.extras import missing_extra
 
 try:
-    import prometheus_client  # noqa: F401  (``build_app``'s /metrics, and uvicorn ``main``'s: imported where used)
+    import prometheus_client  # noqa: F401  (checked here, imported where used: /metrics, and ``main``'s server)
     import uvicorn  # noqa: F401
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
