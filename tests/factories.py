@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pagedattn.config import SchedulerConfig
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager, Policy
-from pagedattn.memory.interface import KVAllocator
+from pagedattn.memory.interface import KVManager
 from pagedattn.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def contiguous_manager(arena_slots: int = 64, policy: Policy = "oracle", max_mod
     return ContiguousKVManager(arena_slots, policy, max_model_len, placement)
 
 
-def scheduler(kv: KVAllocator, static_batching: bool = False, **config: Any) -> Scheduler:
+def scheduler(kv: KVManager, static_batching: bool = False, **config: Any) -> Scheduler:
     """The scheduler (§4.5) over the KV manager ``kv``, configured by ``SchedulerConfig(**config)``."""
     return Scheduler(SchedulerConfig(**config), kv, static_batching=static_batching)
 

@@ -463,3 +463,24 @@ def test_threads_option_sets_torch_threads_and_keeps_the_tokens(llama_and_ref):
     finally:
         torch.set_num_threads(before)
         cpu.set_threads(1)
+
+
+@pytest.mark.parametrize("kv_manager", ["paged", "orca_oracle"])
+def test_the_scheduler_owns_the_kv_manager(kv_manager):
+    """One owner of the KV cache (issue 63, as vLLM V1's scheduler owns its KVCacheManager): the engine core, its
+    executor and the model runner hold no KV manager; each step's plan carries the block tables and slots the
+    runner reads, and they are the manager's."""
+    from pagedattn.memory.block_manager import BlockManager
+    from pagedattn.memory.contiguous import ContiguousKVManager
+
+    e = llm_engine(kv_manager=kv_manager, num_slots=512)
+    held = [o for holder in (e.core, e.core.executor, e.runner) for o in vars(holder).values()]
+    assert not [o for o in held if isinstance(o, (BlockManager, ContiguousKVManager))]
+    assert e.scheduler.kv is e.kv
+    e.add_request("r", [5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=8))  # (running after 3 steps)
+    for _ in range(3):
+        plan, _ = e.core.step()
+        seqs = [s for g in plan.scheduled_groups for s in g.get_seqs()]
+        n = [s.get_len() - 1 for s in seqs]  # (the step appended one token)
+        assert plan.block_tables == {s.seq_id: e.kv.block_table(s.seq_id, k) for s, k in zip(seqs, n)}
+        assert all(len(plan.slot_mappings[s.seq_id]) == (5 if plan.is_prefill else 1) for s in seqs)

@@ -2,6 +2,7 @@
 one (the golden digests run on both paths too: ``tests/test_sim_golden.py``)."""
 from __future__ import annotations
 
+import ast
 import json
 
 import pytest
@@ -26,15 +27,40 @@ def built() -> bool:
     return fastsim.status()[0] is not None
 
 
-def test_rewrite_points_the_copied_modules_at_the_copy_only():
-    src = ("from pagedattn.memory.block_manager import BlockManager\n"
-           "from pagedattn.memory.block_pool import BlockPool\n"
-           "import pagedattn.sequence\nfrom pagedattn.repro.sim.simulator import x  # pagedattn.repro.simulate stays\n")
-    out = fastsim._rewrite(src)
-    assert "from pagedattn_fastsim.block_manager import BlockManager" in out
-    assert "from pagedattn.memory.block_pool import BlockPool" in out  # not copied: the interpreted module
-    assert "import pagedattn_fastsim.sequence" in out
-    assert "from pagedattn_fastsim.sim import x" in out and "pagedattn.repro.simulate stays" in out
+def _pointed_back(tree: ast.AST) -> ast.AST:
+    """A copy's syntax tree with its imports of the copy pointed back at the copied modules."""
+    real = {f"{fastsim.PACKAGE}.{name}": module for module, name in fastsim.MODULES.items()}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in real:
+            node.module = real[node.module]
+    return tree
+
+
+def test_the_copy_is_the_sources_with_their_imports_of_each_other_pointed_at_it():
+    """The compiled copy (``fastsim.copy_source``, the build's one step on the sources) is every copied module's
+    source, statement for statement, but for its imports of the other copied modules, which name the copy; where
+    a build is present, its sources are that copy of today's sources."""
+    for module, name in fastsim.MODULES.items():
+        source, copy = fastsim._source(module).read_text(), fastsim.copy_source(module)
+        assert ast.dump(_pointed_back(ast.parse(copy))) == ast.dump(ast.parse(source)), module
+        changed = [line for line in copy.splitlines() if line not in source.splitlines()]
+        assert all(line.lstrip().startswith(f"from {fastsim.PACKAGE}.") for line in changed), changed
+        assert changed or module in ("pagedattn.sequence", "pagedattn.memory.accounting"), module  # (none of theirs)
+        if built():
+            assert (fastsim.BUILD_DIR / fastsim.PACKAGE / f"{name}.py").read_text() == copy, module
+
+
+def test_the_copy_refuses_an_import_it_could_not_follow(tmp_path, monkeypatch):
+    path = tmp_path / "m.py"
+    monkeypatch.setattr(fastsim, "_source", lambda module: path)
+    path.write_text("from pagedattn.memory.block_pool import BlockPool\nfrom pagedattn.scheduler import (\n"
+                    "    Scheduler,\n    SchedulerOutputs)  # the scheduler\n")
+    assert fastsim.copy_source("m") == ("from pagedattn.memory.block_pool import BlockPool\n"
+                                        f"from {fastsim.PACKAGE}.scheduler import Scheduler, SchedulerOutputs"
+                                        "  # the scheduler\n")
+    path.write_text("import pagedattn.scheduler\n")
+    with pytest.raises(ValueError, match="only `from <module> import ...`"):
+        fastsim.copy_source("m")
 
 
 def _manifest(tmp_path, **kw):

@@ -25,3 +25,22 @@ def test_the_check_sees_a_circle():
     graph = grimp.build_graph("pagedattn", exclude_type_checking_imports=False)
     graph.add_import(importer="pagedattn.memory.interface", imported="pagedattn.repro.sim.simulator")
     assert any(c[0] == "pagedattn.memory.interface" and c[-1] == "pagedattn.memory.interface" for c in circles(graph))
+
+
+def test_the_engine_core_knows_no_runs_of_steady_steps():
+    """The simulator's fast path is the research tier's (``repro.sim.runs``, issue 63): the core's ``Executor`` is
+    ``execute`` alone, the scheduler and the KV allocator view carry no run methods (the managers implement them
+    as ``KVDecodeRuns``, an extension only the simulator uses), and ``EngineCore.step`` is the base of the
+    simulator's ``RunCore``."""
+    from pagedattn.core import EngineCore, Executor
+    from pagedattn.memory.interface import KVAllocator, KVDecodeRuns
+    from pagedattn.repro.sim.runs import RunCore
+    from pagedattn.scheduler import Scheduler
+
+    def public(cls) -> set[str]:
+        return {n for n in dir(cls) if not n.startswith("_")}
+
+    assert public(Executor) == {"execute"}
+    assert not public(Scheduler) & {"steady_decode_steps", "advance", "schedule_steady", "running_seqs"}
+    assert not public(KVAllocator) & public(KVDecodeRuns) and public(KVDecodeRuns) == {"decode_room", "advance"}
+    assert RunCore.step is not EngineCore.step and issubclass(RunCore, EngineCore)

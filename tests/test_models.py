@@ -13,7 +13,7 @@ import torch
 from pagedattn import kernels
 from pagedattn.executor import ModelRunner
 from pagedattn.model import load_model
-from pagedattn.scheduler import SchedulerOutputs
+from pagedattn.scheduler import SchedulerOutputs, lay_out
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
 from factories import block_manager
 from tiny_models import tiny_llama, tiny_opt
@@ -31,7 +31,7 @@ def paged_last_logits(model, prompts: list[list[int]], block_size: int = 4, spli
     """Prefill all prompts in one flat batch through a ModelRunner; with ``split``, each prompt's first ``split``
     tokens are computed first and the rest in a second prefill over the cached context."""
     bm = block_manager(block_size, 64)
-    runner = ModelRunner(model, bm, kernels.get_backend("torch"), torch.device("cpu"), torch.float32)
+    runner = ModelRunner(model, bm.cache_layout(), kernels.get_backend("torch"), torch.device("cpu"), torch.float32)
     groups = []
     for i, p in enumerate(prompts):
         first = p[:split] if split else p
@@ -40,14 +40,14 @@ def paged_last_logits(model, prompts: list[list[int]], block_size: int = 4, spli
         s.status = "running"
         groups.append(SequenceGroup(str(i), [s], SamplingParams()))
     if split:
-        logits, _ = runner.forward(runner.prepare_input(SchedulerOutputs(prefill_groups=groups)))
+        logits, _ = runner.forward(runner.prepare_input(lay_out(SchedulerOutputs(prefill_groups=groups), bm)))
         for g, p in zip(groups, prompts):
             s = g.seqs[0]
             s.num_computed_tokens = s.get_len()
             for t in p[split:]:
                 s.append_token(t)
                 bm.append_slot(s.seq_id)
-    logits, _ = runner.forward(runner.prepare_input(SchedulerOutputs(prefill_groups=groups)))
+    logits, _ = runner.forward(runner.prepare_input(lay_out(SchedulerOutputs(prefill_groups=groups), bm)))
     return logits
 
 
@@ -310,13 +310,13 @@ def test_batched_prefill_of_fresh_and_cached_sequences_in_one_step(make, prefill
     hf = make()
     model = load_model(hf)
     bm = block_manager(4, 64)
-    runner = ModelRunner(model, bm, kernels.get_backend("torch"), torch.device("cpu"), torch.float32)
+    runner = ModelRunner(model, bm.cache_layout(), kernels.get_backend("torch"), torch.device("cpu"), torch.float32)
     cached, fresh = PROMPTS[2], [PROMPTS[0], PROMPTS[1], PROMPTS[3]]
     head = Sequence(0, cached[:13])
     bm.allocate(0, 13)
     head.status = "running"
     first = SequenceGroup("0", [head], SamplingParams())
-    runner.forward(runner.prepare_input(SchedulerOutputs(prefill_groups=[first])))
+    runner.forward(runner.prepare_input(lay_out(SchedulerOutputs(prefill_groups=[first]), bm)))
     head.num_computed_tokens = head.get_len()
     for t in cached[13:]:
         head.append_token(t)
@@ -327,6 +327,6 @@ def test_batched_prefill_of_fresh_and_cached_sequences_in_one_step(make, prefill
         bm.allocate(i, len(p))
         s.status = "running"
         groups.append(SequenceGroup(str(i), [s], SamplingParams()))
-    logits, _ = runner.forward(runner.prepare_input(SchedulerOutputs(prefill_groups=groups)))
+    logits, _ = runner.forward(runner.prepare_input(lay_out(SchedulerOutputs(prefill_groups=groups), bm)))
     for row, p in zip(logits, [cached] + fresh):
         torch.testing.assert_close(row, hf_last_logits(hf, p), rtol=1e-4, atol=1e-4)

@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 from pagedattn.memory.accounting import breakdown
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs, _add_moves
 from pagedattn.repro.experiments.online_serving import FittedStepTime
-from pagedattn.repro.sim.simulator import SYSTEMS, CostModel, make_kv_manager, simulate
+from pagedattn.repro.sim import runs
+from pagedattn.repro.sim.simulator import ITERATION_LEVEL, CostModel, make_kv_manager, simulate
 from pagedattn.repro.workloads.traces import TraceRequest, make_trace
 from factories import block_manager, contiguous_manager, scheduler
 from seq_groups import admit, make_group
@@ -139,7 +140,7 @@ def test_preemption_leaves_finished_samples_finished(mode):
     kv.check_invariants()
 
 
-@pytest.mark.parametrize("system", SYSTEMS)
+@pytest.mark.parametrize("system", ITERATION_LEVEL)
 def test_simulation_finishes_every_request_and_returns_every_block(system):
     trace = make_trace("sharegpt", 60, rate=4.0, seed=1)
     r = simulate(trace, system, num_slots=6000)
@@ -205,6 +206,20 @@ def test_paper_scale_paged_keeps_96pct_token_states_and_wastes_under_a_block():
 def test_unknown_system():
     with pytest.raises(ValueError, match="unknown system"):
         make_kv_manager("tgi", 100)
+
+
+def test_one_registry_gives_each_system_its_label_manager_and_batching():
+    """``memory.systems.SYSTEMS`` is the one registry (the engine's ``kv_manager``, the simulator and the notebooks'
+    labels): Orca's three reserve contiguously (block size 1), ours pages, FasterTransformer batches statically over
+    Orca (Max)'s reservation; the simulator compares the systems that batch at the iteration level."""
+    from pagedattn.memory.systems import LABELS, SYSTEMS
+
+    assert ITERATION_LEVEL == ("orca_max", "orca_pow2", "orca_oracle", "paged")
+    assert {n for n, s in SYSTEMS.items() if s.static_batching} == {"static", "ft"}
+    assert LABELS == {n: s.label for n, s in SYSTEMS.items()} and LABELS["paged"] == "vLLM (ours)"
+    for name in SYSTEMS:
+        kv = make_kv_manager(name, 256, block_size=16)
+        assert kv.block_size == (16 if name == "paged" else 1), name
 
 
 def test_group_that_cannot_be_swapped_fails_alone_and_frees_its_blocks():
@@ -392,19 +407,19 @@ def test_no_run_where_the_next_step_could_copy_admit_or_swap():
     s = scheduler(kv, max_num_seqs=2, max_model_len=64)
     s.add(group(0, 6, max_tokens=30))
     step(s, 1.0)
-    assert s.steady_decode_steps(10, s.running_seqs()) == 10  # alone, nobody waiting
+    assert runs.steady_decode_steps(s, kv, 10, runs.running_seqs(s)) == 10  # alone, nobody waiting
     s.add(group(1, 6, max_tokens=30))
-    assert s.steady_decode_steps(10, s.running_seqs()) == 0  # the next step admits r1
+    assert runs.steady_decode_steps(s, kv, 10, runs.running_seqs(s)) == 0  # the next step admits r1
     step(s, 2.0)
     s.add(group(2, 6))
-    assert s.steady_decode_steps(10, s.running_seqs()) == 10  # r2 waits for a seat (max_num_seqs=2) until a finish
+    assert runs.steady_decode_steps(s, kv, 10, runs.running_seqs(s)) == 10  # r2 waits for a seat (max_num_seqs=2) until a finish
     kv.fork(0, 99)  # a shared last block: the next append copies it
-    assert s.steady_decode_steps(10, s.running_seqs()) == 0
+    assert runs.steady_decode_steps(s, kv, 10, runs.running_seqs(s)) == 0
     kv.free(99)
     s.pending_copies = [(1, 2)]
-    assert s.steady_decode_steps(10, s.running_seqs()) == 0
+    assert runs.steady_decode_steps(s, kv, 10, runs.running_seqs(s)) == 0
     s.pending_copies = []
-    assert s.steady_decode_steps(0, s.running_seqs()) == 0
+    assert runs.steady_decode_steps(s, kv, 0, runs.running_seqs(s)) == 0
 
 
 def test_advance_appends_the_tokens_and_caches_all_but_the_last():
@@ -413,9 +428,9 @@ def test_advance_appends_the_tokens_and_caches_all_but_the_last():
     s.add(group(0, 6, max_tokens=30, n=2))
     step(s, 1.0)
     step(s, 2.0)  # copy-on-write done: own last blocks
-    assert s.steady_decode_steps(50, s.running_seqs()) == 50
-    kv.advance(s.running_seqs(), 5)  # the caller takes the slots (``KVManager.advance``)
-    s.advance(5, 7, s.running_seqs())
+    assert runs.steady_decode_steps(s, kv, 50, runs.running_seqs(s)) == 50
+    kv.advance(runs.running_seqs(s), 5)  # the caller takes the slots (``KVDecodeRuns.advance``)
+    runs.advance(runs.running_seqs(s), 5, 7)
     for seq in s.running[0].seqs:
         assert seq.token_ids == [1] * 6 + [0, 0] + [7] * 5 and seq.num_computed_tokens == 12
         assert kv.num_tokens(seq.seq_id) == 12  # the last token's slot comes with the next step
@@ -423,7 +438,7 @@ def test_advance_appends_the_tokens_and_caches_all_but_the_last():
 
 
 def test_a_runs_last_step_is_planned_as_schedule_plans_it_and_may_finish():
-    """``schedule_steady`` (a run's last step, its slots taken by the caller) plans what ``schedule`` would: every
+    """``runs.steady_plan`` (a run's last step, its slots taken by the caller) plans what ``schedule`` would: every
     running group decodes, the same slots, no copy; its ``update_from_output`` finishes the sequences that are done
     then."""
     plans = []
@@ -434,12 +449,12 @@ def test_a_runs_last_step_is_planned_as_schedule_plans_it_and_may_finish():
             s.add(group(i, 6, max_tokens=out_len))
         s.add(group(2, 6))  # waits for a seat until r0 finishes
         step(s, 1.0)
-        assert s.steady_decode_steps(2, s.running_seqs()) == 2
-        kv.advance(s.running_seqs(), 1)
-        s.advance(1, 0, s.running_seqs())
+        assert runs.steady_decode_steps(s, kv, 2, runs.running_seqs(s)) == 2
+        kv.advance(runs.running_seqs(s), 1)
+        runs.advance(runs.running_seqs(s), 1, 0)
         if steady:
-            kv.advance(s.running_seqs(), 1)  # the caller takes a run's slots, its last step's too
-        out = s.schedule_steady() if steady else s.schedule()
+            kv.advance(runs.running_seqs(s), 1)  # the caller takes a run's slots, its last step's too
+        out = runs.steady_plan(s) if steady else s.schedule()
         plans.append(([g.request_id for g in out.decode_groups], out.blocks_to_copy, out.prefill_groups,
                       [kv.block_table(i) for i in (0, 10)], [kv.num_tokens(i) for i in (0, 10)]))
         done = s.update_from_output(out, fill(out, 3.0, stop=lambda q, g: (
@@ -472,7 +487,7 @@ def test_replays_taking_runs_equal_replays_step_by_step(lens, system, slots, mod
               num_cpu_blocks=20 if mode == "swap" else 0, n=n, seed=3, max_model_len=512, cost=cost,
               max_num_seqs=max_num_seqs, max_steps=max_steps)
     off = mock.patch.object(fastsim, "status", lambda: (None, "interpreted by the test"))
-    with off, mock.patch.object(Scheduler, "steady_decode_steps", lambda self, limit, seqs: 0):
+    with off, mock.patch.object(runs, "steady_decode_steps", lambda sched, kv, limit, seqs: 0):
         step_by_step = _replay_or_error(trace, kw)
     with off if interpreted else contextlib.nullcontext():
         for record_steps in (True, False):
@@ -497,9 +512,8 @@ def test_replays_take_most_steps_as_runs(interpreted_simulator, monkeypatch):
     paper-scale replay's steps are taken in runs, by the paged and the Orca managers alike, with step records and
     without."""
     taken = []
-    orig = Scheduler.advance
-    monkeypatch.setattr(Scheduler, "advance", lambda self, steps, fill, seqs: (
-        taken.append(steps), orig(self, steps, fill, seqs)))
+    orig = runs.advance
+    monkeypatch.setattr(runs, "advance", lambda seqs, steps, fill: (taken.append(steps), orig(seqs, steps, fill)))
     trace = make_trace("sharegpt", 200, rate=5.0, seed=1)
     for system in ("paged", "orca_oracle"):
         steps = len(simulate(trace, system, 4000).steps)

@@ -7,7 +7,7 @@ import pandas as pd
 from pagedattn.repro.sim.capacity import RateSearch
 
 from pagedattn.repro.experiments import chatbot, kv_waste
-from pagedattn.repro.sim.simulator import SYSTEMS, simulate
+from pagedattn.repro.sim.simulator import ITERATION_LEVEL, simulate
 from pagedattn.repro.workloads.traces import TraceRequest, make_trace, with_rate
 
 
@@ -34,7 +34,7 @@ def test_fig2_rate_rule_takes_the_lowest_qualifying_rate():
 def _breakdowns(real_ts: float) -> pd.DataFrame:
     rows = []
     for trace, ts, rate in (("sharegpt", real_ts, 5.0), ("sharegpt_synthetic", 97.0, 3.0)):
-        for s in SYSTEMS:
+        for s in ITERATION_LEVEL:
             rows.append({"trace": trace, "system": s, "rate": rate if not math.isnan(ts) else math.nan,
                          "token_states": ts if s == "paged" else 30.0, "memory_bound_steps_pct": 95.0})
     return pd.DataFrame(rows)
@@ -42,7 +42,7 @@ def _breakdowns(real_ts: float) -> pd.DataFrame:
 
 def _batches() -> pd.DataFrame:
     return pd.DataFrame([{"trace": t, "rate": 2.0, "system": s, "mean_batch": 10.0, "paper_mean_batch": 10.0,
-                          "max_request_waste_slots": 15} for t in ("sharegpt", "sharegpt_synthetic") for s in SYSTEMS])
+                          "max_request_waste_slots": 15} for t in ("sharegpt", "sharegpt_synthetic") for s in ITERATION_LEVEL])
 
 
 def test_fig2_claims_carry_the_synthetic_value_and_null_when_not_memory_bound():

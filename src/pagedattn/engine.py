@@ -33,7 +33,7 @@ from pagedattn.core import EngineCore, StepMetrics
 from pagedattn.cuda_graphs import DecodeGraphs, use_cuda_graphs
 from pagedattn.executor import ModelExecutor, ModelRunner
 from pagedattn.memory import AllocStatus, KVManager
-from pagedattn.memory.systems import SYSTEMS, is_static, make_kv_manager
+from pagedattn.memory.systems import SYSTEMS, make_kv_manager
 from pagedattn.model.loader import eos_token_ids, load_for_engine
 from pagedattn.output_processor import OutputProcessor
 from pagedattn.sampling import Sampler, make_generator
@@ -199,10 +199,11 @@ class LLMEngine:
         max_tokens = args.max_num_batched_tokens or max(self.max_model_len, 2048)
         self.scheduler = Scheduler(SchedulerConfig(args.max_num_seqs, max_tokens, self.max_model_len,
                                                    args.preemption_mode), self.kv,
-                                   static_batching=is_static(args.kv_manager))
+                                   static_batching=built is None and SYSTEMS[args.kv_manager].static_batching,
+                                   lay_out_plans=True)
         self.scheduler.split_samples = True  # samples that cannot be swapped are recomputed one by one
         self.backend = kernels.get_backend(args.attention_backend)
-        self.runner = ModelRunner(self.model, self.kv, self.backend, self.device, self.dtype)
+        self.runner = ModelRunner(self.model, self.kv.cache_layout(), self.backend, self.device, self.dtype)
         if use_cuda_graphs(self.device, self.backend, args.enforce_eager):  # captured at start-up, as vLLM does
             self.runner.graphs = DecodeGraphs(self.model, args.max_num_seqs,
                                               -(-self.max_model_len // self.runner.block_size), self.device)
@@ -211,7 +212,7 @@ class LLMEngine:
         self.processor = OutputProcessor(self.tokenizer)
         if args.max_step_metrics is not None and (as_int(args.max_step_metrics) is None or args.max_step_metrics < 0):
             raise ValueError(f"max_step_metrics must be None or an integer >= 0, got {args.max_step_metrics!r}")
-        self.core = EngineCore(self.scheduler, ModelExecutor(self.runner, self.sampler, self.now), self.kv, self.now,
+        self.core = EngineCore(self.scheduler, ModelExecutor(self.runner, self.sampler, self.now), self.now,
                                record_steps=args.max_step_metrics != 0,
                                steps=StepMetricsRing(maxlen=args.max_step_metrics))
         self._seq_ids = itertools.count()
@@ -304,7 +305,7 @@ class LLMEngine:
         """One iteration (``core.EngineCore.step``: schedule, execute, update), then the outputs: of the scheduled
         requests (``finished_only``: of those that finished this step) and of the requests refused this step."""
         plan, finished = self.core.step()
-        assert plan is not None  # (a model executor takes no runs of steady steps)
+        assert plan is not None  # (None only within the simulator's runs of steady decode steps)
         outputs = []
         for g in plan.ignored:  # refused by the scheduler: they can never be served
             outputs.append(self.processor.output(g))

@@ -5,12 +5,12 @@ device) and the copy-on-write copies (§4.4) that the scheduler decided, each as
 as a tensor; then one forward pass over the flat batch of the step's new tokens; then the LM head on each sequence's
 last token. The runner is the only code that touches the cache tensors.
 
-The caches are built from the KV manager's layout (``KVManager.cache_layout``), so the same runner serves the paged
-``BlockManager`` (block size 16) and Orca's ``ContiguousKVManager`` (block size 1, one slot per "block"). Per layer: a
-K and a V tensor of
-``[num_blocks, block_size, num_kv_heads, head_dim]`` on the device and, for swapping, the same on the CPU. Where each
-token's K/V goes (the slot mapping) and which blocks hold a sequence's context (its block table) come from the KV
-manager; the runner only flattens them into tensors.
+The caches are built from the KV manager's layout (``KVManager.cache_layout()``, given at construction), so the same
+runner serves the paged ``BlockManager`` (block size 16) and Orca's ``ContiguousKVManager`` (block size 1, one slot per
+"block"). Per layer: a K and a V tensor of ``[num_blocks, block_size, num_kv_heads, head_dim]`` on the device and, for
+swapping, the same on the CPU. The runner holds no KV manager (the scheduler owns it): where each token's K/V goes
+(the slot mapping) and which blocks hold a sequence's context (its block table) come in the scheduler's plan
+(``SchedulerOutputs.slot_mappings`` / ``block_tables``); the runner only flattens them into tensors.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from pagedattn.cuda_graphs import DecodeGraphs
 from pagedattn.kernels import KernelBackend
-from pagedattn.memory.interface import KVLayout, copy_pairs
+from pagedattn.memory.interface import copy_pairs
 from pagedattn.model.attention import AttentionMetadata, PagedAttention
 from pagedattn.scheduler import ModelOutput, SchedulerOutputs
 from pagedattn.sequence import Sequence, SequenceGroup
@@ -54,14 +54,14 @@ class StepResult:
 class ModelRunner:
     """Executes ``SchedulerOutputs`` on a model with a paged KV cache."""
 
-    def __init__(self, model: nn.Module, kv: KVLayout, backend: KernelBackend, device: torch.device,
-                 dtype: torch.dtype) -> None:
-        self.model, self.kv, self.backend, self.device, self.dtype = model, kv, backend, device, dtype
+    def __init__(self, model: nn.Module, cache_layout: tuple[int, int, int], backend: KernelBackend,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        self.model, self.backend, self.device, self.dtype = model, backend, device, dtype
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
         if not self.attn_layers:
             raise ValueError("the model has no PagedAttention layers")
         a = self.attn_layers[0]
-        self.num_blocks, self.block_size, num_cpu_blocks = kv.cache_layout()
+        self.num_blocks, self.block_size, num_cpu_blocks = cache_layout  # (``KVLayout.cache_layout()``)
         if backend.name == "triton" and self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size={self.block_size}: the Triton attention kernel needs a power of two "
                              "(attention_backend='torch' takes any block size)")
@@ -121,8 +121,10 @@ class ModelRunner:
     # ------------------------------------------------------------------------------------------- inputs
     def prepare_input(self, out: SchedulerOutputs) -> ModelInput:
         """Flatten the step's new tokens. A prefill computes every uncached token of a group's sequence (forks
-        share it, so one sequence per group is computed); a decode computes each running sequence's last token."""
-        kv, bs = self.kv, self.block_size
+        share it, so one sequence per group is computed); a decode computes each running sequence's last token. Their
+        slots and block tables are the plan's (``scheduler.lay_out``)."""
+        bs = self.block_size
+        plan_slots, plan_tables = out.slot_mappings, out.block_tables
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -138,8 +140,8 @@ class ModelRunner:
                 start, n = s.num_computed_tokens, s.get_len()
                 ids += s.token_ids[start:]
                 positions += range(start, n)
-                slots += kv.slot_mapping(s.seq_id, start, n)
-                tables.append(kv.block_table(s.seq_id, n))
+                slots += plan_slots[s.seq_id]
+                tables.append(plan_tables[s.seq_id])
                 ctx_lens.append(n)
                 loc.append(loc[-1] + n - start)
                 logits_rows += [len(ctx_lens) - 1] * len(seqs)
@@ -152,8 +154,8 @@ class ModelRunner:
                     n = s.get_len()
                     ids.append(s.last_token_id)
                     positions.append(n - 1)
-                    slots += kv.slot_mapping(s.seq_id, n - 1, n)
-                    tables.append(kv.block_table(s.seq_id, n))
+                    slots += plan_slots[s.seq_id]
+                    tables.append(plan_tables[s.seq_id])
                     ctx_lens.append(n)
                     rows.append((s, g))
             logits_indices = None
@@ -195,10 +197,7 @@ class ModelRunner:
 
 class ModelExecutor:
     """The real engine's executor (``core.Executor``): the ``ModelRunner``'s block moves and forward pass through
-    the paged KV cache (§4.1), then the ``Sampler``'s tokens (§4.4), on the engine's clock. A model's tokens are
-    known only once computed, so it takes no runs of steady decode steps (``steps_left`` is 0)."""
-
-    fill_token = 0  # (never used: no runs)
+    the paged KV cache (§4.1), then the ``Sampler``'s tokens (§4.4), on the engine's clock."""
 
     def __init__(self, runner: ModelRunner, sampler, clock=time.perf_counter) -> None:
         self.runner, self.sampler, self.clock = runner, sampler, clock
@@ -214,9 +213,3 @@ class ModelExecutor:
         ctx = result.inp.meta.context_lens_list
         output.num_seqs, output.context_tokens = len(ctx), sum(ctx)
         return output
-
-    def steps_left(self, seqs: list[Sequence]) -> int:
-        return 0
-
-    def steady_step(self, num_seqs: int, context_tokens: int) -> float:
-        raise NotImplementedError("a model executor takes no runs of steady decode steps")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import math
 import time
@@ -38,7 +39,6 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 import numpy as np
-import pandas as pd
 
 #: The latency metrics of the summary, as ``benchmark_serving`` names them, plus the paper's normalised latency.
 METRICS = ("ttft", "tpot", "itl", "e2el", "nl")
@@ -474,6 +474,14 @@ def retime(requests: list[Request], rate: float, burstiness: float, seed: int) -
             for r, at in zip(requests, t)]
 
 
+def write_csv(path, rows: list[dict]) -> None:
+    """The per-request CSV (``--out``), one row per ``RequestRecord.row()``; None is an empty field."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def run(a: argparse.Namespace, requests: Sequence[TraceLike], described: str) -> dict:
     """Replay ``requests`` with ``add_arguments``' options ``a``; print the summary (``described`` says what was
     sent), write the CSV (``--out``) and the JSON result (``--result-file``: the summary and every option); return
@@ -493,7 +501,7 @@ def run(a: argparse.Namespace, requests: Sequence[TraceLike], described: str) ->
           "model's context")
     print(format_summary(summary))
     if a.out:
-        pd.DataFrame([r.row() for r in records]).to_csv(a.out, index=False)
+        write_csv(a.out, [r.row() for r in records])
         print(f"per-request CSV: {a.out}")
     if a.result_file:
         settings = {k: v for k, v in vars(a).items() if k not in summary and k not in ("percentiles", "slo", "model")}

@@ -10,10 +10,11 @@ Every step the scheduler decides which sequence groups run next:
    plus the blocks their next tokens need (none for a sequence with room in its last block). A swapped group that
    could not come back even into an empty pool is refused at once, with an error naming the limit.
 
-The scheduler talks to its KV manager only through ``memory.interface.KVAllocator``, the scheduler's view of the
-``KVManager`` that ``memory.BlockManager`` (paged) and ``memory.contiguous.ContiguousKVManager`` (Orca) implement, so
-the same loop serves the real engine and the simulation. It never touches tensors: the block moves it decides travel
-to the executor in ``SchedulerOutputs``. It owns a step's bookkeeping after the forward pass (``update_from_output``:
+The scheduler owns its KV manager (as vLLM V1's scheduler owns its ``KVCacheManager``): it allocates through
+``memory.interface.KVAllocator``, the scheduler's view of the ``KVManager`` that ``memory.BlockManager`` (paged) and
+``memory.contiguous.ContiguousKVManager`` (Orca) implement, so the same loop serves the real engine and the
+simulation. It never touches tensors: what the executor needs of the cache travels in ``SchedulerOutputs`` (the block
+moves it decides and, for the real engine, each computed sequence's block table and slots, ``lay_out``). It owns a step's bookkeeping after the forward pass (``update_from_output``:
 tokens computed and appended, stop checks, beam forks, freeing, per-request times), for the engine and the simulator
 alike, and so ``Sequence.num_computed_tokens``: the cached prefix at admission, 0 when preempted by recomputation,
 the whole sequence after each step that computed it.
@@ -22,11 +23,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from pagedattn.config import SchedulerConfig
-from pagedattn.memory.interface import AllocStatus, BlockCopies, KVAllocator
+from pagedattn.memory.interface import AllocStatus, BlockCopies, KVLayout, KVManager
 from pagedattn.sequence import FinishReason, Sequence, SequenceGroup
+
+if TYPE_CHECKING:
+    from pagedattn.memory.accounting import KVStats
 
 
 @dataclass
@@ -40,6 +44,11 @@ class SchedulerOutputs:
     blocks_to_copy: BlockCopies = field(default_factory=list)
     preempted: list[SequenceGroup] = field(default_factory=list)
     ignored: list[SequenceGroup] = field(default_factory=list)
+    # What the executor reads of the KV cache for the step (§4.1), by sequence id, for each sequence the step computes:
+    # its block table (the blocks of its context) and the slots of the tokens it computes; filled by ``lay_out``
+    # (the scheduler does where it lays out its plans: the real engine; the simulator reads none)
+    block_tables: dict[int, list[int]] = field(default_factory=dict)
+    slot_mappings: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def is_prefill(self) -> bool:
@@ -58,6 +67,24 @@ class SchedulerOutputs:
 
     def is_empty(self) -> bool:
         return not (self.prefill_groups or self.decode_groups or self.blocks_to_swap_out)
+
+
+def lay_out(out: SchedulerOutputs, kv: KVLayout) -> SchedulerOutputs:
+    """Fill the plan's ``block_tables`` and ``slot_mappings`` from the KV manager's layout view, as the step computes
+    its sequences: a prefill each group's uncached prompt tokens once (its first running sequence: forks share the
+    prompt), a decode each running sequence's last token. Returns ``out``."""
+    tables, slots = out.block_tables, out.slot_mappings
+    for g in out.prefill_groups:
+        s = g.get_seqs("running")[0]
+        n = s.get_len()
+        slots[s.seq_id] = kv.slot_mapping(s.seq_id, s.num_computed_tokens, n)
+        tables[s.seq_id] = kv.block_table(s.seq_id, n)
+    for g in out.decode_groups:
+        for s in g.get_seqs("running"):
+            n = s.get_len()
+            slots[s.seq_id] = kv.slot_mapping(s.seq_id, n - 1, n)
+            tables[s.seq_id] = kv.block_table(s.seq_id, n)
+    return out
 
 
 @dataclass
@@ -87,11 +114,15 @@ class ModelOutput:
 
 
 class Scheduler:
-    """FCFS iteration-level scheduler over a KV manager (paged or contiguous)."""
+    """FCFS iteration-level scheduler over a KV manager (paged or contiguous), which it owns: the engine core and the
+    executors hold none. ``lay_out_plans``: every plan carries its block tables and slot mappings (``lay_out``; the
+    real engine's executor reads them, the simulator's none)."""
 
-    def __init__(self, config: SchedulerConfig, kv_manager: KVAllocator, static_batching: bool = False) -> None:
+    def __init__(self, config: SchedulerConfig, kv_manager: KVManager, static_batching: bool = False,
+                 lay_out_plans: bool = False) -> None:
         self.config = config
         self.kv = kv_manager
+        self.lay_out_plans = lay_out_plans
         # FasterTransformer-style static batching: a new batch starts only when the previous one has finished.
         self.static_batching = static_batching
         self.waiting: deque[SequenceGroup] = deque()
@@ -110,6 +141,14 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
+
+    def num_used_blocks(self) -> int:
+        """Device blocks in use (slots, for a contiguous manager): the step records'."""
+        return self.kv.num_used_gpu_blocks
+
+    def kv_stats(self, final_len: dict[int, int] | None = None) -> KVStats:
+        """The device memory's snapshot (``KVInspector.stats``): the simulator's step records'."""
+        return self.kv.stats(final_len)
 
     def num_running_seqs(self) -> int:
         return sum(len(g.get_seqs("running")) for g in self.running)
@@ -176,47 +215,6 @@ class Scheduler:
                     g.metrics.finish_time = now
         return done
 
-    def running_seqs(self) -> list[Sequence]:
-        """The running sequences, in the order a decode step appends to them (FCFS over the groups)."""
-        return [s for g in self.running for s in g.get_seqs("running")]
-
-    def steady_decode_steps(self, limit: int, seqs: list[Sequence]) -> int:
-        """How many of the next steps (at most ``limit``) are sure to be decode steps of the running sequences
-        ``seqs`` (``running_seqs()``) as they stand, with no admission, swap, preemption or copy, provided that no
-        sequence finishes before the last of them and, while none waits, no request arrives (the caller's bounds):
-        the waiting queue's head cannot be admitted before memory is freed (its blocks do not fit, and the running
-        sequences' growth only takes more) or a sequence finishes (``max_num_seqs``). 0 where that is not sure. The
-        simulator takes such steps at once (``advance``, then ``schedule_steady`` for the last); the engine, whose
-        tokens come from a model, never does."""
-        if limit <= 0 or self.swapped or self.pending_copies or not self.running:
-            return 0
-        if self.waiting and not self.static_batching:
-            head = self.waiting[0]
-            status = self.kv.can_allocate(head)
-            if status is AllocStatus.NEVER or status is AllocStatus.OK and \
-                    len(seqs) + len(head.get_seqs("waiting")) <= self.config.max_num_seqs:
-                return 0
-        if any(g.metrics.first_token_time is None for g in self.running):
-            return 0
-        return self.kv.decode_room(seqs, limit)
-
-    def advance(self, steps: int, fill_token: int, seqs: list[Sequence]) -> None:
-        """``steps`` decode steps at once, as ``steady_decode_steps`` allowed: each running sequence (``seqs``, as
-        given to it) gains ``steps`` copies of ``fill_token``, and the K/V of all its tokens but the last is cached;
-        what ``steps`` rounds of ``schedule`` and ``update_from_output`` would have done, no sequence finishing,
-        once the caller has taken the slots for those steps (``KVManager.advance``: the simulator takes them all at
-        once, or step by step where it records each step's memory)."""
-        for s in seqs:
-            s.extend(fill_token, steps)
-            s.num_computed_tokens = len(s.token_ids) - 1
-
-    def schedule_steady(self) -> SchedulerOutputs:
-        """The plan of a step that ``steady_decode_steps`` vouched for (the last of a run, after ``advance``): every
-        running group decodes and nothing else happens; what ``schedule`` would plan then, without its checks. As
-        for ``advance``, the caller has taken the step's slots (``KVManager.advance``). Its ``update_from_output``
-        follows as usual, finishing the sequences that are done."""
-        return SchedulerOutputs(decode_groups=list(self.running))
-
     def _free_finished(self) -> list[SequenceGroup]:
         """Free the blocks of finished sequences; drop and return the groups that are done."""
         done = []
@@ -249,9 +247,9 @@ class Scheduler:
         if not self.swapped and not (self.static_batching and self.running):
             self._schedule_prefills(out)
             if out.prefill_groups:
-                return out
+                return lay_out(out, self.kv) if self.lay_out_plans else out
         self._schedule_decodes(out)
-        return out
+        return lay_out(out, self.kv) if self.lay_out_plans else out
 
     def _schedule_prefills(self, out: SchedulerOutputs) -> None:
         num_tokens = 0

@@ -32,11 +32,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
 import pagedattn
+from pagedattn.extras import missing_extra
+
+try:
+    import prometheus_client  # noqa: F401  (checked here, imported where used: /metrics, and ``main``'s server)
+    import uvicorn  # noqa: F401
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+except ImportError as e:  # ``pip install pagedattn`` alone: the engine without its server
+    missing_extra("serve", "pagedattn.serve", e, main=__name__ == "__main__")
+
 from pagedattn.async_engine import AsyncEngine, EngineOverloaded
 from pagedattn.openai_protocol import (ParsedRequest, RequestError, check_text, error_body, field_of, fit_max_tokens,
                                        parse_chat, parse_completion)

@@ -26,11 +26,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
 from pagedattn.engine import LLMEngine
+from pagedattn.extras import missing_extra
 from pagedattn.sequence import RequestOutput
+
+try:
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+except ImportError as e:  # the server's extra
+    missing_extra("serve", "pagedattn.serve_metrics", e)
 
 #: vLLM 0.32's bucket families (seconds; ``vllm/v1/metrics/buckets.py``)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,

@@ -140,16 +140,6 @@ class KVAllocator(Protocol):
         block copies that the executor must perform (none where the child shares the parent's blocks)."""
         ...
 
-    def decode_room(self, seqs: list, limit: int) -> int:  # of SeqView (a list: the compiled simulator's loops)
-        """How many decode steps in a row, at most ``limit``, the device-resident sequences ``seqs`` can each
-        take one more token, in this order every step, with no preemption, copy or refusal (0 where unsure)."""
-        ...
-
-    def advance(self, seqs: list, steps: int) -> None:  # of SeqView
-        """``steps`` such steps at once (``decode_room``): what ``steps`` rounds of ``append_slots`` over the
-        sequences, in this order, would do."""
-        ...
-
     def free_seq(self, seq: SeqView) -> None:
         """Release a sequence's blocks, if it holds any."""
         ...
@@ -234,6 +224,21 @@ class KVInspector(Protocol):
 
     def check_invariants(self) -> None:
         """Assert the manager's own invariants (tests call it after every step)."""
+        ...
+
+
+class KVDecodeRuns(Protocol):
+    """An extension that only the simulator uses (``repro.sim.runs``): runs of steady decode steps, taken at once
+    instead of one ``append_slots`` round per step. Both managers implement it; the engine never calls it."""
+
+    def decode_room(self, seqs: list, limit: int) -> int:  # of SeqView (a list: the compiled simulator's loops)
+        """How many decode steps in a row, at most ``limit``, the device-resident sequences ``seqs`` can each
+        take one more token, in this order every step, with no preemption, copy or refusal (0 where unsure)."""
+        ...
+
+    def advance(self, seqs: list, steps: int) -> None:  # of SeqView
+        """``steps`` such steps at once (``decode_room``): what ``steps`` rounds of ``append_slots`` over the
+        sequences, in this order, would do."""
         ...
 
 

@@ -9,14 +9,63 @@ a system's name to its manager, for the real engine (``EngineArgs.kv_manager``) 
 """
 from __future__ import annotations
 
-from typing import Literal, cast
+from dataclasses import dataclass
+from typing import Callable, Literal, cast
 
 from pagedattn.memory.block_manager import BlockManager
 from pagedattn.memory.contiguous import ContiguousKVManager, Policy
 from pagedattn.memory.interface import KVManager
 
-#: every system's name; ``ft`` is ``static`` under the name the paper's figures give it
-SYSTEMS: tuple[str, ...] = ("paged", "orca_max", "orca_pow2", "orca_oracle", "static", "ft")
+#: ``System.make``'s signature: ``(num_slots, block_size, max_model_len, num_cpu_blocks, watermark, placement,
+#: enable_prefix_caching)`` -> the KV manager
+ManagerFactory = Callable[[int, int, int, int, float, str, bool], KVManager]
+
+
+def _paged(num_slots: int, block_size: int, max_model_len: int, num_cpu_blocks: int, watermark: float,
+           placement: str, enable_prefix_caching: bool) -> KVManager:
+    return BlockManager(block_size, num_slots // block_size, num_cpu_blocks, watermark, max_model_len,
+                        enable_prefix_caching)
+
+
+def _contiguous(policy: Policy) -> ManagerFactory:
+    def make(num_slots: int, block_size: int, max_model_len: int, num_cpu_blocks: int, watermark: float,
+             placement: str, enable_prefix_caching: bool) -> KVManager:
+        return ContiguousKVManager(num_slots, policy, max_model_len, cast(Literal["buddy", "exact"], placement))
+    return make
+
+
+@dataclass(frozen=True)
+class System:
+    """One serving system of the comparison: its name, the label the paper's figures give it, the factory of its
+    KV manager and whether it batches statically (no request joins a running batch)."""
+
+    name: str
+    label: str
+    make: ManagerFactory
+    static_batching: bool = False
+
+
+#: The registry: every system by name, in the paper's figures' order (Orca's three, then ours); ``ft`` is
+#: ``static`` under the name the paper's figures give it.
+SYSTEMS: dict[str, System] = {s.name: s for s in (
+    System("orca_max", "Orca (Max)", _contiguous("max")),
+    System("orca_pow2", "Orca (Pow2)", _contiguous("pow2")),
+    System("orca_oracle", "Orca (Oracle)", _contiguous("oracle")),
+    System("paged", "vLLM (ours)", _paged),
+    System("static", "FasterTransformer", _contiguous("max"), static_batching=True),
+    System("ft", "FasterTransformer", _contiguous("max"), static_batching=True),
+)}
+#: the systems that batch at the iteration level: Fig. 2's and Fig. 12's Orca and ours
+ITERATION_LEVEL: tuple[str, ...] = tuple(name for name, s in SYSTEMS.items() if not s.static_batching)
+#: every system's label (the figures' legends)
+LABELS: dict[str, str] = {name: s.label for name, s in SYSTEMS.items()}
+
+
+def system(name: str) -> System:
+    """The registry's entry of ``name``; raises naming the known systems."""
+    if name not in SYSTEMS:
+        raise ValueError(f"unknown system {name!r}; known: {list(SYSTEMS)}")
+    return SYSTEMS[name]
 
 
 def engine_system(name: str) -> tuple[str, bool]:
@@ -27,21 +76,11 @@ def engine_system(name: str) -> tuple[str, bool]:
     return kv_manager, name == "paged_auto"
 
 
-def is_static(system: str) -> bool:
-    """Whether ``system`` batches statically (no request joins a running batch)."""
-    return system in ("static", "ft")
-
-
-def make_kv_manager(system: str, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
+def make_kv_manager(system_name: str, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
                     num_cpu_blocks: int = 0, watermark: float = 0.01, placement: str = "buddy",
                     enable_prefix_caching: bool = False) -> KVManager:
-    """The KV manager of ``system`` over ``num_slots`` token slots (paged: ``num_slots // block_size`` blocks).
-    ``num_cpu_blocks`` (the swap space) and ``enable_prefix_caching`` are the paged manager's: a contiguous
+    """The KV manager of ``system_name`` over ``num_slots`` token slots (paged: ``num_slots // block_size``
+    blocks). ``num_cpu_blocks`` (the swap space) and ``enable_prefix_caching`` are the paged manager's: a contiguous
     reservation has no CPU pool (its preempted requests are recomputed) and shares no blocks."""
-    if system not in SYSTEMS:
-        raise ValueError(f"unknown system {system!r}; known: {list(SYSTEMS)}")
-    if system == "paged":
-        return BlockManager(block_size, num_slots // block_size, num_cpu_blocks, watermark, max_model_len,
-                            enable_prefix_caching)
-    policy = "max" if is_static(system) else system.removeprefix("orca_")
-    return ContiguousKVManager(num_slots, cast(Policy, policy), max_model_len, cast(Literal["buddy", "exact"], placement))
+    return system(system_name).make(num_slots, block_size, max_model_len, num_cpu_blocks, watermark, placement,
+                                    enable_prefix_caching)

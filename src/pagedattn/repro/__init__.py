@@ -17,5 +17,12 @@ and, below them all, the paper's published numbers and model shapes (``paper``).
 """
 from pathlib import Path
 
+from pagedattn.extras import missing_extra
+
+try:
+    import pandas  # noqa: F401  (every folder's tables: the first of the repro extra's packages a module imports)
+except ImportError as e:  # ``pip install pagedattn`` alone: the engine without its reproduction
+    missing_extra("repro", "pagedattn.repro", e)
+
 #: The checkout's root (results/, notebooks/, .cache/ are found from it).
 REPO_ROOT = Path(__file__).resolve().parents[3]

@@ -31,7 +31,7 @@ from pagedattn.repro.experiments.throughput import base_trace
 from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG17_RATE_RATIO
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, printed_interval, write_summary
-from pagedattn.repro.sim.simulator import LABELS, SYSTEMS, CostModel, simulate
+from pagedattn.repro.sim.simulator import ITERATION_LEVEL, LABELS, CostModel, simulate
 from pagedattn.repro.workloads.traces import describe_trace, make_trace, trace_stats, with_rate
 
 EXPERIMENT = "09_chatbot"
@@ -68,7 +68,7 @@ def _curve_row(job: tuple, base, params: Params) -> dict:
 def latency_curves(base, params: Params, progress: bool = True) -> pd.DataFrame:
     """Normalized latency and mean batch of every system at every rate (Fig. 17); the replays run in parallel
     (``pagedattn.repro.sim.parallel``)."""
-    jobs = [(r, s) for r in params.rates for s in SYSTEMS]
+    jobs = [(r, s) for r in params.rates for s in ITERATION_LEVEL]
     return pd.DataFrame(pmap(partial(_curve_row, base=base, params=params), jobs, "chatbot (sim)", progress))
 
 
@@ -90,7 +90,7 @@ def _sustainable_row(s: str, base, params: Params, cost: CostModel | None) -> di
 
 def sustainable(base, params: Params, progress: bool = True, cost: CostModel | None = None) -> pd.DataFrame:
     """Each system's sustainable rate; the bisections (one per system, each sequential) run in parallel."""
-    return pd.DataFrame(pmap(partial(_sustainable_row, base=base, params=params, cost=cost), SYSTEMS,
+    return pd.DataFrame(pmap(partial(_sustainable_row, base=base, params=params, cost=cost), ITERATION_LEVEL,
                              "sustainable rate", progress))
 
 

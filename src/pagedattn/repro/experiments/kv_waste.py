@@ -35,7 +35,7 @@ from pagedattn.repro.experiments.common import ServingParams
 from pagedattn.repro.paper import FIG2_SHARES, FIG13_MEAN_BATCH
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, printed_interval, write_summary
 from pagedattn.repro.sim.capacity import RAMP_UP_FRACTION
-from pagedattn.repro.sim.simulator import LABELS, SYSTEMS, CostModel, SimResult, simulate
+from pagedattn.repro.sim.simulator import ITERATION_LEVEL, LABELS, CostModel, SimResult, simulate
 from pagedattn.repro.workloads.traces import describe_trace, make_trace, trace_stats, with_rate
 
 EXPERIMENT = "01_kv_memory_waste"
@@ -72,7 +72,7 @@ def _replay_one(run: tuple, placement: str = "buddy", cost: CostModel | None = N
     return simulate(trace, system, paper_slots(), block_size, cost or CostModel(), placement=placement)
 
 
-def run_systems(trace, params: Params, systems=SYSTEMS, placement: str = "buddy",
+def run_systems(trace, params: Params, systems=ITERATION_LEVEL, placement: str = "buddy",
                 progress: bool = True, cost: CostModel | None = None) -> dict[str, SimResult]:
     """Replay one trace through each system on the same KV budget and cost model (in parallel:
     ``pagedattn.repro.sim.parallel``)."""
@@ -273,7 +273,7 @@ def replay(params: Params, fig2_rates: dict, point: sensitivity.Point = sensitiv
         if fig2_rates[w] is None:  # no memory-bound rate on the grid: report that, not an average over all steps
             breakdowns.append(pd.DataFrame([{"trace": w, "rate": math.nan, "system": s, "label": LABELS[s],
                                              **{k: math.nan for k in KINDS}, "memory_bound_steps_pct": 0.0}
-                                            for s in SYSTEMS]))
+                                            for s in ITERATION_LEVEL]))
             continue
         rate = sensitivity.rate_at(point, w, fig2_rates[w], n, seed)
         t = with_rate(base, rate, seed)

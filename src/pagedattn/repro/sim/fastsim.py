@@ -2,8 +2,10 @@
 
 A paper-scale replay (``sim.simulate``) spends its time in the interpreter, in the scheduler's and the KV managers'
 per-step bookkeeping; tuning that Python further moved it by no more than the noise. So the modules a replay runs
-(``MODULES``: the sequences, the scheduler, the paged and contiguous KV managers, their accounting and the simulator)
-are copied under another package name, ``pagedattn_fastsim``, and compiled with mypyc (pinned with mypy in
+(``MODULES``: the sequences, the scheduler, the engine core, the paged and contiguous KV managers, their accounting
+and registry, the simulator's runs and the simulator) are copied under another package name, ``pagedattn_fastsim``
+(``copy_source``, the build's one declared step on the sources: their imports of each other, found by ``ast``, point
+at the copy, and nothing else changes; ``tests/test_fastsim.py`` checks the copy against the sources), and compiled with mypyc (pinned with mypy in
 requirements-dev.txt) into ``.build/fastsim/`` (git-ignored): ``python -m pagedattn.repro.sim.fastsim`` (``make
 fastsim``; ``make reproduce`` builds it first). The copy is a package of its own, so the real engine, the tests'
 monkeypatches and every object outside a replay keep the interpreted modules.
@@ -24,6 +26,7 @@ the source says ``int``) is rerun interpreted, with a warning.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import hashlib
@@ -31,7 +34,6 @@ import importlib
 import inspect
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -51,7 +53,7 @@ PACKAGE = "pagedattn_fastsim"
 MODULES = {"pagedattn.sequence": "sequence", "pagedattn.memory.accounting": "accounting",
            "pagedattn.memory.block_manager": "block_manager", "pagedattn.memory.contiguous": "contiguous",
            "pagedattn.memory.systems": "systems", "pagedattn.scheduler": "scheduler", "pagedattn.core": "core",
-           "pagedattn.repro.sim.simulator": "sim"}
+           "pagedattn.repro.sim.runs": "runs", "pagedattn.repro.sim.simulator": "sim"}
 MANIFEST = "manifest.json"
 ENV = "PAGEDATTN_FASTSIM"
 # mypyc's flags. "skip": the copied modules' imports of the rest of pagedattn (and of torch, numpy) are typed Any
@@ -72,10 +74,28 @@ def _python_tag() -> str:
     return f"{sys.implementation.cache_tag}-{sysconfig.get_platform()}"
 
 
-def _rewrite(text: str) -> str:
-    """A module's source with its imports of the other copied modules pointed at the copy."""
-    for module, name in sorted(MODULES.items(), key=lambda kv: -len(kv[0])):
-        text = re.sub(rf"\b{re.escape(module)}\b", f"{PACKAGE}.{name}", text)
+def copy_source(module: str) -> str:
+    """The build's one step on the sources (the copy ``build`` compiles, which ``tests/test_fastsim.py`` checks
+    against them): ``module``'s source with each ``from <copied module> import ...`` statement, found by ``ast``,
+    pointed at the copy (``from pagedattn_fastsim.<name> import ...``). Every other character is the source's;
+    another form of import of a copied module (``import pagedattn.scheduler``, a relative import) is refused, as
+    the copy could not follow it."""
+    text = _source(module).read_text()
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    edits = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in MODULES:
+            assert node.end_lineno is not None and node.end_col_offset is not None
+            edits.append((starts[node.lineno - 1] + node.col_offset, starts[node.end_lineno - 1] + node.end_col_offset,
+                          ast.unparse(ast.ImportFrom(f"{PACKAGE}.{MODULES[node.module]}", node.names, 0))))
+        elif isinstance(node, ast.Import) and any(a.name in MODULES for a in node.names) or \
+                isinstance(node, ast.ImportFrom) and node.level > 0:
+            raise ValueError(f"{module}:{node.lineno}: only `from <module> import ...` of a copied module can be "
+                             "pointed at the compiled copy")
+    for start, end, statement in sorted(edits, reverse=True):  # (import lines are ASCII: offsets are characters)
+        text = text[:start] + statement + text[end:]
     return text
 
 
@@ -88,7 +108,7 @@ def build(quiet: bool = False) -> Path:
         (pkg / "__init__.py").write_text('"""Compiled copy of the simulator\'s modules (pagedattn.repro.sim.fastsim)."""\n')
         digests = _digests()
         for module, name in MODULES.items():
-            (pkg / f"{name}.py").write_text(_rewrite(_source(module).read_text()))
+            (pkg / f"{name}.py").write_text(copy_source(module))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([tmp, str(SRC)]), "MYPYPATH": str(SRC)}
         cmd = [sys.executable, "-m", "mypyc", *RECIPE, *[f"{PACKAGE}/{name}.py" for name in MODULES.values()]]
         done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=quiet, text=True)

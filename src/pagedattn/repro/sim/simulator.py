@@ -21,8 +21,8 @@ step, with a mean number of distinct parents measured on the real engine (notebo
 
 A replay takes the decode steps that are sure to change nothing but lengths, slots and the clock (no arrival
 admitted, no preemption or copy, no finish before the last of them) as a run, without scheduling each
-(``Scheduler.steady_decode_steps``, ``Scheduler.advance``, ``Scheduler.schedule_steady`` for the last): most of a
-replay's steps, with the same results step for step (``tests/test_sim_golden.py``).
+(``runs.RunCore``, the engine core with its step chosen once; the scheduler and the engine know nothing of runs): most
+of a replay's steps, with the same results step for step (``tests/test_sim_golden.py``).
 
 ``simulate`` runs this module's replay compiled with mypyc when a build of it is present and up to date
 (``pagedattn.repro.sim.fastsim``, ``make fastsim``): the same source and results, about twice as fast.
@@ -46,12 +46,13 @@ from pagedattn.repro.progress import interactive
 from pagedattn.repro.sim.capacity import Load, normalized_latency, steady_window
 from pagedattn.repro.sim.cost_profile import measured as _measured_a100
 from pagedattn.repro.sim.fastsim import compiled_when_built
+from pagedattn.repro.sim.runs import RunCore
 from pagedattn.config import SchedulerConfig
-from pagedattn.repro.paper import OPT_13B, paper_slots
+from pagedattn.repro.paper import OPT_13B, PARAM_GB, paper_slots
 from pagedattn.core import EngineCore, StepMetrics
 from pagedattn.memory.accounting import KVStats
 from pagedattn.memory.interface import num_copied
-from pagedattn.memory.systems import is_static, make_kv_manager
+from pagedattn.memory.systems import ITERATION_LEVEL, LABELS, SYSTEMS, make_kv_manager  # noqa: F401
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs
 from pagedattn.sequence import FinishReason, SamplingParams, Sequence, SequenceGroup
 from pagedattn.repro.workloads.traces import TraceRequest
@@ -66,9 +67,8 @@ PreemptionMode = Literal["recompute", "swap"]  # ``SchedulerConfig``'s
 #: sensitivity row, not the paper's setup.
 PREEMPTION_RULES: dict[str, PreemptionMode] = {"vllm": SchedulerConfig.preemption_mode, "forced_swap": "swap"}
 HEADLINE_RULE = "vllm"
-SYSTEMS: tuple[str, ...] = ("orca_max", "orca_pow2", "orca_oracle", "paged")
-LABELS = {"orca_max": "Orca (Max)", "orca_pow2": "Orca (Pow2)", "orca_oracle": "Orca (Oracle)", "paged": "vLLM (ours)",
-          "ft": "FasterTransformer"}
+# The systems replayed, their labels and managers: ``memory.systems``' registry (``SYSTEMS``, ``LABELS``; the
+# experiments compare Orca's three and ours, ``ITERATION_LEVEL``, unless they say otherwise), imported from here.
 
 
 _A100 = _measured_a100()
@@ -90,7 +90,7 @@ class CostModel:
     0.65, prefill FLOP efficiency 0.64, overhead 0.79 ms + 0.043 ms per sequence. ``assumed()`` names the constants
     chosen before any was measured (0.7, 0.5, a flat 4 ms), kept so that the change in each verdict is visible."""
 
-    weight_bytes: float = 26e9  # paper Table 1: 26 GB of OPT-13B weights
+    weight_bytes: float = PARAM_GB[OPT_13B.name] * 1e9  # paper Table 1: 26 GB of OPT-13B weights
     params: float = 13e9
     kv_bytes_per_token: float = OPT_13B.kv_bytes_per_token
     num_layers: int = OPT_13B.num_layers
@@ -247,7 +247,7 @@ class SimResult:
     num_preemptions: dict = field(default_factory=dict)
     prefix_hit_rate: float | None = None  # share of looked-up prompt blocks found cached (paged, when looked up)
     prefill_tokens_computed: int = 0  # prompt tokens charged as computed (a cached prefix is not, but by ablation)
-    steps_in_runs: int = 0  # steps taken within runs of steady decode steps (``core.EngineCore``'s fast path)
+    steps_in_runs: int = 0  # steps taken within runs of steady decode steps (``runs.RunCore``)
 
     @property
     def duration(self) -> float:
@@ -349,19 +349,21 @@ def steps_frame(steps: Sequence_[StepMetrics], paged: bool) -> pd.DataFrame:
 
 
 class SimExecutor:
-    """The simulator's executor (``core.Executor``): a step-time model on a simulated clock, no tensors.
+    """The simulator's executor (``core.Executor``, and ``runs.RunExecutor``: it knows each sequence's length from
+    the trace): a step-time model on a simulated clock, no tensors.
 
     A step is charged ``CostModel.step_time`` (plus, with beams, its K/V copies: the copy-on-write blocks and Orca's
     context copies, ``CostModel.copy_time``; a prefill only for its uncached prompt tokens, or all of them with
     ``charge_cached``), and the clock moves by it. Each running sequence's next token is a dummy token, and a
     sequence stops at its trace's length (``stop_len``, set by the driver as requests arrive). With ``beam``
-    (``BeamModel``, §4.4) each beam group that goes on is re-forked after every step by the beam model."""
+    (``BeamModel``, §4.4) each beam group that goes on is re-forked after every step by the beam model. It holds no
+    KV manager: ``copy_unit`` is its block size (tokens per copied block: 1 for a contiguous manager's slots)."""
 
     fill_token = 0
 
-    def __init__(self, cost: CostModel, block_size: int, kv, beam: BeamModel | None = None, seed: int = 0,
+    def __init__(self, cost: CostModel, block_size: int, copy_unit: int, beam: BeamModel | None = None, seed: int = 0,
                  charge_cached: bool = False) -> None:
-        self.cost, self.block_size, self.kv, self.beam = cost, block_size, kv, beam
+        self.cost, self.block_size, self.copy_unit, self.beam = cost, block_size, copy_unit, beam
         self.beam_rng, self.charge_cached = random.Random(seed), charge_cached
         self.now = 0.0
         self.stop_len: dict[int, int] = {}  # seq_id -> its token count once its output is done
@@ -404,7 +406,7 @@ class SimExecutor:
             num_seqs = len(tokens)
             dt = cost.decode_step_time(num_seqs, context, nswap, self.block_size)
         if self.beam is not None:  # this step's copy-on-write blocks and the previous step's forks (slots, on Orca)
-            dt += cost.copy_time(num_copied(plan.blocks_to_copy) * self.kv.block_size)
+            dt += cost.copy_time(num_copied(plan.blocks_to_copy) * self.copy_unit)
         if plan.is_prefill:  # prompt tokens charged (computed): the uncached ones, or all of them in the ablation
             charged = context if self.charge_cached else plan.num_batched_tokens
             self.computed += charged
@@ -457,18 +459,23 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
     every request is a beam-search group of ``beam.width`` beams, all as long as the trace's output (``n`` is
     ignored). Shared prefixes (§4.4, Fig. 16): ``prompts`` gives requests real token ids (otherwise every prompt is
     zeros), so that prefix hashes match; ``prefix_lens`` marks user-shared prefixes; ``enable_prefix_caching``
-    finds them automatically. Runs of steady decode steps are taken at once (``EngineCore``'s fast path) where
+    finds them automatically. Runs of steady decode steps are taken at once (``runs.RunCore``) where
     neither beams nor prefixes are replayed."""
     kv = make_kv_manager(system, num_slots or paper_slots(), block_size,
                          max_model_len, num_cpu_blocks, placement=placement,
                          enable_prefix_caching=enable_prefix_caching)
     sched = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
-                                      cast(PreemptionMode, preemption_mode)), kv, static_batching=is_static(system))
-    ex = SimExecutor(cost or CostModel(), block_size, kv, beam, seed, charge_cached)
+                                      cast(PreemptionMode, preemption_mode)), kv, static_batching=SYSTEMS[system].static_batching)
+    ex = SimExecutor(cost or CostModel(), block_size, kv.block_size, beam, seed, charge_cached)
     final_len: dict[int, int] = {}  # seq_id -> prompt + output (its final KV length)
     target: dict[int, int] = {}  # seq_id -> output length from the trace
-    core = EngineCore(sched, ex, kv, ex.clock, record_steps, final_len=final_len if record_steps else None,
-                      fast_forward=beam is None and not enable_prefix_caching and not prefix_lens, max_steps=max_steps)
+    recorded = final_len if record_steps else None
+    runs: RunCore | None = None  # the core's step, chosen once: with runs of steady decode steps where they apply
+    if beam is None and not enable_prefix_caching and not prefix_lens:
+        runs = RunCore(sched, ex, ex.clock, record_steps, final_len=recorded, max_steps=max_steps)
+        core: EngineCore = runs
+    else:
+        core = EngineCore(sched, ex, ex.clock, record_steps, final_len=recorded)
     pending = sorted(trace, key=lambda r: r.arrival_time)
     n = beam.width if beam is not None else n
     rng, trace_outputs = np.random.default_rng(seed), np.array([r.output_len for r in trace])
@@ -513,4 +520,4 @@ def simulate(trace: list[TraceRequest], system: str = "paged", num_slots: int | 
                           "total_output_len": sum(target[s.seq_id] for s in g.seqs),
                           "error": g.error} for g in groups])
     return SimResult(system, steps_frame(core.steps, system == "paged"), reqs, dict(sched.num_preemptions),
-                     kv.stats().prefix_hit_rate, ex.computed, core.num_steady_steps)
+                     kv.stats().prefix_hit_rate, ex.computed, runs.num_steady_steps if runs is not None else 0)
