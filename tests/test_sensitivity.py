@@ -82,7 +82,8 @@ def test_band_holds_only_where_every_point_holds():
                     ("b", [1, 16, 32], True), ("b", [16, 32, 64], True),
                     ("c", 3.0, True), ("c", 4.0, True), ("d", 1.0, True)])
     a, b, c, d = S.with_bands(claims, table, "grid")
-    assert a.band == {"min": 0.7, "max": 1.2, "over": "grid"} and a.holds is False and "fails at 1 of 3" in a.note
+    assert a.band == {"min": 0.7, "max": 1.2, "over": "grid", "outside": 1, "points": 3} and a.holds is False
+    assert "fails at 1 of 3" in a.note
     assert b.band["min"] == [16, 32] and b.band["max"] == [1, 16, 32, 64] and b.holds is True
     assert c.band is None  # an invariant gets no band
     assert d.band is None  # only the default point: not swept
@@ -160,7 +161,7 @@ def test_claims_on_assumed_constants_say_so_in_their_reason():
     swapping gains (04, 11), Fig. 19's modelled ratio (06), the tensor-parallel rate ratios and Table 1's KV at the
     assumed memory utilisation (10); a claim that does not rest on one keeps its reason."""
     from pagedattn.repro.experiments import fig14_curves, scale, sharing
-    from pagedattn.repro.sim.cost_profile import assumed_reason
+    from pagedattn.repro.sim.simulator import assumed_reason
 
     swap = assumed_reason("swap")
     assert "32 GB/s x 0.8" in swap and "5 us per copy" in swap and "150 GB/s" in assumed_reason("nvlink")

@@ -40,7 +40,7 @@ from pagedattn.repro.experiments import sensitivity
 from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import gain_sources, sharing, validated
 from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RateSearch, not_judged
-from pagedattn.repro.sim.cost_profile import assumed_reason
+from pagedattn.repro.sim.simulator import assumed_reason
 from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG13_MEAN_BATCH, FIG14_GAIN, FIG15_SAVING
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, printed_interval

@@ -52,7 +52,8 @@ from pagedattn.repro.experiments.block_size import BLOCK_SIZES, ENGINE_SHAPE, en
 from pagedattn.repro.experiments.common import Clock, ExperimentParams, fastest, scaled_trace, tiny_opt
 from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG19_COMPARABLE_BLOCK_SIZES, FIG19_RECOMPUTE_OVER_SWAP_MAX
-from pagedattn.repro.sim.cost_profile import assumed_note, assumed_reason
+from pagedattn.repro.sim.cost_profile import assumed_note
+from pagedattn.repro.sim.simulator import assumed_reason
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
 from pagedattn.scheduler import SchedulerOutputs
 from pagedattn.repro.sim.simulator import CostModel, simulate

@@ -51,7 +51,8 @@ from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ra
 from pagedattn.repro.experiments.throughput import SIM_SYSTEMS
 from pagedattn.repro.sim.parallel import call, pmap
 from pagedattn.repro.paper import FIG12_RATE_RATIO, GPUS, KV_GB, KV_SLOTS, PARAM_GB
-from pagedattn.repro.sim.cost_profile import assumed_note, assumed_reason
+from pagedattn.repro.sim.cost_profile import assumed_note
+from pagedattn.repro.sim.simulator import assumed_reason
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, printed_interval
 from pagedattn.repro.experiments.sensitivity import widened
 from pagedattn.repro.sim.simulator import LABELS, CostModel, simulate

@@ -232,7 +232,7 @@ def describe(pts: list[Point]) -> str:
 
 def rests_on(claims: list[Claim], which: Callable[[str], bool], clause: str) -> list[Claim]:
     """Each claim whose name ``which`` accepts says in its reason that its value rests on an assumed constant
-    (issue 61; ``clause``, e.g. ``cost_profile.assumed_reason("swap")``): its reason, or the one
+    (issue 61; ``clause``, e.g. ``simulator.assumed_reason("swap")``): its reason, or the one
     ``results.measured_reason`` gives it, then the clause. Call it on the claims as written, after their bands."""
     from pagedattn.repro.report.results import measured_reason
 

@@ -46,7 +46,7 @@ import torch
 
 from pagedattn.repro.experiments import sensitivity
 from pagedattn.repro.paper import paper_slots
-from pagedattn.repro.sim.cost_profile import assumed_reason
+from pagedattn.repro.sim.simulator import assumed_reason
 from pagedattn.repro.sim.parallel import pmap
 from pagedattn.engine import LLMEngine
 from pagedattn.repro.experiments import validated

@@ -292,18 +292,3 @@ def assumed_note(kind: str) -> str:
     """The note a claim that rests on an assumed interconnect constant carries (``ASSUMED_INTERCONNECT``)."""
     return ASSUMED_INTERCONNECT[kind]
 
-
-def assumed_reason(kind: str) -> str:
-    """The clause a claim's *reason* carries when its value rests on an assumed interconnect constant (issue 61):
-    which constants, with their values as ``sim.CostModel`` holds them (``kind``: ``"swap"`` or ``"nvlink"``)."""
-    from pagedattn.repro.sim.simulator import CostModel  # the simulator imports this module
-
-    c = CostModel()
-    if kind == "swap":
-        return (f"rests on assumed PCIe swap constants ({c.pcie_bytes_per_s / 1e9:g} GB/s x {c.pcie_efficiency:g} "
-                f"per direction, {1e6 * c.copy_latency_s:g} us per copy)")
-    if kind == "nvlink":
-        return (f"rests on assumed NVLink constants ({c.allreduce_bytes_per_s / 1e9:g} GB/s effective, "
-                f"{1e6 * c.allreduce_latency_s:g} us per all-reduce)")
-    raise ValueError(f"kind must be 'swap' or 'nvlink', got {kind!r}")
-
