@@ -48,6 +48,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+from pagedattn.repro.report import calibration as _calibration
 from pagedattn.repro.report.lab import KERNEL_NAME
 from pagedattn.repro.report.results import (NOTEBOOK_ENV, QUICK_RESULTS_DIR, QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR,
                                             RUN_FILE, STALE_FILE, hardware_label, today)
@@ -219,6 +220,24 @@ def calibration_replay(repeats: int | None = None) -> dict | None:
         wall, cpu = min(wall, time.perf_counter() - w), min(cpu, time.process_time() - c)
     return {"replay": CALIBRATION_REPLAY, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "simulator": simulator(),
             "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+def stamp_calibration(results_dir: Path, notebooks: list[Path], before: dict | None, after: dict | None) -> None:
+    """Add the run's calibration (``calibration.measure`` before its first notebook and after its last) to each
+    notebook's ``run.json``, with its seconds in calibration units and as minutes on the reference VM
+    (``calibration.normalised``)."""
+    for nb in notebooks:
+        path = Path(results_dir) / nb.stem / RUN_FILE
+        if path.exists():
+            record = json.loads(path.read_text())
+            write_json(path, {**record, "calibration": {"before": before, "after": after},
+                              "normalised": _calibration.normalised(record["seconds"], before, after)})
+
+
+def _units_words(seconds: float, before: dict | None, after: dict | None) -> str:
+    n = _calibration.normalised(seconds, before, after)
+    return "" if n is None else (f" = {n['units']:.0f} calibration units of {n['unit_s']:.2f} s = "
+                                 f"{n['reference_vm_minutes']:.1f} minutes on the reference VM")
 
 
 def simulator() -> str:
@@ -403,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--notebooks-at-once", type=int, default=None,
                     help="notebooks run side by side, each in its own process: with --quick all of them, else only "
                          "those that time nothing on the CPU (SHARE_THE_MACHINE) (default: 1, or 2 with --quick)")
+    ap.add_argument("--no-cache", action="store_true",
+                    help="recompute every cached simulator search and band point (PAGEDATTN_CACHE=0)")
     args = ap.parse_args(argv)
     at_once = args.notebooks_at_once if args.notebooks_at_once is not None else (2 if args.quick else 1)
     if at_once < 1:
@@ -417,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     failed = []
+    if args.no_cache:  # every notebook's kernel and its sweeps' workers inherit it (``sensitivity.enabled``)
+        os.environ["PAGEDATTN_CACHE"] = "0"
+    before_run = _calibration.measure()  # the run's clock (``calibration``), before the first notebook and after
     started = _dt.datetime.now().isoformat(timespec="seconds")
     t_start = time.perf_counter()
     before = {}
@@ -450,12 +474,17 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     done(nb, timing, None, together)
     wall = time.perf_counter() - t_start
-    print(f"[reproduce] {len(notebooks)} notebooks in {wall:.0f} s of wall time", flush=True)
+    after = _calibration.measure()
+    stamp_calibration(results_dir, [nb for nb in notebooks if nb.name not in failed], before_run, after)
+    print(f"[reproduce] {len(notebooks)} notebooks in {wall:.0f} s of wall time"
+          + _units_words(wall, before_run, after), flush=True)
     if args.quick and args.only is None and args.results_dir is None:  # the README's quick-run sentence
         write_json(RESULTS_DIR / QUICK_RUN_RECORD,
                    {"seconds": round(wall, 1), "notebooks": len(notebooks), "notebooks_at_once": at_once,
                     "jobs": args.jobs, "failed": failed, "machine": hardware_label("cpu"), "date": today(),
-                    "started": started, "simulator": simulator()})
+                    "started": started, "simulator": simulator(),
+                    "calibration": {"before": before_run, "after": after},
+                    "normalised": _calibration.normalised(wall, before_run, after)})
     print(f"[reproduce] wrote {build_summary_md(results_dir)}")
     if failed:
         print(f"[reproduce] failed notebooks: {', '.join(failed)}", file=sys.stderr)
