@@ -321,8 +321,11 @@ def knee_rate(name: str, params: Params) -> float:
     def requests(rate, length):
         return simulate(with_rate(make_trace(name, length, 1.0, params.seed), rate, params.seed), "paged",
                         paper_slots(), DEFAULT_BLOCK_SIZE, CostModel(), record_steps=False).requests
-    found = length_agreed_search(requests, params.num_requests, 0.25, 16.0, NL_THRESHOLD_S, params.knee_resolution,
-                                 offline=False)
+    key = {"fn": "block_size.knee_rate", "trace": name, "n": params.num_requests, "seed": params.seed,
+           "resolution": params.knee_resolution, "slots": paper_slots(), "block_size": DEFAULT_BLOCK_SIZE,
+           "cost": asdict(CostModel()), "threshold_s": NL_THRESHOLD_S}
+    found = sensitivity.cached_search(key, lambda: length_agreed_search(
+        requests, params.num_requests, 0.25, 16.0, NL_THRESHOLD_S, params.knee_resolution, offline=False))
     if not found.length_agreed:
         print(f"{name}: {found.length_reason}")
     return KNEE_FRACTION * found.rate

@@ -26,7 +26,7 @@ from pagedattn.repro.experiments import sensitivity
 from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams
-from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged
+from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_search, length_judged
 from pagedattn.repro.experiments.throughput import base_trace
 from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG17_RATE_RATIO
@@ -83,8 +83,11 @@ def _sustainable_row(s: str, base, params: Params, cost: CostModel | None) -> di
     """One system's searches (``capacity.length_agreed_rate``: latency threshold, capacity rule, the trace-length
     rule from ``base``'s length, and the knee)."""
     lo, hi = min(params.rates) / 4, max(params.rates) * 8
-    found = length_agreed_rate(partial(_requests, base=base, system=s, params=params, cost=cost), len(base), lo, hi,
-                               NL_THRESHOLD_S, params.rate_resolution)
+    key = {"fn": "chatbot.sustainable", "base": sensitivity.trace_digest(base), "system": s, "lo": lo, "hi": hi,
+           "threshold_s": NL_THRESHOLD_S, "params": asdict(params), "cost": asdict(cost or CostModel()), "knee": True}
+    found = sensitivity.cached_search(key, lambda: length_agreed_search(
+        partial(_requests, base=base, system=s, params=params, cost=cost), len(base), lo, hi, NL_THRESHOLD_S,
+        params.rate_resolution, knee=True)).row()
     return {"system": s, "label": LABELS[s], **found, "threshold_s": NL_THRESHOLD_S}
 
 

@@ -46,7 +46,7 @@ from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import ModelSpec
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams
-from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged, \
+from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_search, length_judged, \
     normalized_latency
 from pagedattn.repro.experiments.throughput import SIM_SYSTEMS
 from pagedattn.repro.sim.parallel import call, pmap
@@ -261,9 +261,12 @@ def _sustainable_row(model: str, trace_name: str, base, system: str, cost: CostM
     # offline throughput (``capacity.sustainable_rate``), which may be above ``cap`` (a steady rate, or another system)
     # the trace-length rule (``capacity.length_agreed_rate``, issue 50) grows ``base`` (n requests) to 2n, 4n, ...
     lo, hi = cap / 64, cap * 4
-    found = length_agreed_rate(partial(_requests_of_length, trace_name=trace_name, system=system, model=model,
-                                       params=params, cost=cost), len(base), lo, hi, NL_THRESHOLD_S,
-                               params.rate_resolution, knee=True)
+    key = {"fn": "scale.sustainable", "model": model, "trace": trace_name, "base": sensitivity.trace_digest(base),
+           "system": system, "lo": lo, "hi": hi, "threshold_s": NL_THRESHOLD_S, "params": asdict(params),
+           "cost": asdict(cost), "knee": True}
+    found = sensitivity.cached_search(key, lambda: length_agreed_search(
+        partial(_requests_of_length, trace_name=trace_name, system=system, model=model, params=params, cost=cost),
+        len(base), lo, hi, NL_THRESHOLD_S, params.rate_resolution, knee=True)).row()
     return {"model": model, "trace": trace_name, "system": system, "label": LABELS[system], **found,
             "capacity_req_s": cap, "threshold_s": NL_THRESHOLD_S}
 

@@ -58,7 +58,8 @@ from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG16_PREFIX
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, printed_interval, write_summary
 from pagedattn.repro.experiments.sensitivity import widened
-from pagedattn.repro.sim.capacity import RESOLUTION, Load, describe_ratio, length_agreed_rate, length_judged, ratio_resolution
+from pagedattn.repro.sim.capacity import RESOLUTION, Load, describe_ratio, length_agreed_search, \
+    length_judged, ratio_resolution
 from pagedattn.repro.sim.simulator import CostModel, normalized_latency, simulate
 from pagedattn.repro.workloads.traces import TraceRequest, poisson_arrivals
 
@@ -318,8 +319,10 @@ def _rate_ratio_rows(job: tuple, thresholds: tuple, params: Params, cost: CostMo
     replay = partial(_requests, shot=shot, system=s, params=params, cost=cost, memo={})
     rows = []
     for thr in thresholds:  # the trace-length rule (``capacity.length_agreed_rate``) from ``search_requests``
-        found = length_agreed_rate(replay, params.search_requests, lo, hi, thr, params.rate_resolution,
-                                   knee=thr == NL_THRESHOLD_S)
+        key = {"fn": "shared_prefix.rate_ratios", "shot": shot, "system": s, "lo": lo, "hi": hi, "threshold_s": thr,
+               "params": asdict(params), "cost": None if cost is None else asdict(cost), "knee": thr == NL_THRESHOLD_S}
+        found = sensitivity.cached_search(key, lambda: length_agreed_search(
+            replay, params.search_requests, lo, hi, thr, params.rate_resolution, knee=thr == NL_THRESHOLD_S)).row()
         rows.append({"scale": "paper (sim)", "shot": shot, "system": s, "label": LABELS[s], "threshold_s": thr,
                      **found})
     return rows

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged, ratio_resolution
+from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_agreed_search, \
+    length_judged, ratio_resolution
 from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import sensitivity
 from pagedattn.repro.experiments import validated
@@ -98,8 +99,11 @@ def _sim_sustainable_row(job: tuple, params: SimParams, cost: CostModel | None) 
     """One system's searches of ``sim_sustainable`` under the trace-length rule (``capacity.length_agreed_rate``,
     from the workload's ``num_requests``, with the knee measure): ``(workload, length, system, lo, hi)``."""
     w, n, s, lo, hi = job
-    found = length_agreed_rate(partial(_sim_requests, w=w, system=s, params=params, cost=cost), n, lo, hi,
-                               NL_THRESHOLD_S, params.rate_resolution, knee=True)
+    key = {"fn": "throughput.sim_sustainable", "trace": w, "n": n, "system": s, "lo": lo, "hi": hi,
+           "threshold_s": NL_THRESHOLD_S, "params": asdict(params), "cost": asdict(cost or CostModel()), "knee": True}
+    found = sensitivity.cached_search(key, lambda: length_agreed_search(
+        partial(_sim_requests, w=w, system=s, params=params, cost=cost), n, lo, hi, NL_THRESHOLD_S,
+        params.rate_resolution, knee=True)).row()
     return {"scale": "paper (sim)", "trace": w, "system": s, "label": LABELS[s], **found,
             "threshold_s": NL_THRESHOLD_S}
 
