@@ -1,5 +1,5 @@
 """Issue 64: each simulator search once (``sensitivity.cached_search``), and no result moves: the quick run's searches
-give the same claims, value for value, with the cache off (``PAGEDATTN_CACHE=0``), with it filling, and read back
+give the same claims, value for value, with the cache off (``PAGEDATTN_SEARCH_CACHE=0``), with it filling, and read back
 from it."""
 from __future__ import annotations
 

@@ -71,9 +71,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PAGEDATTN_SENSITIVITY_CACHE") or CACHE_DIR)
 
 
-#: ``PAGEDATTN_CACHE=0`` (``reproduce --no-cache``) turns the cache off: every search and band point is computed
+#: ``PAGEDATTN_SEARCH_CACHE=0`` (``reproduce --no-cache``) turns the cache off: every search and band point is computed
 #: afresh and nothing is stored (issue 64: a cache-off run must give the same claims).
-CACHE_ENV = "PAGEDATTN_CACHE"
+CACHE_ENV = "PAGEDATTN_SEARCH_CACHE"  # not PAGEDATTN_CACHE: sharegpt.py reads that as a folder
 
 
 def enabled() -> bool:
@@ -291,7 +291,7 @@ def _store(blob: str, path: Path, value: Any) -> None:
 
 def cached(key: dict, fn: Callable[[], Any], cache: bool = True) -> Any:
     """``fn()``, stored as JSON under ``cache_dir()`` by ``key`` (plus the simulator's fingerprint); ``cache=False``
-    or ``PAGEDATTN_CACHE=0`` (``enabled``): computed, not stored."""
+    or ``PAGEDATTN_SEARCH_CACHE=0`` (``enabled``): computed, not stored."""
     cache = cache and enabled()
     blob, path = _cache_entry(key)
     value = _load(path) if cache else _MISSING

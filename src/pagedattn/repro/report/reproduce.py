@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="notebooks run side by side, each in its own process: with --quick all of them, else only "
                          "those that time nothing on the CPU (SHARE_THE_MACHINE) (default: 1, or 2 with --quick)")
     ap.add_argument("--no-cache", action="store_true",
-                    help="recompute every cached simulator search and band point (PAGEDATTN_CACHE=0)")
+                    help="recompute every cached simulator search and band point (PAGEDATTN_SEARCH_CACHE=0)")
     args = ap.parse_args(argv)
     at_once = args.notebooks_at_once if args.notebooks_at_once is not None else (2 if args.quick else 1)
     if at_once < 1:
@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     failed = []
     if args.no_cache:  # every notebook's kernel and its sweeps' workers inherit it (``sensitivity.enabled``)
-        os.environ["PAGEDATTN_CACHE"] = "0"
+        os.environ["PAGEDATTN_SEARCH_CACHE"] = "0"
     before_run = _calibration.measure()  # the run's clock (``calibration``), before the first notebook and after
     started = _dt.datetime.now().isoformat(timespec="seconds")
     t_start = time.perf_counter()
