@@ -329,7 +329,8 @@ def _run_timed(nb: Path, quick: bool, results_dir: Path, jobs: int, scheduler: s
     """``run_notebook`` in this process, after a ``calibration_replay``; returns its wall ``seconds``, the machine's
     busy cores meanwhile (``machine_cores_busy``), when it ``finished`` and the ``calibration_replay``. A SIGTERM ends
     it through ``run_notebook``'s ``finally`` (``terminated_as_exit``), here as in a process of ``_runs``' pool."""
-    calibration = calibration_replay()
+    # a quick run times the replay once per notebook: the run's own calibration (``calibration``) brackets it
+    calibration = calibration_replay(1 if quick and CALIBRATION_ENV not in os.environ else None)
     t0, ticks0 = time.perf_counter(), cpu_ticks()
     with terminated_as_exit():
         run_notebook(nb, quick, results_dir, parameters=parameters, jobs=jobs, scheduler=scheduler)
