@@ -598,3 +598,14 @@ def test_readme_speed_block_reads_the_equal_core_pairing(tmp_path):
     assert "vLLM 0.32.0" in text and "load average 0.5 before and 1.0 after" in text
     assert "- bf16, batch 64: ours / vLLM, wall clock, equal cores >= 1.2: **1.50, met**" in text
     assert "- fp32, batch 64: ours' full-batch decode step / its roofline (1 thread) <= 2.0: not measured" in text
+
+
+def test_side_by_side_notebooks_start_longest_first_by_their_last_or_full_run(tmp_path, monkeypatch):
+    """Issue 64: a quick run with no run.json of its own orders its notebooks by the committed full run's seconds."""
+    quick, full = tmp_path / "quick", tmp_path / "full"
+    for root, name, seconds in ((full, "01_a", 10.0), (full, "02_b", 300.0), (quick, "01_a", 50.0)):
+        (root / name).mkdir(parents=True)
+        (root / name / "run.json").write_text(json.dumps({"seconds": seconds}))
+    monkeypatch.setattr(reproduce, "RESULTS_DIR", full)
+    nbs = [Path(f"{n}.ipynb") for n in ("01_a", "02_b", "03_c")]
+    assert [reproduce.expected_seconds(nb, quick) for nb in nbs] == [50.0, 300.0, 0.0]

@@ -304,6 +304,13 @@ def last_seconds(out_dir: Path) -> float:
         return 0.0
 
 
+def expected_seconds(nb: Path, results_dir: Path) -> float:
+    """How long ``nb`` is expected to take, to start the longest first: its last run's seconds in ``results_dir``,
+    else (a first quick run, a clean clone's) its committed full run's in ``RESULTS_DIR``, which order the notebooks
+    as their quick runs do (issue 64: by name, the longest quick notebook, 13, started last and ran alone)."""
+    return last_seconds(Path(results_dir) / nb.stem) or last_seconds(RESULTS_DIR / nb.stem)
+
+
 def cpu_ticks() -> tuple[int, int] | None:
     """The machine's busy and total CPU time since boot, in clock ticks summed over its cores and all its processes
     (Linux's ``/proc/stat``; ``None`` elsewhere). A notebook's own process tree cannot be counted from here: the
@@ -386,8 +393,8 @@ def _pool_runs(notebooks: list[Path], run, at_once: int, quick: bool, results_di
     pool = ProcessPoolExecutor(at_once, mp_context=multiprocessing.get_context("spawn"))
     try:
         # a long notebook started last would run alone at the end
-        futures = [(nb, pool.submit(run, nb)) for nb in sorted(notebooks, key=lambda nb: -last_seconds(
-            results_dir / nb.stem))]
+        futures = [(nb, pool.submit(run, nb)) for nb in sorted(notebooks, key=lambda nb: -expected_seconds(
+            nb, results_dir))]
         for nb, f in futures:
             yield nb, f.result, at_once
     except BaseException:  # reproduce ends early (a SIGTERM, Ctrl-C): each running notebook ends with its kernel
