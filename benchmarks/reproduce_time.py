@@ -28,9 +28,6 @@ from pagedattn.repro.report import calibration
 from pagedattn.repro.report.results import REPO_ROOT, RESULTS_DIR, hardware_label, today
 
 OUT = RESULTS_DIR / "benchmarks" / "reproduce_time.json"
-#: the reference VM's fixed replay alone (``calibration.REFERENCE_UNIT_S``'s replay part), for a ``run.json`` that has
-#: only the per-notebook ``calibration_replay`` of the same replay (the runs before issue 64)
-REFERENCE_REPLAY_S = 0.246
 
 
 def quick_run(tree: Path, only: list[str] | None) -> dict:
@@ -58,7 +55,8 @@ def quick_run(tree: Path, only: list[str] | None) -> dict:
 def full_run_minutes(results_dir: Path = RESULTS_DIR) -> dict:
     """The committed full run (``results/*/run.json``): its minutes of wall time as recorded (the notebooks' sum: a
     full run takes them one at a time), and on the reference VM: from each ``run.json``'s ``normalised`` minutes
-    where present, else its seconds scaled by ``REFERENCE_REPLAY_S`` over its ``calibration_replay``."""
+    where present, else (the runs before issue 64) its seconds scaled by the reference VM's replay
+    (``calibration.REFERENCE_REPLAY_S``) over its ``calibration_replay``, the same replay."""
     runs = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*/run.json"))]
     ref, how = 0.0, set()
     for r in runs:
@@ -66,7 +64,7 @@ def full_run_minutes(results_dir: Path = RESULTS_DIR) -> dict:
             ref += r["normalised"]["reference_vm_minutes"]
             how.add("run.json's normalised minutes (calibration before and after the run)")
         elif r.get("calibration_replay"):
-            ref += r["seconds"] / r["calibration_replay"]["wall_s"] * REFERENCE_REPLAY_S / 60
+            ref += r["seconds"] / r["calibration_replay"]["wall_s"] * calibration.REFERENCE_REPLAY_S / 60
             how.add("seconds x reference replay / the notebook's calibration_replay (the replay alone)")
     return {"minutes": round(sum(r["seconds"] for r in runs) / 60, 1), "reference_vm_minutes": round(ref, 1),
             "normalised_by": sorted(how), "notebooks": {r["notebook"]: r["seconds"] for r in runs},
