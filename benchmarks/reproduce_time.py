@@ -100,6 +100,8 @@ def main() -> None:
              if this["normalised"] and baseline["normalised"] else None)
     record = {"this": {"commit": head, **this}, "baseline": {"commit": args.baseline, **baseline},
               "ratio": round(ratio, 3), "ratio_in_calibration_units": None if units is None else round(units, 3),
+              "ratio_notebooks_wall": round(this["notebooks_wall_s"] / baseline["notebooks_wall_s"], 3)
+              if this["notebooks_wall_s"] and baseline["notebooks_wall_s"] else None,
               "only": args.only, "target_ratio": 0.5, "target_quick_reference_vm_minutes": 1.0,
               "full_run": full_run_minutes(), "target_full_reference_vm_minutes": 15.0,
               "machine": hardware_label("cpu"), "date": today(), "note": args.note,
