@@ -22,6 +22,10 @@ no ``.venv-vllm``), and each ``run.json`` records the parameters it was given (`
 which run included it. Each ``run.json`` also records a calibration replay (``calibration_replay``: the wall and CPU
 seconds of one fixed simulator replay, ``benchmarks/sim_speed.py``'s ``online.paged``, timed just before the
 notebook), so that a notebook's time can be read against the machine's speed at that hour: a slow hour shows as one.
+The run itself is bracketed by ``calibration.measure`` (a fixed replay and a fixed engine workload, at least 2 s,
+before the first notebook and after the last); each ``run.json`` gets both and the notebook's seconds in calibration
+units and as minutes on the reference VM (``normalised``). ``--no-cache`` (``PAGEDATTN_SEARCH_CACHE=0``) recomputes
+every cached simulator search and band point (``sensitivity.cached``) and stores none.
 
 ``--notebooks-at-once K`` runs up to K notebooks side by side, each in a process of its own (its kernel's
 environment is its own). A quick run (``--quick``) defaults to two and takes every notebook that way: it times
