@@ -9,8 +9,10 @@ from dataclasses import asdict
 import pandas as pd
 import pytest
 
-from pagedattn.repro.experiments import chatbot, sensitivity, throughput
+from pagedattn.repro.experiments import block_size, chatbot, sensitivity, shared_prefix, sharing, throughput
 from pagedattn.repro.sim import parallel
+from pagedattn.repro.sim.simulator import CostModel
+from pagedattn.repro.workloads.traces import make_trace
 
 
 @pytest.fixture
@@ -21,15 +23,28 @@ def cache(tmp_path, monkeypatch):
     parallel.configure()
 
 
+#: the modules whose replays a cached search must not run (``simulate`` as each imported it)
+REPLAYING = (throughput, chatbot, shared_prefix, sharing, block_size)
+
+
 def _searches() -> tuple[pd.DataFrame, list]:
-    """A representative part of the quick run's searches: notebook 03's rate ratios (the trace-length rule and the
-    knee) and notebook 09's chatbot rates (both with the quick run's parameters), and the claims made of them."""
+    """A representative part of the quick run's searches, one or more per kind of call site, with the quick run's
+    parameters: notebook 03's rate ratios (the trace-length rule and the knee), 09's chatbot rates, 07's shared-prefix
+    rates at both thresholds, 04's (and 11's) Fig. 14 rate with n = 2 and 05's knee rate; and the claims made of
+    03's."""
     p = throughput.SimParams.make(True)
     rates = throughput.sim_sustainable(p, False, traces=("sharegpt",), systems=("orca_oracle", "paged"))
     cp = chatbot.Params.make(True)
     base = chatbot.base_trace(chatbot.TRACE, cp.num_requests, cp.seed)
-    bot = [chatbot._sustainable_row(s, base, cp, None) for s in ("orca_max", "paged")]
-    table = pd.concat([rates, pd.DataFrame(bot)], ignore_index=True)
+    rows = [chatbot._sustainable_row(s, base, cp, None) for s in ("orca_max", "paged")]
+    rows += shared_prefix._rate_ratio_rows(("one_shot", "paged_auto"), shared_prefix.NL_THRESHOLDS_S,
+                                           shared_prefix.Params.make(True), None)
+    sp = sharing.Params.make(True)
+    fig14 = sharing.sim_rate(sp, "paged", 2, "recompute", make_trace("alpaca", sp.gain_requests, 1.0, sp.seed),
+                             CostModel())
+    rows += [{"search": "fig14", **asdict(fig14)},
+             {"search": "knee", "rate": block_size.knee_rate("sharegpt", block_size.Params.make(True))}]
+    table = pd.concat([rates, pd.DataFrame(rows)], ignore_index=True)
     return table, [asdict(c) for c in throughput.rate_ratio_claims(rates)]
 
 
@@ -50,12 +65,12 @@ def test_cache_on_and_off_give_the_same_claims(cache, monkeypatch):
     monkeypatch.delenv(sensitivity.CACHE_ENV)
     fill_table, fill_claims = _searches()
     stored = list(cache.glob("*.json"))
-    assert len(stored) == 4  # one entry per search
+    assert len(stored) == 2 + 2 + 2 + 1 + 1  # one entry per search
 
     def no_replay(*a, **k):
         raise AssertionError("a cached search replayed the simulator")
-    monkeypatch.setattr(throughput, "_sim_requests", no_replay)
-    monkeypatch.setattr(chatbot, "_requests", no_replay)
+    for module in REPLAYING:
+        monkeypatch.setattr(module, "simulate", no_replay)
     read_table, read_claims = _searches()  # every search read back
     for table in (fill_table, read_table):
         pd.testing.assert_frame_equal(off_table, table, check_exact=True)
