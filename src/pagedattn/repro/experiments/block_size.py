@@ -52,6 +52,7 @@ from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.kv_waste import kv_waste_pct
 from pagedattn.repro.experiments.common import (TINY_OPT_SHAPE, Arrival, Clock, ExperimentParams, fastest, greedy, replay,
                                           requests_frame, scaled_trace, tiny_opt)
+from pagedattn.repro.sim.capacity import MAX_LENGTH_DOUBLINGS
 from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import DEFAULT_BLOCK_SIZE, FIG18B_BEST_BLOCK_SIZES
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
@@ -93,6 +94,9 @@ class Params(ExperimentParams):
     num_requests: int = 1000
     rates: dict = field(default_factory=lambda: {"alpaca": RATES["alpaca"]})  # ShareGPT: set by the knee rule
     knee_resolution: float = 0.02  # the knee's sustainable-rate search (``capacity``)
+    #: the trace-length rule's most doublings (``capacity.length_agreed_search``); a quick run (a smoke test, whose
+    #: short traces are rarely long enough to be judged) stops at one: n and 2n
+    max_length_doublings: int = MAX_LENGTH_DOUBLINGS
     # kernel measurement (torch reference on the CPU)
     kernel_batch: int = 8
     kernel_contexts: tuple[int, ...] = (256, 1024)
@@ -105,7 +109,7 @@ class Params(ExperimentParams):
     engine_load: float = 0.85  # Poisson rate = this x offline throughput at block 16
 
     QUICK = dict(num_requests=200, knee_resolution=0.25, block_sizes=(1, 16, 64, 256), kernel_contexts=(256,),
-                 kernel_rounds=2, engine_block_sizes=(16, 256), engine_requests=8)
+                 kernel_rounds=2, engine_block_sizes=(16, 256), engine_requests=8, max_length_doublings=1)
 
 
 # ------------------------------------------------------------------------------------------- kernel multiplier
@@ -321,8 +325,12 @@ def knee_rate(name: str, params: Params) -> float:
     def requests(rate, length):
         return simulate(with_rate(make_trace(name, length, 1.0, params.seed), rate, params.seed), "paged",
                         paper_slots(), DEFAULT_BLOCK_SIZE, CostModel(), record_steps=False).requests
-    found = length_agreed_search(requests, params.num_requests, 0.25, 16.0, NL_THRESHOLD_S, params.knee_resolution,
-                                 offline=False)
+    key = {"fn": "block_size.knee_rate", "trace": name, "n": params.num_requests, "seed": params.seed,
+           "resolution": params.knee_resolution, "slots": paper_slots(), "block_size": DEFAULT_BLOCK_SIZE,
+           "cost": asdict(CostModel()), "threshold_s": NL_THRESHOLD_S, "max_doublings": params.max_length_doublings}
+    found = sensitivity.cached_search(key, lambda: length_agreed_search(
+        requests, params.num_requests, 0.25, 16.0, NL_THRESHOLD_S, params.knee_resolution,
+        max_doublings=params.max_length_doublings, offline=False))
     if not found.length_agreed:
         print(f"{name}: {found.length_reason}")
     return KNEE_FRACTION * found.rate

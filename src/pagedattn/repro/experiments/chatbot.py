@@ -26,7 +26,7 @@ from pagedattn.repro.experiments import sensitivity
 from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams
-from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged
+from pagedattn.repro.sim.capacity import MAX_LENGTH_DOUBLINGS, NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_search, length_judged
 from pagedattn.repro.experiments.throughput import base_trace
 from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG17_RATE_RATIO
@@ -48,8 +48,11 @@ class Params(ServingParams):
     num_requests: int = 1000
     rates: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
     rate_resolution: float = RESOLUTION  # the sustainable-rate search's (``capacity``)
+    #: the trace-length rule's most doublings (``capacity.length_agreed_search``); a quick run (a smoke test, whose
+    #: short traces are rarely long enough to be judged) stops at one: n and 2n
+    max_length_doublings: int = MAX_LENGTH_DOUBLINGS
 
-    QUICK = dict(num_requests=150, rates=(0.5, 1.0, 2.0), rate_resolution=0.25)
+    QUICK = dict(num_requests=150, rates=(0.5, 1.0, 2.0), rate_resolution=0.25, max_length_doublings=1)
 
 
 def run_at(base, rate: float, system: str, params: Params, record_steps: bool = True,
@@ -83,8 +86,11 @@ def _sustainable_row(s: str, base, params: Params, cost: CostModel | None) -> di
     """One system's searches (``capacity.length_agreed_rate``: latency threshold, capacity rule, the trace-length
     rule from ``base``'s length, and the knee)."""
     lo, hi = min(params.rates) / 4, max(params.rates) * 8
-    found = length_agreed_rate(partial(_requests, base=base, system=s, params=params, cost=cost), len(base), lo, hi,
-                               NL_THRESHOLD_S, params.rate_resolution)
+    key = {"fn": "chatbot.sustainable", "base": sensitivity.trace_digest(base), "system": s, "lo": lo, "hi": hi,
+           "threshold_s": NL_THRESHOLD_S, "params": asdict(params), "cost": asdict(cost or CostModel()), "knee": True}
+    found = sensitivity.cached_search(key, lambda: length_agreed_search(
+        partial(_requests, base=base, system=s, params=params, cost=cost), len(base), lo, hi, NL_THRESHOLD_S,
+        params.rate_resolution, max_doublings=params.max_length_doublings, knee=True)).row()
     return {"system": s, "label": LABELS[s], **found, "threshold_s": NL_THRESHOLD_S}
 
 

@@ -182,8 +182,10 @@ class Params(ServingParams):
     #: system is memory-bound (``kv_waste.MEMORY_BOUND_MIN_PCT``)
     memory_bound_min_pct: float = MEMORY_BOUND_MIN_PCT
 
+    #: a quick run searches the paged server live and reads Orca (Oracle)'s rate off its grid (both paths of
+    #: ``sweep``; a live probe lasts its trace over its rate), and its calibration trace runs at a higher rate
     QUICK = dict(num_requests=30, search_requests=15, calibration_requests=12, calibration_repeats=1,
-                 rate_resolution=1.0,
+                 calibration_fraction=0.2, rate_resolution=1.0, searched=("paged",),
                  load_fractions=(0.4, 1.0), systems=("orca_oracle", "paged"), vllm=False)
 
     @property

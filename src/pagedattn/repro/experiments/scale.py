@@ -46,7 +46,7 @@ from pagedattn.repro.experiments import sensitivity
 from pagedattn.config import ModelSpec
 from pagedattn.repro.experiments import validated
 from pagedattn.repro.experiments.common import ServingParams
-from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged, \
+from pagedattn.repro.sim.capacity import MAX_LENGTH_DOUBLINGS, NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_search, length_judged, \
     normalized_latency
 from pagedattn.repro.experiments.throughput import SIM_SYSTEMS
 from pagedattn.repro.sim.parallel import call, pmap
@@ -176,6 +176,9 @@ class Params(ServingParams):
     saturation_seqs: tuple = (256, 1024)
     saturation_load: float = 2.0
     rate_resolution: float = RESOLUTION  # the sustainable-rate search's (``capacity``)
+    #: the trace-length rule's most doublings (``capacity.length_agreed_search``); a quick run (a smoke test, whose
+    #: short traces are rarely long enough to be judged) stops at one: n and 2n
+    max_length_doublings: int = MAX_LENGTH_DOUBLINGS
     bands: bool = True  # step-time sensitivity bands of the ShareGPT rate ratios
 
     @classmethod
@@ -188,6 +191,7 @@ class Params(ServingParams):
             kw.setdefault("load_fractions", (0.3, 1.0))
             kw.setdefault("max_load_fraction", 2.0)
             kw.setdefault("rate_resolution", 0.5)
+            kw.setdefault("max_length_doublings", 1)
             kw.setdefault("bands", False)
         return cls(quick=quick, **kw)
 
@@ -262,9 +266,13 @@ def _sustainable_row(model: str, trace_name: str, base, system: str, cost: CostM
     # offline throughput (``capacity.sustainable_rate``), which may be above ``cap`` (a steady rate, or another system)
     # the trace-length rule (``capacity.length_agreed_rate``, issue 50) grows ``base`` (n requests) to 2n, 4n, ...
     lo, hi = cap / 64, cap * 4
-    found = length_agreed_rate(partial(_requests_of_length, trace_name=trace_name, system=system, model=model,
-                                       params=params, cost=cost), len(base), lo, hi, NL_THRESHOLD_S,
-                               params.rate_resolution, knee=True)
+    key = {"fn": "scale.sustainable", "model": model, "trace": trace_name, "base": sensitivity.trace_digest(base),
+           "system": system, "lo": lo, "hi": hi, "threshold_s": NL_THRESHOLD_S, "params": asdict(params),
+           "cost": asdict(cost), "knee": True}
+    found = sensitivity.cached_search(key, lambda: length_agreed_search(
+        partial(_requests_of_length, trace_name=trace_name, system=system, model=model, params=params, cost=cost),
+        len(base), lo, hi, NL_THRESHOLD_S, params.rate_resolution, max_doublings=params.max_length_doublings,
+        knee=True)).row()
     return {"model": model, "trace": trace_name, "system": system, "label": LABELS[system], **found,
             "capacity_req_s": cap, "threshold_s": NL_THRESHOLD_S}
 

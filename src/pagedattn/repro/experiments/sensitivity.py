@@ -71,6 +71,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PAGEDATTN_SENSITIVITY_CACHE") or CACHE_DIR)
 
 
+#: ``PAGEDATTN_SEARCH_CACHE=0`` (``reproduce --no-cache``) turns the cache off: every search and band point is computed
+#: afresh and nothing is stored (issue 64: a cache-off run must give the same claims).
+CACHE_ENV = "PAGEDATTN_SEARCH_CACHE"  # not PAGEDATTN_CACHE: sharegpt.py reads that as a folder
+
+
+def enabled() -> bool:
+    """Whether ``cached`` and ``sweep`` use the cache (``CACHE_ENV``)."""
+    return os.environ.get(CACHE_ENV, "1") != "0"
+
+
 #: The other trace of each workload with a real one (the trace axis).
 OTHER_TRACE = {"sharegpt": "sharegpt_synthetic", "sharegpt_synthetic": "sharegpt"}
 
@@ -299,7 +309,9 @@ def _store(blob: str, path: Path, value: Any) -> None:
 
 
 def cached(key: dict, fn: Callable[[], Any], cache: bool = True) -> Any:
-    """``fn()``, stored as JSON under ``cache_dir()`` by ``key`` (plus the simulator's fingerprint)."""
+    """``fn()``, stored as JSON under ``cache_dir()`` by ``key`` (plus the simulator's fingerprint); ``cache=False``
+    or ``PAGEDATTN_SEARCH_CACHE=0`` (``enabled``): computed, not stored."""
+    cache = cache and enabled()
     blob, path = _cache_entry(key)
     value = _load(path) if cache else _MISSING
     if value is _MISSING:
@@ -316,8 +328,12 @@ def trace_digest(trace) -> str:
 
 
 def cached_search(key: dict, search: Callable[[], RateSearch], cache: bool = True) -> RateSearch:
-    """``search()``, a simulator's rate search (``capacity.sustainable_rate``), through ``cached``: ``key`` must name
-    everything the search depends on besides the code and the traces' contents."""
+    """``search()``, a simulator's rate search (``capacity.sustainable_rate``, ``capacity.length_agreed_search``),
+    through ``cached``: ``key`` must name everything the search depends on besides the code and the traces'
+    contents (the trace, the system, the step time, the range, the threshold, the resolution and the experiment's
+    parameters). Every simulator search of the notebooks goes through it (issue 64): the same search asked twice in
+    one ``make reproduce`` (by two notebooks, or by a band's point) runs once; the stored values are JSON floats,
+    which give back the same numbers."""
     return RateSearch(**cached({"fn": "rate_search", **key}, lambda: asdict(search()), cache))
 
 
@@ -372,6 +388,7 @@ def sweep(experiment: str, claims_at: Callable[[Point], list[Claim]], pts: list[
     (``claims_at(DEFAULT)`` must compute the same thing)."""
     from pagedattn.repro.sim.parallel import pmap
 
+    cache = cache and enabled()
     got: dict[int, Any] = {}
     entries = {}
     for i, p in enumerate(pts):

@@ -61,8 +61,8 @@ from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.paper import FIG16_PREFIX
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, printed_interval, write_summary
 from pagedattn.repro.experiments.sensitivity import widened
-from pagedattn.repro.sim.capacity import KNEE_FACTOR, NL_THRESHOLD_S, RESOLUTION, Load, describe_ratio, \
-    length_agreed_rate, length_judged, ratio_resolution
+from pagedattn.repro.sim.capacity import KNEE_FACTOR, MAX_LENGTH_DOUBLINGS, NL_THRESHOLD_S, RESOLUTION, Load, \
+    describe_ratio, length_agreed_rate, length_agreed_search, length_judged, ratio_resolution
 from pagedattn.repro.sim.simulator import CostModel, normalized_latency, simulate
 from pagedattn.repro.workloads.traces import TraceRequest, poisson_arrivals
 
@@ -219,9 +219,12 @@ class Params(ServingParams):
     cpu_layers: int = 4
     cpu_repeats: int = 3  # wall-clock runs per system; the fastest is kept
     rate_resolution: float = RESOLUTION  # sustainable-rate search (Fig. 16's metric; ``capacity``)
+    #: the trace-length rule's most doublings (``capacity.length_agreed_search``); a quick run (a smoke test, whose
+    #: short traces are rarely long enough to be judged) stops at one: n and 2n
+    max_length_doublings: int = MAX_LENGTH_DOUBLINGS
 
     QUICK = dict(sim_requests=200, search_requests=200, sim_rates={"one_shot": [10, 30, 60], "five_shot": [5, 15, 40]}, cpu_requests=12,
-                 cpu_repeats=1, rate_resolution=0.25)
+                 cpu_repeats=1, rate_resolution=0.25, max_length_doublings=1)
 
 
 # The sim's replays below run in parallel (``pagedattn.repro.sim.parallel.pmap``): each task rebuilds its requests from the
@@ -323,8 +326,11 @@ def _rate_ratio_rows(job: tuple, thresholds: tuple, params: Params, cost: CostMo
     replay = partial(_requests, shot=shot, system=s, params=params, cost=cost, memo={})
     rows = []
     for thr in thresholds:  # the trace-length rule (``capacity.length_agreed_rate``) from ``search_requests``
-        found = length_agreed_rate(replay, params.search_requests, lo, hi, thr, params.rate_resolution,
-                                   knee=thr == NL_THRESHOLD_S)
+        key = {"fn": "shared_prefix.rate_ratios", "shot": shot, "system": s, "lo": lo, "hi": hi, "threshold_s": thr,
+               "params": asdict(params), "cost": None if cost is None else asdict(cost), "knee": thr == NL_THRESHOLD_S}
+        found = sensitivity.cached_search(key, lambda: length_agreed_search(
+            replay, params.search_requests, lo, hi, thr, params.rate_resolution,
+            max_doublings=params.max_length_doublings, knee=thr == NL_THRESHOLD_S)).row()
         rows.append({"scale": "paper (sim)", "shot": shot, "system": s, "label": LABELS[s], "threshold_s": thr,
                      **found})
     return rows

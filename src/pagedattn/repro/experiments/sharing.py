@@ -97,6 +97,9 @@ class Params(ServingParams):
     gain_requests_n1: int = 3000  # n = 1 needs a longer trace before the queue, not the trace's end, sets latency
     gain_ns: tuple[int, ...] = (1, 2, 4, 6)
     rate_resolution: float = RESOLUTION  # the sustainable-rate search's (``capacity``)
+    #: the trace-length rule's most doublings (``capacity.length_agreed_search``); a quick run (a smoke test, whose
+    #: short traces are rarely long enough to be judged) stops at one: n and 2n
+    max_length_doublings: int = MAX_LENGTH_DOUBLINGS
     # real engine (opt-stdlib, CPU)
     max_model_len: int = 512
     beam_requests: dict = field(default_factory=lambda: {"alpaca": 32, "sharegpt": 12})
@@ -112,7 +115,7 @@ class Params(ServingParams):
 
     QUICK = dict(sim_requests={"alpaca": 80, "sharegpt": 30}, gain_requests=120, gain_requests_n1=120, gain_ns=(1, 6),
                  rate_resolution=0.5, beam_requests={"alpaca": 3, "sharegpt": 1}, agree_requests=6, agree_ns=(4,),
-                 orca_requests=4, real_max_output=24, orca_slots=2048, widths=(2, 6))
+                 orca_requests=4, real_max_output=24, orca_slots=2048, widths=(2, 6), max_length_doublings=1)
 
 
 # ------------------------------------------------------------------------------------------- paper scale (sim)
@@ -250,11 +253,12 @@ def sim_rate(params: Params, system: str, n: int, base: list[TraceRequest], cost
            "cost": asdict(cost),
            "beam": None if beam is None else asdict(beam), "max_num_seqs": max_num_seqs, "seed": params.seed,
            "block_size": params.block_size, "cpu_blocks": kw["num_cpu_blocks"], "rate0": rate0,
-           "resolution": params.rate_resolution, "slots": paper_slots(), "length_rule": MAX_LENGTH_DOUBLINGS,
+           "resolution": params.rate_resolution, "slots": paper_slots(), "length_rule": params.max_length_doublings,
            **({"equal_sample_lengths": True} if equal_sample_lengths else {}), **({"knee": KNEE_FACTOR} if knee else {})}
     return sensitivity.cached_search(key, lambda: length_agreed_search(requests, len(base), rate0 / (8 * n),
                                                                        rate0 * 16, NL_THRESHOLD_S,
-                                                                       params.rate_resolution, knee=knee))
+                                                                       params.rate_resolution,
+                                                                       params.max_length_doublings, knee=knee))
 
 
 def sim_claims_at(point: sensitivity.Point, params: Params, which: str) -> list[Claim]:

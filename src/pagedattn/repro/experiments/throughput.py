@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from pagedattn.repro.sim.capacity import NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_judged, ratio_resolution
+from pagedattn.repro.sim.capacity import MAX_LENGTH_DOUBLINGS, NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_agreed_search, \
+    length_judged, ratio_resolution
 from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import sensitivity
 from pagedattn.repro.experiments import validated
@@ -52,11 +53,14 @@ class SimParams(ServingParams):
     rates: dict = field(default_factory=lambda: {"sharegpt": [0.5, 1, 1.5, 2, 2.5, 3, 4, 5],
                                                   "alpaca": [5, 10, 20, 30, 40, 50, 60, 80]})
     rate_resolution: float = RESOLUTION  # the sustainable-rate search's resolution (``capacity``)
+    #: the trace-length rule's most doublings (``capacity.length_agreed_search``); a quick run (a smoke test, whose
+    #: short traces are rarely long enough to be judged) stops at one: n and 2n
+    max_length_doublings: int = MAX_LENGTH_DOUBLINGS
     #: traces whose sustainable rates are found too, over the ShareGPT rate range (sensitivity rows)
     sensitivity: tuple = ("sharegpt_synthetic",)
 
     QUICK = dict(num_requests={"sharegpt": 100, "alpaca": 200}, rates={"sharegpt": [1, 2, 4], "alpaca": [10, 30, 60]},
-                 rate_resolution=0.5)
+                 rate_resolution=0.5, max_length_doublings=1)
 
 
 def sim_run(trace, system: str, params: SimParams, cost: CostModel | None = None, record_steps: bool = True
@@ -98,8 +102,11 @@ def _sim_sustainable_row(job: tuple, params: SimParams, cost: CostModel | None) 
     """One system's searches of ``sim_sustainable`` under the trace-length rule (``capacity.length_agreed_rate``,
     from the workload's ``num_requests``, with the knee measure): ``(workload, length, system, lo, hi)``."""
     w, n, s, lo, hi = job
-    found = length_agreed_rate(partial(_sim_requests, w=w, system=s, params=params, cost=cost), n, lo, hi,
-                               NL_THRESHOLD_S, params.rate_resolution, knee=True)
+    key = {"fn": "throughput.sim_sustainable", "trace": w, "n": n, "system": s, "lo": lo, "hi": hi,
+           "threshold_s": NL_THRESHOLD_S, "params": asdict(params), "cost": asdict(cost or CostModel()), "knee": True}
+    found = sensitivity.cached_search(key, lambda: length_agreed_search(
+        partial(_sim_requests, w=w, system=s, params=params, cost=cost), n, lo, hi, NL_THRESHOLD_S,
+        params.rate_resolution, max_doublings=params.max_length_doublings, knee=True)).row()
     return {"scale": "paper (sim)", "trace": w, "system": s, "label": LABELS[s], **found,
             "threshold_s": NL_THRESHOLD_S}
 
@@ -301,8 +308,9 @@ class RealParams(ServingParams):
     #: the engine gets it (it was the torch reference until 2026-12-02, which took about a third of a step here)
     attention_backend: str = "auto"
 
+    #: a quick run searches ours and Orca (Oracle) only: one CPU ratio claim runs the same code as two
     QUICK = dict(num_requests=24, offline_requests=24, search_requests=12, max_length_doublings=1, rates={"sharegpt": [4, 16]}, rate_resolution=1.0,
-                 systems=("orca_max", "orca_oracle", "paged"))
+                 systems=("orca_max", "orca_oracle", "paged"), search_systems=("orca_oracle", "paged"))
 
     @property
     def num_slots(self) -> int:

@@ -23,6 +23,10 @@ no ``.venv-vllm``), and each ``run.json`` records the parameters it was given (`
 which run included it. Each ``run.json`` also records a calibration replay (``calibration_replay``: the wall and CPU
 seconds of one fixed simulator replay, ``benchmarks/sim_speed.py``'s ``online.paged``, timed just before the
 notebook), so that a notebook's time can be read against the machine's speed at that hour: a slow hour shows as one.
+The run itself is bracketed by ``calibration.measure`` (a fixed replay and a fixed engine workload, at least 2 s,
+before the first notebook and after the last); each ``run.json`` gets both and the notebook's seconds in calibration
+units and as minutes on the reference VM (``normalised``). ``--no-cache`` (``PAGEDATTN_SEARCH_CACHE=0``) recomputes
+every cached simulator search and band point (``sensitivity.cached``) and stores none.
 
 ``--notebooks-at-once K`` runs up to K notebooks side by side, each in a process of its own (its kernel's
 environment is its own). A quick run (``--quick``) defaults to two and takes every notebook that way: it times
@@ -50,6 +54,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+from pagedattn.repro.report import calibration as _calibration
 from pagedattn.repro.report.lab import KERNEL_NAME
 from pagedattn.repro.report.results import (NOTEBOOK_ENV, QUICK_RESULTS_DIR, QUICK_RUN_RECORD, REPO_ROOT, RESULTS_DIR,
                                             RUN_FILE, STALE_FILE, fill_verdicts, hardware_label, today)
@@ -258,6 +263,24 @@ def calibration_replay(repeats: int | None = None) -> dict | None:
             "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
+def stamp_calibration(results_dir: Path, notebooks: list[Path], before: dict | None, after: dict | None) -> None:
+    """Add the run's calibration (``calibration.measure`` before its first notebook and after its last) to each
+    notebook's ``run.json``, with its seconds in calibration units and as minutes on the reference VM
+    (``calibration.normalised``)."""
+    for nb in notebooks:
+        path = Path(results_dir) / nb.stem / RUN_FILE
+        if path.exists():
+            record = json.loads(path.read_text())
+            write_json(path, {**record, "calibration": {"before": before, "after": after},
+                              "normalised": _calibration.normalised(record["seconds"], before, after)})
+
+
+def _units_words(seconds: float, before: dict | None, after: dict | None) -> str:
+    n = _calibration.normalised(seconds, before, after)
+    return "" if n is None else (f" = {n['units']:.0f} calibration units of {n['unit_s']:.2f} s = "
+                                 f"{n['reference_vm_minutes']:.1f} minutes on the reference VM")
+
+
 def simulator() -> str:
     """Which simulator the run's replays used: "compiled" (``pagedattn.repro.sim.fastsim``, mypyc) or "interpreted"."""
     from pagedattn.repro.sim import fastsim
@@ -322,6 +345,13 @@ def last_seconds(out_dir: Path) -> float:
         return 0.0
 
 
+def expected_seconds(nb: Path, results_dir: Path) -> float:
+    """How long ``nb`` is expected to take, to start the longest first: its last run's seconds in ``results_dir``,
+    else (a first quick run, a clean clone's) its committed full run's in ``RESULTS_DIR``, which order the notebooks
+    as their quick runs do (issue 64: by name, the longest quick notebook, 13, started last and ran alone)."""
+    return last_seconds(Path(results_dir) / nb.stem) or last_seconds(RESULTS_DIR / nb.stem)
+
+
 def cpu_ticks() -> tuple[int, int] | None:
     """The machine's busy and total CPU time since boot, in clock ticks summed over its cores and all its processes
     (Linux's ``/proc/stat``; ``None`` elsewhere). A notebook's own process tree cannot be counted from here: the
@@ -347,7 +377,8 @@ def _run_timed(nb: Path, quick: bool, results_dir: Path, jobs: int, scheduler: s
     """``run_notebook`` in this process, after a ``calibration_replay``; returns its wall ``seconds``, the machine's
     busy cores meanwhile (``machine_cores_busy``), when it ``finished`` and the ``calibration_replay``. A SIGTERM ends
     it through ``run_notebook``'s ``finally`` (``terminated_as_exit``), here as in a process of ``_runs``' pool."""
-    calibration = calibration_replay()
+    # a quick run times the replay once per notebook: the run's own calibration (``calibration``) brackets it
+    calibration = calibration_replay(1 if quick and CALIBRATION_ENV not in os.environ else None)
     t0, ticks0 = time.perf_counter(), cpu_ticks()
     with terminated_as_exit():
         run_notebook(nb, quick, results_dir, parameters=parameters, jobs=jobs, scheduler=scheduler)
@@ -403,8 +434,8 @@ def _pool_runs(notebooks: list[Path], run, at_once: int, quick: bool, results_di
     pool = ProcessPoolExecutor(at_once, mp_context=multiprocessing.get_context("spawn"))
     try:
         # a long notebook started last would run alone at the end
-        futures = [(nb, pool.submit(run, nb)) for nb in sorted(notebooks, key=lambda nb: -last_seconds(
-            results_dir / nb.stem))]
+        futures = [(nb, pool.submit(run, nb)) for nb in sorted(notebooks, key=lambda nb: -expected_seconds(
+            nb, results_dir))]
         for nb, f in futures:
             yield nb, f.result, at_once
     except BaseException:  # reproduce ends early (a SIGTERM, Ctrl-C): each running notebook ends with its kernel
@@ -440,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--notebooks-at-once", type=int, default=None,
                     help="notebooks run side by side, each in its own process: with --quick all of them, else only "
                          "those that time nothing on the CPU (SHARE_THE_MACHINE) (default: 1, or 2 with --quick)")
+    ap.add_argument("--no-cache", action="store_true",
+                    help="recompute every cached simulator search and band point (PAGEDATTN_SEARCH_CACHE=0)")
     args = ap.parse_args(argv)
     at_once = args.notebooks_at_once if args.notebooks_at_once is not None else (2 if args.quick else 1)
     if at_once < 1:
@@ -454,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     failed = []
+    if args.no_cache:  # every notebook's kernel and its sweeps' workers inherit it (``sensitivity.enabled``)
+        os.environ["PAGEDATTN_SEARCH_CACHE"] = "0"
+    before_run = _calibration.measure()  # the run's clock (``calibration``), before the first notebook and after
     started = _dt.datetime.now().isoformat(timespec="seconds")
     t_start = time.perf_counter()
     before, files_before = {}, {}
@@ -491,10 +527,14 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     done(nb, timing, None, together)
     wall = time.perf_counter() - t_start
-    print(f"[reproduce] {len(notebooks)} notebooks in {wall:.0f} s of wall time", flush=True)
+    after = _calibration.measure()
+    stamp_calibration(results_dir, [nb for nb in notebooks if nb.name not in failed], before_run, after)
+    print(f"[reproduce] {len(notebooks)} notebooks in {wall:.0f} s of wall time"
+          + _units_words(wall, before_run, after), flush=True)
     whole = {"seconds": round(wall, 1), "notebooks": len(notebooks), "notebooks_at_once": at_once, "jobs": args.jobs,
              "failed": failed, "machine": hardware_label("cpu"), "date": today(), "started": started,
-             "simulator": simulator()}
+             "simulator": simulator(), "calibration": {"before": before_run, "after": after},
+             "normalised": _calibration.normalised(wall, before_run, after)}
     if args.quick and args.only is None and args.results_dir is None:  # the README's quick-run sentence
         write_json(RESULTS_DIR / QUICK_RUN_RECORD, whole)
     if not args.quick and args.only is None:  # the README's full-run sentence
