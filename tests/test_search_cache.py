@@ -40,8 +40,7 @@ def _searches() -> tuple[pd.DataFrame, list]:
     rows += shared_prefix._rate_ratio_rows(("one_shot", "paged_auto"), shared_prefix.NL_THRESHOLDS_S,
                                            shared_prefix.Params.make(True), None)
     sp = sharing.Params.make(True)
-    fig14 = sharing.sim_rate(sp, "paged", 2, "recompute", make_trace("alpaca", sp.gain_requests, 1.0, sp.seed),
-                             CostModel())
+    fig14 = sharing.sim_rate(sp, "paged", 2, make_trace("alpaca", sp.gain_requests, 1.0, sp.seed), CostModel())
     rows += [{"search": "fig14", **asdict(fig14)},
              {"search": "knee", "rate": block_size.knee_rate("sharegpt", block_size.Params.make(True))}]
     table = pd.concat([rates, pd.DataFrame(rows)], ignore_index=True)
