@@ -85,13 +85,14 @@ class Row:
 
 
 def gpu_stale_source(docs: dict[str, dict], name: str, claim: dict, results_dir: Path, root: Path) -> str:
-    """``"stale source: the GPU run of <date>"`` when ``claim`` was copied into notebook ``name`` from a GPU run
-    (``extra.gpu_check``) whose own record is stale; else ``""``."""
-    run = (docs[name].get("extra") or {}).get("gpu_check") or {}
-    if claim["name"] not in run.get("claims", []) or GPU_CHECK not in docs:
+    """``"stale source: the GPU run of <date> (<hardware>)"`` when ``claim`` holds a GPU measurement (a ``gpu`` part in
+    its name, measured) while the GPU run's own record (``results/gpu_check``) is stale: a notebook rerun on a CPU
+    copies the GPU run's files as they were; else ``""``."""
+    if GPU_CHECK not in docs or "gpu" not in claim["name"].split(".") or claim.get("ours") is None:
         return ""
     if not stale_reasons(Path(results_dir) / GPU_CHECK, docs[GPU_CHECK], root):
         return ""
+    run = docs[GPU_CHECK]
     return f"stale source: the GPU run of {run.get('date', '?')} ({run.get('hardware', '?')}), code changed since"
 
 
