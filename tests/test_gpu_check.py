@@ -68,9 +68,12 @@ def test_gpu_results_fill_the_null_claims_of_02_and_06():
     # Fig. 18a against SDPA (issue 54), the same-kernel ratio apart; the file's own ``ratio`` column is not read
     assert abs(filled[0].ours - 1.25) < 1e-12 and filled[0].holds and filled[1].ours == 0.8 and filled[1].holds
     assert abs(filled[2].ours - 1.05) < 1e-12 and filled[2].holds
-    assert [c.ours for c in pe.gpu_claims(None)] == [None, None]
-    micro = pd.DataFrame({"block_size": [16, 64], "recompute_over_swap": [0.1, 1.0], "scale": "GPU", "tokens": 1024})
-    assert [(c.ours, c.holds) for c in pe.gpu_claims(micro)] == [(0.1, False), (1.0, True)]
+    assert [c.ours for c in pe.gpu_claims(None)] == [None, None, None]  # blocks 1, 16, 64 (Fig. 19)
+    micro = pd.DataFrame({"block_size": [1, 16, 64], "recompute_over_swap": [0.1, 0.1, 1.0], "scale": "GPU",
+                          "tokens": 1024})
+    assert [(c.ours, c.holds) for c in pe.gpu_claims(micro)] == [(0.1, True), (0.1, False), (1.0, True)]
+    no_block1 = pe.gpu_claims(micro[micro.block_size > 1])
+    assert no_block1[0].ours is None and "measured no block 1" in no_block1[0].note
 
 
 def test_equivalence_judges_fp32_by_identity_and_half_precision_against_hf():

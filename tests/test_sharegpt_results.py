@@ -36,7 +36,8 @@ def _breakdowns(real_ts: float) -> pd.DataFrame:
     for trace, ts, rate in (("sharegpt", real_ts, 5.0), ("sharegpt_synthetic", 97.0, 3.0)):
         for s in ITERATION_LEVEL:
             rows.append({"trace": trace, "system": s, "rate": rate if not math.isnan(ts) else math.nan,
-                         "token_states": ts if s == "paged" else 30.0, "memory_bound_steps_pct": 95.0})
+                         "token_states": ts if s == "paged" else 30.0, "reserved": 20.0, "internal": 20.0,
+                         "external": 30.0, "memory_bound_steps_pct": 95.0})
     return pd.DataFrame(rows)
 
 
