@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedattn.config import ModelSpec
+from pagedattn.memory.systems import LABELS
 
 # §3 / Fig. 2: share of KV memory (percent) while each system is memory-bound (OPT-13B, ShareGPT, A100-40GB).
 FIG2_SHARES = {
@@ -152,7 +153,7 @@ def _entries() -> list[PaperNumber]:
     add(PaperNumber("s3.kv_2048_tokens.opt13b", "§3", "KV cache of one 2048-token request, OPT-13B (GB)",
                     KV_GB_2048_TOKENS_OPT13B, "1.6 GB", "§3", "00_tour", "kv_bytes_2048_tokens.opt_13b"))
     # Fig. 2: shares of KV memory while memory-bound
-    names = {"orca_max": "Orca (Max)", "orca_pow2": "Orca (Pow2)", "orca_oracle": "Orca (Oracle)", "paged": "vLLM"}
+    names = {**LABELS, "paged": "vLLM"}  # the systems' labels; the paper's system is vLLM, not "ours"
     parts = {"token_states": "token states", "reserved": "reserved", "internal": "internal fragmentation",
              "external": "external fragmentation and other"}
     for s, shares in FIG2_SHARES.items():
@@ -182,7 +183,7 @@ def _entries() -> list[PaperNumber]:
                                              "drawn to these means by construction"))
     # Fig. 12: sustainable request rates on ShareGPT
     for model, mid in (("OPT-13B", "opt13b"), ("OPT-66B", "opt66b"), ("OPT-175B", "opt175b")):
-        for other, label in (("orca_oracle", "Orca (Oracle)"), ("orca_max", "Orca (Max)")):
+        for other in ("orca_oracle", "orca_max"):
             rng = FIG12_RATE_RATIO[f"paged_vs_{other}"]
             if model == "OPT-13B":
                 owner, claim = "03_throughput", f"rate_ratio.sharegpt.paged_vs_{other}"
@@ -190,7 +191,7 @@ def _entries() -> list[PaperNumber]:
             else:
                 owner, claim, cross = "10_table1_fig12", f"rate_ratio.{model}.sharegpt.paged_vs_{other}", ()
             add(PaperNumber(f"fig12.{mid}.sharegpt.vs_{other}", "Fig. 12",
-                            f"{model}, ShareGPT: sustainable rate, vLLM / {label} (x)", rng, f"{_rng(rng)}x",
+                            f"{model}, ShareGPT: sustainable rate, vLLM / {names[other]} (x)", rng, f"{_rng(rng)}x",
                             "§6.2 (the range over the three models)", owner, claim, cross_checks=cross))
     add(PaperNumber("fig12.sharegpt.vs_ft", "Fig. 12", "ShareGPT: sustainable rate, vLLM / FasterTransformer (x)",
                     FIG12_RATE_RATIO["paged_vs_ft"][1], "up to 22x", "§6.2",
@@ -248,8 +249,8 @@ def _entries() -> list[PaperNumber]:
                         row["speedup"], f"{row['speedup']:g}x", "§6.4, Fig. 16", "07_shared_prefix",
                         f"prefix_speedup.{shot}"))
     # Fig. 17: chatbot
-    for other, label in (("orca_oracle", "Orca (Oracle)"), ("orca_pow2", "Orca (Pow2)"), ("orca_max", "Orca (Max)")):
-        add(PaperNumber(f"fig17.vs_{other}", "Fig. 17", f"chatbot: sustainable rate, vLLM / {label} (x)",
+    for other in ("orca_oracle", "orca_pow2", "orca_max"):
+        add(PaperNumber(f"fig17.vs_{other}", "Fig. 17", f"chatbot: sustainable rate, vLLM / {names[other]} (x)",
                         FIG17_RATE_RATIO, f"{FIG17_RATE_RATIO:g}x", "§6.5, Fig. 17", "09_chatbot",
                         f"rate_ratio.chatbot.paged_vs_{other}"))
     add(PaperNumber("fig17.orca_alike", "Fig. 17", "chatbot: the three Orca variants perform alike (Max / Oracle)",

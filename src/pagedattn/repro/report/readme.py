@@ -35,8 +35,8 @@ def render_scoreboard(results_dir: Path = RESULTS_DIR, root: Path = REPO_ROOT) -
     docs = summaries(results_dir)
     if not docs:
         return "No results yet: run `make reproduce`."
-    return "\n".join([render_tally(rows(docs, Path(results_dir), root)), "",
-                      *compact_rows(rows(docs, Path(results_dir), root), stale_names(docs, Path(results_dir), root)),
+    rs = rows(docs, Path(results_dir), root)
+    return "\n".join([render_tally(rs), "", *compact_rows(rs, stale_names(docs, Path(results_dir), root)),
                       "", "Every number, ours beside it, the difference and the reason: "
                       "[`results/SUMMARY.md`](results/SUMMARY.md); bands, notes and provenance: "
                       "[`results/DETAILS.md`](results/DETAILS.md)."])

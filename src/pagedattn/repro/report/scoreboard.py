@@ -155,6 +155,13 @@ def stale_names(docs: dict[str, dict], results_dir: Path = RESULTS_DIR, root: Pa
     return {name for name, doc in docs.items() if stale_reasons(Path(results_dir) / name, doc, root)}
 
 
+def _notebooks(rs: list[Row], stale: set[str]) -> str:
+    """The notebooks that hold ``rs``' numbers (their owners where none is measured), STALE where their sources
+    changed since the run."""
+    books = sorted({r.notebook or r.entry.owner for r in rs if r.notebook or r.entry.owner})
+    return ", ".join(f"`{b}`" + (" (STALE)" if b in stale else "") for b in books)
+
+
 def figure_tables(rs: list[Row], stale: set[str]) -> list[str]:
     """One table per figure or table of the paper, one row per number: result, paper, ours, difference, verdict and
     reason; the heading names the notebooks (STALE where their sources changed since the run)."""
@@ -163,8 +170,7 @@ def figure_tables(rs: list[Row], stale: set[str]) -> list[str]:
         mine = [r for r in rs if r.entry.figure == fig]
         if not mine:
             continue
-        books = sorted({r.notebook or r.entry.owner for r in mine if r.notebook or r.entry.owner})
-        where = ", ".join(f"`{b}`" + (" (STALE)" if b in stale else "") for b in books)
+        where = _notebooks(mine, stale)
         lines += ["", f"### {fig}" + (f" · {where}" if where else ""), "",
                   "| result | paper | ours | difference | verdict | reason |", "|---|---|---|---|---|---|"]
         lines += [_row([r.entry.quantity, r.entry.printed, _ours(r.claim), fmt_pct(r.difference),
@@ -204,10 +210,9 @@ def compact_rows(rs: list[Row], stale: set[str]) -> list[str]:
         if not mine:
             continue
         n = tally(mine)
-        books = sorted({r.notebook or r.entry.owner for r in mine if r.notebook or r.entry.owner})
         lines.append(_row([fig, str(len(mine)), str(n[HOLDS]), str(n[CORNER]), str(n[FAILS]), str(n[NOT_MEASURED]),
                            f"{n['within']}/{n['measured']}",
-                           ", ".join(f"`{b}`" + (" (STALE)" if b in stale else "") for b in books)]))
+                           _notebooks(mine, stale)]))
     return lines
 
 
