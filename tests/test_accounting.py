@@ -2,6 +2,7 @@
 hand: the paged manager without sharing (its fast path) and with copy-on-write sharing, and Orca's contiguous
 reservations."""
 from pagedattn.memory.accounting import breakdown, max_request_waste
+from pagedattn.memory.per_sequence import PerSequence
 from pagedattn.sequence import SequenceGroup
 from factories import block_manager, contiguous_manager
 from seq_groups import make_group
@@ -18,8 +19,9 @@ def test_paged_without_sharing():
     seq 2: 8 tokens, done: [4 | 4].
     5 blocks used: 17 token states, 2 reserved, 1 internal, 20 free."""
     m = block_manager(block_size=4, num_gpu_blocks=10, watermark=0.0)
+    per_seq = PerSequence(m)
     for seq, n in ((0, 6), (1, 3), (2, 8)):
-        m.allocate(seq, n)
+        per_seq.allocate(seq, n)
     assert as_tuple(breakdown(m, {0: 7, 1: 10, 2: 8})) == (17, 2, 1, 20)
 
 
@@ -28,9 +30,10 @@ def test_paged_with_copy_on_write_sharing():
     Both end at 7 tokens. a (shared): 4 states. b: 2 states + 1 reserved (seq 0's 7th token) + 1 internal.
     c: 3 states + 1 internal. 3 blocks used: 9 / 1 / 2, and 28 free slots."""
     m = block_manager(block_size=4, num_gpu_blocks=10, watermark=0.0)
-    m.allocate(0, 6)
-    m.fork(0, 1)
-    assert m.append_slot(1) is not None  # copy-on-write
+    per_seq = PerSequence(m)
+    per_seq.allocate(0, 6)
+    per_seq.fork(0, 1)
+    assert per_seq.append_slot(1) is not None  # copy-on-write
     assert as_tuple(breakdown(m, {0: 7, 1: 7})) == (9, 1, 2, 28)
 
 
@@ -38,8 +41,9 @@ def test_a_shared_block_is_reserved_for_its_longest_sharer():
     """Seq 0 (6 tokens, blocks [a | b]) and its fork share both blocks. Seq 0 will reach 12 tokens, the fork only 7:
     b's two empty slots are reserved (seq 0 fills them), not internal, whichever sharer is seen last."""
     m = block_manager(block_size=4, num_gpu_blocks=10, watermark=0.0)
-    m.allocate(0, 6)
-    m.fork(0, 1)
+    per_seq = PerSequence(m)
+    per_seq.allocate(0, 6)
+    per_seq.fork(0, 1)
     assert as_tuple(breakdown(m, {0: 12, 1: 7})) == (6, 2, 0, 32)
 
 
@@ -71,9 +75,10 @@ def test_a_sequence_without_a_final_length_reserves_nothing():
     internal fragmentation. Seq 0: 6 tokens in 2 blocks of 4 -> 6 / 0 / 2; with a fork sharing both blocks, the same
     slots are counted once."""
     m = block_manager(block_size=4, num_gpu_blocks=10, watermark=0.0)
-    m.allocate(0, 6)
+    per_seq = PerSequence(m)
+    per_seq.allocate(0, 6)
     assert as_tuple(breakdown(m, {})) == (6, 0, 2, 32)
-    m.fork(0, 1)
+    per_seq.fork(0, 1)
     assert as_tuple(breakdown(m, {})) == (6, 0, 2, 32)
 
 
@@ -90,10 +95,11 @@ def test_max_request_waste_by_hand():
     waste 7) holds no device slot. Orca (Oracle), 11 slots for 5 tokens: 6 with exact placement, 16 - 5 = 11 in the
     16-slot buddy block. Empty managers waste nothing."""
     m = block_manager(block_size=8, num_gpu_blocks=8, num_cpu_blocks=4)
+    per_seq = PerSequence(m)
     assert max_request_waste(m) == 0
-    m.allocate(0, 10)
-    m.allocate(2, 1)
-    m.swap_out([2])
+    per_seq.allocate(0, 10)
+    per_seq.allocate(2, 1)
+    per_seq.swap_out([2])
     assert max_request_waste(m) == 6
     for placement, waste in (("exact", 6), ("buddy", 11)):
         c = contiguous_manager(64, "oracle", max_model_len=64, placement=placement)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pagedattn.memory import AllocStatus, BlockManager, BlockPool, NoFreeBlocksError
+from pagedattn.memory.per_sequence import PerSequence
 from factories import block_manager
 
 
@@ -19,14 +20,15 @@ def snapshot(m: BlockManager):
 
 def test_on_demand_allocation_40_tokens_three_blocks():
     m = block_manager(block_size=16, num_gpu_blocks=10)
-    m.allocate(0, 40)
+    per_seq = PerSequence(m)
+    per_seq.allocate(0, 40)
     assert len(m.block_table(0)) == 3 and m.num_filled_slots() == 40
     for _ in range(8):  # fills the third block: no new block
-        assert m.append_slot(0) is None
+        assert per_seq.append_slot(0) is None
     assert len(m.block_table(0)) == 3
-    m.append_slot(0)  # 49th token: a new block only now
+    per_seq.append_slot(0)  # 49th token: a new block only now
     assert len(m.block_table(0)) == 4
-    m.free(0)
+    per_seq.free(0)
     assert m.num_free_gpu_blocks == 10
     m.check_invariants()
 
@@ -34,12 +36,13 @@ def test_on_demand_allocation_40_tokens_three_blocks():
 def test_fork_shares_and_copy_on_write_four_samples():
     """Study note exercise 4: four samples share a block; the writer gets a copy, the count goes 4 -> 3."""
     m = block_manager(block_size=16, num_gpu_blocks=10)
-    m.allocate(0, 20)  # two blocks, the last one partly filled
+    per_seq = PerSequence(m)
+    per_seq.allocate(0, 20)  # two blocks, the last one partly filled
     for child in (1, 2, 3):
-        m.fork(0, child)
+        per_seq.fork(0, child)
     last = m.block_table(0)[-1]
     assert m.block_view().ref_counts[last] == 4 and m.num_used_gpu_blocks == 2
-    copy_ = m.append_slot(2)
+    copy_ = per_seq.append_slot(2)
     assert copy_ is not None and copy_[0] == last
     refs = m.block_view().ref_counts
     assert refs[last] == 3 and refs[copy_[1]] == 1
@@ -47,30 +50,32 @@ def test_fork_shares_and_copy_on_write_four_samples():
     assert m.block_table(2)[0] == m.block_table(0)[0]  # the full first block stays shared
     m.check_invariants()
     for s in range(4):
-        m.free(s)
+        per_seq.free(s)
     assert m.num_free_gpu_blocks == 10
 
 
 def test_append_to_full_shared_block_allocates_without_copy():
     m = block_manager(block_size=4, num_gpu_blocks=10)
-    m.allocate(0, 8)
-    m.fork(0, 1)
-    assert m.append_slot(1) is None  # last block full: a fresh block, nothing to copy
+    per_seq = PerSequence(m)
+    per_seq.allocate(0, 8)
+    per_seq.fork(0, 1)
+    assert per_seq.append_slot(1) is None  # last block full: a fresh block, nothing to copy
     assert m.block_table(1)[:2] == m.block_table(0)
     m.check_invariants()
 
 
 def test_swap_out_and_in_preserves_sharing():
     m = block_manager(block_size=4, num_gpu_blocks=8, num_cpu_blocks=8)
-    m.allocate(0, 6)
-    m.fork(0, 1)
-    m.append_slot(1)
-    out = m.swap_out([0, 1])
+    per_seq = PerSequence(m)
+    per_seq.allocate(0, 6)
+    per_seq.fork(0, 1)
+    per_seq.append_slot(1)
+    out = per_seq.swap_out([0, 1])
     assert len(out) == 3 and m.num_free_gpu_blocks == 8
     shared = m.block_table(0)[0]
     assert m.block_view("cpu").ref_counts[shared] == 2  # the shared first block moved once, still shared
     m.check_invariants()
-    back = m.swap_in([0, 1])
+    back = per_seq.swap_in([0, 1])
     assert len(back) == 3 and m.pool_counts().cpu_free == 8
     assert m.block_table(0)[0] == m.block_table(1)[0]
     m.check_invariants()
@@ -78,28 +83,30 @@ def test_swap_out_and_in_preserves_sharing():
 
 def test_watermark_and_alloc_status():
     m = block_manager(block_size=16, num_gpu_blocks=100, watermark=0.05)
-    assert m.can_allocate_tokens(16 * 95) is AllocStatus.OK
-    assert m.can_allocate_tokens(16 * 96) is AllocStatus.NEVER
-    m.allocate(0, 16 * 50)
-    assert m.can_allocate_tokens(16 * 46) is AllocStatus.LATER
+    per_seq = PerSequence(m)
+    assert per_seq.can_allocate_tokens(16 * 95) is AllocStatus.OK
+    assert per_seq.can_allocate_tokens(16 * 96) is AllocStatus.NEVER
+    per_seq.allocate(0, 16 * 50)
+    assert per_seq.can_allocate_tokens(16 * 46) is AllocStatus.LATER
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda m: m.allocate(9, 3000), "max_model_len=2048"),
-    (lambda m: m.allocate(9, 16 * 11), "num_gpu_blocks=10"),
-    (lambda m: m.allocate(9, 0), "at least 1 token"),
-    (lambda m: m.swap_in([1]), "num_gpu_blocks=10"),
-    (lambda m: m.swap_out([0]), "num_cpu_blocks=2"),
+    (lambda per_seq: per_seq.allocate(9, 3000), "max_model_len=2048"),
+    (lambda per_seq: per_seq.allocate(9, 16 * 11), "num_gpu_blocks=10"),
+    (lambda per_seq: per_seq.allocate(9, 0), "at least 1 token"),
+    (lambda per_seq: per_seq.swap_in([1]), "num_gpu_blocks=10"),
+    (lambda per_seq: per_seq.swap_out([0]), "num_cpu_blocks=2"),
 ])
 def test_bad_input_raises_value_error_and_changes_nothing(call, match):
     m = block_manager(block_size=16, num_gpu_blocks=10, num_cpu_blocks=2, max_model_len=2048)
-    m.allocate(0, 16 * 3)  # 3 blocks: more than the CPU pool holds
-    m.allocate(1, 16 * 2)
-    m.swap_out([1])  # seq 1 now on the CPU
-    m.allocate(2, 16 * 7)  # the device pool is full: seq 1 cannot come back
+    per_seq = PerSequence(m)
+    per_seq.allocate(0, 16 * 3)  # 3 blocks: more than the CPU pool holds
+    per_seq.allocate(1, 16 * 2)
+    per_seq.swap_out([1])  # seq 1 now on the CPU
+    per_seq.allocate(2, 16 * 7)  # the device pool is full: seq 1 cannot come back
     before = snapshot(m)
     with pytest.raises(ValueError, match=match):
-        call(m)
+        call(per_seq)
     assert snapshot(m) == before
     m.check_invariants()
 
@@ -112,15 +119,16 @@ def test_swap_in_keeps_the_watermark():
     from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
 
     m = block_manager(block_size=4, num_gpu_blocks=10, num_cpu_blocks=10, watermark=0.2)
+    per_seq = PerSequence(m)
     g = SequenceGroup("r", [Sequence(0, [1] * 10), Sequence(1, [1] * 10)], SamplingParams(n=2))
     m.allocate_group(g)
     g.set_status("waiting", "swapped")
-    m.swap_out([0, 1])
-    m.allocate(7, 3 * 4)  # 3 blocks taken: 7 free
+    per_seq.swap_out([0, 1])
+    per_seq.allocate(7, 3 * 4)  # 3 blocks taken: 7 free
     assert m.num_free_gpu_blocks == 7 and m.can_swap_in_group(g)
-    m.append_slot(7)  # a fourth block: 6 free
+    per_seq.append_slot(7)  # a fourth block: 6 free
     assert m.num_free_gpu_blocks == 6 and m.can_swap_in_group(g)
-    m.allocate(8, 4)  # a fifth block: 5 free
+    per_seq.allocate(8, 4)  # a fifth block: 5 free
     assert m.num_free_gpu_blocks == 5 and not m.can_swap_in_group(g)
 
 
@@ -154,25 +162,27 @@ def test_block_size_must_be_positive():
 
 def test_pool_exhaustion_is_not_a_value_error_and_changes_nothing():
     m = block_manager(block_size=16, num_gpu_blocks=4)
-    m.allocate(0, 60)
+    per_seq = PerSequence(m)
+    per_seq.allocate(0, 60)
     before = snapshot(m)
     with pytest.raises(NoFreeBlocksError):
-        m.allocate(1, 10)
+        per_seq.allocate(1, 10)
     assert snapshot(m) == before
-    m.append_slot(0)
-    m.append_slot(0)
-    m.append_slot(0)
-    m.append_slot(0)
+    per_seq.append_slot(0)
+    per_seq.append_slot(0)
+    per_seq.append_slot(0)
+    per_seq.append_slot(0)
     with pytest.raises(NoFreeBlocksError):
-        m.append_slot(0)
+        per_seq.append_slot(0)
 
 
 def test_double_free_is_caught():
     m = block_manager(block_size=16, num_gpu_blocks=4)
-    m.allocate(0, 10)
-    m.free(0)
+    per_seq = PerSequence(m)
+    per_seq.allocate(0, 10)
+    per_seq.free(0)
     with pytest.raises(KeyError):
-        m.free(0)
+        per_seq.free(0)
     pool = BlockPool(4, 16)  # under the manager, the pool refuses a second release of a block
     pool.decref(pool.allocate())
     with pytest.raises(RuntimeError, match="double free"):
@@ -185,6 +195,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.m = block_manager(block_size=4, num_gpu_blocks=24, num_cpu_blocks=16, watermark=0.0, max_model_len=64)
+        self.per_seq = PerSequence(self.m)
         self.next_id = 0
         self.lengths: dict[int, int] = {}
 
@@ -193,8 +204,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(1, 40))
     def allocate(self, n):
-        if self.m.can_allocate_tokens(n) is AllocStatus.OK:
-            self.m.allocate(self.next_id, n)
+        if self.per_seq.can_allocate_tokens(n) is AllocStatus.OK:
+            self.per_seq.allocate(self.next_id, n)
             self.lengths[self.next_id] = n
             self.next_id += 1
 
@@ -204,12 +215,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
         s = data.draw(st.sampled_from(self._seqs("gpu")))
         if self.lengths[s] >= 64:
             return
-        if self.m.needs_new_block(s) and self.m.num_free_gpu_blocks == 0:
+        if self.per_seq.needs_new_block(s) and self.m.num_free_gpu_blocks == 0:
             with pytest.raises(NoFreeBlocksError):
-                self.m.append_slot(s)
+                self.per_seq.append_slot(s)
             return
         shared_before = self.m.block_view().ref_counts[self.m.block_table(s)[-1]] > 1 and self.lengths[s] % 4
-        c = self.m.append_slot(s)
+        c = self.per_seq.append_slot(s)
         assert (c is not None) == bool(shared_before)
         self.lengths[s] += 1
 
@@ -217,7 +228,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def fork(self, data):
         s = data.draw(st.sampled_from(self._seqs("gpu")))
-        self.m.fork(s, self.next_id)
+        self.per_seq.fork(s, self.next_id)
         self.lengths[self.next_id] = self.lengths[s]
         self.next_id += 1
 
@@ -229,8 +240,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         parent = data.draw(st.sampled_from(self._seqs("gpu")))
         child = data.draw(st.sampled_from(sorted(set(self.m.seq_ids()) - {parent})))
         want = copy.deepcopy(self.m)
-        want.free(child)
-        want.fork(parent, child)
+        PerSequence(want).free(child)
+        PerSequence(want).fork(parent, child)
         assert self.m.fork_into(parent, child) == []
         assert snapshot(self.m) == snapshot(want)
         self.lengths[child] = self.lengths[parent]
@@ -239,7 +250,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def free(self, data):
         s = data.draw(st.sampled_from(self.m.seq_ids()))
-        self.m.free(s)
+        self.per_seq.free(s)
         del self.lengths[s]
 
     @precondition(lambda self: self._seqs("gpu"))
@@ -248,7 +259,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         seqs = data.draw(st.lists(st.sampled_from(self._seqs("gpu")), min_size=1, max_size=3, unique=True))
         before = snapshot(self.m)
         try:
-            mapping = self.m.swap_out(seqs)
+            mapping = self.per_seq.swap_out(seqs)
         except ValueError:
             assert snapshot(self.m) == before
             return
@@ -260,7 +271,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         seqs = data.draw(st.lists(st.sampled_from(self._seqs("cpu")), min_size=1, max_size=3, unique=True))
         before = snapshot(self.m)
         try:
-            mapping = self.m.swap_in(seqs)
+            mapping = self.per_seq.swap_in(seqs)
         except ValueError:
             assert snapshot(self.m) == before
             return
@@ -274,7 +285,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     def teardown(self):
         for s in self.m.seq_ids():
-            self.m.free(s)
+            self.per_seq.free(s)
         c = self.m.pool_counts()
         assert c.gpu_free == c.gpu_blocks and c.cpu_free == c.cpu_blocks
         assert not any(self.m.block_view("gpu").ref_counts + self.m.block_view("cpu").ref_counts)

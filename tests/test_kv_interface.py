@@ -89,3 +89,38 @@ def test_contiguous_manager_never_swaps():
     with pytest.raises(ValueError, match="no CPU pool"):
         orca.swap_out_group(g)
     assert orca.swap_in_status(g) is AllocStatus.NEVER and not orca.can_swap_in_group(g)
+
+
+#: what ``BlockManager`` shows beside the protocols (issue 63: one public API): read-only counters that the reports
+#: and tests read (the pools' sizes, Fig. 15's logical blocks, the prefix hit rate) and the state that ``paged_stats``
+#: and ``check_invariants`` walk (tests read it only through the inspector: ``test_test_hygiene.py``). A mutation of
+#: one sequence belongs to the manager's private steps, which tests and the tour call through ``PerSequence``.
+PAGED_INSPECTION = {"num_gpu_blocks", "num_free_gpu_blocks", "num_logical_blocks", "prefix_hit_rate",
+                    "max_model_len", "watermark_blocks", "enable_prefix_caching", "gpu", "cpu", "tables", "pinned",
+                    "prefix_queries", "prefix_hits"}
+#: the per-sequence steps (§4.2-§4.5) and their checks, ``PerSequence``'s calls
+PER_SEQUENCE = {"allocate", "fork", "append_slot", "free", "swap_out", "swap_in", "can_allocate_tokens",
+                "check_request", "needs_new_block", "next_token_blocks", "slot"}
+
+
+def test_the_paged_manager_has_one_public_api_the_protocols():
+    """``BlockManager``'s public members are the protocols' (``KVManager``'s three views and the simulator's
+    ``KVDecodeRuns``) and the declared inspection members, nothing else: a public per-sequence mutator added to it
+    again fails here. Its per-sequence steps are reached through ``memory.per_sequence.PerSequence`` alone."""
+    from pagedattn.memory.block_manager import BlockManager
+    from pagedattn.memory.interface import KVDecodeRuns
+    from pagedattn.memory.per_sequence import PerSequence
+
+    kv = block_manager(4, 16)
+    public = {n for n in [*dir(BlockManager), *vars(kv)] if not n.startswith("_")}
+    protocols = set(MEMBERS) | {n for n in vars(KVDecodeRuns) if not n.startswith("_")}
+    assert protocols <= public and public - protocols == PAGED_INSPECTION
+    assert not public & PER_SEQUENCE
+    assert {n for n in dir(PerSequence) if not n.startswith("_")} == PER_SEQUENCE
+    per_seq = PerSequence(kv)
+    per_seq.allocate(0, 6)
+    per_seq.fork(0, 1)
+    assert per_seq.append_slot(1) == (1, 2) and per_seq.slot(1, 6) == 2 * 4 + 2
+    per_seq.free(0)
+    per_seq.free(1)
+    assert kv.seq_ids() == [] and kv.num_used_gpu_blocks == 0

@@ -12,6 +12,7 @@ import torch
 
 from pagedattn import kernels
 from pagedattn.executor import ModelRunner
+from pagedattn.memory.per_sequence import PerSequence
 from pagedattn.model import load_model
 from pagedattn.scheduler import SchedulerOutputs, lay_out
 from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
@@ -31,12 +32,13 @@ def paged_last_logits(model, prompts: list[list[int]], block_size: int = 4, spli
     """Prefill all prompts in one flat batch through a ModelRunner; with ``split``, each prompt's first ``split``
     tokens are computed first and the rest in a second prefill over the cached context."""
     bm = block_manager(block_size, 64)
+    per_seq = PerSequence(bm)
     runner = ModelRunner(model, bm.cache_layout(), kernels.get_backend("torch"), torch.device("cpu"), torch.float32)
     groups = []
     for i, p in enumerate(prompts):
         first = p[:split] if split else p
         s = Sequence(i, first)
-        bm.allocate(i, len(first))
+        per_seq.allocate(i, len(first))
         s.status = "running"
         groups.append(SequenceGroup(str(i), [s], SamplingParams()))
     if split:
@@ -46,7 +48,7 @@ def paged_last_logits(model, prompts: list[list[int]], block_size: int = 4, spli
             s.num_computed_tokens = s.get_len()
             for t in p[split:]:
                 s.append_token(t)
-                bm.append_slot(s.seq_id)
+                per_seq.append_slot(s.seq_id)
     logits, _ = runner.forward(runner.prepare_input(lay_out(SchedulerOutputs(prefill_groups=groups), bm)))
     return logits
 
@@ -310,21 +312,22 @@ def test_batched_prefill_of_fresh_and_cached_sequences_in_one_step(make, prefill
     hf = make()
     model = load_model(hf)
     bm = block_manager(4, 64)
+    per_seq = PerSequence(bm)
     runner = ModelRunner(model, bm.cache_layout(), kernels.get_backend("torch"), torch.device("cpu"), torch.float32)
     cached, fresh = PROMPTS[2], [PROMPTS[0], PROMPTS[1], PROMPTS[3]]
     head = Sequence(0, cached[:13])
-    bm.allocate(0, 13)
+    per_seq.allocate(0, 13)
     head.status = "running"
     first = SequenceGroup("0", [head], SamplingParams())
     runner.forward(runner.prepare_input(lay_out(SchedulerOutputs(prefill_groups=[first]), bm)))
     head.num_computed_tokens = head.get_len()
     for t in cached[13:]:
         head.append_token(t)
-        bm.append_slot(0)
+        per_seq.append_slot(0)
     groups = [first]
     for i, p in enumerate(fresh, 1):
         s = Sequence(i, p)
-        bm.allocate(i, len(p))
+        per_seq.allocate(i, len(p))
         s.status = "running"
         groups.append(SequenceGroup(str(i), [s], SamplingParams()))
     logits, _ = runner.forward(runner.prepare_input(lay_out(SchedulerOutputs(prefill_groups=groups), bm)))

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pagedattn.memory.accounting import breakdown
+from pagedattn.memory.per_sequence import PerSequence
 from pagedattn.scheduler import ModelOutput, Scheduler, SchedulerOutputs, _add_moves
 from pagedattn.repro.experiments.online_serving import FittedStepTime
 from pagedattn.repro.sim import runs
@@ -186,8 +187,9 @@ def test_simulation_under_pressure_preempts_and_leaks_nothing(mode, interpreted_
 
 def test_breakdown_adds_up_and_counts_shared_blocks_once():
     kv = block_manager(block_size=4, num_gpu_blocks=10, watermark=0.0)
-    kv.allocate(0, 6)
-    kv.fork(0, 1)
+    per_seq = PerSequence(kv)
+    per_seq.allocate(0, 6)
+    per_seq.fork(0, 1)
     b = breakdown(kv, {0: 9, 1: 9})
     assert (b.token_states, b.reserved, b.internal, b.external) == (6, 2, 0, 32)
 
@@ -404,6 +406,7 @@ def step(s: Scheduler, now: float) -> list:
 
 def test_no_run_where_the_next_step_could_copy_admit_or_swap():
     kv = block_manager(block_size=4, num_gpu_blocks=40, watermark=0.0)
+    per_seq = PerSequence(kv)
     s = scheduler(kv, max_num_seqs=2, max_model_len=64)
     s.add(group(0, 6, max_tokens=30))
     step(s, 1.0)
@@ -413,9 +416,9 @@ def test_no_run_where_the_next_step_could_copy_admit_or_swap():
     step(s, 2.0)
     s.add(group(2, 6))
     assert runs.steady_decode_steps(s, kv, 10, runs.running_seqs(s)) == 10  # r2 waits for a seat (max_num_seqs=2) until a finish
-    kv.fork(0, 99)  # a shared last block: the next append copies it
+    per_seq.fork(0, 99)  # a shared last block: the next append copies it
     assert runs.steady_decode_steps(s, kv, 10, runs.running_seqs(s)) == 0
-    kv.free(99)
+    per_seq.free(99)
     s.pending_copies = [(1, 2)]
     assert runs.steady_decode_steps(s, kv, 10, runs.running_seqs(s)) == 0
     s.pending_copies = []

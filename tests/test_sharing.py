@@ -9,6 +9,7 @@ import torch
 from pagedattn import kernels
 from pagedattn.llm import LLM
 from pagedattn.memory import BlockManager
+from pagedattn.memory.per_sequence import PerSequence
 from pagedattn.sequence import SamplingParams
 from factories import block_manager
 from tiny_models import tiny_llama
@@ -48,16 +49,17 @@ def test_fork_then_divergent_appends_copy_exactly_one_block(backend, request):
     dtype = torch.float64 if backend == "torch" else torch.float32
     bs, heads, kv_heads, dim, prompt = 4, 4, 2, 8, 7  # 7 tokens: one full block, one partly filled (3 of 4)
     kv = block_manager(bs, 12)
+    per_seq = PerSequence(kv)
     g = torch.Generator().manual_seed(0)
     shape = (12, bs, kv_heads, dim)
     kc, vc = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
     k0, v0 = (torch.randn(prompt, kv_heads, dim, generator=g, dtype=dtype) for _ in range(2))
-    kv.allocate(0, prompt)
+    per_seq.allocate(0, prompt)
     ops.reshape_and_cache(k0, v0, kc, vc, torch.tensor(kv.slot_mapping(0, 0, prompt)))
-    kv.fork(0, 1)  # the child shares both blocks: reference counts 2, nothing copied
+    per_seq.fork(0, 1)  # the child shares both blocks: reference counts 2, nothing copied
     assert kv.block_table(1) == kv.block_table(0) and kv.num_used_gpu_blocks == 2
     parent_k, parent_v = kc.clone(), vc.clone()
-    copies = [c for c in (kv.append_slot(0), kv.append_slot(1)) if c is not None]
+    copies = [c for c in (per_seq.append_slot(0), per_seq.append_slot(1)) if c is not None]
     assert len(copies) == 1  # exactly one copy-on-write: the first writer copies, the last writes in place
     src, dst = copies[0]
     assert src == kv.block_table(1)[-1] and dst == kv.block_table(0)[-1] and dst != src
@@ -67,7 +69,7 @@ def test_fork_then_divergent_appends_copy_exactly_one_block(backend, request):
     # each child writes its own token at position 7 and attends over 8 tokens
     new = {s: [torch.randn(1, kv_heads, dim, generator=g, dtype=dtype) for _ in range(2)] for s in (0, 1)}
     for s, (k, v) in new.items():
-        ops.reshape_and_cache(k, v, kc, vc, torch.tensor([kv.slot(s, prompt)]))
+        ops.reshape_and_cache(k, v, kc, vc, torch.tensor([per_seq.slot(s, prompt)]))
     # the parent's K/V (the 7 prompt tokens) are unchanged in both children's views
     for s in (0, 1):
         slots = torch.tensor(kv.slot_mapping(s, 0, prompt))
@@ -80,8 +82,8 @@ def test_fork_then_divergent_appends_copy_exactly_one_block(backend, request):
         ref = attention_from_scratch(q[i], torch.cat([k0, new[s][0]]), torch.cat([v0, new[s][1]]), dim ** -0.5)
         torch.testing.assert_close(out[i], ref, rtol=1e-5, atol=1e-5)
     kv.check_invariants()
-    kv.free(0)
-    kv.free(1)
+    per_seq.free(0)
+    per_seq.free(1)
     assert_pool_full(kv)
 
 

@@ -10,6 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pagedattn.memory import AllocStatus, BlockManager
+from pagedattn.memory.per_sequence import PerSequence
 from pagedattn.sequence import SequenceGroup
 from pagedattn.repro.sim.simulator import simulate
 from pagedattn.repro.workloads.traces import TraceRequest
@@ -26,12 +27,13 @@ def swap_out_grown(kv: BlockManager, g, lengths: list[int]) -> None:
     sample the token sampled last (its K/V is the next step's to compute), and swap the group out."""
     kv.allocate_group(g)
     g.set_status("waiting", "running")
+    per_seq = PerSequence(kv)
     for q, extra in zip(g.seqs, lengths):
         for _ in range(extra):
-            if kv.needs_new_block(q.seq_id) and kv.num_free_gpu_blocks == 0:
+            if per_seq.needs_new_block(q.seq_id) and kv.num_free_gpu_blocks == 0:
                 break
             q.append_token(q.seq_id)  # the samples diverge
-            kv.append_slot(q.seq_id, q.token_ids)
+            per_seq.append_slot(q.seq_id, q.token_ids)
         q.append_token(q.seq_id)
     kv.swap_out_group(g)
     g.set_status("running", "swapped")
@@ -78,13 +80,14 @@ def test_swap_in_is_refused_only_when_it_really_cannot_fit(caching, n, num_gpu_b
 def test_swap_in_waits_for_room_and_keeps_the_watermark_free():
     """LATER, not NEVER, while others hold the room; and the watermark's blocks are never used to swap in."""
     kv = block_manager(block_size=4, num_gpu_blocks=10, num_cpu_blocks=10, watermark=0.1)  # 1 block kept free
+    per_seq = PerSequence(kv)
     g = group(0, 6, n=2)  # 2 blocks; the samples' next tokens copy the shared partial block once: 3 in all
     swap_out_grown(kv, g, [0, 0])
-    kv.allocate(99, 4 * 6)  # 6 blocks held by another request: 4 free
+    per_seq.allocate(99, 4 * 6)  # 6 blocks held by another request: 4 free
     assert kv.swap_in_status(g) is AllocStatus.OK  # 4 - 3 >= 1
-    kv.append_slot(99)  # 3 free: swapping in would eat the watermark's block
+    per_seq.append_slot(99)  # 3 free: swapping in would eat the watermark's block
     assert kv.swap_in_status(g) is AllocStatus.LATER and not kv.can_swap_in_group(g)
-    kv.free(99)
+    per_seq.free(99)
     assert kv.can_swap_in_group(g)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from pagedattn.memory.per_sequence import PerSequence
 from pagedattn.repro.experiments import tour
 from pagedattn.repro.report.results import REPO_ROOT
 
@@ -159,11 +160,12 @@ def test_gif_of_all_frames(trace, tmp_path):
 
 def test_frame_from_manager_the_notes_forty_token_example():
     kv = block_manager(block_size=16, num_gpu_blocks=10, watermark=0.0)
+    per_seq = PerSequence(kv)
     for i in range(10):
-        kv.allocate(100 + i, 1)
+        per_seq.allocate(100 + i, 1)
     for i in (5, 2, 9):
-        kv.free(100 + i)
-    kv.allocate(0, 40)
+        per_seq.free(100 + i)
+    per_seq.allocate(0, 40)
     f = tour.frame_from_manager(kv, {0: ("req", 0)})
     (req,) = [s for s in f.seqs if s.request_id == "req"]
     assert req.blocks == [5, 2, 9] and req.num_tokens == 40

@@ -21,8 +21,8 @@ engine computes one token's logits for every beam; ``BeamSearchState.step`` then
 
 Memory (§4.4): the ``k`` beams are ``k`` block tables. A surviving beam with one child keeps its sequence and its
 blocks; every further child of the same parent reuses the sequence slot of a beam that died this step: the dead
-beam's blocks are freed and the parent's block table is forked into it (``BlockManager.fork``: reference counts go
-up, nothing is copied). The children's next appends then copy the shared, partly filled last block on write; the
+beam's blocks are freed and the parent's block table is forked into it (``BlockManager.fork_into``: reference counts
+go up, nothing is copied). The children's next appends then copy the shared, partly filled last block on write; the
 scheduler collects those copies in its ``append_slots`` of the next step, and the runner performs all of a step's
 copies as one batched ``copy_blocks``. Blocks whose last beam died return to the pool at once. So beams share their
 common history, and the sharing shrinks and grows as candidates branch and die, as in Fig. 9.

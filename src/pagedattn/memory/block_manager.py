@@ -1,11 +1,11 @@
 """Block tables over a pool of physical KV blocks (paper §4.2-§4.5).
 
 Each sequence owns a *block table*: its logical blocks, in order, mapped to physical block ids. Blocks are allocated
-on demand (a new one only when the last one is full), so a sequence wastes less than one block. ``fork`` lets a
+on demand (a new one only when the last one is full), so a sequence wastes less than one block. ``_fork`` lets a
 child share all of its parent's blocks (reference counts go up, nothing is copied); an append to a shared block
 triggers *copy-on-write*: the writer gets a fresh block and the manager returns the ``(src, dst)`` copy for the
-executor to perform (§4.4). Preemption moves a sequence group's blocks to a CPU pool and back (``swap_out`` /
-``swap_in``) or frees them for recomputation (§4.5). A group moves as a unit and each of its blocks once; a prefix
+executor to perform (§4.4). Preemption moves a sequence group's blocks to a CPU pool and back (``_swap_out`` /
+``_swap_in``) or frees them for recomputation (§4.5). A group moves as a unit and each of its blocks once; a prefix
 block shared with other groups is identified in both pools by its prefix digest, so it is copied to the CPU once
 however many groups are swapped out, stays shared there, and shares the device's copy again on the way back.
 
@@ -26,9 +26,12 @@ With ``enable_prefix_caching=False`` a request may still mark its first ``prefix
 (the paper's mode, Fig. 16): those full blocks are cached and pinned (the manager holds one reference) so that every
 request with the same marked prefix maps to them.
 
-This module is pure Python. The scheduler talks to it through the group-level methods at the bottom, the
-``memory.interface.KVManager`` protocol, which take duck-typed sequence groups (``group.get_seqs(status)``,
-``seq.seq_id``, ``seq.get_len()``).
+This module is pure Python. Its public API is the ``memory.interface`` protocols alone (``KVManager``, and
+``KVDecodeRuns`` for the simulator), plus a few read-only counters: the group-level methods at the bottom take
+duck-typed sequence groups (``group.get_seqs(status)``, ``seq.seq_id``, ``seq.get_len()``) and the inspector reads
+state. They are built from the per-sequence steps in the middle (``_allocate``, ``_fork``, ``_append_slot``,
+``_free``, ``_swap_out``, ``_swap_in`` and their checks), which are private: the tests and the tour's worked
+examples call them one sequence at a time through ``memory.per_sequence.PerSequence``.
 """
 from __future__ import annotations
 
@@ -116,10 +119,6 @@ class BlockManager:
     def num_tokens(self, seq_id: int) -> int:
         return self.tables[seq_id].num_tokens
 
-    def slot(self, seq_id: int, pos: int) -> int:
-        """Flat slot index (``block * block_size + offset``) where token ``pos`` of the sequence lives."""
-        return self.slot_mapping(seq_id, pos, pos + 1)[0]
-
     def slot_mapping(self, seq_id: int, start: int, end: int) -> list[int]:
         """Flat slots of the sequence's tokens ``start .. end - 1``: where the executor writes their K/V (§4.1)."""
         blocks, bs = self.tables[seq_id].blocks, self.block_size
@@ -181,14 +180,14 @@ class BlockManager:
         """Blocks the device-resident sequences would hold without sharing (paper Fig. 15's denominator)."""
         return sum(len(t.blocks) for t in self.tables.values() if t.device == "gpu")
 
-    # -------------------------------------------------------------------------------- per-sequence operations
-    def check_request(self, num_tokens: int, token_ids=None, prefix_len: int = 0) -> None:
+    # ------------------------------------------------- per-sequence steps (private; ``per_sequence.PerSequence``)
+    def _check_request(self, num_tokens: int, token_ids=None, prefix_len: int = 0) -> None:
         """Raise ValueError, naming the limit, for a request that could never be served. Given its ``token_ids``,
         the user-marked prefixes that it does not share count as taken: the manager holds them for good."""
-        self._check_request(num_tokens, None if token_ids is None else self._hits(num_tokens, token_ids, prefix_len))
+        self._check_limits(num_tokens, None if token_ids is None else self._hits(num_tokens, token_ids, prefix_len))
 
-    def _check_request(self, num_tokens: int, hits: list[int] | None) -> None:
-        """``check_request`` given the prompt's cache ``hits`` (None: its tokens are unknown)."""
+    def _check_limits(self, num_tokens: int, hits: list[int] | None) -> None:
+        """``_check_request`` given the prompt's cache ``hits`` (None: its tokens are unknown)."""
         if num_tokens < 1:
             raise ValueError(f"a request needs at least 1 token, got {num_tokens}")
         if self.max_model_len is not None and num_tokens > self.max_model_len:
@@ -229,10 +228,10 @@ class BlockManager:
             hits.append(b)
         return hits
 
-    def can_allocate_tokens(self, num_tokens: int, token_ids=None, prefix_len: int = 0) -> AllocStatus:
+    def _can_allocate_tokens(self, num_tokens: int, token_ids=None, prefix_len: int = 0) -> AllocStatus:
         hits = self._hits(num_tokens, token_ids, prefix_len)  # the prompt's digests, computed once per check
         try:
-            self._check_request(num_tokens, None if token_ids is None else hits)
+            self._check_limits(num_tokens, None if token_ids is None else hits)
         except ValueError:
             return AllocStatus.NEVER
         need = blocks_needed(num_tokens, self.block_size)
@@ -242,14 +241,14 @@ class BlockManager:
             need -= sum(self.gpu.ref_counts[b] > 0 for b in hits)
         return AllocStatus.OK if self.gpu.num_free - need >= self.watermark_blocks else AllocStatus.LATER
 
-    def allocate(self, seq_id: int, num_tokens: int, token_ids=None, prefix_len: int = 0) -> int:
+    def _allocate(self, seq_id: int, num_tokens: int, token_ids=None, prefix_len: int = 0) -> int:
         """Give a new sequence the blocks for its first ``num_tokens`` tokens (the prompt, §4.3).
 
         With ``token_ids`` and prefix caching (automatic, or a user-marked ``prefix_len``), cached blocks of the
         prompt's prefix are reused. Returns the number of tokens whose K/V are already cached."""
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id} already has a block table")
-        self.check_request(num_tokens)
+        self._check_request(num_tokens)
         bs = self.block_size
         cacheable = self._cacheable(num_tokens, prefix_len) if token_ids is not None else 0
         hashes = block_hashes(token_ids, bs, cacheable // bs) if cacheable >= bs else []
@@ -270,7 +269,7 @@ class BlockManager:
         self.tables[seq_id] = BlockTable(blocks, num_tokens, hashes=hashes if self.enable_prefix_caching else [])
         return len(hits) * bs
 
-    def fork(self, parent_id: int, child_id: int) -> None:
+    def _fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent; reference counts go up, nothing is copied (§4.4)."""
         if child_id in self.tables:
             raise ValueError(f"sequence {child_id} already has a block table")
@@ -281,12 +280,7 @@ class BlockManager:
         self.tables[child_id] = BlockTable(list(parent.blocks), parent.num_tokens, parent.device,
                                            list(parent.hashes))
 
-    def needs_new_block(self, seq_id: int) -> bool:
-        """Whether appending one token to the sequence takes a block (its last is full, or shared: copy-on-write)."""
-        t = self.tables[seq_id]
-        return t.num_tokens % self.block_size == 0 or self.gpu.ref_counts[t.blocks[-1]] > 1
-
-    def append_slot(self, seq_id: int, token_ids=None) -> tuple[int, int] | None:
+    def _append_slot(self, seq_id: int, token_ids=None) -> tuple[int, int] | None:
         """Make room for one more token. Returns the ``(src, dst)`` block copy when copy-on-write happened.
 
         With automatic prefix caching, pass the sequence's ``token_ids`` (including the token being appended):
@@ -314,7 +308,7 @@ class BlockManager:
             self.gpu.register(t.blocks[i], t.hashes[i])
         return copy
 
-    def free(self, seq_id: int) -> None:
+    def _free(self, seq_id: int) -> None:
         """Release a sequence's blocks (a block returns to its pool when its last reference goes)."""
         if seq_id not in self.tables:
             raise KeyError(f"sequence {seq_id} has no block table (already freed?)")
@@ -346,7 +340,7 @@ class BlockManager:
         already holds for another table (same prefix digest), which is shared instead of copied."""
         return sum(self._held(dst, src.block_hash.get(b)) is None for b in blocks)
 
-    def swap_out(self, seq_ids: list[int]) -> dict[int, int]:
+    def _swap_out(self, seq_ids: list[int]) -> dict[int, int]:
         """Move the sequences' blocks to the CPU pool; returns the ``{gpu_block: cpu_block}`` copies (§4.5).
 
         Blocks shared between the sequences are moved once and stay shared on the CPU. A cached prefix block
@@ -359,7 +353,7 @@ class BlockManager:
                              f"num_cpu_blocks={self.cpu.num_blocks} are free")
         return self._move(seq_ids, blocks, self.gpu, self.cpu, "cpu")
 
-    def swap_in(self, seq_ids: list[int]) -> dict[int, int]:
+    def _swap_in(self, seq_ids: list[int]) -> dict[int, int]:
         """Bring swapped sequences back to the device pool; returns the ``{cpu_block: gpu_block}`` copies.
 
         A prefix block that the device still holds (a pinned prefix, or a cached block another group uses) is
@@ -397,7 +391,7 @@ class BlockManager:
                 src.decref(b)
         return copies
 
-    def next_token_blocks(self, seq_ids: list[int]) -> int:
+    def _next_token_blocks(self, seq_ids: list[int]) -> int:
         """Blocks that one more token of each sequence takes (§4.3, §4.4): one for a full last block; for a partly
         filled last block shared by ``k`` of them, ``k - 1`` (copy-on-write; the last writer keeps the block)."""
         bs, tables = self.block_size, [self.tables[s] for s in seq_ids]
@@ -425,16 +419,16 @@ class BlockManager:
     def can_allocate(self, group) -> AllocStatus:
         """Whether a waiting group's prompt (all its tokens, when recomputing) fits now (§4.3, §4.5)."""
         s = group.get_seqs("waiting")[0]
-        return self.can_allocate_tokens(s.get_len(), s.token_ids, group.prefix_len)
+        return self._can_allocate_tokens(s.get_len(), s.token_ids, group.prefix_len)
 
     def never_reason(self, group) -> str:
         """Why a waiting group (its prompt) or a swapped group (its blocks) can never be served."""
         try:
             if group.get_seqs("swapped"):
-                self.check_swap_in(group)
+                self._check_swap_in(group)
             else:
                 s = group.get_seqs("waiting")[0]
-                self.check_request(s.get_len(), s.token_ids, group.prefix_len)
+                self._check_request(s.get_len(), s.token_ids, group.prefix_len)
         except ValueError as e:
             return str(e)
         return "request can never fit in the KV cache (watermark)"
@@ -449,22 +443,22 @@ class BlockManager:
         """Allocate the prompt once and share it across the group's sequences (parallel sampling, §4.4); returns
         the number of prompt tokens already cached."""
         seqs = group.get_seqs("waiting")
-        cached = self.allocate(seqs[0].seq_id, seqs[0].get_len(), seqs[0].token_ids, group.prefix_len)
+        cached = self._allocate(seqs[0].seq_id, seqs[0].get_len(), seqs[0].token_ids, group.prefix_len)
         for s in seqs[1:]:
-            self.fork(seqs[0].seq_id, s.seq_id)
+            self._fork(seqs[0].seq_id, s.seq_id)
         return cached
 
     def fork_into(self, parent_id: int, child_id: int) -> BlockCopies:
         """The child drops its blocks and shares the parent's: nothing is copied (beam search, §4.4, Fig. 9). The
         blocks that both tables already hold at the same place (beams share most of their history) keep their
         reference counts: only the child's others are let go and the parent's others shared, which leaves the pools
-        as ``free(child_id)`` then ``fork(parent_id, child_id)`` would."""
+        as ``_free(child_id)`` then ``_fork(parent_id, child_id)`` would."""
         if parent_id == child_id:
             raise ValueError(f"sequence {child_id} cannot be forked into itself")
         parent, child = self.tables[parent_id], self.tables.get(child_id)
         if child is None or child.device != parent.device:
-            self.free(child_id)
-            self.fork(parent_id, child_id)
+            self._free(child_id)
+            self._fork(parent_id, child_id)
             return []
         pb, cb = parent.blocks, child.blocks
         common = min(len(pb), len(cb))
@@ -482,7 +476,7 @@ class BlockManager:
 
     def can_append_slots(self, group) -> bool:
         need, bs, refs = 0, self.block_size, self.gpu.ref_counts
-        for s in group.get_seqs("running"):  # needs_new_block, inlined: the scheduler asks this per step
+        for s in group.get_seqs("running"):  # one more token takes a block when the last is full or shared
             t = self.tables[s.seq_id]
             if t.num_tokens % bs == 0 or refs[t.blocks[-1]] > 1:
                 need += 1
@@ -491,7 +485,7 @@ class BlockManager:
     def append_slots(self, group) -> BlockCopies:
         copies = []
         for s in group.get_seqs("running"):
-            c = self.append_slot(s.seq_id, s.token_ids)
+            c = self._append_slot(s.seq_id, s.token_ids)
             if c is not None:
                 copies.append((c[0], c[1], 1))
         return copies
@@ -540,25 +534,25 @@ class BlockManager:
 
     def free_seq(self, seq) -> None:
         if seq.seq_id in self.tables:
-            self.free(seq.seq_id)
+            self._free(seq.seq_id)
 
     def can_swap_out(self, group) -> bool:
         blocks = self._unique_blocks([s.seq_id for s in group.get_seqs("running")], "gpu")
         return self._num_new_blocks(blocks, self.gpu, self.cpu) <= self.cpu.num_free
 
     def swap_out_group(self, group) -> dict[int, int]:
-        return self.swap_out([s.seq_id for s in group.get_seqs("running")])
+        return self._swap_out([s.seq_id for s in group.get_seqs("running")])
 
     def swap_in_status(self, group) -> AllocStatus:
         """Whether a swapped-out group can come back now (OK), after others finish (LATER), or never (NEVER) (§4.5).
 
         It takes its distinct blocks that the device does not already hold (a pinned or cached prefix in use is
-        shared again), plus the blocks its next tokens need (``next_token_blocks``: none for a sequence whose last
+        shared again), plus the blocks its next tokens need (``_next_token_blocks``: none for a sequence whose last
         block has room), and leaves the watermark free."""
         seqs = [s.seq_id for s in group.get_seqs("swapped")]
-        blocks, grow = self._unique_blocks(seqs, "cpu"), self.next_token_blocks(seqs)
+        blocks, grow = self._unique_blocks(seqs, "cpu"), self._next_token_blocks(seqs)
         try:
-            self._check_swap_in(group, blocks, grow)
+            self._check_swap_in_room(group, blocks, grow)
         except ValueError:
             return AllocStatus.NEVER
         need = self._num_new_blocks(blocks, self.cpu, self.gpu) + grow
@@ -567,15 +561,15 @@ class BlockManager:
     def can_swap_in_group(self, group) -> bool:
         return self.swap_in_status(group) is AllocStatus.OK
 
-    def check_swap_in(self, group) -> None:
+    def _check_swap_in(self, group) -> None:
         """Raise ValueError, naming the limit, for a swapped-out group that could not come back even when every
         other request is gone: its distinct blocks plus its next tokens' blocks exceed the pool, less the
         watermark and the pinned prefixes it does not share."""
         seqs = [s.seq_id for s in group.get_seqs("swapped")]
-        self._check_swap_in(group, self._unique_blocks(seqs, "cpu"), self.next_token_blocks(seqs))
+        self._check_swap_in_room(group, self._unique_blocks(seqs, "cpu"), self._next_token_blocks(seqs))
 
-    def _check_swap_in(self, group, blocks: list[int], grow: int) -> None:
-        """``check_swap_in`` given the group's distinct CPU ``blocks`` and its next tokens' ``grow``."""
+    def _check_swap_in_room(self, group, blocks: list[int], grow: int) -> None:
+        """``_check_swap_in`` given the group's distinct CPU ``blocks`` and its next tokens' ``grow``."""
         others = self._pinned_elsewhere([self.gpu.lookup(self.cpu.block_hash.get(b)) for b in blocks])
         if len(blocks) + grow > self.gpu.num_blocks - self.watermark_blocks - others:
             raise ValueError(
@@ -584,7 +578,7 @@ class BlockManager:
                 f"({self.watermark_blocks} kept free by the watermark, {others} held by other pinned prefixes)")
 
     def swap_in_group(self, group) -> dict[int, int]:
-        return self.swap_in([s.seq_id for s in group.get_seqs("swapped")])
+        return self._swap_in([s.seq_id for s in group.get_seqs("swapped")])
 
 
 # ------------------------------------------------------------------------------ Fig. 2's accounting (§3)

@@ -12,14 +12,14 @@ simulator's beam model. Each width's rate grid is a fixed set of fractions of *o
 rule, so that one grid serves widths whose capacities differ by 6x), the same rates for both systems.
 
 **Beam search (Fig. 14b)** runs on ``sim.BeamModel``: every request is ``k`` beams that share the prompt's blocks and
-run to the trace's output length; after each step the beams' distinct parents are drawn (mean: notebook 04's
-measurement on the real engine, 1.69 / 3.14 / 4.52 of 2 / 4 / 6), and every other beam is re-forked from a parent
-through the real ``BlockManager.free`` / ``fork`` (copy-on-write on the next append), while Orca (Oracle) reserves
+run to the trace's output length; after each step the beams' distinct parents are drawn (mean: notebook 04's measurement
+on the real engine, 1.69 / 3.14 / 4.52 of 2 / 4 / 6), and every other beam is re-forked from a parent through the real
+``BlockManager.fork_into`` (the parent's blocks shared, copy-on-write on the next append), while Orca (Oracle) reserves
 each beam's full length contiguously and copies the parent's K/V into a forked beam's reservation. Both systems pay
-their K/V copies at HBM bandwidth (``CostModel.copy_time``). All of this was fixed before the beam gains were seen;
-the band moves the mean distinct parents by one either way, and the step time to its corners and the card transfer's
-(``pagedattn.repro.experiments.sensitivity``). The beam model's memory saving at the Fig. 13 rate (30 req/s) is also compared with
-Fig. 15's, as a check of the model.
+their K/V copies at HBM bandwidth (``CostModel.copy_time``). All of this was fixed before the beam gains were seen; the
+band moves the mean distinct parents by one either way, and the step time to its corners and the card transfer's
+(``pagedattn.repro.experiments.sensitivity``). The beam model's memory saving at the Fig. 13 rate (30 req/s) is also
+compared with Fig. 15's, as a check of the model.
 
 **Fig. 14a's open failures** (``open_failures``, ``gain_sources``): parallel sampling's gains rerun with the cap on
 running sequences lifted, as for the beams, where memory binds at the sustainable rates, and with every sample as

@@ -4,7 +4,7 @@ Every number the tour (``notebooks/00_tour.ipynb``) shows comes from the real co
 
 - §3: KV bytes per token of OPT-13B, LLaMA-2-70B (GQA-8) and a 7B model (``config.ModelSpec``);
 - §4.2, Fig. 6: a 40-token request in blocks of 16 gets physical blocks in the order the pool freed them
-  (``memory.BlockManager``);
+  (``memory.BlockManager``, one sequence at a time through ``memory.per_sequence.PerSequence``);
 - §4.4, Fig. 8: four samples share a block; copy-on-write when one writes to it;
 - a run of the small trained model ``opt-stdlib`` through ``LLM.generate``;
 - the live view's trace: the block pool recorded after every step of a real engine run with a shared prefix and
@@ -24,6 +24,7 @@ from pagedattn.repro.experiments import tour
 from pagedattn.config import block_fills, blocks_needed, format_bytes
 from pagedattn.repro.paper import LLAMA2_70B, LLAMA_7B, OPT_13B
 from pagedattn.memory import BlockManager
+from pagedattn.memory.per_sequence import PerSequence
 from pagedattn.repro.paper import (BLOCK_FILLS_40_TOKENS, BLOCKS_FOR_1000_TOKENS, COW_REF_COUNTS, DEFAULT_BLOCK_SIZE,
                              KV_GB_2048_TOKENS_OPT13B, KV_KB_PER_TOKEN)
 from pagedattn.repro.report.results import RESULTS_DIR, Claim, hardware_label, write_summary
@@ -69,11 +70,12 @@ def forty_tokens() -> dict:
     40-token request then gets blocks ``FREED``, filled 16 + 16 + 8. Returns the block manager, the request's block
     table, labels for drawing and the claim."""
     kv = BlockManager(block_size=DEFAULT_BLOCK_SIZE, num_gpu_blocks=10, watermark=0.0)
+    per_seq = PerSequence(kv)  # one sequence at a time, as the figure tells it
     for i in range(10):
-        kv.allocate(100 + i, num_tokens=1)  # ten short requests take blocks 0..9
+        per_seq.allocate(100 + i, num_tokens=1)  # ten short requests take blocks 0..9
     for b in FREED:
-        kv.free(100 + b)  # they finish: the free list is FREED, in order
-    kv.allocate(0, num_tokens=40)  # the 40-token request
+        per_seq.free(100 + b)  # they finish: the free list is FREED, in order
+    per_seq.allocate(0, num_tokens=40)  # the 40-token request
     table = kv.block_table(0)
     fills = block_fills(40, DEFAULT_BLOCK_SIZE)
     claim = Claim("blocks_for_40_tokens", BLOCK_FILLS_40_TOKENS, fills, "tokens per block", "equal",
@@ -87,13 +89,14 @@ def copy_on_write() -> dict:
     count 4), and output 3 writes a token: the block is shared and not full, so it is copied. Returns the block
     manager, the counts before and after, the ``(src, dst)`` copy, labels for drawing and the claim."""
     kv = BlockManager(block_size=DEFAULT_BLOCK_SIZE, num_gpu_blocks=10, watermark=0.0)
+    per_seq = PerSequence(kv)
     for i in range(7):
-        kv.allocate(100 + i, num_tokens=1)  # blocks 0..6 are taken by other requests
-    kv.allocate(0, num_tokens=8)  # the prompt (8 tokens) lands in block 7
+        per_seq.allocate(100 + i, num_tokens=1)  # blocks 0..6 are taken by other requests
+    per_seq.allocate(0, num_tokens=8)  # the prompt (8 tokens) lands in block 7
     for child in (1, 2, 3):
-        kv.fork(0, child)  # samples 1..3 share it
+        per_seq.fork(0, child)  # samples 1..3 share it
     before = kv.block_view().ref_counts[7]
-    copy = kv.append_slot(2)  # output 3 (sequence 2) writes a token
+    copy = per_seq.append_slot(2)  # output 3 (sequence 2) writes a token
     after = kv.block_view().ref_counts[7]
     kv.check_invariants()
     claim = Claim("cow_refcount_4_to_3", " -> ".join(map(str, COW_REF_COUNTS)), f"{before} -> {after}", "", "equal",
