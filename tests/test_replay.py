@@ -358,3 +358,26 @@ def test_a_chat_replay_leaves_out_prompts_longer_than_the_models_context(opt_ser
     assert summary["failed"] == 0 and summary["too_long"] >= 1
     assert summary["completed"] + summary["too_long"] == 30 == len(df) + summary["too_long"]
     assert (df["prompt_len"] + df["tokens"] <= 512).all()
+
+
+#: ``extras.missing_extra``'s one line for the replayer without its HTTP client
+NO_HTTPX = "pagedattn.replay needs the serve extra (httpx is not installed): pip install 'pagedattn[serve]'"
+
+
+def test_without_httpx_both_command_lines_end_with_one_line_naming_the_serve_extra(tmp_path, monkeypatch):
+    """``pip install pagedattn`` alone has no httpx (the ``serve`` extra's, issue 63), which the replayer imports only
+    when it sends: ``python -m pagedattn.replay`` checks once, up front, and ends with the one line naming the extra
+    (exit status 1), not a traceback; so does the research tier's command line, unless it only writes a trace."""
+    import subprocess
+    import sys
+
+    code = ("import runpy, sys; sys.modules['httpx'] = None; sys.argv = ['replay', '--requests', 'absent.jsonl']; "
+            "runpy.run_module('pagedattn.replay', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (done.returncode, done.stderr.strip(), done.stdout) == (1, NO_HTTPX, "")
+    monkeypatch.setitem(sys.modules, "httpx", None)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--num-requests", "2"])
+    assert stop.value.code == NO_HTTPX
+    trace = tmp_path / "trace.jsonl"
+    assert cli.main(["--num-requests", "2", "--write-trace", str(trace)]) == {"requests": 2} and trace.exists()

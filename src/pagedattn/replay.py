@@ -40,6 +40,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from pagedattn.extras import missing_extra
+
 #: The latency metrics of the summary, as ``benchmark_serving`` names them, plus the paper's normalised latency.
 METRICS = ("ttft", "tpot", "itl", "e2el", "nl")
 SLO_METRICS = ("ttft", "tpot", "e2el")
@@ -527,8 +529,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
+def check_httpx(main: bool = False) -> None:
+    """Stop, naming the ``serve`` extra (``extras.missing_extra``), where its HTTP client, httpx, is missing: the
+    functions that send requests import it when called, so a command line checks once, up front, and ends with one
+    line (``main``) instead of a traceback from its first request."""
+    try:
+        import httpx  # noqa: F401
+    except ImportError as e:
+        missing_extra("serve", "pagedattn.replay", e, main=main)
+
+
 def main(argv=None) -> dict:
     a = parse_args(argv)
+    check_httpx(main=True)
     requests = read_mooncake(a.requests)
     if a.rate is not None:
         requests = retime(requests, a.rate, a.burstiness or 1.0, a.seed)

@@ -93,6 +93,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     a = parse_args(argv)
+    if not a.write_trace:  # replaying needs the HTTP client; writing a trace does not
+        replay.check_httpx(main=True)
     requests = build_requests(a)
     if a.write_trace:
         replay.write_mooncake(requests, a.write_trace)
