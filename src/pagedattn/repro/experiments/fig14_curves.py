@@ -176,7 +176,7 @@ def claims(gain: pd.DataFrame, savings: pd.DataFrame | None = None, sources: dic
                              max(float(r.trend_se_paged), float(r.trend_se_orca_oracle)))
                             for r in head[~head["judged"].astype(bool)].itertuples()])
     beam_note = note + "; beam model: distinct parents per step measured on the real engine (notebook 04), " \
-                       "forks through BlockManager.fork, K/V copies charged at HBM bandwidth"
+                       "forks through BlockManager.fork_into, K/V copies charged at HBM bandwidth"
     sources = sources or {}
     out = []
     if 1 in par:
