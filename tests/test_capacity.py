@@ -300,3 +300,22 @@ def test_length_rule_on_a_fifo_server_and_the_knee():
     assert row["knee_threshold_s"] == pytest.approx(3 * Load.of(replay(1.0, row["search_requests"]))
                                                     .normalized_latency_s)
     assert 0 < row["knee_rate"] <= row["sustainable_rate"] * 1.02
+
+
+def test_the_knee_reuses_the_last_searchs_replays_and_finds_what_it_finds_alone():
+    """``length_agreed_search(knee=True)`` (issue 64): a replay is deterministic, so the knee's search takes the
+    offline run, the rate and the rate that failed from the last search instead of replaying them; its answer is
+    the one ``knee_rate`` finds on a fresh replay function, and no (rate, length) is replayed twice."""
+    calls = []
+
+    def replay(rate, n):
+        calls.append((rate, n))
+        return fifo_server(10.0, num_requests=n)(rate)
+    found = capacity.length_agreed_search(replay, 500, 1.0, 40.0, threshold_s=100.0, knee=True)
+    assert len(calls) == len(set(calls))
+    at = found.search_requests
+    alone = capacity.knee_rate(fifo_server(10.0, num_requests=at), 1.0, 40.0, found.row())
+    assert (found.knee_rate, found.knee_threshold_s, found.knee_bound) == \
+        (alone["knee_rate"], alone["knee_threshold_s"], alone["knee_bound"])
+    reused = {(math.inf, at), (found.rate, at), (found.failed_at, at)}
+    assert reused <= set(calls)

@@ -422,12 +422,21 @@ def length_agreed_search(replay: Callable[[float, int], pd.DataFrame], n: int, l
     an ``n``-request trace at ``rate``. Returns the longest search, with ``search_requests`` (the trace length
     judged at), ``rate_at_half_length`` (the rate on half as many requests), ``length_agreed`` and, where it is
     False, ``length_reason``; ``probes`` counts every search's probes. ``knee``: the knee measure too
-    (``knee_rate``), on the trace length the rule ended on (its probes are not counted in ``probes``)."""
+    (``knee_rate``), on the trace length the rule ended on (its probes are not counted in ``probes``). A replay is
+    deterministic, so the knee's search reuses the last search's replays at the rates both probe (the offline run,
+    the rate and the rate that failed: issue 64) instead of running them again."""
     rows: list[dict] = []
     length, doublings, probes = n, 0, 0
+    seen: dict[float, pd.DataFrame] = {}  # this length's replays by rate: the knee search repeats three of them
+
+    def once(rate: float) -> pd.DataFrame:
+        if rate not in seen:
+            seen[rate] = replay(rate, length)
+        return seen[rate]
+
     while True:
-        found = sustainable_rate(lambda rate: replay(rate, length), lo, hi, threshold_s, resolution,
-                                 bracket=bracket, **kw)
+        seen.clear()
+        found = sustainable_rate(once, lo, hi, threshold_s, resolution, bracket=bracket, **kw)
         probes += found.probes
         rows.append(found.row())
         if found.rate > 0 and math.isfinite(found.failed_at):
@@ -444,8 +453,7 @@ def length_agreed_search(replay: Callable[[float, int], pd.DataFrame], n: int, l
             found = replace(found, probes=probes, search_requests=length, rate_at_half_length=half,
                             length_agreed=agreed, length_reason=reason)
             if knee:
-                at = length
-                found = replace(found, **knee_rate(lambda rate: replay(rate, at), lo, hi, found.row(), resolution))
+                found = replace(found, **knee_rate(once, lo, hi, found.row(), resolution))
             return found
         length, doublings = 2 * length, doublings + 1
 
