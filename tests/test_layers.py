@@ -44,3 +44,21 @@ def test_the_engine_core_knows_no_runs_of_steady_steps():
     assert not public(Scheduler) & {"steady_decode_steps", "advance", "schedule_steady", "running_seqs"}
     assert not public(KVAllocator) & public(KVDecodeRuns) and public(KVDecodeRuns) == {"decode_room", "advance"}
     assert RunCore.step is not EngineCore.step and issubclass(RunCore, EngineCore)
+
+
+def test_one_registry_of_systems():
+    """One ``SYSTEMS`` registry in ``src/`` (issue 63): ``memory.systems.SYSTEMS`` (name, label, manager factory,
+    static batching). An experiment names the systems it compares (``COMPARED``) from it; no other module defines a
+    module-level ``SYSTEMS``."""
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "pagedattn"
+    defines = []
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, ast.AnnAssign) else [])
+            if any(isinstance(t, ast.Name) and t.id == "SYSTEMS" for t in targets):
+                defines.append(path.relative_to(src).as_posix())
+    assert defines == ["memory/systems.py"]

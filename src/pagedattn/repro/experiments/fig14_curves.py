@@ -49,7 +49,8 @@ from pagedattn.repro.sim.simulator import LABELS, BeamModel, CostModel, simulate
 from pagedattn.repro.workloads.traces import describe_trace, make_trace, with_rate
 
 EXPERIMENT = "11_fig14_curves"
-SYSTEMS = ("orca_oracle", "paged")
+#: the systems Fig. 14 compares (names in ``memory.systems.SYSTEMS``, the one registry)
+COMPARED = ("orca_oracle", "paged")
 
 
 @dataclass
@@ -130,7 +131,7 @@ def curves(gain: pd.DataFrame, sp: sharing.Params, params: Params, progress: boo
     beam rows), over the rate grid (vLLM's preemption rule, as in the headline gains)."""
     g = gain[gain.preemption == sharing.HEADLINE_RULE]
     jobs = [(r.method, int(r.width), float(r.rate_paged), f, s) for r in g.itertuples() for f in params.load_fractions
-            for s in SYSTEMS]
+            for s in COMPARED]
     return pd.DataFrame(pmap(partial(_curve_row, sp=sp), jobs, "fig14 curves", progress))
 
 

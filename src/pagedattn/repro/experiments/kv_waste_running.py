@@ -44,7 +44,8 @@ from pagedattn.repro.workloads.traces import describe_trace, synthetic_prompt
 
 EXPERIMENT = "12_fig2_running_engines"
 KINDS = ("token_states", "reserved", "internal", "external")
-SYSTEMS = {"hf_dynamic": "HF generate() (dynamic cache)", "hf_static": "HF generate() (static cache)",
+#: the running engines measured, with their labels: HF's three caches and our paged engine
+COMPARED = {"hf_dynamic": "HF generate() (dynamic cache)", "hf_static": "HF generate() (static cache)",
            "hf_continuous": "HF continuous batching", "paged": "vLLM (ours)"}
 
 
@@ -189,10 +190,10 @@ def _paged_rows(model, prompts, out_lens, params: Params) -> list[dict]:
 def measure(params: Params, progress: bool = True) -> pd.DataFrame:
     """Every system's samples over time (bytes), one table. The four systems run in parallel
     (``pagedattn.repro.sim.parallel``): what is sampled is bytes held in cache tensors, not time."""
-    frames = [pd.DataFrame(rows) for rows in pmap(partial(measure_system, params=params), list(SYSTEMS),
+    frames = [pd.DataFrame(rows) for rows in pmap(partial(measure_system, params=params), list(COMPARED),
                                                   "Fig. 2 on running engines", progress)]
     df = pd.concat(frames, ignore_index=True)
-    df["label"] = df["system"].map(SYSTEMS)
+    df["label"] = df["system"].map(COMPARED)
     df.attrs["scale"] = params.real.scale
     return df
 
@@ -221,7 +222,7 @@ def shares(samples: pd.DataFrame, waiting_only: bool = False) -> pd.DataFrame:
     out = d.groupby("system", sort=False)[list(KINDS)].sum()
     out = 100 * out.div(out.sum(axis=1), axis=0)
     out["steps"] = d.groupby("system", sort=False).size()
-    out["label"] = out.index.map(SYSTEMS)
+    out["label"] = out.index.map(COMPARED)
     return out.reset_index()
 
 

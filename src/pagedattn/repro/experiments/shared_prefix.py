@@ -71,7 +71,9 @@ SIM_MODEL = "sim: LLaMA-13B KV (800 KB/token) on A100-40GB (15.7K token slots, r
 SHOTS = {name: v["prefix_len"] for name, v in FIG16_PREFIX.items()}  # one_shot: 80, five_shot: 341
 SUFFIX_RANGE = (16, 48)  # tokens of the per-request part of the prompt (uniform, inclusive)
 OUTPUT_RANGE = (16, 48)  # tokens generated per request (uniform, inclusive)
-SYSTEMS = ("orca_oracle", "paged", "paged_user", "paged_auto")
+#: the systems Fig. 16 compares: Orca (Oracle) and the paged system of ``memory.systems.SYSTEMS`` with its three
+#: ways of marking a shared prefix (``marked_prefix``)
+COMPARED = ("orca_oracle", "paged", "paged_user", "paged_auto")
 LABELS = {"orca_oracle": "Orca (Oracle)", "paged": "ours, no sharing", "paged_user": "ours, prefix marked by user",
           "paged_auto": "ours, automatic prefix caching"}
 #: Fig. 16's speedup is the ratio of sustainable request rates (the paper's metric: request rate at equal normalized
@@ -166,8 +168,8 @@ def simulate_prefix(reqs: list[PrefixRequest], system: str, num_slots: int | Non
     decode step the roofline of the running sequences' contexts (each sequence reads its whole context, shared
     blocks included, as the paged kernel does). ``charge_cached=True`` charges every prefill for its whole prompt
     (an ablation: sharing saves memory only)."""
-    if system not in SYSTEMS:
-        raise ValueError(f"unknown system {system!r}; known: {list(SYSTEMS)}")
+    if system not in COMPARED:
+        raise ValueError(f"unknown system {system!r}; known: {list(COMPARED)}")
     trace = [TraceRequest(r.request_id, r.arrival_time, len(r.token_ids), r.output_len) for r in reqs]
     res = simulate(trace, "orca_oracle" if system == "orca_oracle" else "paged", num_slots or paper_slots(),
                    block_size, cost or CostModel(), max_num_seqs, max_num_batched_tokens, max_model_len,
@@ -244,7 +246,7 @@ def _offline_row(job: tuple, params: Params) -> dict:
 
 def sim_offline(params: Params, progress: bool = True) -> pd.DataFrame:
     """Paper scale, every request queued at t = 0: requests/s, mean batch, hit rate."""
-    jobs = [(shot, s) for shot in SHOTS for s in SYSTEMS]
+    jobs = [(shot, s) for shot in SHOTS for s in COMPARED]
     rows = pmap(partial(_offline_row, params=params), jobs, "offline (sim)", progress)
     return _with_speedup(pd.DataFrame(rows), "throughput_req_s")
 
@@ -280,7 +282,7 @@ def sim_online(params: Params, progress: bool = True) -> tuple[pd.DataFrame, pd.
     """Paper scale, Poisson arrivals: normalized latency vs request rate (Fig. 16's axes), and for each system the
     highest swept rate whose normalized latency stays <= each threshold and that passes the capacity rule
     (``capacity.Load.keeps_up``; read off the curve, no bisection)."""
-    jobs = [(shot, rate, s) for shot, rates in params.sim_rates.items() for rate in rates for s in SYSTEMS]
+    jobs = [(shot, rate, s) for shot, rates in params.sim_rates.items() for rate in rates for s in COMPARED]
     online = pd.DataFrame(pmap(partial(_online_row, params=params), jobs, "online (sim)", progress))
     sus = []
     for threshold in NL_THRESHOLDS_S:
@@ -378,7 +380,7 @@ def _cpu_offline(params: Params, progress: bool) -> pd.DataFrame:
     warm = make_requests(16, 2, params.cpu_vocab, seed=99)
     run_engine(cpu_engine(model, "paged", params), warm, "paged")  # warm-up
     rows = []
-    jobs = [(shot, s, k) for shot in SHOTS for k in range(params.cpu_repeats) for s in SYSTEMS]
+    jobs = [(shot, s, k) for shot in SHOTS for k in range(params.cpu_repeats) for s in COMPARED]
     reference: dict[str, dict] = {}
     with torch.inference_mode():
         for shot, s, k in tqdm(jobs, desc="offline (cpu engine)", disable=not (progress and interactive()), leave=False):
