@@ -109,3 +109,16 @@ def test_real_engine_tasks_build_the_same_model_in_every_worker(restore_settings
         state = got.state_dict()
         assert state.keys() == want.keys() and all(torch.equal(state[k], want[k]) for k in want)
     assert tiny_opt_cached(0, **TINY_OPT) is tiny_opt_cached(0, **TINY_OPT)
+
+
+def test_pstart_starts_now_and_collects_in_order(restore_settings):
+    """``pstart`` (issue 64): the tasks go to the pool at once, a later ``pmap`` runs meanwhile, and ``result()``
+    gives ``[fn(x) for x in items]`` in order, the same in process (one job: computed at ``result()``) and on a
+    pool."""
+    want = [call(t) for t in _tasks()]
+    for jobs in (1, 2):
+        parallel.configure(jobs=jobs)
+        started = parallel.pstart(call, _tasks())
+        assert (started._futures is None) == (jobs == 1)
+        assert pmap(call, _tasks()[:3]) == want[:3]
+        assert started.result() == want

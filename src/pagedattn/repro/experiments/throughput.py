@@ -31,7 +31,7 @@ from pagedattn.repro.sim.capacity import MAX_LENGTH_DOUBLINGS, NL_THRESHOLD_S, R
 from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import sensitivity
 from pagedattn.repro.experiments import validated
-from pagedattn.repro.sim.parallel import pmap
+from pagedattn.repro.sim.parallel import Started, pmap, pstart
 from pagedattn.repro.experiments.common import Arrival, Clock, ServingParams, greedy, make_engine, replay, requests_frame, \
     scaled_trace, tiny_opt_cached, torch_threads
 from pagedattn.repro.paper import FIG12_RATE_RATIO, FIG13_MEAN_BATCH, HEADLINE_THROUGHPUT_GAIN
@@ -396,9 +396,16 @@ def _real_sustainable_row(job: tuple, params: RealParams, threshold_s: float) ->
 def real_sustainable(params: RealParams, threshold_s: float, progress: bool = True) -> pd.DataFrame:
     """Each system's sustainable rate on this machine (``capacity.length_agreed_rate`` at ``threshold_s``, with the
     knee measure); the bisections (one per workload and system) run in parallel (``pagedattn.repro.sim.parallel``)."""
+    return pd.DataFrame(start_real_sustainable(params, threshold_s, progress).result())
+
+
+def start_real_sustainable(params: RealParams, threshold_s: float, progress: bool = True) -> Started:
+    """``real_sustainable``'s bisections started (``parallel.pstart``), not waited for: each is a chain of real
+    replays one after another (n, 2n, 4n requests and the knee), the notebook's longest, so ``run`` starts them
+    before its simulator sweeps, which fill the other worker meanwhile (issue 64)."""
     jobs = [(w, s) for w in params.rates for s in params.search_systems if s in params.systems]
-    return pd.DataFrame(pmap(partial(_real_sustainable_row, params=params, threshold_s=threshold_s), jobs,
-                             "sustainable rate (real engine)", progress))
+    return pstart(partial(_real_sustainable_row, params=params, threshold_s=threshold_s), jobs,
+                  "sustainable rate (real engine)", progress)
 
 
 #: ``real_offline``'s two HF baselines, run beside the systems
@@ -512,16 +519,18 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     rp = RealParams.make(quick, **kw)
     out_dir = Path(results_dir) / EXPERIMENT
     out_dir.mkdir(parents=True, exist_ok=True)
-    tables: dict = {"sim_online": sim_online(sp, progress), "sim_sustainable": sim_sustainable(sp, progress),
-                    "sim_offline": sim_offline(sp)}
+    tables: dict = {}
+    if real:  # the real engine's searches first: their chains of replays are the longest (``start_real_sustainable``)
+        tables["real_configs"] = system_configs(rp)
+        tables["real_online"] = real_online(rp, progress)
+        searches = start_real_sustainable(rp, real_threshold(tables["real_online"]), progress)
+    tables |= {"sim_online": sim_online(sp, progress), "sim_sustainable": sim_sustainable(sp, progress),
+               "sim_offline": sim_offline(sp)}
     claims, tables["sensitivity"] = sim_bands(sp, rate_ratio_claims(tables["sim_sustainable"])
                                               + mean_batch_claims(tables["sim_online"]), progress)
     if real:
-        tables["real_configs"] = system_configs(rp)
         tables["real_offline"] = real_offline(rp, progress)
-        tables["real_online"] = real_online(rp, progress)
-        thr = real_threshold(tables["real_online"])
-        tables["real_sustainable"] = real_sustainable(rp, thr, progress)
+        tables["real_sustainable"] = pd.DataFrame(searches.result())
         claims += real_claims(tables["real_offline"], tables["real_sustainable"])
     tables["rate_ratios"] = rate_ratio_table(pd.concat([tables["sim_sustainable"], tables.get("real_sustainable")],
                                                        ignore_index=True))

@@ -183,6 +183,46 @@ def pmap(fn: Callable[[Any], Any], items: Iterable[Any], desc: str | None = None
         bar.close()
 
 
+class Started:
+    """A sweep started by ``pstart``: ``result()`` waits for it and returns ``[fn(x) for x in items]`` in order."""
+
+    def __init__(self, fn: Callable[[Any], Any], items: list, futures: list | None, desc: str | None, progress: bool):
+        self._fn, self._items, self._futures, self._desc, self._progress = fn, items, futures, desc, progress
+
+    def result(self) -> list:
+        if self._futures is None:  # one job: computed here, now
+            return pmap(self._fn, self._items, self._desc, self._progress, jobs=1)
+        bar = tqdm(total=len(self._futures), desc=self._desc, disable=not (self._progress and interactive()),
+                   leave=False)
+        try:
+            out = []
+            for f in self._futures:
+                out.append(f.result())
+                bar.update(1)
+            return out
+        finally:
+            bar.close()
+
+
+def pstart(fn: Callable[[Any], Any], items: Iterable[Any], desc: str | None = None, progress: bool = False
+           ) -> Started:
+    """``pmap`` without waiting (issue 64: both cores busy in every phase): the tasks go to the executor now, ahead
+    of every later sweep's, and ``.result()`` collects them. A notebook starts its longest chains of work (a real
+    engine's sequential searches) first and runs its other sweeps meanwhile, so that no worker idles while one
+    chain finishes. With one job (or one item) nothing starts: ``result()`` computes in this process."""
+    items = list(items)
+    address = scheduler_address()
+    remote = partial(_in_caller_env, _caller_env(), fn)
+    if address:
+        return Started(fn, items, dask_client(address).map(partial(_as_worker, remote), items, pure=False), desc,
+                       progress)
+    n = num_jobs()
+    if n <= 1 or len(items) <= 1:
+        return Started(fn, items, None, desc, progress)
+    pool = process_pool(n)
+    return Started(fn, items, [pool.submit(remote, x) for x in items], desc, progress)
+
+
 def call(task: tuple[Callable, tuple, dict]) -> Any:
     """Run one ``(fn, args, kwargs)`` task: ``pmap(call, [(f, args, kw), ...])`` maps over tasks of different
     functions or arguments in one sweep."""
