@@ -93,6 +93,7 @@ def test_summary_identical_with_one_job_two_jobs_and_a_cluster(monkeypatch, rest
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cl:
         assert _summary_bytes(monkeypatch, scheduler=cl.scheduler_address) == one
         assert pmap(call, _tasks()) == [call(t) for t in _tasks()]
+        assert parallel.pstart(call, _tasks()).result() == [call(t) for t in _tasks()]  # started on the cluster
         parallel.shutdown()  # close the client before its cluster goes
 
 
