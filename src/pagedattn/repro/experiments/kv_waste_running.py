@@ -46,7 +46,7 @@ EXPERIMENT = "12_fig2_running_engines"
 KINDS = ("token_states", "reserved", "internal", "external")
 #: the running engines measured, with their labels: HF's three caches and our paged engine
 COMPARED = {"hf_dynamic": "HF generate() (dynamic cache)", "hf_static": "HF generate() (static cache)",
-           "hf_continuous": "HF continuous batching", "paged": "vLLM (ours)"}
+            "hf_continuous": "HF continuous batching", "paged": "vLLM (ours)"}
 
 
 @dataclass

@@ -383,7 +383,7 @@ def real_online(params: RealParams, progress: bool = True) -> pd.DataFrame:
 
 
 def _real_sustainable_row(job: tuple, params: RealParams, threshold_s: float) -> dict:
-    """One whole bisection of ``real_sustainable`` (its probes one after another): ``(workload, system)``."""
+    """One whole bisection of ``start_real_sustainable`` (its probes one after another): ``(workload, system)``."""
     w, s = job
     rates = params.rates[w]
     found = length_agreed_rate(lambda rate, n: real_serve(s, params.trace(w, n, rate), params),
@@ -393,16 +393,12 @@ def _real_sustainable_row(job: tuple, params: RealParams, threshold_s: float) ->
             "threshold_s": threshold_s}
 
 
-def real_sustainable(params: RealParams, threshold_s: float, progress: bool = True) -> pd.DataFrame:
-    """Each system's sustainable rate on this machine (``capacity.length_agreed_rate`` at ``threshold_s``, with the
-    knee measure); the bisections (one per workload and system) run in parallel (``pagedattn.repro.sim.parallel``)."""
-    return pd.DataFrame(start_real_sustainable(params, threshold_s, progress).result())
-
-
 def start_real_sustainable(params: RealParams, threshold_s: float, progress: bool = True) -> Started:
-    """``real_sustainable``'s bisections started (``parallel.pstart``), not waited for: each is a chain of real
-    replays one after another (n, 2n, 4n requests and the knee), the notebook's longest, so ``run`` starts them
-    before its simulator sweeps, which fill the other worker meanwhile (issue 64)."""
+    """Each system's sustainable rate on this machine (``capacity.length_agreed_rate`` at ``threshold_s``, with the
+    knee measure), one bisection per workload and system, started in parallel (``parallel.pstart``) and not waited
+    for: each is a chain of real replays one after another (n, 2n, 4n requests and the knee), the notebook's
+    longest, so ``run`` starts them before its simulator sweeps, which fill the other worker meanwhile (issue 64);
+    ``.result()`` gives the rows."""
     jobs = [(w, s) for w in params.rates for s in params.search_systems if s in params.systems]
     return pstart(partial(_real_sustainable_row, params=params, threshold_s=threshold_s), jobs,
                   "sustainable rate (real engine)", progress)

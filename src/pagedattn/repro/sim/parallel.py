@@ -153,74 +153,57 @@ def pmap(fn: Callable[[Any], Any], items: Iterable[Any], desc: str | None = None
          jobs: int | None = None) -> list:
     """``[fn(x) for x in items]`` on the configured executor (module docstring), in the order of ``items``.
     ``jobs`` overrides the configured number for this call; ``progress`` shows a tqdm bar as tasks finish."""
-    items = list(items)
-    address = scheduler_address()
-    n = jobs if jobs is not None else num_jobs()
-    remote = partial(_in_caller_env, _caller_env(), fn)  # fn as a task run in another process
-    bar = tqdm(total=len(items), desc=desc, disable=not (progress and interactive()), leave=False)
-    try:
-        if address:
-            # each task marks its Dask worker as a worker first, so that a sweep inside it runs serially there
-            # (as on the process pool) instead of starting a pool in a daemonic process or going back to the cluster
-            futures = dask_client(address).map(partial(_as_worker, remote), items, pure=False)
-            out = []
-            for f in futures:  # in order: the bar moves as the head of the sweep completes
-                out.append(f.result())
-                bar.update(1)
-            return out
-        if n <= 1 or len(items) <= 1:
-            out = []
-            for x in items:
-                out.append(fn(x))
-                bar.update(1)
-            return out
-        pool = process_pool(n)
-        futures = [pool.submit(remote, x) for x in items]
-        for _ in as_completed(futures):
-            bar.update(1)
-        return [f.result() for f in futures]
-    finally:
-        bar.close()
+    return pstart(fn, items, desc, progress, jobs).result()
 
 
-class Started:
-    """A sweep started by ``pstart``: ``result()`` waits for it and returns ``[fn(x) for x in items]`` in order."""
-
-    def __init__(self, fn: Callable[[Any], Any], items: list, futures: list | None, desc: str | None, progress: bool):
-        self._fn, self._items, self._futures, self._desc, self._progress = fn, items, futures, desc, progress
-
-    def result(self) -> list:
-        if self._futures is None:  # one job: computed here, now
-            return pmap(self._fn, self._items, self._desc, self._progress, jobs=1)
-        bar = tqdm(total=len(self._futures), desc=self._desc, disable=not (self._progress and interactive()),
-                   leave=False)
-        try:
-            out = []
-            for f in self._futures:
-                out.append(f.result())
-                bar.update(1)
-            return out
-        finally:
-            bar.close()
-
-
-def pstart(fn: Callable[[Any], Any], items: Iterable[Any], desc: str | None = None, progress: bool = False
-           ) -> Started:
+def pstart(fn: Callable[[Any], Any], items: Iterable[Any], desc: str | None = None, progress: bool = False,
+           jobs: int | None = None) -> "Started":
     """``pmap`` without waiting (issue 64: both cores busy in every phase): the tasks go to the executor now, ahead
     of every later sweep's, and ``.result()`` collects them. A notebook starts its longest chains of work (a real
     engine's sequential searches) first and runs its other sweeps meanwhile, so that no worker idles while one
     chain finishes. With one job (or one item) nothing starts: ``result()`` computes in this process."""
     items = list(items)
     address = scheduler_address()
-    remote = partial(_in_caller_env, _caller_env(), fn)
+    remote = partial(_in_caller_env, _caller_env(), fn)  # fn as a task run in another process
     if address:
-        return Started(fn, items, dask_client(address).map(partial(_as_worker, remote), items, pure=False), desc,
-                       progress)
-    n = num_jobs()
+        # each task marks its Dask worker as a worker first, so that a sweep inside it runs serially there
+        # (as on the process pool) instead of starting a pool in a daemonic process or going back to the cluster
+        futures = dask_client(address).map(partial(_as_worker, remote), items, pure=False)
+        return Started(fn, items, futures, desc, progress, in_order=True)
+    n = jobs if jobs is not None else num_jobs()
     if n <= 1 or len(items) <= 1:
         return Started(fn, items, None, desc, progress)
     pool = process_pool(n)
     return Started(fn, items, [pool.submit(remote, x) for x in items], desc, progress)
+
+
+class Started:
+    """A sweep started by ``pstart``: ``result()`` waits for it and returns ``[fn(x) for x in items]`` in order
+    (``futures`` None: computed here, at ``result()``). The bar moves as the pool's tasks finish, or, on a cluster
+    (``in_order``), as the head of the sweep completes."""
+
+    def __init__(self, fn: Callable[[Any], Any], items: list, futures: list | None, desc: str | None, progress: bool,
+                 in_order: bool = False):
+        self._fn, self._items, self._futures, self._in_order = fn, items, futures, in_order
+        self._desc, self._progress = desc, progress
+
+    def result(self) -> list:
+        bar = tqdm(total=len(self._items), desc=self._desc, disable=not (self._progress and interactive()),
+                   leave=False)
+        try:
+            if self._futures is None:
+                out = []
+                for x in self._items:
+                    out.append(self._fn(x))
+                    bar.update(1)
+                return out
+            for f in (self._futures if self._in_order else as_completed(self._futures)):
+                if self._in_order:
+                    f.result()
+                bar.update(1)
+            return [f.result() for f in self._futures]
+        finally:
+            bar.close()
 
 
 def call(task: tuple[Callable, tuple, dict]) -> Any:
