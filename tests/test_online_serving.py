@@ -445,22 +445,6 @@ def test_latency_gap_fits_a_per_request_delay_and_a_per_token_cost():
     assert intercept == pytest.approx(0.012, abs=1e-9) and slope == pytest.approx(0.0005, abs=1e-9)
 
 
-def test_the_real_engines_search_follows_the_trace_length_rule(monkeypatch):
-    """Notebook 03's real-engine searches follow the same rule (``throughput.RealParams.search_requests`` and
-    ``max_length_doublings``), with the knee measure: the row names the trace length it ended on."""
-    from pagedattn.repro.sim import capacity
-    from pagedattn.repro.experiments import throughput as T
-
-    lengths = []
-    monkeypatch.setattr(T, "real_serve", lambda system, trace, params: (lengths.append(len(trace)), pd.DataFrame())[1])
-    monkeypatch.setattr(capacity, "sustainable_rate", agreeing_from_the_third_length(lengths, 30))
-    monkeypatch.setattr(capacity.Load, "of", classmethod(lambda cls, df: cls(0.1, 0.02, 0.0, 0.0, 0.0, 0.0)))
-    row = T._real_sustainable_row(("sharegpt", "paged"),
-                                  T.RealParams.make(True, search_requests=30, max_length_doublings=3), 0.1)
-    assert lengths[:4] == [30, 60, 120, 240] and row["search_requests"] == 240 and row["length_agreed"]
-    assert "knee_rate" in row and T.RealParams().search_requests == 300
-
-
 def test_a_checkpoint_is_saved_once_under_a_name_its_bytes_decide(tmp_path):
     shape = O.Params().model
     model = tiny_opt(0, **shape)

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from pagedattn.repro.sim.capacity import MAX_LENGTH_DOUBLINGS, NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_rate, length_agreed_search, \
+from pagedattn.repro.sim.capacity import MAX_LENGTH_DOUBLINGS, NL_THRESHOLD_S, RESOLUTION, describe_ratio, length_agreed_search, \
     length_judged, ratio_resolution
 from pagedattn.repro.paper import paper_slots
 from pagedattn.repro.experiments import sensitivity
 from pagedattn.repro.experiments import validated
-from pagedattn.repro.sim.parallel import Started, pmap, pstart
+from pagedattn.repro.sim.parallel import pmap
 from pagedattn.repro.experiments.common import Arrival, Clock, ServingParams, greedy, make_engine, replay, requests_frame, \
     scaled_trace, tiny_opt_cached, torch_threads
 from pagedattn.repro.paper import FIG12_RATE_RATIO, FIG13_MEAN_BATCH, HEADLINE_THROUGHPUT_GAIN
@@ -279,38 +279,28 @@ TINY_OPT = dict(vocab_size=2000, hidden_size=64, num_hidden_layers=2, ffn_dim=25
 class RealParams(ServingParams):
     """The real engine on this machine. Lengths and the KV budget are both divided by ``scale`` so that the batching
     arithmetic of the paper's setting (15.7K slots, max length 2048, ~30 ShareGPT requests batched) is kept while a
-    CPU can run the trace: ShareGPT-like lengths / 4 with 15.7K / 4 = 3.9K token slots and max length 512."""
+    CPU can run the trace: ShareGPT-like lengths / 4 with 15.7K / 4 = 3.9K token slots and max length 512.
+
+    This scale measures latency curves and offline throughput; it searches no sustainable rate. The CPU-scale
+    sustainable rates are notebook 13's (``online_serving``): live servers on a budget where KV memory binds, the
+    regime of the paper's Fig. 12 (§6.2). Until 2026-12-07 this notebook also searched them here, at the 3.9K budget,
+    where the CPU bound every system first (each search's ``bound_by`` was latency): a second claim of the same paper
+    number in a setting other than the paper's, and over half of this notebook's run time (issue 64: one paper
+    number, one claim)."""
 
     scale: int = 4
     num_requests: int = 150
     rates: dict = field(default_factory=lambda: {"sharegpt": [4, 8, 16, 24, 32, 48, 64]})
-    #: the search's resolution: coarser than the paper scale's 2 %, as each probe is a serial CPU replay and CPU
-    #: timings move by more than 2 % between runs (these claims are tracked, not judged)
-    rate_resolution: float = 0.05
     offline_requests: int = 150
-    #: the rate searches' trace length ``n`` under the one trace-length rule (``capacity.length_agreed_search``,
-    #: issue 50): a search on ``n`` and on ``2n`` requests, doubling while they disagree, at most
-    #: ``max_length_doublings`` times. On 150 requests four of the five searches were unjudged
-    #: (``capacity.Load.trend_se`` 2-4 % of the rate); until 2026-12-05 a search ran on 600 requests, and on 1,200
-    #: while unjudged. Under the rule (set 2026-12-05, before any run with it) ``n`` is 300, so that its ``2n`` is the
-    #: former first length at about the former cost, and the cap is the former longest length, 1,200 (each probe is
-    #: a serial CPU replay). The online curves (``rates``) keep ``num_requests``.
-    search_requests: int = 300
-    max_length_doublings: int = 2
     systems: tuple = ("ft", "orca_max", "orca_pow2", "orca_oracle", "paged")
-    #: the systems whose sustainable rate is searched: those of the CPU-scale ratio claims (ours over Orca (Oracle)
-    #: and Orca (Max)). FasterTransformer's and Orca (Pow2)'s searches, recorded in the table until 2026-12-01, took
-    #: half of the searches' time and fed no claim; their curves (``rates``) and offline rows stay.
-    search_systems: tuple = ("orca_max", "orca_oracle", "paged")
     model: dict = field(default_factory=lambda: dict(TINY_OPT))
     threads: int = 1
     #: the engine's attention kernels (``kernels.get_backend``): ``"auto"`` is the C++ kernel on a CPU, as a user of
     #: the engine gets it (it was the torch reference until 2026-12-02, which took about a third of a step here)
     attention_backend: str = "auto"
 
-    #: a quick run searches ours and Orca (Oracle) only: one CPU ratio claim runs the same code as two
-    QUICK = dict(num_requests=24, offline_requests=24, search_requests=12, max_length_doublings=1, rates={"sharegpt": [4, 16]}, rate_resolution=1.0,
-                 systems=("orca_max", "orca_oracle", "paged"), search_systems=("orca_oracle", "paged"))
+    QUICK = dict(num_requests=24, offline_requests=24, rates={"sharegpt": [4, 16]},
+                 systems=("orca_max", "orca_oracle", "paged"))
 
     @property
     def num_slots(self) -> int:
@@ -380,28 +370,6 @@ def real_online(params: RealParams, progress: bool = True) -> pd.DataFrame:
     (rates x systems) run in parallel (``pagedattn.repro.sim.parallel``; CPU time per replay, see above)."""
     jobs = [(w, r, s) for w, rates in params.rates.items() for r in rates for s in params.systems]
     return pd.DataFrame(pmap(partial(_real_online_row, params=params), jobs, "online (real engine)", progress))
-
-
-def _real_sustainable_row(job: tuple, params: RealParams, threshold_s: float) -> dict:
-    """One whole bisection of ``start_real_sustainable`` (its probes one after another): ``(workload, system)``."""
-    w, s = job
-    rates = params.rates[w]
-    found = length_agreed_rate(lambda rate, n: real_serve(s, params.trace(w, n, rate), params),
-                               params.search_requests, min(rates) / 4, max(rates) * 16, threshold_s,
-                               params.rate_resolution, max_doublings=params.max_length_doublings)
-    return {"scale": "cpu (real engine)", "trace": w, "system": s, "label": LABELS[s], **found,
-            "threshold_s": threshold_s}
-
-
-def start_real_sustainable(params: RealParams, threshold_s: float, progress: bool = True) -> Started:
-    """Each system's sustainable rate on this machine (``capacity.length_agreed_rate`` at ``threshold_s``, with the
-    knee measure), one bisection per workload and system, started in parallel (``parallel.pstart``) and not waited
-    for: each is a chain of real replays one after another (n, 2n, 4n requests and the knee), the notebook's
-    longest, so ``run`` starts them before its simulator sweeps, which fill the other worker meanwhile (issue 64);
-    ``.result()`` gives the rows."""
-    jobs = [(w, s) for w in params.rates for s in params.search_systems if s in params.systems]
-    return pstart(partial(_real_sustainable_row, params=params, threshold_s=threshold_s), jobs,
-                  "sustainable rate (real engine)", progress)
 
 
 #: ``real_offline``'s two HF baselines, run beside the systems
@@ -477,9 +445,9 @@ def system_configs(params: RealParams) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def real_claims(offline: pd.DataFrame, sustainable: pd.DataFrame) -> list[Claim]:
-    """The CPU real engine's ratios: CPU timings of a tiny model, recorded (``kind="tracking"``), not judged
-    against the paper's GPU-scale numbers; each note says how it compares with the range it would be held to."""
+def real_claims(offline: pd.DataFrame) -> list[Claim]:
+    """The CPU real engine's offline ratios against Hugging Face: CPU timings of a tiny model, recorded
+    (``kind="tracking"``), not judged against the paper's GPU-scale numbers."""
     o = offline.set_index("system")["tokens_per_s"]
     out = []
     for other in ("hf_generate", "hf_continuous_batching"):
@@ -489,19 +457,6 @@ def real_claims(offline: pd.DataFrame, sustainable: pd.DataFrame) -> list[Claim]
             note += "; " + str(offline.set_index("system").loc[other, "note"]) if other in o else "; not run"
         out.append(Claim(f"throughput_ratio.paged_vs_{other}", "2-4x (vs FasterTransformer/Orca)",
                          None if ratio is None else round(ratio, 2), "x", "", None, note, kind="tracking"))
-    rows = sustainable[sustainable.trace == "sharegpt"].set_index("system")
-    s = rows["sustainable_rate"]
-    for name, other in (("paged_vs_orca_oracle", "orca_oracle"), ("paged_vs_orca_max", "orca_max")):
-        if other in s:
-            ratio = float(s["paged"] / s[other])
-            lo, hi = FIG12_RATE_RATIO[name]
-            a, b = widened(lo, hi)
-            off = float(o["paged"] / o[other]) if other in o else None
-            out.append(Claim(f"rate_ratio_cpu.sharegpt.{name}", f"{lo}-{hi}", round(ratio, 2), "x", "", None,
-                             f"CPU timing, real engine, lengths and budget / 4; "
-                             f"{describe_ratio(rows.loc['paged'], rows.loc[other], off)}; "
-                             f"{'inside' if a <= ratio <= b else 'outside'} the paper's range widened by 25 % "
-                             f"({a:.3g}-{b:.3g})", kind="tracking"))
     return out
 
 
@@ -516,20 +471,17 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
     out_dir = Path(results_dir) / EXPERIMENT
     out_dir.mkdir(parents=True, exist_ok=True)
     tables: dict = {}
-    if real:  # the real engine's searches first: their chains of replays are the longest (``start_real_sustainable``)
+    if real:
         tables["real_configs"] = system_configs(rp)
         tables["real_online"] = real_online(rp, progress)
-        searches = start_real_sustainable(rp, real_threshold(tables["real_online"]), progress)
+        tables["real_offline"] = real_offline(rp, progress)
     tables |= {"sim_online": sim_online(sp, progress), "sim_sustainable": sim_sustainable(sp, progress),
                "sim_offline": sim_offline(sp)}
     claims, tables["sensitivity"] = sim_bands(sp, rate_ratio_claims(tables["sim_sustainable"])
                                               + mean_batch_claims(tables["sim_online"]), progress)
     if real:
-        tables["real_offline"] = real_offline(rp, progress)
-        tables["real_sustainable"] = pd.DataFrame(searches.result())
-        claims += real_claims(tables["real_offline"], tables["real_sustainable"])
-    tables["rate_ratios"] = rate_ratio_table(pd.concat([tables["sim_sustainable"], tables.get("real_sustainable")],
-                                                       ignore_index=True))
+        claims += real_claims(tables["real_offline"])
+    tables["rate_ratios"] = rate_ratio_table(tables["sim_sustainable"])
     for name, df in tables.items():
         df.to_csv(out_dir / f"{name}.csv", index=False)
     hw = hardware_label("cpu")
