@@ -18,7 +18,6 @@ from typing import Callable, ClassVar
 import numpy as np
 import pandas as pd
 
-from pagedattn.model.tiny import TINY_OPT_SHAPE, tiny_opt  # noqa: F401  (the experiments' model, re-exported)
 from pagedattn.repro.paper import DEFAULT_BLOCK_SIZE
 from pagedattn.repro.workloads.traces import TraceRequest, make_trace
 
@@ -50,6 +49,16 @@ class ServingParams(ExperimentParams):
 
 
 # ------------------------------------------------------------------------------------------------ CPU model
+def __getattr__(name: str):
+    """``tiny_opt`` and ``TINY_OPT_SHAPE``, the experiments' model (``pagedattn.model.tiny``), re-exported on first
+    use: importing it imports torch (about a second), which the notebooks that only simulate never need."""
+    if name in ("tiny_opt", "TINY_OPT_SHAPE"):
+        from pagedattn.model import tiny
+
+        return getattr(tiny, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def tiny_opt_cached(seed: int = 0, **shape):
     """``tiny_opt(seed, **shape)``, built once per process and shared by later calls with the same arguments: a
     sweep's task builds its model in its worker from the seed (the same weights in every process: the
@@ -60,6 +69,8 @@ def tiny_opt_cached(seed: int = 0, **shape):
 
 @functools.lru_cache(maxsize=4)
 def _tiny_opt(seed: int, shape: tuple):
+    from pagedattn.model.tiny import tiny_opt
+
     return tiny_opt(seed, **dict(shape))
 
 
