@@ -636,17 +636,20 @@ def calibrate(params: Params, model, checkpoint: str, bar=None) -> dict:
     throughput) sent to it, and the same engine in-process on the same requests right after (``measure_step_time``,
     ``measure_server_cost``); never on a point they predict. Each cost is the median over the repeats. Returns the
     calibration trace (``low``), the ``ServerCost`` (``server_cost``), the paged engine's fit of the repeat with the
-    median in-process time with it added (``cost``: the step time of the budget rule), and one row per repeat
-    (``repeats``)."""
+    median in-process time with it added (``cost``: the step time of the budget rule), one row per repeat
+    (``repeats``), and the first repeat's served calibration run with its rate and the server's command line
+    (``walk_through``: the notebook shows that measurement step by step instead of starting a server of its own)."""
     vocab, offline_trace = params.model["vocab_size"], params.trace(math.inf)
-    low, rows, fits = None, [], []
+    low, rows, fits, walk = None, [], [], None
     with (_Endpoint(params.url) if params.url else Server.ours(checkpoint, "paged", params)) as server:
         for i in range(params.calibration_repeats):
             span = measure_offline(server.url, offline_trace, vocab, bar, warm_up=i == 0)
             if low is None:
-                low = replace(params, seed=params.seed + 1).trace(
-                    params.calibration_fraction * len(offline_trace) / span, params.calibration_requests)
+                rate = params.calibration_fraction * len(offline_trace) / span
+                low = replace(params, seed=params.seed + 1).trace(rate, params.calibration_requests)
             served_low = send(server.url, low, vocab)
+            if walk is None:
+                walk = {"served": served_low, "rate": rate, "cmd": getattr(server, "cmd", None), "url": server.url}
             engine_fit, calib, local_low = measure_step_time(model, params, "paged", low)
             cost = measure_server_cost(served_low, local_low, span, calib)
             fits.append(engine_fit)
@@ -655,7 +658,7 @@ def calibrate(params: Params, model, checkpoint: str, bar=None) -> dict:
     server_cost = ServerCost(**{k: float(repeats[k].median()) for k in ("request_delay_s", "step_s", "token_s")})
     middle = sorted(range(len(rows)), key=lambda i: rows[i]["in_process_s"])[len(rows) // 2]
     return {"low": low, "server_cost": server_cost, "cost": with_server_cost(fits[middle], server_cost),
-            "slots": params.slots, "repeats": repeats}
+            "slots": params.slots, "repeats": repeats, "walk_through": walk}
 
 
 def sweep(params: Params, model, checkpoint: str, progress: bool = True, vllm_python: Path | None = None,
@@ -909,7 +912,9 @@ def claims(curves: pd.DataFrame, sus: pd.DataFrame, slots: int | None = None) ->
 
 
 def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bool = True, **kw) -> dict:
-    """Calibrate, sweep, compare; writes CSVs, a figure and ``summary.json`` to ``<results_dir>/13_online_serving/``."""
+    """Calibrate, sweep, compare; writes CSVs, a figure and ``summary.json`` to ``<results_dir>/13_online_serving/``.
+    Returns the sweep's tables, the budget rule's, the calibration's repeats and its first served run
+    (``walk_through``, which the notebook takes apart), the claims and the label."""
     import torch
 
     from pagedattn.repro.report.results import hardware_label, write_summary
@@ -931,7 +936,7 @@ def run(quick: bool = False, results_dir: str | Path = RESULTS_DIR, progress: bo
         t = sweep(params, model, ckpt, progress, vllm_python, calibration)
     finally:
         torch.set_num_threads(threads)
-    t["budget"], t["calibration"] = budget, calibration["repeats"]
+    t["budget"], t["calibration"], t["walk_through"] = budget, calibration["repeats"], calibration["walk_through"]
     for name in ("curves", "sustainable", "offline", "step_time_fit", "budget", "calibration"):
         if t[name] is not None:
             t[name].to_csv(out_dir / f"{name}.csv", index=False)
