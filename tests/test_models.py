@@ -333,3 +333,33 @@ def test_batched_prefill_of_fresh_and_cached_sequences_in_one_step(make, prefill
     logits, _ = runner.forward(runner.prepare_input(lay_out(SchedulerOutputs(prefill_groups=groups), bm)))
     for row, p in zip(logits, [cached] + fresh):
         torch.testing.assert_close(row, hf_last_logits(hf, p), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["relu", "silu", "swish", "gelu", "gelu_new"])
+def test_activations_are_bit_identical_to_transformers(name, dtype):
+    """``model.activations.activation`` (torch's own modules, so that a server's start skips
+    ``transformers.activations``) computes what transformers' ``ACT2FN`` entry of the same name computes, bit for
+    bit, on fresh inputs; a name it does not build itself (``gelu_new``) is transformers' own."""
+    from transformers.activations import ACT2FN
+
+    from pagedattn.model.activations import activation
+
+    x = (torch.randn(53, 129, generator=torch.Generator().manual_seed(len(name))) * 4).to(dtype)
+    assert torch.equal(activation(name)(x), ACT2FN[name](x))
+
+
+def test_loading_an_opt_checkpoint_imports_no_dynamo(tmp_path):
+    """An OPT checkpoint (what notebook 13's servers load) loads without importing ``torch._dynamo``: the meta
+    device's random initialisation and ``transformers.activations`` each imported it, 2 s of a server's 4.5 s start on
+    the 2-core VM. (A Llama checkpoint still does: transformers' ``configuration_llama`` imports
+    ``transformers.activations`` itself.) The model still gives transformers' logits
+    (``test_load_from_checkpoint_folder``)."""
+    import subprocess
+    import sys
+
+    tiny_opt().save_pretrained(tmp_path)
+    code = ("import sys; from pagedattn.model import load_model; load_model(sys.argv[1]); "
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from pagedattn.kernels import cpu
 from pagedattn.model import fused_ops
+from pagedattn.model.activations import activation
 from pagedattn.model.attention import AttentionMetadata, PagedAttention
 from pagedattn.model.fused import FusedLinear, Linear
 
@@ -140,13 +141,11 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
-        from transformers.activations import ACT2FN
-
         bias = getattr(config, "mlp_bias", False)
         self.gate_proj = Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.act = ACT2FN[config.hidden_act]
+        self.act = activation(config.hidden_act)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))

@@ -13,12 +13,31 @@ from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from pagedattn.model.llama import LlamaForCausalLM
 from pagedattn.model.opt import OPTForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {"llama": LlamaForCausalLM, "opt": OPTForCausalLM}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "masked_bias", ".attn.bias")
+
+
+class _NoInit(TorchFunctionMode):
+    """Module constructors without their meta parameters' initialisation, in this thread: on the meta device it writes
+    nothing, as the checkpoint's tensors then replace every parameter (``load_state_dict(assign=True)``), but its first
+    call in a process imports ``torch._dynamo`` (meta ``normal_`` is a Python reference that it wraps), about 1.2 s of
+    every ``python -m pagedattn.serve`` start on the 2-core VM (2026-12-07), where nothing else imports it."""
+
+    SKIPPED = frozenset({nn.init.normal_, nn.init.uniform_, nn.init.kaiming_uniform_, nn.init.zeros_, nn.init.ones_,
+                         nn.init.constant_, torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.fill_,
+                         torch.Tensor.zero_})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensor = args[0] if args else kwargs.get("tensor")
+        if func in self.SKIPPED and isinstance(tensor, torch.Tensor) and tensor.is_meta:
+            return tensor
+        return func(*args, **kwargs)
 
 
 def _resolve_dtype(dtype, config) -> torch.dtype:
@@ -74,7 +93,7 @@ def load_model(path_or_hf_model, dtype=None, device: str | torch.device = "cpu")
     if not any(k.startswith("model.") for k in state):  # a bare base model (OPTModel / LlamaModel) checkpoint
         state = {f"model.{k}": v for k, v in state.items()}
     state = {k: v for k, v in state.items() if not k.endswith(_IGNORED_SUFFIXES)}
-    with torch.device("meta"):
+    with torch.device("meta"), _NoInit():
         model = cls(config)
     tied = getattr(config, "tie_word_embeddings", True) or "lm_head.weight" not in state
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)

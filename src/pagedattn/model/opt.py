@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from pagedattn.model.activations import activation
 from pagedattn.model.attention import AttentionMetadata, PagedAttention
 from pagedattn.model.fused import FusedLinear, Linear
 
@@ -37,8 +38,6 @@ class OPTAttention(nn.Module):
 class OPTDecoderLayer(nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
-        from transformers.activations import ACT2FN
-
         d, affine = config.hidden_size, getattr(config, "layer_norm_elementwise_affine", True)
         self.pre_norm = config.do_layer_norm_before
         self.self_attn = OPTAttention(config)
@@ -46,7 +45,7 @@ class OPTDecoderLayer(nn.Module):
         self.fc1 = Linear(d, config.ffn_dim, bias=config.enable_bias)
         self.fc2 = Linear(config.ffn_dim, d, bias=config.enable_bias)
         self.final_layer_norm = nn.LayerNorm(d, elementwise_affine=affine)
-        self.act = ACT2FN[config.activation_function]
+        self.act = activation(config.activation_function)
 
     def forward(self, x: Tensor, meta: AttentionMetadata) -> Tensor:
         h = self.self_attn(self.self_attn_layer_norm(x) if self.pre_norm else x, meta)
