@@ -113,9 +113,13 @@ class Params(ServingParams):
     orca_width: int = 6
     threads: int = 1
 
-    QUICK = dict(sim_requests={"alpaca": 80, "sharegpt": 30}, gain_requests=120, gain_requests_n1=120, gain_ns=(1, 6),
-                 rate_resolution=0.5, beam_requests={"alpaca": 3, "sharegpt": 1}, agree_requests=6, agree_ns=(4,),
-                 orca_requests=4, real_max_output=24, orca_slots=2048, widths=(2, 6), max_length_doublings=1)
+    # a quick run is a smoke test of every path (issue 64), not a measurement: shorter traces and outputs, fewer
+    # real-engine requests, and a pool of 1,024 blocks (still roomy: the quick runs' few short requests need a few
+    # hundred at most, so nothing is preempted) whose allocation no longer dominates each short engine run
+    QUICK = dict(sim_requests={"alpaca": 40, "sharegpt": 20}, gain_requests=60, gain_requests_n1=60, gain_ns=(1, 6),
+                 rate_resolution=0.5, beam_requests={"alpaca": 2, "sharegpt": 1}, agree_requests=4, agree_ns=(4,),
+                 orca_requests=2, real_max_output=12, orca_slots=2048, widths=(2, 6), max_length_doublings=1,
+                 engine_blocks=1024)
 
 
 # ------------------------------------------------------------------------------------------- paper scale (sim)
