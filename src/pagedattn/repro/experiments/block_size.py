@@ -108,8 +108,10 @@ class Params(ExperimentParams):
     engine_slots: int = 1024  # small enough that memory binds (~8 scaled ShareGPT requests)
     engine_load: float = 0.85  # Poisson rate = this x offline throughput at block 16
 
-    QUICK = dict(num_requests=200, knee_resolution=0.25, block_sizes=(1, 16, 64, 256), kernel_contexts=(256,),
-                 kernel_rounds=2, engine_block_sizes=(16, 256), engine_requests=8, max_length_doublings=1)
+    # a quick run is a smoke test of every path (issue 64), not a measurement: a shorter trace for the knee search
+    # and the sweep, and fewer CPU-engine requests (still two engine block sizes, four simulated)
+    QUICK = dict(num_requests=100, knee_resolution=0.25, block_sizes=(1, 16, 64, 256), kernel_contexts=(256,),
+                 kernel_rounds=2, engine_block_sizes=(16, 256), engine_requests=4, max_length_doublings=1)
 
 
 # ------------------------------------------------------------------------------------------- kernel multiplier
