@@ -225,8 +225,10 @@ class Params(ServingParams):
     #: short traces are rarely long enough to be judged) stops at one: n and 2n
     max_length_doublings: int = MAX_LENGTH_DOUBLINGS
 
-    QUICK = dict(sim_requests=200, search_requests=200, sim_rates={"one_shot": [10, 30, 60], "five_shot": [5, 15, 40]}, cpu_requests=12,
-                 cpu_repeats=1, rate_resolution=0.25, max_length_doublings=1)
+    # a quick run is a smoke test of every path (issue 64), not a measurement: shorter simulated traces (the
+    # searches' too) and fewer CPU-engine requests
+    QUICK = dict(sim_requests=100, search_requests=100, sim_rates={"one_shot": [10, 30, 60], "five_shot": [5, 15, 40]},
+                 cpu_requests=6, cpu_repeats=1, rate_resolution=0.25, max_length_doublings=1)
 
 
 # The sim's replays below run in parallel (``pagedattn.repro.sim.parallel.pmap``): each task rebuilds its requests from the
