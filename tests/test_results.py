@@ -469,9 +469,7 @@ def test_every_committed_rate_search_was_judged():
     One exception, shown rather than hidden: a search on a live server (a ``which == "measured"`` row: notebook 13's
     probes are requests timed on a real clock, and ``online_serving.Params.max_length_doublings`` caps their trace at
     600 for time) may come out unjudged in one run and judged in the next; such a row must be named NOT JUDGED, with
-    its reason, in the note of a claim of the same notebook (all of 13's claims are tracking). The full run of
-    2026-12-07 13:26 is the first whose live search was unjudged (the paged server's rates on 300 and 600 requests
-    disagreed, and the capacity rule's trend on 600 was 1.1 % against its 1 % bar)."""
+    its reason, in the note of a claim of the same notebook (all of 13's claims are tracking)."""
     import pandas as pd
 
     tables = [csv for csv in sorted(RESULTS_DIR.glob("[0-9]*/*.csv")) if "judged" in pd.read_csv(csv, nrows=0).columns]

@@ -29,8 +29,7 @@ class _NoInit(TorchFunctionMode):
     every ``python -m pagedattn.serve`` start on the 2-core VM (2026-12-07), where nothing else imports it."""
 
     SKIPPED = frozenset({nn.init.normal_, nn.init.uniform_, nn.init.kaiming_uniform_, nn.init.zeros_, nn.init.ones_,
-                         nn.init.constant_, torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.fill_,
-                         torch.Tensor.zero_})
+                         nn.init.constant_})
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

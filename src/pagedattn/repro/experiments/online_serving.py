@@ -640,7 +640,7 @@ def calibrate(params: Params, model, checkpoint: str, bar=None) -> dict:
     (``repeats``), and the first repeat's served calibration run with its rate and the server's command line
     (``walk_through``: the notebook shows that measurement step by step instead of starting a server of its own)."""
     vocab, offline_trace = params.model["vocab_size"], params.trace(math.inf)
-    low, rows, fits, walk = None, [], [], None
+    low, rows, fits = None, [], []
     with (_Endpoint(params.url) if params.url else Server.ours(checkpoint, "paged", params)) as server:
         for i in range(params.calibration_repeats):
             span = measure_offline(server.url, offline_trace, vocab, bar, warm_up=i == 0)
@@ -648,7 +648,7 @@ def calibrate(params: Params, model, checkpoint: str, bar=None) -> dict:
                 rate = params.calibration_fraction * len(offline_trace) / span
                 low = replace(params, seed=params.seed + 1).trace(rate, params.calibration_requests)
             served_low = send(server.url, low, vocab)
-            if walk is None:
+            if i == 0:
                 walk = {"served": served_low, "rate": rate, "cmd": getattr(server, "cmd", None), "url": server.url}
             engine_fit, calib, local_low = measure_step_time(model, params, "paged", low)
             cost = measure_server_cost(served_low, local_low, span, calib)
