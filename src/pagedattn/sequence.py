@@ -20,6 +20,8 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 def as_int(value) -> int | None:
     """``value`` as an ``int`` when it is an integer scalar (Python, NumPy, or a 0-d torch integer tensor), else None
     (bools, floats such as 1.5, strings, sequences)."""
+    if type(value) is int:  # the common case first (a simulated replay builds thousands of requests' parameters)
+        return value
     if isinstance(value, bool) or getattr(value, "ndim", 0) != 0 or "bool" in str(getattr(value, "dtype", "")):
         return None
     try:
@@ -38,6 +40,8 @@ def _integer(name: str, value, minimum: int) -> int:
 
 def _finite(name: str, value) -> float:
     """``value`` as a finite ``float``: NaN, infinity, bools and non-numbers are refused."""
+    if (type(value) is float or type(value) is int) and math.isfinite(value):  # before the slower ABC check
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)

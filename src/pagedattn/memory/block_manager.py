@@ -395,8 +395,8 @@ class BlockManager:
         """Blocks that one more token of each sequence takes (§4.3, §4.4): one for a full last block; for a partly
         filled last block shared by ``k`` of them, ``k - 1`` (copy-on-write; the last writer keeps the block)."""
         bs, tables = self.block_size, [self.tables[s] for s in seq_ids]
-        partial = Counter(t.blocks[-1] for t in tables if t.num_tokens % bs)
-        return sum(t.num_tokens % bs == 0 for t in tables) + sum(k - 1 for k in partial.values())
+        partial = [t.blocks[-1] for t in tables if t.num_tokens % bs]  # k tables sharing one block: k - 1 copies
+        return sum(t.num_tokens % bs == 0 for t in tables) + len(partial) - len(set(partial))
 
     # ------------------------------------------------------------------------------------------- invariants
     def check_invariants(self) -> None:

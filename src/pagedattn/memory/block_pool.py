@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
+from pagedattn.memory.interface import NoFreeBlocksError
 
-class NoFreeBlocksError(RuntimeError):
-    """The pool is exhausted right now (the scheduler preempts; this is not a bad request)."""
+__all__ = ["BlockPool", "NoFreeBlocksError"]
 
 
 class BlockPool:

@@ -32,6 +32,12 @@ BlockCopies = list[tuple[int, int, int]]
 BlockMoves = dict[int, int]  # {src block: dst block} between the device and the CPU pool
 
 
+class NoFreeBlocksError(RuntimeError):
+    """A pool is exhausted right now (the scheduler preempts; this is not a bad request). Defined here, not in
+    ``block_pool`` which raises it, because the simulator compiles ``block_pool`` (``repro.sim.fastsim``) and mypyc
+    compiles no subclass of a built-in exception."""
+
+
 def copy_pairs(copies: BlockCopies) -> list[tuple[int, int]]:
     """The ``(src, dst)`` block pairs of ``copies``, one per block copied (what ``copy_blocks`` takes)."""
     return [(src + i, dst + i) for src, dst, count in copies for i in range(count)]

@@ -50,7 +50,8 @@ SRC = Path(__file__).resolve().parents[3]  # .../src
 BUILD_DIR = SRC.parent / ".build" / "fastsim"
 PACKAGE = "pagedattn_fastsim"
 #: module -> its name in the copy: what a replay runs, in import order
-MODULES = {"pagedattn.sequence": "sequence", "pagedattn.memory.accounting": "accounting",
+MODULES = {"pagedattn.config": "config", "pagedattn.sequence": "sequence", "pagedattn.memory.accounting": "accounting",
+           "pagedattn.memory.block_pool": "block_pool",
            "pagedattn.memory.block_manager": "block_manager", "pagedattn.memory.contiguous": "contiguous",
            "pagedattn.memory.systems": "systems", "pagedattn.scheduler": "scheduler", "pagedattn.core": "core",
            "pagedattn.repro.sim.runs": "runs", "pagedattn.repro.sim.simulator": "sim"}

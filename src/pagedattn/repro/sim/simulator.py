@@ -65,7 +65,7 @@ PreemptionMode = Literal["recompute", "swap"]  # ``SchedulerConfig``'s
 #: (``SchedulerConfig.preemption_mode``): a single-sequence group is recomputed, a multi-sequence group swapped (given
 #: CPU swap space). Every headline runs under it. ``"forced_swap"`` swaps every group, single-sequence ones too: a
 #: sensitivity row, not the paper's setup.
-PREEMPTION_RULES: dict[str, PreemptionMode] = {"vllm": SchedulerConfig.preemption_mode, "forced_swap": "swap"}
+PREEMPTION_RULES: dict[str, PreemptionMode] = {"vllm": SchedulerConfig().preemption_mode, "forced_swap": "swap"}
 HEADLINE_RULE = "vllm"
 # The systems replayed, their labels and managers: ``memory.systems``' registry (``SYSTEMS``, ``LABELS``; the
 # experiments compare Orca's three and ours, ``ITERATION_LEVEL``, unless they say otherwise), imported from here.
