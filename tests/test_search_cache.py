@@ -88,3 +88,22 @@ def test_another_key_is_another_search(cache):
     assert _same(asdict(sensitivity.cached_search({"fn": "t", "lo": 1.0}, search)), asdict(a)) and len(calls) == 1
     sensitivity.cached_search({"fn": "t", "lo": 2.0}, search)
     assert len(calls) == 2
+
+
+def test_a_search_with_the_knee_answers_the_same_search_without_it(cache, monkeypatch):
+    """The knee is taken after the search has found its rate, so a stored search with the knee
+    (``sharing.sim_rate(..., knee=True)``) answers the one without it: read back without its knee columns, the same
+    value for value as that search run with the cache off, and no replay."""
+    sp = sharing.Params.make(True)
+    trace = make_trace("alpaca", sp.gain_requests, 1.0, sp.seed)
+    monkeypatch.setenv(sensitivity.CACHE_ENV, "0")
+    fresh = sharing.sim_rate(sp, "paged", 2, trace, CostModel())
+    monkeypatch.delenv(sensitivity.CACHE_ENV)
+    with_knee = sharing.sim_rate(sp, "paged", 2, trace, CostModel(), knee=True)
+    assert with_knee.knee_rate > 0 and math.isnan(fresh.knee_rate)
+
+    def no_replay(*a, **k):
+        raise AssertionError("the search without the knee replayed the simulator")
+    monkeypatch.setattr(sharing, "simulate", no_replay)
+    assert _same(asdict(sharing.sim_rate(sp, "paged", 2, trace, CostModel())), asdict(fresh))
+    assert len(list(cache.glob("*.json"))) == 1  # nothing stored for it

@@ -60,9 +60,9 @@ class Params:
     #: fractions of our sustainable rate at each width (the curves' rate grid)
     load_fractions: tuple = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.5)
     beam_widths: tuple = (2, 4, 6)
-    #: the beam claims' band (``pagedattn.repro.experiments.sensitivity``): the default, the fastest and slowest
-    #: step-time corners, the card transfer's corner, and the beam model's mean distinct parents moved by this much
-    #: either way
+    #: the band of the n = 1 and beam width 6 gains and their growth (``beam_bands``): the default, the fastest and
+    #: slowest step-time corners, the card transfer's corner, and the beam model's mean distinct parents moved by
+    #: this much either way
     beam_parents_shift: float = 1.0
 
     @classmethod
@@ -285,19 +285,28 @@ def swap_priced(beam_savings: pd.DataFrame, name: str) -> bool:
     return name.startswith(SWAPPING) or name in {f"beam_model.saving_pct.alpaca.beam_w{int(w)}" for w in swapped.width}
 
 
+#: the claims that carry a band (``beam_bands``): the n = 1 and beam width 6 gains and the growth between them
+BANDED = ("gain_at_fixed_latency.n1", "gain_at_fixed_latency.beam_w6", "gain_grows_with_width.beam")
+
+
 def beam_claims_at(point: sensitivity.Point, sp: sharing.Params, params: Params) -> list[Claim]:
-    """The beam claims that carry a band (beam width 6's gain, the beam model's savings) under one point."""
+    """The claims that carry a band (``BANDED``, and the beam model's savings) under one point: the n = 1 gain by the
+    headline rule (``sharing.sim_parallel_gain``, searched once per step time: a point that moves only the beam model
+    reads the default's search from the cache), beam width 6's gain and the growth between the two."""
     cost, widths = point.cost(), tuple(w for w in params.beam_widths if w == 6)
-    gain = beam_gain(sp, widths, False, cost, point.beam_parents_shift)
+    n1 = sharing.sim_parallel_gain(replace(sp, gain_ns=(1,)), False, cost, forced_swap=False)
+    gain = pd.concat([n1, beam_gain(sp, widths, False, cost, point.beam_parents_shift)], ignore_index=True)
     got = claims(gain, beam_savings(sp, params.beam_widths, cost, point.beam_parents_shift))
-    return [c for c in got if c.name.startswith(("gain_at_fixed_latency.beam_w6", "beam_model."))]
+    return [c for c in got if c.name in BANDED or c.name.startswith("beam_model.")]
 
 
 def beam_bands(sp: sharing.Params, params: Params, default: list[Claim],
                progress: bool = True) -> tuple[list[Claim], pd.DataFrame]:
-    """The beam claims' bands: the default, the fastest and slowest step-time corners and the card transfer's
-    (``sensitivity.step_extremes``: a search over rates, so no rate axis; Alpaca: no trace axis) and the beam model's distinct parents moved by ``params.beam_parents_shift`` either
-    way."""
+    """The bands of the gains at n = 1 and beam width 6 and of the growth between them (``BANDED``; the n = 1 gain's
+    owner is this notebook, and notebook 04 records it as a cross-check without a band): the default, the fastest and
+    slowest step-time corners and the card transfer's (``sensitivity.step_extremes``: a search over rates, so no
+    rate axis; Alpaca: no trace axis) and the beam model's distinct parents moved by ``params.beam_parents_shift``
+    either way."""
     x = params.beam_parents_shift
     pts = sensitivity.step_extremes(params.quick)
     pts += [sensitivity.Point(beam_parents_shift=-x), sensitivity.Point(beam_parents_shift=x)]

@@ -327,13 +327,22 @@ def trace_digest(trace) -> str:
                                 for r in trace]).encode()).hexdigest()[:16]
 
 
-def cached_search(key: dict, search: Callable[[], RateSearch], cache: bool = True) -> RateSearch:
+def cached_search(key: dict, search: Callable[[], RateSearch], cache: bool = True,
+                  with_knee: dict | None = None) -> RateSearch:
     """``search()``, a simulator's rate search (``capacity.sustainable_rate``, ``capacity.length_agreed_search``),
     through ``cached``: ``key`` must name everything the search depends on besides the code and the traces'
     contents (the trace, the system, the step time, the range, the threshold, the resolution and the experiment's
     parameters). Every simulator search of the notebooks goes through it (issue 64): the same search asked twice in
     one ``make reproduce`` (by two notebooks, or by a band's point) runs once; the stored values are JSON floats,
-    which give back the same numbers."""
+    which give back the same numbers.
+
+    ``with_knee``: the key of the same search with the knee measure (``capacity.knee_rate``), which takes the knee
+    after the search has found its rate, so that its stored result answers this search too: where it is stored,
+    it is returned without its knee columns (what this search would have given) instead of searching again."""
+    if with_knee is not None and cache and enabled():
+        stored = _load(_cache_entry({"fn": "rate_search", **with_knee})[1])
+        if stored is not _MISSING:
+            return replace(RateSearch(**stored), knee_rate=math.nan, knee_threshold_s=math.nan, knee_bound="")
     return RateSearch(**cached({"fn": "rate_search", **key}, lambda: asdict(search()), cache))
 
 

@@ -152,18 +152,19 @@ def _saving_row(job: tuple, params: Params, cost: CostModel) -> dict:
 
 
 def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | None = None,
-                      knee: bool = False) -> pd.DataFrame:
+                      knee: bool = False, forced_swap: bool = True) -> pd.DataFrame:
     """Fig. 14 parallel rows: sustainable request rate of paged vs Orca (Oracle) at the same KV memory (Alpaca).
 
     Preemption follows vLLM's rule (``HEADLINE_RULE``: a single-sequence group recomputed, a multi-sequence group
     swapped), and the simulator charges every swap its PCIe copies (``CostModel.swap_time``). For n = 1 the paged
     system's rate is also measured with every group forced to swap (``"forced_swap"``, a sensitivity row), since how
     a preempted request comes back sets part of the gain. Orca (Oracle) reserves each request's whole length up
-    front and never preempts, so its rate is measured once."""
+    front and never preempts, so its rate is measured once. ``forced_swap=False``: the headline rule only (a band's
+    point, ``fig14_curves.beam_claims_at``, needs no sensitivity row)."""
     cost = cost or CostModel()
     # one bisection per task (Orca once per n; paged per rule), longest first (n = 1: the longer trace)
     jobs = [(n, "orca_oracle", HEADLINE_RULE) for n in params.gain_ns]
-    jobs += [(n, "paged", rule) for n in params.gain_ns for rule in _rules(n)]
+    jobs += [(n, "paged", rule) for n in params.gain_ns for rule in _rules(n, forced_swap)]
     order = sorted(range(len(jobs)), key=lambda i: jobs[i][0] != 1)
     got = pmap(partial(_gain_rate, params=params, cost=cost, knee=knee), [jobs[i] for i in order], "sim gain",
                progress)
@@ -172,7 +173,7 @@ def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | N
     for n in params.gain_ns:
         num = params.gain_requests_n1 if n == 1 else params.gain_requests
         orca = rate[(n, "orca_oracle", HEADLINE_RULE)]
-        for rule in _rules(n):
+        for rule in _rules(n, forced_swap):
             paged = rate[(n, "paged", rule)]
             rows.append({"scale": "paper (sim)", "trace": "alpaca", "method": "parallel" if n > 1 else "n=1",
                          "width": n, "preemption": rule, **gain_columns(paged, orca),
@@ -180,10 +181,10 @@ def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | N
     return pd.DataFrame(rows)
 
 
-def _rules(n: int) -> tuple[str, ...]:
+def _rules(n: int, forced_swap: bool = True) -> tuple[str, ...]:
     """The preemption rules of :func:`sim_parallel_gain` at ``n`` samples: the headline, and at n = 1 (where the two
-    rules differ for every group) forced swapping too."""
-    return (HEADLINE_RULE, "forced_swap") if n == 1 else (HEADLINE_RULE,)
+    rules differ for every group) forced swapping too, unless ``forced_swap`` is False."""
+    return (HEADLINE_RULE, "forced_swap") if n == 1 and forced_swap else (HEADLINE_RULE,)
 
 
 def gain_columns(paged: RateSearch, orca: RateSearch) -> dict:
@@ -262,33 +263,26 @@ def sim_rate(params: Params, system: str, n: int, base: list[TraceRequest], cost
     return sensitivity.cached_search(key, lambda: length_agreed_search(requests, len(base), rate0 / (8 * n),
                                                                        rate0 * 16, NL_THRESHOLD_S,
                                                                        params.rate_resolution,
-                                                                       params.max_length_doublings, knee=knee))
+                                                                       params.max_length_doublings, knee=knee),
+                                     with_knee=None if knee else {**key, "knee": KNEE_FACTOR})
 
 
-def sim_claims_at(point: sensitivity.Point, params: Params, which: str) -> list[Claim]:
-    """The band's evaluation of 04's simulator claims under one point's assumptions: ``which`` is ``"savings"``
-    (Fig. 15's parallel-sampling savings at the Fig. 13 rates) or ``"gain"`` (Fig. 14's n = 1 gain: a search over
-    rates, so no rate axis)."""
-    if which == "savings":
-        no_gain = pd.DataFrame(columns=["width", "preemption", "gain"])
-        return [c for c in claims(sim_parallel_savings(params, False, point), no_gain, None)
-                if ".parallel_" in c.name]
-    gain = sim_parallel_gain(replace(params, gain_ns=(1,)), False, point.cost())
-    return [c for c in claims(pd.DataFrame(columns=["trace", "method", "width", "saving_pct"]), gain, None)
-            if c.name.startswith("gain_over_orca_oracle.n1")]
+def sim_claims_at(point: sensitivity.Point, params: Params) -> list[Claim]:
+    """The band's evaluation of 04's simulator claims under one point's assumptions: Fig. 15's parallel-sampling
+    savings at the Fig. 13 rates. (The n = 1 gain recorded here is a cross-check of notebook 11's claim, which
+    carries the band: ``fig14_curves.beam_bands``.)"""
+    no_gain = pd.DataFrame(columns=["width", "preemption", "gain"])
+    return [c for c in claims(sim_parallel_savings(params, False, point), no_gain, None) if ".parallel_" in c.name]
 
 
 def sim_bands(params: Params, default: list[Claim], progress: bool = True) -> tuple[list[Claim], pd.DataFrame]:
-    """04's simulator claims with their bands (``pagedattn.repro.experiments.sensitivity``) and the per-point table."""
-    tables = []
-    # the savings carry the synthetic ShareGPT trace as their own .synthetic claims (no trace axis)
-    for which, axes in (("savings", {"trace_axis": False}), ("gain", {"rate_axis": False, "trace_axis": False})):
-        pts = sensitivity.points(params.quick, **axes)
-        t = sensitivity.sweep(f"{EXPERIMENT}.{which}", partial(sim_claims_at, params=params, which=which), pts,
-                              {"params": asdict(params)}, default, progress=progress)
-        default = sensitivity.with_bands(default, t, sensitivity.describe(pts))
-        tables.append(t.assign(sweep=which))
-    return default, pd.concat(tables, ignore_index=True)
+    """04's simulator claims with their bands (``pagedattn.repro.experiments.sensitivity``) and the per-point table:
+    the parallel savings' (the savings carry the synthetic ShareGPT trace as their own .synthetic claims: no trace
+    axis)."""
+    pts = sensitivity.points(params.quick, trace_axis=False)
+    t = sensitivity.sweep(f"{EXPERIMENT}.savings", partial(sim_claims_at, params=params), pts,
+                          {"params": asdict(params)}, default, progress=progress)
+    return sensitivity.with_bands(default, t, sensitivity.describe(pts)), t.assign(sweep="savings")
 
 
 # ---------------------------------------------------------------------------------------------- real engine
