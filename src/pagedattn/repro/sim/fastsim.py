@@ -2,8 +2,8 @@
 
 A paper-scale replay (``sim.simulate``) spends its time in the interpreter, in the scheduler's and the KV managers'
 per-step bookkeeping; tuning that Python further moved it by no more than the noise. So the modules a replay runs
-(``MODULES``: the sequences, the scheduler, the engine core, the paged and contiguous KV managers, their accounting
-and registry, the simulator's runs and the simulator) are copied under another package name, ``pagedattn_fastsim``
+(``MODULES``: the configuration, the sequences, the scheduler, the engine core, the block pool, the paged and
+contiguous KV managers, their accounting and registry, the simulator's runs and the simulator) are copied under another package name, ``pagedattn_fastsim``
 (``copy_source``, the build's one declared step on the sources: their imports of each other, found by ``ast``, point
 at the copy, and nothing else changes; ``tests/test_fastsim.py`` checks the copy against the sources), and compiled with mypyc (pinned with mypy in
 requirements-dev.txt) into ``.build/fastsim/`` (git-ignored): ``python -m pagedattn.repro.sim.fastsim`` (``make
