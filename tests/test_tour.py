@@ -285,8 +285,7 @@ def _view(cdp: CDP, frames: list, colors: dict, settle: float = 1.0) -> dict:
 
 def _steady_center(cdp: CDP, selector: str, settle: float = 0.6, timeout: float = 20.0) -> tuple[float, float]:
     """``cdp.center(selector)`` once it has stayed put for ``settle`` s: outputs above the element can still grow
-    after the view settles. (In one full run of the suite, 2026-12-07, the drag left the view on its first frame;
-    a press beside a handle that had moved since it was measured is the likely cause, not shown.)"""
+    after the view settles, and a press where the element was misses it."""
     t0, last, since = time.monotonic(), None, time.monotonic()
     while time.monotonic() - t0 < timeout:
         c = cdp.center(selector)
