@@ -4,8 +4,11 @@ Both run ``python -m pagedattn.repro.report.reproduce --quick`` into a temporary
 baseline checked out with ``git worktree add`` into a temporary folder, ``PYTHONPATH`` at its ``src``), one after
 the other, each with an empty search cache (``PAGEDATTN_SENSITIVITY_CACHE``: as on a clean clone) and its own
 compiled simulator (built first, untimed, as ``make reproduce`` builds it before the run). Each run is bracketed by
-this tree's calibration (``pagedattn.repro.report.calibration.measure``), so that the two wall times can also be
-compared in calibration units where the machine's speed moved between them. Prints the ratio this / baseline and
+the calibration (``pagedattn.repro.report.calibration.measure``: the pinned commit's workloads, the same for both
+trees), so that the two wall times can also be compared in calibration units where the machine's speed moved
+between them. This tree's own run also times that calibration before its first notebook and after its last (the
+baseline's does not), so ``ratio_notebooks_wall``, the notebooks' wall time that each run prints, compares the
+same work; ``ratio`` is the commands' wall time. Prints the ratio this / baseline and
 writes ``results/benchmarks/reproduce_time.json`` with both runs, the ratio, and the last full run's minutes from the
 committed ``results/*/run.json``: as measured, and as minutes on the reference VM (``calibration.normalised`` where a
 ``run.json`` carries the run's calibration; else from its ``calibration_replay`` against the reference VM's replay).

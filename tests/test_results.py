@@ -16,6 +16,7 @@ from pagedattn.repro.report import scoreboard
 from pagedattn.repro.report.results import (KINDS, QUICK_RESULTS_DIR, REPO_ROOT, RESULTS_DIR, STALE_FILE, Claim,
                                             provenance, source_hash, write_summary)
 from pagedattn.repro.report.scoreboard import build_summary_md, check, render_details_md, render_summary_md
+from pagedattn.repro.workloads import sharegpt
 
 FIELDS = {"name", "paper", "ours", "unit", "tolerance", "holds", "note", "kind", "band"}
 # issue 51: summaries written before these fields (the GPU run's gpu_check/summary.json) lack them
@@ -292,11 +293,57 @@ def test_replace_blocks_rewrites_between_markers_and_needs_them():
 
 # --- timing record (issue 26, part 3) and --jobs / --scheduler ---------------------------------------------------
 
+def _has_commit(sha: str) -> bool:
+    import subprocess
+    return subprocess.run(["git", "-C", str(REPO_ROOT), "cat-file", "-e", sha + "^{commit}"],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _has_commit(calibration.PINNED_COMMIT), reason="a clone without the pinned commit's history")
+def test_calibration_runs_the_pinned_commits_code(tmp_path, monkeypatch):
+    """Issue 64's clock times the pinned commit's code, not this tree's: its ``src`` exported with ``git archive``
+    still runs both workloads under today's dependencies. Uncompiled here (compiling takes half a minute), it runs
+    interpreted, and the calibration then has no unit: the reference replay was compiled."""
+    monkeypatch.setenv(calibration.ENV, "1")
+    import subprocess
+    got = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", calibration.PINNED_COMMIT, "src"],
+                         capture_output=True, check=True).stdout
+    import io
+    import tarfile
+    with tarfile.open(fileobj=io.BytesIO(got)) as tar:
+        tar.extractall(tmp_path, filter="data")
+    monkeypatch.setattr(calibration, "REPLAY_REQUESTS", 100)  # interpreted, the 1,000-request replay takes seconds
+    monkeypatch.setenv("PAGEDATTN_CACHE", str(sharegpt.CACHE_DIR))  # this tree's tokenised ShareGPT lengths, not 30 s
+    c = calibration.measure(0.01, tree=tmp_path)
+    assert c["code"] == str(tmp_path) and c["simulator"].startswith("interpreted (")
+    assert "unit_s" not in c and "reference's was compiled" in c["unavailable"]
+    assert c["replay"]["runs"] >= 2 and c["engine"]["runs"] >= 2 and c["replay"]["wall_s"] > 0 < c["engine"]["wall_s"]
+    assert calibration.normalised(60.0, c, c) is None
+    assert calibration.normalised(60.0, c, {"unit_s": 0.5})["units"] == 120.0  # the other calibration alone
+
+
+def test_calibration_without_the_pinned_commit_says_why(tmp_path, monkeypatch):
+    """A clone without the pinned commit (or a broken export) records why, and the run carries no normalised
+    minutes; nothing is timed with this tree's code in its place."""
+    monkeypatch.setenv(calibration.ENV, "1")
+    monkeypatch.setattr(calibration, "PINNED_COMMIT", "0" * 40)
+    with pytest.raises(calibration.Unavailable, match="git archive 0000000 failed"):
+        calibration.pinned_tree(tmp_path / "pin")
+    monkeypatch.setattr(calibration, "PINNED_DIR", tmp_path / "pin")
+    c = calibration.measure(0.01)
+    assert set(c) == {"unavailable", "code"} and "git archive 0000000 failed" in c["unavailable"]
+    assert calibration.normalised(60.0, c, None) is None
+    assert not (tmp_path / "pin").exists()
+
+
 def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebooks, monkeypatch):
     ran, fake_run = fake_notebooks
     monkeypatch.setenv(reproduce.CALIBRATION_ENV, "1")
     monkeypatch.setenv(calibration.ENV, "1")
     monkeypatch.setattr(calibration, "SECONDS_EACH", 0.2)  # the real run's 1 s each is the same code for longer
+    # the workloads of this tree's code (compiled by ``make fastsim``), not the pinned commit's: exporting and
+    # compiling that takes a minute, and ``test_calibration_runs_the_pinned_commits_code`` runs it
+    monkeypatch.setattr(calibration, "pinned_tree", lambda: REPO_ROOT)
     fake_run.fail = False
     out = tmp_path / "results"
     assert reproduce.main(["--results-dir", str(out), "--jobs", "3"]) == 0
@@ -311,6 +358,7 @@ def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebook
         c = record["calibration"][when]
         assert c["replay"]["runs"] >= 2 and c["engine"]["runs"] >= 2 and c["seconds"] >= 0.4
         assert c["unit_s"] == pytest.approx(c["replay"]["wall_s"] + c["engine"]["wall_s"], abs=1e-3)
+        assert c["simulator"] == "compiled" and c["code"] == str(REPO_ROOT)
     unit = (record["calibration"]["before"]["unit_s"] + record["calibration"]["after"]["unit_s"]) / 2
     assert record["normalised"]["units"] == pytest.approx(record["seconds"] / unit, rel=0.02, abs=0.1)
     assert record["normalised"]["reference_vm_minutes"] == pytest.approx(
@@ -324,6 +372,7 @@ def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebook
     assert "took" in readme.render_timing(out)
     full = json.loads((out / reproduce.FULL_RUN_RECORD).read_text())
     assert full["notebooks"] == 3 and full["failed"] == [] and full["started"] == record["started"]
+    monkeypatch.setenv(calibration.ENV, "0")  # the partial run's clock adds nothing tested here
     assert reproduce.main(["--results-dir", str(out), "--only", "02"]) == 0  # a partial run: no longer one full run
     assert "not one full" in (out / "SUMMARY.md").read_text()
     timing = readme.render_timing(out)  # issue 61: the full run is still named, and the rerun listed after it

@@ -10,6 +10,16 @@ and after its last (``measure``), each repeated for at least ``SECONDS_EACH`` of
   thread, paged, ``ENGINE_REQUESTS`` greedy requests of ``ENGINE_PROMPT`` prompt and ``ENGINE_OUTPUT`` output
   tokens), the work of the notebooks that time engines.
 
+**Both run the code of one pinned commit** (``PINNED_COMMIT``, the commit of the reference VM's full run), not this
+tree's: a clock must not run faster when the code it times does. Until 2026-12-07 they ran this tree's code, so a
+faster simulator or engine shrank the unit and inflated the normalised minutes of the very change that made them
+faster (side by side on one VM that day: 6a7449b's replay 0.25 s against this tree's 0.20 s, its engine workload
+0.090 s against 0.067 s). ``pinned_tree`` exports that commit's ``src`` once with ``git archive`` into
+``.cache/calibration/`` and builds its compiled simulator there (as ``make fastsim`` does for this tree, about half a
+minute, once per clone); each ``measure`` runs the workloads in a subprocess with that tree on its path (``CHILD``).
+Where the commit cannot be exported (a clone without its history) or compiled, ``measure`` records why and the run
+carries no normalised minutes.
+
 The *calibration unit* is the fastest replay plus the fastest engine workload, in wall seconds (the fastest of the
 repeats is the one other processes disturbed least). A notebook's seconds divided by the mean unit before and after
 the run are its time in units, which the same commit takes on any machine at any hour up to the notebook's own mix
@@ -18,101 +28,154 @@ once in docs/REPRODUCING.md). ``normalised`` does that arithmetic; ``reproduce``
 """
 from __future__ import annotations
 
-import functools
-import math
+import json
 import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
-from typing import Callable
+from io import BytesIO
+from pathlib import Path
+
+from pagedattn.repro import REPO_ROOT
 
 #: each workload repeats until this many wall seconds have passed (at least twice): a calibration of >= 2 s in all
 SECONDS_EACH = 1.0
-ENGINE_REQUESTS, ENGINE_PROMPT, ENGINE_OUTPUT = 8, 64, 32
+REPLAY_REQUESTS, ENGINE_REQUESTS, ENGINE_PROMPT, ENGINE_OUTPUT = 1000, 8, 64, 32
 REPLAY = "sim_speed online.paged: 1,000 ShareGPT requests at 5 req/s, paged, OPT-13B/A100-40GB"
 ENGINE = (f"tiny OPT (pagedattn.model.tiny), one torch thread, paged, {ENGINE_REQUESTS} greedy requests of "
           f"{ENGINE_PROMPT} + {ENGINE_OUTPUT} tokens")
+#: the code both workloads run: the commit of the reference VM's full run (its replay is ``REFERENCE_REPLAY_S``)
+PINNED_COMMIT = "6a7449bd35a3e144ed728de15448419a4a9f20ea"
+PINNED_DIR = REPO_ROOT / ".cache" / "calibration" / PINNED_COMMIT[:12]
 #: The reference VM (docs/REPRODUCING.md), fixed once on 2026-12-07: the developers' 2-core AMD EPYC (AVX-512 BF16)
-#: VM of the committed full run of 6a7449b (33.6 minutes), on which the fixed replay took ``REFERENCE_REPLAY_S``
-#: (its ``run.json``'s ``calibration_replay``, the fastest of three at load 1.5, compiled simulator). The engine
-#: workload was not run there: it is put at 0.413 of the replay, its ratio measured on a VM of the same label on
-#: 2026-12-07 (CPU seconds, three calibrations: engine 0.101 s, replay 0.246 s), so the unit is 0.154 x 1.413.
+#: VM of the committed full run of 6a7449b (33.6 minutes), on which the pinned replay took ``REFERENCE_REPLAY_S``
+#: (its ``run.json``'s ``calibration_replay``: 0.151-0.161 s before each of its 14 notebooks, 0.154 before 03's,
+#: compiled simulator). The engine workload was not run there: it is put at ``ENGINE_PER_REPLAY`` of the replay,
+#: the median ratio of the two pinned workloads in eight calibrations (``measure``) on a VM of the same label on
+#: 2026-12-07 (0.34-0.42; engine 0.075-0.110 s, replay 0.22-0.30 s).
 REFERENCE_VM = "cpu: AMD EPYC (AVX-512 BF16), 2 cores: the developers' VM of the full run of 6a7449b"
 REFERENCE_REPLAY_S = 0.154
-REFERENCE_UNIT_S = 0.218
+ENGINE_PER_REPLAY = 0.38
+REFERENCE_UNIT_S = round(REFERENCE_REPLAY_S * (1 + ENGINE_PER_REPLAY), 3)
 #: ``PAGEDATTN_CALIBRATION=0`` skips the calibration (``run.json`` then records ``null``): the test suite's fake
 #: notebooks take seconds and need none.
 ENV = "PAGEDATTN_CALIBRATION"
 
+#: Run with the workloads' tree first on ``sys.path``: ``{min_s}`` seconds of each, as JSON on stdout. It uses only
+#: what the pinned commit and this tree both have (``make_trace``, ``simulate``, ``tiny_opt``, ``LLMEngine``).
+CHILD = """
+import json, math, time
+import torch
+from pagedattn.engine import LLMEngine
+from pagedattn.model.tiny import tiny_opt
+from pagedattn.repro.sim import fastsim
+from pagedattn.repro.sim.simulator import simulate
+from pagedattn.repro.workloads.traces import make_trace
+from pagedattn.sequence import SamplingParams
 
-def _fastest(fn: Callable[[], object], min_s: float) -> dict:
-    """``fn`` repeated until ``min_s`` wall seconds have passed (at least twice): its fastest wall and CPU seconds
-    and the number of runs."""
+torch.set_num_threads(1)
+trace, model = make_trace("sharegpt", {replay_requests}, 5.0, seed=0), tiny_opt(0)
+
+def replay():
+    simulate(trace, "paged")
+
+def engine():
+    e = LLMEngine(model, None, "paged", num_slots=4096, block_size=16, max_model_len=512)
+    params = SamplingParams(temperature=0, max_tokens={output}, ignore_eos=True)
+    for i in range({requests}):
+        e.add_request(str(i), [(7 * i + j) % 500 + 2 for j in range({prompt})], params)
+    while e.has_unfinished_requests():
+        e.step()
+
+def fastest(fn, min_s):
     wall, cpu, runs, start = math.inf, math.inf, 0, time.perf_counter()
     while runs < 2 or time.perf_counter() - start < min_s:
         w, c = time.perf_counter(), time.process_time()
         fn()
         wall, cpu, runs = min(wall, time.perf_counter() - w), min(cpu, time.process_time() - c), runs + 1
-    return {"wall_s": round(wall, 4), "cpu_s": round(cpu, 4), "runs": runs}
+    return {{"wall_s": round(wall, 4), "cpu_s": round(cpu, 4), "runs": runs}}
+
+replay(), engine()  # warm-up
+module, why = fastsim.status()
+print(json.dumps({{"replay": fastest(replay, {min_s}), "engine": fastest(engine, {min_s}),
+                  "simulator": "compiled" if module is not None else "interpreted (" + why + ")"}}))
+"""
 
 
-@functools.lru_cache(maxsize=1)
-def _replay_trace():
-    from pagedattn.repro.workloads.traces import make_trace
-
-    return make_trace("sharegpt", 1000, 5.0, seed=0)
+class Unavailable(RuntimeError):
+    """The pinned commit's tree cannot be exported or its simulator compiled here."""
 
 
-def replay_once() -> None:
-    """The fixed simulator replay."""
-    from pagedattn.repro.sim.simulator import simulate
-
-    simulate(_replay_trace(), "paged")
+def _child_env(tree: Path) -> dict:
+    return {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": "1"}
 
 
-@functools.lru_cache(maxsize=1)
-def _engine_model():
-    from pagedattn.model.tiny import tiny_opt
+def pinned_tree(root: Path | None = None) -> Path:
+    """The pinned commit's tree (``src`` and its compiled simulator) under ``PINNED_DIR``, exported and built on
+    first use; ``Unavailable`` saying why where git or the compiler cannot."""
+    root = PINNED_DIR if root is None else root
+    if not (root / "src" / "pagedattn").is_dir():
+        print(f"calibration: exporting {PINNED_COMMIT[:7]}'s code into {root} and compiling its simulator (once, "
+              "about a minute)", file=sys.stderr, flush=True)
+        got = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", PINNED_COMMIT, "src"], capture_output=True)
+        if got.returncode != 0:
+            raise Unavailable(f"git archive {PINNED_COMMIT[:7]} failed (a clone without that commit?): "
+                              f"{got.stderr.decode(errors='replace').strip()[:200]}")
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=root.name + "."))
+        with tarfile.open(fileobj=BytesIO(got.stdout)) as tar:
+            tar.extractall(tmp, filter="data")
+        try:
+            tmp.rename(root)  # atomic: another run may have made it meanwhile
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    built = subprocess.run([sys.executable, "-m", "pagedattn.repro.sim.fastsim", "--if-stale"], cwd=root,
+                           env=_child_env(root), capture_output=True, text=True)
+    if built.returncode != 0:
+        raise Unavailable(f"the pinned commit's simulator did not compile: {built.stderr.strip()[-300:]}")
+    return root
 
-    return tiny_opt(0)
+
+def run_workloads(tree: Path, min_s: float) -> dict:
+    """Both workloads (module docstring) of ``tree``'s code in a subprocess, each for at least ``min_s`` seconds."""
+    code = CHILD.format(min_s=min_s, replay_requests=REPLAY_REQUESTS, requests=ENGINE_REQUESTS, prompt=ENGINE_PROMPT,
+                        output=ENGINE_OUTPUT)
+    got = subprocess.run([sys.executable, "-c", code], cwd=tree, env=_child_env(tree), capture_output=True, text=True)
+    if got.returncode != 0:
+        raise Unavailable(f"the calibration workloads failed: {got.stderr.strip()[-300:]}")
+    return json.loads(got.stdout.strip().splitlines()[-1])
 
 
-def engine_once() -> None:
-    """The fixed engine workload, on one torch thread."""
-    import torch
-
-    from pagedattn.engine import LLMEngine
-    from pagedattn.sequence import SamplingParams
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        engine = LLMEngine(_engine_model(), None, "paged", num_slots=4096, block_size=16, max_model_len=512)
-        params = SamplingParams(temperature=0, max_tokens=ENGINE_OUTPUT, ignore_eos=True)
-        for i in range(ENGINE_REQUESTS):
-            engine.add_request(str(i), [(7 * i + j) % 500 + 2 for j in range(ENGINE_PROMPT)], params)
-        while engine.has_unfinished_requests():
-            engine.step()
-    finally:
-        torch.set_num_threads(threads)
-
-
-def measure(min_s: float | None = None) -> dict | None:
-    """Both workloads (module docstring), each for at least ``min_s`` seconds (default ``SECONDS_EACH``); ``None``
-    where ``$PAGEDATTN_CALIBRATION`` is ``0``. ``unit_s``: the fastest replay plus the fastest engine workload."""
+def measure(min_s: float | None = None, tree: Path | None = None) -> dict | None:
+    """Both workloads of the pinned commit (``tree``: ``pinned_tree()``), each for at least ``min_s`` seconds
+    (default ``SECONDS_EACH``); ``None`` where ``$PAGEDATTN_CALIBRATION`` is ``0``. ``unit_s``: the fastest replay
+    plus the fastest engine workload. Where the pinned code is unavailable or its simulator ran interpreted (the
+    reference replay was compiled), ``{"unavailable": why}`` and no unit."""
     if os.environ.get(ENV, "1") == "0":
         return None
     min_s = SECONDS_EACH if min_s is None else min_s
     start = time.perf_counter()
-    replay_once(), engine_once()  # warm-up: imports, the trace, the model
-    replay, engine = _fastest(replay_once, min_s), _fastest(engine_once, min_s)
-    return {"replay": {"workload": REPLAY, **replay}, "engine": {"workload": ENGINE, **engine},
-            "unit_s": round(replay["wall_s"] + engine["wall_s"], 4), "seconds": round(time.perf_counter() - start, 2),
-            "load_average": [round(x, 2) for x in os.getloadavg()]}
+    try:
+        tree = pinned_tree() if tree is None else tree
+        got = run_workloads(tree, min_s)
+    except Unavailable as e:
+        return {"unavailable": str(e), "code": PINNED_COMMIT}
+    record = {"replay": {"workload": REPLAY, **got["replay"]}, "engine": {"workload": ENGINE, **got["engine"]},
+              "code": PINNED_COMMIT if tree == PINNED_DIR else str(tree), "simulator": got["simulator"],
+              "seconds": round(time.perf_counter() - start, 2),
+              "load_average": [round(x, 2) for x in os.getloadavg()]}
+    if got["simulator"] != "compiled":
+        return {**record, "unavailable": f"the pinned simulator ran {got['simulator']}; the reference's was compiled"}
+    return {**record, "unit_s": round(got["replay"]["wall_s"] + got["engine"]["wall_s"], 4)}
 
 
 def normalised(seconds: float, before: dict | None, after: dict | None) -> dict | None:
     """``seconds`` in calibration units (over the mean unit of ``before`` and ``after``, either alone where the other
-    is missing) and as minutes on the reference VM; ``None`` with no calibration."""
-    units = [c["unit_s"] for c in (before, after) if c]
+    is missing or has no unit) and as minutes on the reference VM; ``None`` with no calibration."""
+    units = [c["unit_s"] for c in (before, after) if c and "unit_s" in c]
     if not units:
         return None
     unit = sum(units) / len(units)
