@@ -53,10 +53,11 @@ def quick_run(tree: Path, only: list[str] | None) -> dict:
         notebooks = {p.parent.name: json.loads(p.read_text())["seconds"] for p in sorted(Path(out).glob("*/run.json"))}
     print(proc.stdout[-3000:], proc.stderr[-2000:] if proc.returncode else "", sep="\n", flush=True)
     said = re.search(r"(\d+) notebooks in (\d+) s of wall time", proc.stdout)
+    notebooks_wall = int(said.group(2)) if said else None  # reproduce's own: its calibration left out
     return {"tree": str(tree), "seconds": round(wall, 1), "returncode": proc.returncode, "notebooks": notebooks,
-            "notebooks_wall_s": int(said.group(2)) if said else None,  # reproduce's own: its calibration left out
-            "calibration": {"before": before, "after": after},
-            "normalised": calibration.normalised(wall, before, after)}
+            "notebooks_wall_s": notebooks_wall, "calibration": {"before": before, "after": after},
+            "normalised": calibration.normalised(wall, before, after),
+            "normalised_notebooks": notebooks_wall and calibration.normalised(notebooks_wall, before, after)}
 
 
 def full_run_minutes(results_dir: Path = RESULTS_DIR) -> dict:
