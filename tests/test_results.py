@@ -3,6 +3,7 @@ and ``reproduce.main`` with a faked notebook runner (no notebook is executed her
 import json
 import math
 import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -294,7 +295,6 @@ def test_replace_blocks_rewrites_between_markers_and_needs_them():
 # --- timing record (issue 26, part 3) and --jobs / --scheduler ---------------------------------------------------
 
 def _has_commit(sha: str) -> bool:
-    import subprocess
     return subprocess.run(["git", "-C", str(REPO_ROOT), "cat-file", "-e", sha + "^{commit}"],
                           capture_output=True).returncode == 0
 
@@ -305,17 +305,12 @@ def test_calibration_runs_the_pinned_commits_code(tmp_path, monkeypatch):
     still runs both workloads under today's dependencies. Uncompiled here (compiling takes half a minute), it runs
     interpreted, and the calibration then has no unit: the reference replay was compiled."""
     monkeypatch.setenv(calibration.ENV, "1")
-    import subprocess
-    got = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", calibration.PINNED_COMMIT, "src"],
-                         capture_output=True, check=True).stdout
-    import io
-    import tarfile
-    with tarfile.open(fileobj=io.BytesIO(got)) as tar:
-        tar.extractall(tmp_path, filter="data")
+    tree = calibration.export_pinned(tmp_path / "pin")
+    assert (tree / "src" / "pagedattn" / "repro" / "sim" / "simulator.py").is_file()
     monkeypatch.setattr(calibration, "REPLAY_REQUESTS", 100)  # interpreted, the 1,000-request replay takes seconds
     monkeypatch.setenv("PAGEDATTN_CACHE", str(sharegpt.CACHE_DIR))  # this tree's tokenised ShareGPT lengths, not 30 s
-    c = calibration.measure(0.01, tree=tmp_path)
-    assert c["code"] == str(tmp_path) and c["simulator"].startswith("interpreted (")
+    c = calibration.measure(0.01, tree=tree)
+    assert c["code"] == str(tree) and c["simulator"].startswith("interpreted (")
     assert "unit_s" not in c and "reference's was compiled" in c["unavailable"]
     assert c["replay"]["runs"] >= 2 and c["engine"]["runs"] >= 2 and c["replay"]["wall_s"] > 0 < c["engine"]["wall_s"]
     assert calibration.normalised(60.0, c, c) is None
@@ -328,7 +323,7 @@ def test_calibration_without_the_pinned_commit_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv(calibration.ENV, "1")
     monkeypatch.setattr(calibration, "PINNED_COMMIT", "0" * 40)
     with pytest.raises(calibration.Unavailable, match="git archive 0000000 failed"):
-        calibration.pinned_tree(tmp_path / "pin")
+        calibration.export_pinned(tmp_path / "pin")
     monkeypatch.setattr(calibration, "PINNED_DIR", tmp_path / "pin")
     c = calibration.measure(0.01)
     assert set(c) == {"unavailable", "code"} and "git archive 0000000 failed" in c["unavailable"]

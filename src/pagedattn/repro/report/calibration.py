@@ -114,25 +114,32 @@ def _child_env(tree: Path) -> dict:
     return {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": "1"}
 
 
-def pinned_tree(root: Path | None = None) -> Path:
-    """The pinned commit's tree (``src`` and its compiled simulator) under ``PINNED_DIR``, exported and built on
-    first use; ``Unavailable`` saying why where git or the compiler cannot."""
-    root = PINNED_DIR if root is None else root
-    if not (root / "src" / "pagedattn").is_dir():
-        print(f"calibration: exporting {PINNED_COMMIT[:7]}'s code into {root} and compiling its simulator (once, "
-              "about a minute)", file=sys.stderr, flush=True)
-        got = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", PINNED_COMMIT, "src"], capture_output=True)
-        if got.returncode != 0:
-            raise Unavailable(f"git archive {PINNED_COMMIT[:7]} failed (a clone without that commit?): "
-                              f"{got.stderr.decode(errors='replace').strip()[:200]}")
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=root.name + "."))
-        with tarfile.open(fileobj=BytesIO(got.stdout)) as tar:
-            tar.extractall(tmp, filter="data")
-        try:
-            tmp.rename(root)  # atomic: another run may have made it meanwhile
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
+def export_pinned(root: Path) -> Path:
+    """The pinned commit's ``src`` under ``root`` (``git archive``, once: an existing export is kept); ``Unavailable``
+    where git cannot (a clone without that commit)."""
+    if (root / "src" / "pagedattn").is_dir():
+        return root
+    print(f"calibration: exporting {PINNED_COMMIT[:7]}'s code into {root} and compiling its simulator (once, about a "
+          "minute)", file=sys.stderr, flush=True)
+    got = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", PINNED_COMMIT, "src"], capture_output=True)
+    if got.returncode != 0:
+        raise Unavailable(f"git archive {PINNED_COMMIT[:7]} failed (a clone without that commit?): "
+                          f"{got.stderr.decode(errors='replace').strip()[:200]}")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=root.name + "."))
+    with tarfile.open(fileobj=BytesIO(got.stdout)) as tar:
+        tar.extractall(tmp, filter="data")
+    try:
+        tmp.rename(root)  # atomic: another run may have made it meanwhile
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+def pinned_tree() -> Path:
+    """The pinned commit's tree under ``PINNED_DIR`` (``export_pinned``) with its simulator compiled there (its own
+    ``fastsim --if-stale``: built on first use); ``Unavailable`` saying why where git or the compiler cannot."""
+    root = export_pinned(PINNED_DIR)
     built = subprocess.run([sys.executable, "-m", "pagedattn.repro.sim.fastsim", "--if-stale"], cwd=root,
                            env=_child_env(root), capture_output=True, text=True)
     if built.returncode != 0:
