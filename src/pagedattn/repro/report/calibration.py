@@ -56,7 +56,7 @@ PINNED_DIR = REPO_ROOT / ".cache" / "calibration" / PINNED_COMMIT[:12]
 #: compiled simulator). The engine workload was not run there: it is put at ``ENGINE_PER_REPLAY`` of the replay,
 #: the median ratio of the two pinned workloads in eight calibrations (``measure``) on 2026-12-07 (0.34-0.42; engine
 #: 0.075-0.110 s, replay 0.22-0.30 s), on a 2-core Intel Xeon (AVX-512, AMX) VM, not on the reference VM's AMD EPYC:
-#: the engine's quarter of the unit is an estimate (a ratio of 0.30 or 0.45 there would move the unit by -4 or +5 %).
+#: the engine's quarter of the unit is an estimate (a ratio of 0.30 or 0.45 there would move the unit by -6 or +5 %).
 REFERENCE_VM = "cpu: AMD EPYC (AVX-512 BF16), 2 cores: the developers' VM of the full run of 6a7449b"
 REFERENCE_REPLAY_S = 0.154
 ENGINE_PER_REPLAY = 0.38
