@@ -57,7 +57,7 @@ def quick_run(tree: Path, only: list[str] | None) -> dict:
     return {"tree": str(tree), "seconds": round(wall, 1), "returncode": proc.returncode, "notebooks": notebooks,
             "notebooks_wall_s": notebooks_wall, "calibration": {"before": before, "after": after},
             "normalised": calibration.normalised(wall, before, after),
-            "normalised_notebooks": notebooks_wall and calibration.normalised(notebooks_wall, before, after)}
+            "normalised_notebooks": calibration.normalised(notebooks_wall, before, after) if notebooks_wall else None}
 
 
 def full_run_minutes(results_dir: Path = RESULTS_DIR) -> dict:

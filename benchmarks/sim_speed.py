@@ -30,13 +30,13 @@ import math
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
-from io import BytesIO
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+
+from pagedattn.repro.report.calibration import export_commit as export  # noqa: E402  (the tree of a commit)
 
 CHILD = """
 import json, math, time
@@ -80,14 +80,6 @@ print(json.dumps({{"cpu_s": best, "steps": len(r.steps), "finish_sum": repr(floa
 """
 KINDS = ("online.paged", "online.orca_oracle", "offline.paged", "n4.paged.swap", "beam4.paged.swap",
          "beam4.orca_oracle.swap", "search.paged", "search.orca_oracle")
-
-
-def export(ref: str, into: Path) -> Path:
-    """The tree of commit ``ref`` under ``into`` (``git archive``, no work tree or worktree needed)."""
-    blob = subprocess.run(["git", "-C", str(REPO), "archive", ref, "src"], check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=BytesIO(blob)) as tar:
-        tar.extractall(into, filter="data")
-    return into
 
 
 def compile_tree(src: Path) -> None:

@@ -114,23 +114,32 @@ def _child_env(tree: Path) -> dict:
     return {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": "1"}
 
 
+def export_commit(ref: str, into: Path) -> Path:
+    """Commit ``ref``'s ``src`` under ``into`` (``git archive``: no work tree or worktree needed); ``Unavailable``
+    where git cannot (a clone without that commit). ``benchmarks/sim_speed.py`` exports its baseline with it too."""
+    got = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", ref, "src"], capture_output=True)
+    if got.returncode != 0:
+        raise Unavailable(f"git archive {ref[:7]} failed (a clone without that commit?): "
+                          f"{got.stderr.decode(errors='replace').strip()[:200]}")
+    with tarfile.open(fileobj=BytesIO(got.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
 def export_pinned(root: Path) -> Path:
-    """The pinned commit's ``src`` under ``root`` (``git archive``, once: an existing export is kept); ``Unavailable``
-    where git cannot (a clone without that commit)."""
+    """The pinned commit's ``src`` under ``root`` (``export_commit``, once: an existing export is kept)."""
     if (root / "src" / "pagedattn").is_dir():
         return root
     print(f"calibration: exporting {PINNED_COMMIT[:7]}'s code into {root} and compiling its simulator (once, about a "
           "minute)", file=sys.stderr, flush=True)
-    got = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", PINNED_COMMIT, "src"], capture_output=True)
-    if got.returncode != 0:
-        raise Unavailable(f"git archive {PINNED_COMMIT[:7]} failed (a clone without that commit?): "
-                          f"{got.stderr.decode(errors='replace').strip()[:200]}")
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=root.name + "."))
-    with tarfile.open(fileobj=BytesIO(got.stdout)) as tar:
-        tar.extractall(tmp, filter="data")
     try:
+        export_commit(PINNED_COMMIT, tmp)
         tmp.rename(root)  # atomic: another run may have made it meanwhile
+    except Unavailable:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
     return root
