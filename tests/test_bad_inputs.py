@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from pagedattn.repro.experiments import attention_kernel, block_size, kv_waste, preemption, shared_prefix, sharing, throughput
+from pagedattn.repro.experiments import FROM_ZERO
 from pagedattn.model import load_model
 from pagedattn.repro.workloads.traces import make_trace
 
@@ -53,7 +54,10 @@ def test_experiment_parameters(make):
         if isinstance(value, (list, tuple)) and value and isinstance(value[0], (int, float)):
             with pytest.raises(ValueError, match=f"{where}.{name} must not be empty"):
                 make.make(True, **{name: type(value)()})
-        elif isinstance(value, int) and not isinstance(value, bool) and name != "seed":
+        elif isinstance(value, int) and not isinstance(value, bool) and name in FROM_ZERO:
+            with pytest.raises(ValueError, match=f"{where}.{name} must be an integer >= 0, got -1"):
+                make.make(True, **{name: -1})
+        elif isinstance(value, int) and not isinstance(value, bool):
             with pytest.raises(ValueError, match=f"{where}.{name} must be an integer >= 1, got 0"):
                 make.make(True, **{name: 0})
         elif isinstance(value, float):

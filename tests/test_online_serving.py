@@ -161,8 +161,9 @@ def test_search_is_a_capacity_search_with_the_offline_rule_and_its_resolution():
     assert len(p.trace(1.0, 60)) == 60 and len(p.trace(1.0)) == p.num_requests  # the curves keep num_requests
     assert {"sustainable_rate", "resolution", "bound_by", "failed_at", "offline_rate", "trend_se", "judged",
             "probes", "threshold_s", "search_s", "search_requests", "rate_at_half_length", "length_agreed"} <= set(row)
-    assert row["search_requests"] == 60 and p.longest_search_requests == 60
-    assert row["rate_at_half_length"] > 0
+    # one length (issue 64: tracking searches, the trace-length rule not applied): no half-length rate, no verdict
+    assert row["search_requests"] == 30 and p.longest_search_requests == 30 and p.max_length_doublings == 0
+    assert math.isnan(row["rate_at_half_length"]) and row["length_agreed"] is None and row["length_reason"] == ""
     assert 0 < row["sustainable_rate"] <= row["offline_rate"] and row["probes"] >= 3
     assert row["resolution"] <= 0.05 or row["bound_by"] == "offline throughput"
 
@@ -316,8 +317,9 @@ def agreeing_from_the_third_length(lengths, first):
 
 def test_a_search_follows_the_trace_length_rule_and_its_cap(monkeypatch):
     """``Params.search_requests`` and ``max_length_doublings``: a search runs on n requests and on 2n, doubling while
-    the two rates disagree, up to the cap; past it the rate is not judged, with the reason. The ratio's note names
-    each length."""
+    the two rates disagree, up to the cap; past it the rate is not judged, with the reason. With no doubling (the
+    default since issue 64) it runs on n alone and carries no verdict of the rule. The ratio's note names each
+    length."""
     from pagedattn.repro.sim import capacity
 
     lengths = []
@@ -329,6 +331,10 @@ def test_a_search_follows_the_trace_length_rule_and_its_cap(monkeypatch):
     row = O.search(replay, 10.0, O.Params.make(True, search_requests=30, max_length_doublings=1), 0.05)
     assert lengths == [30, 60] and row["search_requests"] == 60 and not row["length_agreed"]
     assert "never agreed" in row["length_reason"]
+    lengths.clear()
+    row = O.search(replay, 10.0, O.Params.make(True, search_requests=30), 0.05)
+    assert lengths == [30] and row["search_requests"] == 30 and row["length_agreed"] is None
+    assert row["length_reason"] == ""
     lengths.clear()
     row = O.search(replay, 10.0, O.Params.make(True, search_requests=30, max_length_doublings=3), 0.05)
     assert lengths == [30, 60, 120, 240] and row["search_requests"] == 240 and row["length_agreed"]
@@ -354,8 +360,8 @@ def test_a_search_starts_from_the_bracket_its_own_grid_gives():
     assert O.grid_bracket(grid, 0.001, "paged", "measured") is None
     assert O.grid_bracket(grid, 1.0, "paged", "predicted") is None
 
-    # the grid on the search's longest trace (150 requests; the rule searches 75, then 150), where its bracket holds the answer
-    p = O.Params.make(True, num_requests=150, search_requests=75, rate_resolution=0.05,
+    # the grid on the search's trace (150 requests, one length), where its bracket holds the answer
+    p = O.Params.make(True, num_requests=150, search_requests=150, rate_resolution=0.05,
                       load_fractions=(0.4, 0.7, 1.0))
     cost = O.FittedStepTime(decode_s=2e-3, decode_per_seq_s=1e-4, prefill_per_token_s=1e-5)
     offline = len(p.trace(math.inf)) / float(O.predict(p.trace(math.inf), "paged", p, cost).finish_time.max())

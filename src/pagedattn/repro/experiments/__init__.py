@@ -13,11 +13,14 @@ from __future__ import annotations
 import dataclasses
 import numbers
 
+#: the integer fields that may be 0: a seed, and a number of doublings (notebook 13's searches run on one length)
+FROM_ZERO = ("seed", "max_length_doublings")
+
 
 def check_params(params) -> None:
     """Raise ValueError, naming the field, unless every numeric field of the dataclass ``params`` (and every number
-    inside its lists, tuples and dicts) is valid: ``seed`` an integer >= 0, other integers >= 1, other numbers > 0
-    (``inf`` allowed: an offline rate); lists and tuples not empty."""
+    inside its lists, tuples and dicts) is valid: those named in ``FROM_ZERO`` integers >= 0, other integers >= 1,
+    other numbers > 0 (``inf`` allowed: an offline rate); lists and tuples not empty."""
     where = f"{type(params).__module__.rsplit('.', 1)[-1]}.{type(params).__name__}"
     for f in dataclasses.fields(params):
         _check(f"{where}.{f.name}", f.name, getattr(params, f.name))
@@ -35,7 +38,7 @@ def _check(label: str, name: str, value) -> None:
         for i, v in enumerate(value):
             _check(f"{label}[{i}]", name, v)
     elif isinstance(value, numbers.Integral):
-        low = 0 if name == "seed" else 1
+        low = 0 if name in FROM_ZERO else 1
         if value < low:
             raise ValueError(f"{label} must be an integer >= {low}, got {value}")
     elif isinstance(value, numbers.Real) and not value > 0:  # also NaN

@@ -421,7 +421,9 @@ def length_agreed_search(replay: Callable[[float, int], pd.DataFrame], n: int, l
     (``RateSearch.judged``), the trace doubles again, up to ``max_doublings`` doublings. ``replay(rate, n)`` runs
     an ``n``-request trace at ``rate``. Returns the longest search, with ``search_requests`` (the trace length
     judged at), ``rate_at_half_length`` (the rate on half as many requests), ``length_agreed`` and, where it is
-    False, ``length_reason``; ``probes`` counts every search's probes. ``knee``: the knee measure too
+    False, ``length_reason``; with ``max_doublings=0`` (one length, the rule not applied: notebook 13's tracking
+    searches, issue 64) ``length_agreed`` is None, as for a search that never took the rule; ``probes`` counts
+    every search's probes. ``knee``: the knee measure too
     (``knee_rate``), on the trace length the rule ended on (its probes are not counted in ``probes``). A replay is
     deterministic, so the knee's search reuses the last search's replays at the rates both probe (the offline run,
     the rate and the rate that failed: issue 64) instead of running them again."""
@@ -445,13 +447,13 @@ def length_agreed_search(replay: Callable[[float, int], pd.DataFrame], n: int, l
         agreed = len(rows) >= 2 and lengths_agree(rows[-2], rows[-1]) and found.judged
         if agreed or doublings == max_doublings:
             reason = ""
-            if not agreed:
+            if not agreed and max_doublings > 0:
                 before = f"{rows[-2]['bound']}-bound, " if len(rows) >= 2 else ""
                 reason = (f"the rates on {length // 2} and {length} requests ({half:.3g} and {found.rate:.3g} req/s, "
                           f"{before}{bound(found.bound_by)}-bound) never agreed within their resolution up to "
                           f"{length} requests" + ("" if found.judged else " (and the longest is unjudged)"))
             found = replace(found, probes=probes, search_requests=length, rate_at_half_length=half,
-                            length_agreed=agreed, length_reason=reason)
+                            length_agreed=agreed if max_doublings > 0 else None, length_reason=reason)
             if knee:
                 found = replace(found, **knee_rate(once, lo, hi, found.row(), resolution))
             return found
