@@ -72,7 +72,8 @@ def render_timing(results_dir: Path = RESULTS_DIR) -> str:
                 "simulator, `make fastsim`)")
         if ran:
             slowest = max(ran, key=lambda r: r["seconds"])
-            text += f"; the slowest notebook, `{slowest['notebook']}`, {slowest['seconds'] / 60:.1f} minutes"
+            text += (f"; the slowest notebook{' still from it' if since else ''}, `{slowest['notebook']}`, "
+                     f"{slowest['seconds'] / 60:.1f} minutes")
         text += " (per notebook in [`results/SUMMARY.md`](results/SUMMARY.md))."
         if since:
             text += ("\n- Rerun alone since: " + "; ".join(
