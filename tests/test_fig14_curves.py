@@ -89,3 +89,29 @@ def test_forced_swap_is_a_tracking_row_beside_the_headline():
     assert got["gain_over_orca_oracle.n1"].ours == 1.48 and got["gain_over_orca_oracle.n1"].kind == "reproduction"
     assert got["gain_over_orca_oracle.n1.forced_swap"].ours == 1.71
     assert got["gain_over_orca_oracle.n1.forced_swap"].kind == "tracking"
+
+
+def test_the_band_runs_its_points_searches_first_and_its_points_then_search_nothing(monkeypatch, tmp_path):
+    """``band_searches`` (issue 64: the band's points as five tasks ended on one core): every search of the band's
+    points but the default's, one task each, the n = 1 searches first; with them in the search cache, the points
+    themselves (``beam_claims_at``) run no search, so only the order of the work changed."""
+    from pagedattn.repro.experiments import fig14_curves as f14, sensitivity, sharing
+
+    monkeypatch.setenv("PAGEDATTN_SENSITIVITY_CACHE", str(tmp_path))
+    monkeypatch.setenv(sensitivity.CACHE_ENV, "1")
+    params, sp = f14.Params.make(True), f14.sharing_params(True)
+    x = params.beam_parents_shift
+    pts = sensitivity.step_extremes(True) + [sensitivity.Point(beam_parents_shift=-x),
+                                             sensitivity.Point(beam_parents_shift=x)]
+    jobs = f14.band_searches(pts)
+    others = [p for p in pts if not p.is_default]
+    assert len(jobs) == 4 * len(others) and all(not p.is_default for _, _, p in jobs)
+    assert [kind for kind, _, _ in jobs] == ["n1"] * (2 * len(others)) + ["beam"] * (2 * len(others))
+    for job in jobs:
+        f14.band_search(job, sp)
+    searched = []
+    real = sharing.length_agreed_search
+    monkeypatch.setattr(sharing, "length_agreed_search", lambda *a, **k: searched.append(a) or real(*a, **k))
+    for p in others:
+        assert f14.beam_claims_at(p, sp, params)
+    assert searched == []

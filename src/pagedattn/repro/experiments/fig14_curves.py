@@ -300,6 +300,28 @@ def beam_claims_at(point: sensitivity.Point, sp: sharing.Params, params: Params)
     return [c for c in got if c.name in BANDED or c.name.startswith("beam_model.")]
 
 
+def band_searches(pts: list[sensitivity.Point]) -> list[tuple]:
+    """Every rate search that ``beam_claims_at`` runs at the band's points but the default, as ``(kind, system,
+    point)`` tasks (``band_search``), the n = 1 searches first (their trace is three times as long as beam width 6's;
+    at a point that moves only the beam model they are the default's, read from the cache). As five tasks, one per
+    point, the band ended on one core for about 80 s of a 915 s run (issue 64, 2026-12-07, AMD EPYC AVX2 VM: the CPU
+    sampled each second); as one task per search, longest first, the sweep's points then read their searches from
+    the search cache (``sensitivity.cached_search``). Only the order of the work changes, not a search."""
+    jobs = [(kind, system, p) for p in pts if not p.is_default for kind in ("n1", "beam") for system in COMPARED]
+    return sorted(jobs, key=lambda job: job[0] != "n1")
+
+
+def band_search(job: tuple, sp: sharing.Params) -> None:
+    """One search of ``band_searches``, stored in the search cache: the n = 1 gain's rate as
+    ``sharing.sim_parallel_gain`` searches it for ``beam_claims_at`` (the headline rule), or beam width 6's
+    (``_beam_rate``)."""
+    kind, system, point = job
+    if kind == "n1":
+        sharing.gain_rate((1, system, sharing.HEADLINE_RULE), replace(sp, gain_ns=(1,)), point.cost())
+    else:
+        _beam_rate((6, system), sp, point.cost(), point.beam_parents_shift)
+
+
 def beam_bands(sp: sharing.Params, params: Params, default: list[Claim],
                progress: bool = True) -> tuple[list[Claim], pd.DataFrame]:
     """The bands of the gains at n = 1 and beam width 6 and of the growth between them (``BANDED``; the n = 1 gain's
@@ -310,6 +332,8 @@ def beam_bands(sp: sharing.Params, params: Params, default: list[Claim],
     x = params.beam_parents_shift
     pts = sensitivity.step_extremes(params.quick)
     pts += [sensitivity.Point(beam_parents_shift=-x), sensitivity.Point(beam_parents_shift=x)]
+    if sensitivity.enabled():  # the points' searches first, one task each (``band_searches``); the sweep reads them
+        pmap(partial(band_search, sp=sp), band_searches(pts), "sim beam band searches", progress)
     t = sensitivity.sweep(f"{EXPERIMENT}.beam", partial(beam_claims_at, sp=sp, params=params), pts,
                           {"params": asdict(params), "sharing_params": asdict(sp)}, default, progress=progress)
     return sensitivity.with_bands(default, t, sensitivity.describe(pts)), t

@@ -166,7 +166,7 @@ def sim_parallel_gain(params: Params, progress: bool = True, cost: CostModel | N
     jobs = [(n, "orca_oracle", HEADLINE_RULE) for n in params.gain_ns]
     jobs += [(n, "paged", rule) for n in params.gain_ns for rule in _rules(n, forced_swap)]
     order = sorted(range(len(jobs)), key=lambda i: jobs[i][0] != 1)
-    got = pmap(partial(_gain_rate, params=params, cost=cost, knee=knee), [jobs[i] for i in order], "sim gain",
+    got = pmap(partial(gain_rate, params=params, cost=cost, knee=knee), [jobs[i] for i in order], "sim gain",
                progress)
     rate = {jobs[i]: r for i, r in zip(order, got)}
     rows = []
@@ -228,7 +228,7 @@ def gain_detail(row) -> str:
                               if not bool(row["judged_" + s])])
 
 
-def _gain_rate(job: tuple, params: Params, cost: CostModel, knee: bool = False) -> RateSearch:
+def gain_rate(job: tuple, params: Params, cost: CostModel, knee: bool = False) -> RateSearch:
     """One bisection of :func:`sim_parallel_gain`: ``(n, system, preemption rule)`` on its Alpaca trace."""
     n, system, rule = job
     num = params.gain_requests_n1 if n == 1 else params.gain_requests
