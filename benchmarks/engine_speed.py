@@ -25,6 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from pagedattn.repro.report.calibration import tree_env  # noqa: E402  (a commit's tree in a subprocess)
+
 CHILD = """
 import hashlib, json, time
 import torch
@@ -52,7 +54,7 @@ print(json.dumps({{"cpu_s": best, "tokens": sum(map(len, tokens)),
 def run(src: Path, a: argparse.Namespace) -> dict:
     from engine_vs_hf import MODEL
 
-    env = {**os.environ, "PYTHONPATH": str(src / "src"), "OMP_NUM_THREADS": "1"}
+    env = tree_env(src)
     child = CHILD.format(model=MODEL, vocab=MODEL["vocab_size"], prompt_len=a.prompt_len, batch=a.batch,
                          output_len=a.output_len, repeat=a.repeat)
     out = subprocess.run([sys.executable, "-c", child], env=env, check=True, capture_output=True, text=True,

@@ -38,7 +38,7 @@ def quick_run(tree: Path, only: list[str] | None) -> dict:
     """``tree``'s quick reproduction (its own ``src``, a fresh search cache and results folder): wall seconds, the
     notebooks' seconds from their ``run.json``, its exit code, the wall time it printed for its notebooks (without its
     own calibration, which the baseline does not have), and this tree's calibration before and after."""
-    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": "1"}
+    env = calibration.tree_env(tree)
     subprocess.run([sys.executable, "-m", "pagedattn.repro.sim.fastsim", "--if-stale"], cwd=tree, env=env,
                    check=False, capture_output=True)
     with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as cache:

@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from pagedattn.repro.report.calibration import export_commit as export  # noqa: E402  (the tree of a commit)
+from pagedattn.repro.report.calibration import export_commit as export, tree_env  # noqa: E402  (a commit's tree)
 
 CHILD = """
 import json, math, time
@@ -84,7 +84,7 @@ KINDS = ("online.paged", "online.orca_oracle", "offline.paged", "n4.paged.swap",
 
 def compile_tree(src: Path) -> None:
     """Build a tree's compiled simulator in that tree (``python -m pagedattn.repro.sim.fastsim``), where it has one."""
-    env = {**os.environ, "PYTHONPATH": str(src / "src"), "OMP_NUM_THREADS": "1"}
+    env = tree_env(src)
     repro = src / "src" / "pagedattn" / "repro"
     for path, module in ((repro / "sim" / "fastsim.py", "pagedattn.repro.sim.fastsim"),
                          (repro / "fastsim.py", "pagedattn.repro." + "fastsim")):  # (its place before the folders)
@@ -111,7 +111,7 @@ def trace_for(kind: str, n: int, rate: float) -> list[tuple]:
 
 
 def replay(src: Path, kind: str, trace_file: Path, repeat: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(src / "src"), "OMP_NUM_THREADS": "1"}
+    env = tree_env(src)
     child = CHILD.format(kind=kind, trace_file=str(trace_file), repeat=repeat)
     out = subprocess.run([sys.executable, "-c", child], env=env, check=True, capture_output=True, text=True,
                          cwd=str(REPO)).stdout

@@ -110,7 +110,9 @@ class Unavailable(RuntimeError):
     """The pinned commit's tree cannot be exported or its simulator compiled here."""
 
 
-def _child_env(tree: Path) -> dict:
+def tree_env(tree: Path) -> dict:
+    """The environment of a subprocess that runs ``tree``'s code (its ``src`` on ``PYTHONPATH``, one OpenMP thread):
+    the calibration's child, and ``benchmarks/``' runs of a commit's tree."""
     return {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": "1"}
 
 
@@ -150,7 +152,7 @@ def pinned_tree() -> Path:
     ``fastsim --if-stale``: built on first use); ``Unavailable`` saying why where git or the compiler cannot."""
     root = export_pinned(PINNED_DIR)
     built = subprocess.run([sys.executable, "-m", "pagedattn.repro.sim.fastsim", "--if-stale"], cwd=root,
-                           env=_child_env(root), capture_output=True, text=True)
+                           env=tree_env(root), capture_output=True, text=True)
     if built.returncode != 0:
         raise Unavailable(f"the pinned commit's simulator did not compile: {built.stderr.strip()[-300:]}")
     return root
@@ -160,7 +162,7 @@ def run_workloads(tree: Path, min_s: float) -> dict:
     """Both workloads (module docstring) of ``tree``'s code in a subprocess, each for at least ``min_s`` seconds."""
     code = CHILD.format(min_s=min_s, replay_requests=REPLAY_REQUESTS, requests=ENGINE_REQUESTS, prompt=ENGINE_PROMPT,
                         output=ENGINE_OUTPUT)
-    got = subprocess.run([sys.executable, "-c", code], cwd=tree, env=_child_env(tree), capture_output=True, text=True)
+    got = subprocess.run([sys.executable, "-c", code], cwd=tree, env=tree_env(tree), capture_output=True, text=True)
     if got.returncode != 0:
         raise Unavailable(f"the calibration workloads failed: {got.stderr.strip()[-300:]}")
     return json.loads(got.stdout.strip().splitlines()[-1])

@@ -446,14 +446,15 @@ def length_agreed_search(replay: Callable[[float, int], pd.DataFrame], n: int, l
         half = rows[-2]["sustainable_rate"] if len(rows) >= 2 else math.nan
         agreed = len(rows) >= 2 and lengths_agree(rows[-2], rows[-1]) and found.judged
         if agreed or doublings == max_doublings:
+            applied = max_doublings > 0  # one length: the rule not applied, no verdict
             reason = ""
-            if not agreed and max_doublings > 0:
+            if not agreed and applied:
                 before = f"{rows[-2]['bound']}-bound, " if len(rows) >= 2 else ""
                 reason = (f"the rates on {length // 2} and {length} requests ({half:.3g} and {found.rate:.3g} req/s, "
                           f"{before}{bound(found.bound_by)}-bound) never agreed within their resolution up to "
                           f"{length} requests" + ("" if found.judged else " (and the longest is unjudged)"))
             found = replace(found, probes=probes, search_requests=length, rate_at_half_length=half,
-                            length_agreed=agreed if max_doublings > 0 else None, length_reason=reason)
+                            length_agreed=agreed if applied else None, length_reason=reason)
             if knee:
                 found = replace(found, **knee_rate(once, lo, hi, found.row(), resolution))
             return found
