@@ -43,13 +43,15 @@ def quick_run(tree: Path, only: list[str] | None) -> dict:
                    check=False, capture_output=True)
     with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as cache:
         env["PAGEDATTN_SENSITIVITY_CACHE"] = cache
-        before = calibration.measure()
+        clock = calibration.Clock()  # one child for both measurements, as ``reproduce`` runs its own
+        before = clock.measure()
         t = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "pagedattn.repro.report.reproduce", "--quick", "--results-dir",
                                out] + (["--only", *only] if only else []), cwd=tree, env=env, capture_output=True,
                               text=True)
         wall = time.perf_counter() - t
-        after = calibration.measure()
+        after = clock.measure()
+        clock.close()
         notebooks = {p.parent.name: json.loads(p.read_text())["seconds"] for p in sorted(Path(out).glob("*/run.json"))}
     print(proc.stdout[-3000:], proc.stderr[-2000:] if proc.returncode else "", sep="\n", flush=True)
     said = re.search(r"(\d+) notebooks in (\d+) s of wall time", proc.stdout)

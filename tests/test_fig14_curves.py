@@ -103,15 +103,36 @@ def test_the_band_runs_its_points_searches_first_and_its_points_then_search_noth
     x = params.beam_parents_shift
     pts = sensitivity.step_extremes(True) + [sensitivity.Point(beam_parents_shift=-x),
                                              sensitivity.Point(beam_parents_shift=x)]
-    jobs = f14.band_searches(pts)
+    widths = params.beam_widths
+    jobs = f14.band_searches(pts, widths)
     others = [p for p in pts if not p.is_default]
-    assert len(jobs) == 4 * len(others) and all(not p.is_default for _, _, p in jobs)
-    assert [kind for kind, _, _ in jobs] == ["n1"] * (2 * len(others)) + ["beam"] * (2 * len(others))
+    assert len(jobs) == (4 + len(widths)) * len(others) and all(not p.is_default for _, _, p in jobs)
+    assert [kind for kind, _, _ in jobs] == (["n1"] * (2 * len(others)) + ["beam"] * (2 * len(others))
+                                             + ["saving"] * (len(widths) * len(others)))
     for job in jobs:
         f14.band_search(job, sp)
-    searched = []
-    real = sharing.length_agreed_search
+    searched, replayed = [], []
+    real, real_simulate = sharing.length_agreed_search, f14.simulate
     monkeypatch.setattr(sharing, "length_agreed_search", lambda *a, **k: searched.append(a) or real(*a, **k))
+    monkeypatch.setattr(f14, "simulate", lambda *a, **k: replayed.append(a) or real_simulate(*a, **k))
     for p in others:
         assert f14.beam_claims_at(p, sp, params)
-    assert searched == []
+    assert searched == [] and replayed == []
+
+
+def test_a_beam_saving_row_is_the_same_computed_or_read_from_the_cache(monkeypatch, tmp_path):
+    """``_beam_saving_row`` stores its replay in the search cache: the row read back equals the row computed, and
+    equals the row computed with the cache off, value for value."""
+    from pagedattn.repro.experiments import fig14_curves as f14, sensitivity
+
+    monkeypatch.setenv("PAGEDATTN_SENSITIVITY_CACHE", str(tmp_path))
+    sp = f14.sharing_params(True)
+    trace = f14._saving_trace(sp)[:60]
+    monkeypatch.setenv(sensitivity.CACHE_ENV, "0")
+    off = f14._beam_saving_row(4, trace, sp, None, 0.5)
+    monkeypatch.setenv(sensitivity.CACHE_ENV, "1")
+    first = f14._beam_saving_row(4, trace, sp, None, 0.5)
+    assert f14._beam_saving_row(2, trace, sp, None, 0.5)["saving_pct"] != first["saving_pct"]  # keyed by width
+    monkeypatch.setattr(f14, "simulate", lambda *a, **k: pytest.fail("read from the cache, not replayed"))
+    assert f14._beam_saving_row(4, trace, sp, None, 0.5) == first == off
+    assert off["saving_pct"] > 0 and off["width"] == 4

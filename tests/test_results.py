@@ -331,6 +331,35 @@ def test_calibration_without_the_pinned_commit_says_why(tmp_path, monkeypatch):
     assert not (tmp_path / "pin").exists()
 
 
+def test_a_clock_measures_before_and_after_with_one_child(monkeypatch):
+    """``calibration.Clock``: a run's two measurements come from one child process, which sets up once and ends when
+    the clock closes; each measurement is a whole calibration (both workloads, at least twice each)."""
+    monkeypatch.setenv(calibration.ENV, "1")
+    monkeypatch.setattr(calibration, "pinned_tree", lambda: REPO_ROOT)  # this tree's compiled simulator
+    with calibration.Clock(0.05) as clock:
+        before = clock.measure()
+        child = clock.proc
+        after = clock.measure()
+        assert clock.proc is child and child.poll() is None
+    assert child.returncode == 0 and clock.proc is None
+    for c in (before, after):
+        assert c["replay"]["runs"] >= 2 and c["engine"]["runs"] >= 2 and c["code"] == str(REPO_ROOT)
+        assert c["unit_s"] == pytest.approx(c["replay"]["wall_s"] + c["engine"]["wall_s"], abs=1e-3)
+    monkeypatch.setenv(calibration.ENV, "0")
+    assert calibration.Clock().measure() is None
+
+
+def test_a_clock_whose_child_fails_says_why_each_time(monkeypatch):
+    monkeypatch.setenv(calibration.ENV, "1")
+    monkeypatch.setattr(calibration, "pinned_tree", lambda: REPO_ROOT)
+    monkeypatch.setattr(calibration, "CHILD", "raise SystemExit('no workloads here')")
+    with calibration.Clock(0.05) as clock:
+        got = [clock.measure(), clock.measure()]
+    assert got[0] == got[1] == {"unavailable": "the calibration workloads failed: no workloads here",
+                                "code": calibration.PINNED_COMMIT}
+    assert clock.proc is None
+
+
 def test_reproduce_records_run_json_and_the_timing_table(tmp_path, fake_notebooks, monkeypatch):
     ran, fake_run = fake_notebooks
     monkeypatch.setenv(reproduce.CALIBRATION_ENV, "1")

@@ -113,20 +113,30 @@ def _beam_rate(job: tuple, sp: sharing.Params, cost: CostModel, shift: float, kn
 def beam_savings(sp: sharing.Params, widths: tuple, cost: CostModel | None = None,
                  shift: float = 0.0) -> pd.DataFrame:
     """Fig. 15's beam rows from the beam model: memory saved by sharing, time-weighted, at the Fig. 13 Alpaca rate."""
-    trace = make_trace("alpaca", sp.sim_requests["alpaca"], sp.sim_rates["alpaca"], sp.seed)
-    return pd.DataFrame(pmap(partial(_beam_saving_row, trace=trace, sp=sp, cost=cost, shift=shift), widths,
-                             "sim beam savings"))
+    return pd.DataFrame(pmap(partial(_beam_saving_row, trace=_saving_trace(sp), sp=sp, cost=cost, shift=shift),
+                             widths, "sim beam savings"))
+
+
+def _saving_trace(sp: sharing.Params) -> list:
+    """The trace of :func:`beam_savings`: Alpaca at the Fig. 13 rate."""
+    return make_trace("alpaca", sp.sim_requests["alpaca"], sp.sim_rates["alpaca"], sp.seed)
 
 
 def _beam_saving_row(k: int, trace, sp: sharing.Params, cost: CostModel | None, shift: float) -> dict:
-    """One row of :func:`beam_savings`: beam width ``k``."""
-    beam = BeamModel.measured(k, shift)
-    r = simulate(trace, "paged", paper_slots(), sp.block_size, cost or CostModel(), seed=sp.seed, beam=beam,
-                 **sharing.preemption(sp))
+    """One row of :func:`beam_savings`: beam width ``k``, its replay stored in the search cache
+    (``sensitivity.cached``), so that the band's points read the replays ``band_searches`` ran first."""
+    beam, cost = BeamModel.measured(k, shift), cost or CostModel()
+
+    def replay() -> dict:
+        r = simulate(trace, "paged", paper_slots(), sp.block_size, cost, seed=sp.seed, beam=beam,
+                     **sharing.preemption(sp))
+        return {"saving_pct": 100 * r.sharing_saving(), "mean_batch": r.mean_batch(),
+                "preemptions": sum(r.num_preemptions.values()), "swaps": r.num_preemptions.get("swap", 0)}
+    key = {"fn": "beam_saving", "trace": sensitivity.trace_digest(trace), "width": k, "shift": shift,
+           "cost": asdict(cost), "block_size": sp.block_size, "seed": sp.seed, "preemption": sharing.preemption(sp)}
     return {"trace": "alpaca", "method": "beam", "width": k, "distinct_parents": beam.distinct_parents,
-            "rate": sp.sim_rates["alpaca"], "saving_pct": 100 * r.sharing_saving(),
-            "mean_batch": r.mean_batch(), "preemptions": sum(r.num_preemptions.values()),
-            "swaps": r.num_preemptions.get("swap", 0), "paper_saving_pct": FIG15_SAVING["alpaca"]["beam"][k]}
+            "rate": sp.sim_rates["alpaca"], **sensitivity.cached(key, replay),
+            "paper_saving_pct": FIG15_SAVING["alpaca"]["beam"][k]}
 
 
 def curves(gain: pd.DataFrame, sp: sharing.Params, params: Params, progress: bool = True) -> pd.DataFrame:
@@ -300,26 +310,31 @@ def beam_claims_at(point: sensitivity.Point, sp: sharing.Params, params: Params)
     return [c for c in got if c.name in BANDED or c.name.startswith("beam_model.")]
 
 
-def band_searches(pts: list[sensitivity.Point]) -> list[tuple]:
+def band_searches(pts: list[sensitivity.Point], widths: tuple = ()) -> list[tuple]:
     """Every rate search that ``beam_claims_at`` runs at the band's points but the default, as ``(kind, system,
     point)`` tasks (``band_search``), the n = 1 searches first (their trace is three times as long as beam width 6's;
-    at a point that moves only the beam model they are the default's, read from the cache). As five tasks, one per
-    point, the band ended on one core for about 80 s of a 915 s run (issue 64, 2026-12-07, AMD EPYC AVX2 VM: the CPU
-    sampled each second); as one task per search, longest first, the sweep's points then read their searches from
-    the search cache (``sensitivity.cached_search``). Only the order of the work changes, not a search."""
+    at a point that moves only the beam model they are the default's, read from the cache), then the beam model's
+    saving replay at each of ``widths`` (``("saving", width, point)``). As five tasks, one per point, the band ended
+    on one core for about 80 s of a 915 s run (issue 64, 2026-12-07, AMD EPYC AVX2 VM: the CPU sampled each second);
+    as one task per search, longest first, the points' saving replays (three per point) still ended it on about one
+    core for a minute. As one task per search and replay, the sweep's points then read them from the search cache
+    (``sensitivity.cached_search``, ``sensitivity.cached``). Only the order of the work changes, not a search."""
     jobs = [(kind, system, p) for p in pts if not p.is_default for kind in ("n1", "beam") for system in COMPARED]
-    return sorted(jobs, key=lambda job: job[0] != "n1")
+    jobs += [("saving", k, p) for p in pts if not p.is_default for k in widths]
+    return sorted(jobs, key=lambda job: ("n1", "beam", "saving").index(job[0]))
 
 
 def band_search(job: tuple, sp: sharing.Params) -> None:
-    """One search of ``band_searches``, stored in the search cache: the n = 1 gain's rate as
-    ``sharing.sim_parallel_gain`` searches it for ``beam_claims_at`` (the headline rule), or beam width 6's
-    (``_beam_rate``)."""
-    kind, system, point = job
+    """One task of ``band_searches``, stored in the search cache: the n = 1 gain's rate as
+    ``sharing.sim_parallel_gain`` searches it for ``beam_claims_at`` (the headline rule), beam width 6's
+    (``_beam_rate``), or the beam model's saving at a width (``_beam_saving_row``, as ``beam_savings`` replays it)."""
+    kind, which, point = job
     if kind == "n1":
-        sharing.gain_rate((1, system, sharing.HEADLINE_RULE), replace(sp, gain_ns=(1,)), point.cost())
+        sharing.gain_rate((1, which, sharing.HEADLINE_RULE), replace(sp, gain_ns=(1,)), point.cost())
+    elif kind == "beam":
+        _beam_rate((6, which), sp, point.cost(), point.beam_parents_shift)
     else:
-        _beam_rate((6, system), sp, point.cost(), point.beam_parents_shift)
+        _beam_saving_row(which, _saving_trace(sp), sp, point.cost(), point.beam_parents_shift)
 
 
 def beam_bands(sp: sharing.Params, params: Params, default: list[Claim],
@@ -333,7 +348,8 @@ def beam_bands(sp: sharing.Params, params: Params, default: list[Claim],
     pts = sensitivity.step_extremes(params.quick)
     pts += [sensitivity.Point(beam_parents_shift=-x), sensitivity.Point(beam_parents_shift=x)]
     if sensitivity.enabled():  # the points' searches first, one task each (``band_searches``); the sweep reads them
-        pmap(partial(band_search, sp=sp), band_searches(pts), "sim beam band searches", progress)
+        pmap(partial(band_search, sp=sp), band_searches(pts, params.beam_widths), "sim beam band searches",
+             progress)
     t = sensitivity.sweep(f"{EXPERIMENT}.beam", partial(beam_claims_at, sp=sp, params=params), pts,
                           {"params": asdict(params), "sharing_params": asdict(sp)}, default, progress=progress)
     return sensitivity.with_bands(default, t, sensitivity.describe(pts)), t

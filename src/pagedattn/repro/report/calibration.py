@@ -16,7 +16,8 @@ faster simulator or engine shrank the unit and inflated the normalised minutes o
 faster (side by side on one VM that day: 6a7449b's replay 0.25 s against this tree's 0.20 s, its engine workload
 0.090 s against 0.067 s). ``pinned_tree`` exports that commit's ``src`` once with ``git archive`` into
 ``.cache/calibration/`` and builds its compiled simulator there (as ``make fastsim`` does for this tree, about half a
-minute, once per clone); each ``measure`` runs the workloads in a subprocess with that tree on its path (``CHILD``).
+minute, once per clone); a run's two measurements run the workloads in one subprocess with that tree on its path
+(``Clock``, ``CHILD``), which sets up once.
 Where the commit cannot be exported (a clone without its history) or compiled, ``measure`` records why and the run
 carries no normalised minutes.
 
@@ -65,10 +66,12 @@ REFERENCE_UNIT_S = round(REFERENCE_REPLAY_S * (1 + ENGINE_PER_REPLAY), 3)
 #: notebooks take seconds and need none.
 ENV = "PAGEDATTN_CALIBRATION"
 
-#: Run with the workloads' tree first on ``sys.path``: ``{min_s}`` seconds of each, as JSON on stdout. It uses only
-#: what the pinned commit and this tree both have (``make_trace``, ``simulate``, ``tiny_opt``, ``LLMEngine``).
+#: Run with the workloads' tree first on ``sys.path`` (``Clock``): its set-up (torch, the tiny OPT, the trace: about
+#: 7 s on a slow 2-core VM, more than the measurement), then ``ready``, then for each line read on stdin ``{min_s}``
+#: seconds of each workload, as one line of JSON on stdout. It uses only what the pinned commit and this tree both
+#: have (``make_trace``, ``simulate``, ``tiny_opt``, ``LLMEngine``).
 CHILD = """
-import json, math, time
+import json, math, sys, time
 import torch
 from pagedattn.engine import LLMEngine
 from pagedattn.model.tiny import tiny_opt
@@ -99,10 +102,12 @@ def fastest(fn, min_s):
         wall, cpu, runs = min(wall, time.perf_counter() - w), min(cpu, time.process_time() - c), runs + 1
     return {{"wall_s": round(wall, 4), "cpu_s": round(cpu, 4), "runs": runs}}
 
-replay(), engine()  # warm-up
 module, why = fastsim.status()
-print(json.dumps({{"replay": fastest(replay, {min_s}), "engine": fastest(engine, {min_s}),
-                  "simulator": "compiled" if module is not None else "interpreted (" + why + ")"}}))
+print("ready", flush=True)
+for line in sys.stdin:  # one measurement per line: the set-up above is paid once per run
+    replay(), engine()  # warm-up
+    print(json.dumps({{"replay": fastest(replay, {min_s}), "engine": fastest(engine, {min_s}),
+                      "simulator": "compiled" if module is not None else "interpreted (" + why + ")"}}), flush=True)
 """
 
 
@@ -158,37 +163,104 @@ def pinned_tree() -> Path:
     return root
 
 
-def run_workloads(tree: Path, min_s: float) -> dict:
-    """Both workloads (module docstring) of ``tree``'s code in a subprocess, each for at least ``min_s`` seconds."""
-    code = CHILD.format(min_s=min_s, replay_requests=REPLAY_REQUESTS, requests=ENGINE_REQUESTS, prompt=ENGINE_PROMPT,
-                        output=ENGINE_OUTPUT)
-    got = subprocess.run([sys.executable, "-c", code], cwd=tree, env=tree_env(tree), capture_output=True, text=True)
-    if got.returncode != 0:
-        raise Unavailable(f"the calibration workloads failed: {got.stderr.strip()[-300:]}")
-    return json.loads(got.stdout.strip().splitlines()[-1])
+class Clock:
+    """The calibration of one run: a child process (``CHILD``, the pinned commit's code: ``tree``, by default
+    ``pinned_tree()``) that sets up once and measures both workloads, each for at least ``min_s`` seconds (default
+    ``SECONDS_EACH``), each time ``measure`` is called: before a run's first notebook and after its last. Idle
+    between the two, it waits on its stdin and takes no CPU. Until 2026-12-07 each measurement started a child of its
+    own and paid the set-up twice (about 7 of each 10-11 s on a slow 2-core VM). A context manager: the child is
+    stopped on exit. ``$PAGEDATTN_CALIBRATION`` = ``0``: no child, and ``measure`` gives ``None``."""
+
+    def __init__(self, min_s: float | None = None, tree: Path | None = None) -> None:
+        self.min_s = SECONDS_EACH if min_s is None else min_s
+        self.tree, self.proc, self.failed = tree, None, None
+        self.off = os.environ.get(ENV, "1") == "0"
+
+    def __enter__(self) -> "Clock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        self.tree = pinned_tree() if self.tree is None else self.tree
+        code = CHILD.format(min_s=self.min_s, replay_requests=REPLAY_REQUESTS, requests=ENGINE_REQUESTS,
+                            prompt=ENGINE_PROMPT, output=ENGINE_OUTPUT)
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=self.tree, env=tree_env(self.tree),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self._line()  # "ready"
+
+    def _line(self) -> str:
+        assert self.proc is not None and self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            self.log.seek(0)
+            err = self.log.read().decode(errors="replace").strip()
+            raise Unavailable(f"the calibration workloads failed: {err[-300:]}")
+        return line
+
+    def workloads(self) -> dict:
+        """One measurement of both workloads (the child started on first use): the child's JSON."""
+        if self.proc is None:
+            self._start()
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write("measure\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # the child has ended: ``_line`` says why
+            pass
+        return json.loads(self._line())
+
+    def measure(self) -> dict | None:
+        """One calibration: ``unit_s``, the fastest replay plus the fastest engine workload, with both workloads'
+        times, the load average and ``seconds``, what it took (the child's set-up included the first time); ``None``
+        where ``$PAGEDATTN_CALIBRATION`` is ``0``. Where the pinned code is unavailable or its simulator ran
+        interpreted (the reference replay was compiled), ``{"unavailable": why}`` and no unit (and every later
+        measurement says the same)."""
+        if self.off:
+            return None
+        start = time.perf_counter()
+        if self.failed is None:
+            try:
+                got = self.workloads()
+            except Unavailable as e:
+                self.failed = str(e)
+                self.close()
+        if self.failed is not None:
+            return {"unavailable": self.failed, "code": PINNED_COMMIT}
+        record = {"replay": {"workload": REPLAY, **got["replay"]}, "engine": {"workload": ENGINE, **got["engine"]},
+                  "code": PINNED_COMMIT if self.tree == PINNED_DIR else str(self.tree),
+                  "simulator": got["simulator"], "seconds": round(time.perf_counter() - start, 2),
+                  "load_average": [round(x, 2) for x in os.getloadavg()]}
+        if got["simulator"] != "compiled":
+            return {**record,
+                    "unavailable": f"the pinned simulator ran {got['simulator']}; the reference's was compiled"}
+        return {**record, "unit_s": round(got["replay"]["wall_s"] + got["engine"]["wall_s"], 4)}
+
+    def close(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()  # the child's loop ends at EOF
+                try:
+                    self.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            for f in (self.proc.stdout, self.proc.stdin):
+                if f is not None and not f.closed:
+                    f.close()
+            self.log.close()
+            self.proc = None
 
 
 def measure(min_s: float | None = None, tree: Path | None = None) -> dict | None:
-    """Both workloads of the pinned commit (``tree``: ``pinned_tree()``), each for at least ``min_s`` seconds
-    (default ``SECONDS_EACH``); ``None`` where ``$PAGEDATTN_CALIBRATION`` is ``0``. ``unit_s``: the fastest replay
-    plus the fastest engine workload. Where the pinned code is unavailable or its simulator ran interpreted (the
-    reference replay was compiled), ``{"unavailable": why}`` and no unit."""
-    if os.environ.get(ENV, "1") == "0":
-        return None
-    min_s = SECONDS_EACH if min_s is None else min_s
-    start = time.perf_counter()
-    try:
-        tree = pinned_tree() if tree is None else tree
-        got = run_workloads(tree, min_s)
-    except Unavailable as e:
-        return {"unavailable": str(e), "code": PINNED_COMMIT}
-    record = {"replay": {"workload": REPLAY, **got["replay"]}, "engine": {"workload": ENGINE, **got["engine"]},
-              "code": PINNED_COMMIT if tree == PINNED_DIR else str(tree), "simulator": got["simulator"],
-              "seconds": round(time.perf_counter() - start, 2),
-              "load_average": [round(x, 2) for x in os.getloadavg()]}
-    if got["simulator"] != "compiled":
-        return {**record, "unavailable": f"the pinned simulator ran {got['simulator']}; the reference's was compiled"}
-    return {**record, "unit_s": round(got["replay"]["wall_s"] + got["engine"]["wall_s"], 4)}
+    """One calibration (``Clock.measure``) in a child of its own: both workloads of the pinned commit (``tree``:
+    ``pinned_tree()``), each for at least ``min_s`` seconds (default ``SECONDS_EACH``)."""
+    with Clock(min_s, tree) as clock:
+        return clock.measure()
 
 
 def normalised(seconds: float, before: dict | None, after: dict | None) -> dict | None:

@@ -23,10 +23,11 @@ no ``.venv-vllm``), and each ``run.json`` records the parameters it was given (`
 which run included it. Each ``run.json`` also records a calibration replay (``calibration_replay``: the wall and CPU
 seconds of one fixed simulator replay, ``benchmarks/sim_speed.py``'s ``online.paged``, timed just before the
 notebook), so that a notebook's time can be read against the machine's speed at that hour: a slow hour shows as one.
-The run itself is bracketed by ``calibration.measure`` (a fixed replay and a fixed engine workload, at least 2 s,
-before the first notebook and after the last); each ``run.json`` gets both and the notebook's seconds in calibration
-units and as minutes on the reference VM (``normalised``). ``--no-cache`` (``PAGEDATTN_SEARCH_CACHE=0``) recomputes
-every cached simulator search and band point (``sensitivity.cached``) and stores none.
+The run itself is bracketed by ``calibration.Clock.measure`` (a fixed replay and a fixed engine workload, at least
+2 s, before the first notebook and after the last, by one child process); each ``run.json`` gets both and the
+notebook's seconds in calibration units and as minutes on the reference VM (``normalised``). ``--no-cache``
+(``PAGEDATTN_SEARCH_CACHE=0``) recomputes every cached simulator search and band point (``sensitivity.cached``) and
+stores none.
 
 ``--notebooks-at-once K`` runs up to K notebooks side by side, each in a process of its own (its kernel's
 environment is its own). A quick run (``--quick``) defaults to two and takes every notebook that way: it times
@@ -264,7 +265,7 @@ def calibration_replay(repeats: int | None = None) -> dict | None:
 
 
 def stamp_calibration(results_dir: Path, notebooks: list[Path], before: dict | None, after: dict | None) -> None:
-    """Add the run's calibration (``calibration.measure`` before its first notebook and after its last) to each
+    """Add the run's calibration (``calibration.Clock.measure`` before its first notebook and after its last) to each
     notebook's ``run.json``, with its seconds in calibration units and as minutes on the reference VM
     (``calibration.normalised``)."""
     for nb in notebooks:
@@ -489,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     if args.no_cache:  # every notebook's kernel and its sweeps' workers inherit it (``sensitivity.enabled``)
         os.environ["PAGEDATTN_SEARCH_CACHE"] = "0"
-    before_run = _calibration.measure()  # the run's clock (``calibration``), before the first notebook and after
+    clock = _calibration.Clock()  # the run's clock (``calibration``): one child, before the first notebook and after
+    before_run = clock.measure()
     started = _dt.datetime.now().isoformat(timespec="seconds")
     t_start = time.perf_counter()
     before, files_before = {}, {}
@@ -527,7 +529,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     done(nb, timing, None, together)
     wall = time.perf_counter() - t_start
-    after = _calibration.measure()
+    after = clock.measure()
+    clock.close()  # (should a notebook's error end this process first, the child ends too: its stdin closes)
     stamp_calibration(results_dir, [nb for nb in notebooks if nb.name not in failed], before_run, after)
     print(f"[reproduce] {len(notebooks)} notebooks in {wall:.0f} s of wall time"
           + _units_words(wall, before_run, after), flush=True)
