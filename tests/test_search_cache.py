@@ -107,3 +107,28 @@ def test_a_search_with_the_knee_answers_the_same_search_without_it(cache, monkey
     monkeypatch.setattr(sharing, "simulate", no_replay)
     assert _same(asdict(sharing.sim_rate(sp, "paged", 2, trace, CostModel())), asdict(fresh))
     assert len(list(cache.glob("*.json"))) == 1  # nothing stored for it
+
+
+def test_the_chatbot_band_runs_its_searches_first_and_its_points_then_search_nothing(cache, monkeypatch):
+    """``sensitivity.prefetch`` (issue 64): notebook 09's band as one task per (system, point) search; with them in
+    the search cache, the points themselves (``chatbot.claims_at``) run no search, so only the order of the work
+    changed. With the cache off, ``prefetch`` runs nothing (nothing would be kept for the points to read)."""
+    cp = chatbot.Params.make(True)
+    base = chatbot.base_trace(chatbot.TRACE, cp.num_requests, cp.seed)
+    others = [p for p in sensitivity.points(True, rate_axis=False, trace_axis=False) if not p.is_default]
+    jobs = [(s, p) for p in others for s in chatbot.ITERATION_LEVEL]
+    ran = []
+    monkeypatch.setenv(sensitivity.CACHE_ENV, "0")
+    sensitivity.prefetch(ran.append, jobs, "off")
+    assert ran == []
+    monkeypatch.delenv(sensitivity.CACHE_ENV)
+    sensitivity.prefetch(ran.append, jobs, "on")
+    assert ran == jobs
+    from functools import partial
+    sensitivity.prefetch(partial(chatbot.band_search, base=base, params=cp), jobs, "chatbot band searches")
+    assert len(list(cache.glob("*.json"))) == len(jobs)
+    searched = []
+    monkeypatch.setattr(chatbot, "length_agreed_search", lambda *a, **k: searched.append(a))
+    for p in others:
+        assert chatbot.claims_at(p, base, cp)
+    assert searched == []

@@ -317,8 +317,8 @@ def band_searches(pts: list[sensitivity.Point], widths: tuple = ()) -> list[tupl
     saving replay at each of ``widths`` (``("saving", width, point)``). As five tasks, one per point, the band ended
     on one core for about 80 s of a 915 s run (issue 64, 2026-12-07, AMD EPYC AVX2 VM: the CPU sampled each second);
     as one task per search, longest first, the points' saving replays (three per point) still ended it on about one
-    core for a minute. As one task per search and replay, the sweep's points then read them from the search cache
-    (``sensitivity.cached_search``, ``sensitivity.cached``). Only the order of the work changes, not a search."""
+    core for a minute. As one task per search and replay (``sensitivity.prefetch``), the sweep's points then read
+    them from the search cache. Only the order of the work changes, not a search."""
     jobs = [(kind, system, p) for p in pts if not p.is_default for kind in ("n1", "beam") for system in COMPARED]
     jobs += [("saving", k, p) for p in pts if not p.is_default for k in widths]
     return sorted(jobs, key=lambda job: ("n1", "beam", "saving").index(job[0]))
@@ -347,9 +347,9 @@ def beam_bands(sp: sharing.Params, params: Params, default: list[Claim],
     x = params.beam_parents_shift
     pts = sensitivity.step_extremes(params.quick)
     pts += [sensitivity.Point(beam_parents_shift=-x), sensitivity.Point(beam_parents_shift=x)]
-    if sensitivity.enabled():  # the points' searches first, one task each (``band_searches``); the sweep reads them
-        pmap(partial(band_search, sp=sp), band_searches(pts, params.beam_widths), "sim beam band searches",
-             progress)
+    # the points' searches and replays first, one task each (``band_searches``); the sweep reads them
+    sensitivity.prefetch(partial(band_search, sp=sp), band_searches(pts, params.beam_widths),
+                         "sim beam band searches", progress)
     t = sensitivity.sweep(f"{EXPERIMENT}.beam", partial(beam_claims_at, sp=sp, params=params), pts,
                           {"params": asdict(params), "sharing_params": asdict(sp)}, default, progress=progress)
     return sensitivity.with_bands(default, t, sensitivity.describe(pts)), t
