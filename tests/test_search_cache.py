@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
+from functools import partial
 
 import pandas as pd
 import pytest
@@ -124,7 +125,6 @@ def test_the_chatbot_band_runs_its_searches_first_and_its_points_then_search_not
     monkeypatch.delenv(sensitivity.CACHE_ENV)
     sensitivity.prefetch(ran.append, jobs, "on")
     assert ran == jobs
-    from functools import partial
     sensitivity.prefetch(partial(chatbot.band_search, base=base, params=cp), jobs, "chatbot band searches")
     assert len(list(cache.glob("*.json"))) == len(jobs)
     searched = []

@@ -129,7 +129,7 @@ def claims_at(point: sensitivity.Point, base, params: Params) -> list[Claim]:
 
 def band_search(job: tuple, base, params: Params) -> None:
     """One search of the band, ``(system, point)``, stored in the search cache as ``claims_at`` asks for it
-    (``sensitivity.prefetch``: the band's 24 searches as 24 tasks, not six points of four searches each)."""
+    (``sensitivity.prefetch``: in a full run, the band's 24 searches as 24 tasks, not six points of four each)."""
     system, point = job
     _sustainable_row(system, base, params, point.cost())
 

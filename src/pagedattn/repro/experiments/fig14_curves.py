@@ -125,15 +125,14 @@ def _saving_trace(sp: sharing.Params) -> list:
 def _beam_saving_row(k: int, trace, sp: sharing.Params, cost: CostModel | None, shift: float) -> dict:
     """One row of :func:`beam_savings`: beam width ``k``, its replay stored in the search cache
     (``sensitivity.cached``), so that the band's points read the replays ``band_searches`` ran first."""
-    beam, cost = BeamModel.measured(k, shift), cost or CostModel()
+    beam, cost, preemption = BeamModel.measured(k, shift), cost or CostModel(), sharing.preemption(sp)
 
     def replay() -> dict:
-        r = simulate(trace, "paged", paper_slots(), sp.block_size, cost, seed=sp.seed, beam=beam,
-                     **sharing.preemption(sp))
+        r = simulate(trace, "paged", paper_slots(), sp.block_size, cost, seed=sp.seed, beam=beam, **preemption)
         return {"saving_pct": 100 * r.sharing_saving(), "mean_batch": r.mean_batch(),
                 "preemptions": sum(r.num_preemptions.values()), "swaps": r.num_preemptions.get("swap", 0)}
     key = {"fn": "beam_saving", "trace": sensitivity.trace_digest(trace), "width": k, "shift": shift,
-           "cost": asdict(cost), "block_size": sp.block_size, "seed": sp.seed, "preemption": sharing.preemption(sp)}
+           "cost": asdict(cost), "block_size": sp.block_size, "seed": sp.seed, "preemption": preemption}
     return {"trace": "alpaca", "method": "beam", "width": k, "distinct_parents": beam.distinct_parents,
             "rate": sp.sim_rates["alpaca"], **sensitivity.cached(key, replay),
             "paper_saving_pct": FIG15_SAVING["alpaca"]["beam"][k]}

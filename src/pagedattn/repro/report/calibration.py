@@ -173,7 +173,7 @@ class Clock:
 
     def __init__(self, min_s: float | None = None, tree: Path | None = None) -> None:
         self.min_s = SECONDS_EACH if min_s is None else min_s
-        self.tree, self.proc, self.failed = tree, None, None
+        self.tree, self.proc, self.log, self.failed = tree, None, None, None
         self.off = os.environ.get(ENV, "1") == "0"
 
     def __enter__(self) -> "Clock":
@@ -253,7 +253,7 @@ class Clock:
                 if f is not None and not f.closed:
                     f.close()
             self.log.close()
-            self.proc = None
+            self.proc, self.log = None, None
 
 
 def measure(min_s: float | None = None, tree: Path | None = None) -> dict | None:
